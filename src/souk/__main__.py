@@ -1,0 +1,3 @@
+from souk.cli.main import app
+
+app()

@@ -1,0 +1,1 @@
+"""The `souk` program: one console script, one subcommand per part."""

@@ -1,0 +1,22 @@
+"""Entry point: assembles the subcommands of every part into one Typer app."""
+
+from __future__ import annotations
+
+import typer
+
+from souk.cli import worker
+
+app = typer.Typer(
+    name="souk",
+    help="souk: a cluster orchestrator that schedules like a market.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+
+
+@app.callback()
+def main() -> None:
+    """souk: a cluster orchestrator that schedules like a market."""
+
+
+app.command("worker")(worker.run)

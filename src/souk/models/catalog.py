@@ -1,0 +1,81 @@
+"""Rows replicated by the catalog. Each row has exactly one owner (its writer) and a version: the
+owner's operation-log sequence number at the commit that last changed it."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from souk.models.machine import CpuKind, MachineState
+
+
+class Row(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class WorkerRow(Row):
+    id: str = Field(min_length=1, max_length=128)
+    region: str = Field(min_length=1, max_length=32)
+    address: str  # base URL of the worker's HTTP API
+    cpu_kinds: list[CpuKind]
+    cpus_total: int = Field(ge=0)
+    memory_mb_total: int = Field(ge=0)
+    cpus_reserved: int = Field(ge=0)
+    memory_mb_reserved: int = Field(ge=0)
+    machines: int = Field(0, ge=0)
+    labels: dict[str, str] = {}
+    cordoned: bool = False
+    draining: bool = False
+    epoch: str
+
+    @property
+    def cpus_free(self) -> int:
+        return self.cpus_total - self.cpus_reserved
+
+    @property
+    def memory_mb_free(self) -> int:
+        return self.memory_mb_total - self.memory_mb_reserved
+
+
+class MachineRow(Row):
+    id: str = Field(min_length=1, max_length=64)
+    app: str
+    region: str
+    worker_id: str
+    name: str = ""
+    state: MachineState
+    instance_id: str
+    cpu_kind: CpuKind
+    cpus: int = Field(ge=1)
+    memory_mb: int = Field(ge=1)
+    image: str | None = None
+    private_ip: str | None = None
+    ports: list[int] = []  # internal ports of its services, reachable at private_ip
+    standby_for: list[str] = []
+    metadata: dict[str, str] = {}
+    updated_at: str
+
+
+class ImageRow(Row):
+    worker_id: str
+    digest: str = Field(pattern=r"^sha256:[0-9a-f]{64}$")
+    ref: str = ""
+    size: int = Field(0, ge=0)
+
+
+class AppRow(Row):
+    name: str
+    org: str = "personal"
+    created_at: str
+    deleted: bool = False
+    metadata: dict[str, Any] = {}
+
+
+Table = Literal["workers", "machines", "images", "apps"]
+ROW_MODELS: dict[str, type[Row]] = {
+    "workers": WorkerRow,
+    "machines": MachineRow,
+    "images": ImageRow,
+    "apps": AppRow,
+}

@@ -1,0 +1,184 @@
+"""Machine shapes, with the field names of the Fly Machines API so configs pass through unchanged."""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from souk.models.duration import Duration
+
+MachineState = Literal[
+    "created", "starting", "started", "stopping", "stopped", "destroying", "destroyed", "failed"
+]
+CpuKind = Literal["shared", "performance"]
+RestartPolicy = Literal["no", "always", "on-failure"]
+
+APP_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+SIGNALS = {
+    "SIGABRT", "SIGALRM", "SIGFPE", "SIGHUP", "SIGILL", "SIGINT", "SIGKILL", "SIGPIPE",
+    "SIGQUIT", "SIGSEGV", "SIGTERM", "SIGTRAP", "SIGUSR1", "SIGUSR2",
+}  # fmt: skip
+
+
+class Strict(BaseModel):
+    """Unknown fields are an error: a typo must not silently become a default."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class GuestConfig(Strict):
+    cpu_kind: CpuKind = "shared"
+    cpus: int = Field(1, ge=1, le=256)
+    memory_mb: int = Field(256, ge=16, le=1 << 22)
+
+
+class InitConfig(Strict):
+    exec: list[str] | None = None
+    entrypoint: list[str] | None = None
+    cmd: list[str] | None = None
+    tty: bool = False
+
+
+class RestartConfig(Strict):
+    policy: RestartPolicy = "on-failure"
+    max_retries: int = Field(10, ge=0, le=1000)
+
+
+class StopConfig(Strict):
+    signal: str = "SIGINT"
+    timeout: Duration = 5.0
+
+    @field_validator("signal")
+    @classmethod
+    def _known_signal(cls, value: str) -> str:
+        name = value.upper()
+        name = name if name.startswith("SIG") else f"SIG{name}"
+        if name not in SIGNALS:
+            raise ValueError(f"unknown signal {value!r}")
+        return name
+
+
+class ServicePort(Strict):
+    port: int = Field(ge=1, le=65535)
+    handlers: list[str] = []
+
+
+class ServiceConcurrency(Strict):
+    type: Literal["connections", "requests"] = "requests"
+    soft_limit: int = Field(20, ge=1)
+    hard_limit: int = Field(25, ge=1)
+
+
+class Service(Strict):
+    protocol: Literal["tcp", "udp"] = "tcp"
+    internal_port: int = Field(ge=1, le=65535)
+    ports: list[ServicePort] = []
+    autostop: Literal["off", "stop", "suspend"] | bool = "off"
+    autostart: bool = True
+    min_machines_running: int = Field(0, ge=0)
+    concurrency: ServiceConcurrency | None = None
+
+
+class Check(Strict):
+    type: Literal["tcp", "http"] = "tcp"
+    port: int = Field(ge=1, le=65535)
+    path: str | None = None
+    interval: Duration = 15.0
+    timeout: Duration = 2.0
+    grace_period: Duration = 0.0
+
+
+class MachineConfig(Strict):
+    image: str | None = Field(None, max_length=512)
+    init: InitConfig = InitConfig()
+    env: dict[str, str] = {}
+    guest: GuestConfig = GuestConfig()
+    restart: RestartConfig = RestartConfig()
+    stop_config: StopConfig = StopConfig()
+    metadata: dict[str, str] = {}
+    services: list[Service] = []
+    checks: dict[str, Check] = {}
+    standbys: list[str] = []
+    auto_destroy: bool = False
+
+    @field_validator("env")
+    @classmethod
+    def _env_names(cls, env: dict[str, str]) -> dict[str, str]:
+        for name in env:
+            if not ENV_NAME.match(name):
+                raise ValueError(f"bad environment variable name {name!r}")
+        return env
+
+    @model_validator(mode="after")
+    def _runnable(self) -> MachineConfig:
+        if not self.image and not self.init.exec:
+            raise ValueError("a machine needs an image or init.exec (the command to run)")
+        return self
+
+    def argv(self) -> list[str]:
+        """What the process driver runs: init.exec, else entrypoint + cmd."""
+        if self.init.exec:
+            return list(self.init.exec)
+        return [*(self.init.entrypoint or []), *(self.init.cmd or [])]
+
+
+class MachineEvent(BaseModel):
+    id: int
+    type: str
+    status: str
+    source: str = "worker"
+    timestamp: int  # milliseconds since the epoch, as Fly reports it
+    request: dict[str, Any] = {}
+
+
+class Machine(BaseModel):
+    id: str
+    name: str
+    app: str
+    region: str
+    state: MachineState
+    instance_id: str
+    config: MachineConfig
+    worker: str
+    private_ip: str | None = None
+    restart_count: int = 0
+    exit_code: int | None = None
+    created_at: str
+    updated_at: str
+    events: list[MachineEvent] = []
+
+
+class CreateMachine(Strict):
+    """What the worker's POST /v1/machines takes."""
+
+    app: str
+    config: MachineConfig
+    name: str | None = Field(None, max_length=63)
+    id: str | None = Field(None, pattern=r"^[0-9a-z]{6,32}$")
+    start: bool = True
+
+    @field_validator("app")
+    @classmethod
+    def _app_name(cls, app: str) -> str:
+        if not APP_NAME.match(app):
+            raise ValueError("app names are lower-case letters, digits and '-', at most 63")
+        return app
+
+
+class UpdateMachine(Strict):
+    config: MachineConfig
+    start: bool | None = None
+
+
+class StopRequest(Strict):
+    signal: str | None = None
+    timeout: Duration | None = None
+
+
+class WaitResult(BaseModel):
+    ok: bool
+    state: MachineState
+    instance_id: str

@@ -1,0 +1,68 @@
+"""Every failure leaves as `{"error", "status", "code"}` with a proper 4xx/5xx, never a stack trace."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+
+from souk.models.errors import ErrorBody
+
+log = logging.getLogger("souk.web")
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+_STATUS_REASONS = {
+    400: "bad_request",
+    401: "unauthorized",
+    403: "forbidden",
+    404: "not_found",
+    405: "method_not_allowed",
+    408: "timeout",
+    409: "conflict",
+    411: "length_required",
+    412: "precondition_failed",
+    413: "body_too_large",
+    415: "unsupported_media_type",
+    422: "invalid",
+    429: "too_many_requests",
+    503: "unavailable",
+}
+
+
+class ApiError(Exception):
+    """Raised anywhere in a handler; `reason` is the machine-readable status."""
+
+    def __init__(
+        self, http_status: int, reason: str, message: str, details: dict[str, Any] | None = None
+    ) -> None:
+        super().__init__(message)
+        self.http_status = http_status
+        self.reason = reason
+        self.message = message
+        self.details = details
+
+
+def json_error(
+    http_status: int, reason: str, message: str, details: dict[str, Any] | None = None
+) -> web.Response:
+    body = ErrorBody(error=message, status=reason, code=reason, details=details)
+    return web.json_response(body.model_dump(exclude_none=True), status=http_status)
+
+
+@web.middleware
+async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except ApiError as exc:
+        return json_error(exc.http_status, exc.reason, exc.message, exc.details)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        reason = _STATUS_REASONS.get(exc.status, "error")
+        return json_error(exc.status, reason, exc.reason if exc.text is None else exc.text)
+    except Exception:
+        log.exception("unhandled error on %s %s", request.method, request.path)
+        return json_error(500, "internal_error", "internal error; see the server's log")
