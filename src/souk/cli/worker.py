@@ -2,9 +2,62 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
+from pathlib import Path
+
 import typer
 
+from souk.models.machine import CpuKind
+from souk.worker.daemon import serve
+from souk.worker.settings import WorkerSettings
 
-def run(name: str = typer.Option(..., help="This worker's id, unique in the fleet.")) -> None:
+
+def parse_listen(listen: str) -> tuple[str, int]:
+    host, _, port = listen.rpartition(":")
+    if not host or not port.isdigit():
+        raise typer.BadParameter("use HOST:PORT, e.g. 127.0.0.1:7100")
+    return host, int(port)
+
+
+def run(
+    name: str = typer.Option(..., help="This worker's id, unique in the fleet."),
+    region: str = typer.Option(..., help="The region it belongs to, e.g. mad."),
+    listen: str = typer.Option("127.0.0.1:7100", help="HOST:PORT of its HTTP API."),
+    data_dir: Path = typer.Option(..., help="Where its database and machines' files live."),
+    cpus: int = typer.Option(..., min=1, help="CPUs it offers to machines."),
+    memory_mb: int = typer.Option(..., min=16, help="Memory it offers to machines, in MB."),
+    cpu_kind: list[str] = typer.Option(
+        ["shared"], help="CPU kinds it offers: shared, performance (repeat for both)."
+    ),
+    disk_mb: int | None = typer.Option(None, help="Disk it offers to machines, in MB."),
+    label: list[str] = typer.Option([], help="KEY=VALUE labels reported with its capacity."),
+    driver: str = typer.Option("process", help="How machines run: process, or sim (runs nothing)."),
+    advertise: str | None = typer.Option(None, help="URL others reach it at (default: listen)."),
+    no_fsync: bool = typer.Option(
+        False, help="Skip fsync on commit (survives kill -9, not power loss)."
+    ),
+    log_level: str = typer.Option("info", help="debug, info, warning or error."),
+) -> None:
     """Run a worker daemon: the source of truth for every machine on this host."""
-    raise typer.Exit(0)
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(message)s")
+    host, port = parse_listen(listen)
+    kinds: list[CpuKind] = []
+    for kind in cpu_kind:
+        if kind not in ("shared", "performance"):
+            raise typer.BadParameter(f"unknown cpu kind {kind!r}", param_hint="--cpu-kind")
+        kinds.append(kind)  # type: ignore[arg-type]
+    labels = dict(item.split("=", 1) for item in label if "=" in item)
+    settings = WorkerSettings(
+        name=name,
+        region=region,
+        data_dir=data_dir,
+        cpus=cpus,
+        memory_mb=memory_mb,
+        cpu_kinds=tuple(kinds),
+        disk_mb=disk_mb,
+        labels=labels,
+        address=advertise or f"http://{host}:{port}",
+        durable=not no_fsync,
+    )
+    asyncio.run(serve(settings, driver, host, port))

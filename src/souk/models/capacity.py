@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict
 
-from souk.models.machine import CpuKind
+from souk.models.machine import CpuKind, GuestConfig
 
 
 class Resources(BaseModel):
@@ -23,3 +23,17 @@ class Capacity(BaseModel):
     labels: dict[str, str] = {}
     cordoned: bool = False
     draining: bool = False
+
+
+class OfferRequest(BaseModel):
+    """A broker asking a worker: would this guest fit here now?"""
+
+    model_config = ConfigDict(extra="forbid")
+    guest: GuestConfig
+    image: str | None = None
+
+
+class Offer(BaseModel):
+    fits: bool
+    image_cached: bool
+    capacity: Capacity

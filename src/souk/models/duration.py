@@ -12,7 +12,7 @@ _PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
 
 
 def parse_duration(value: Any) -> float:
-    """Seconds from a number of seconds, a Go-style duration string, or Fly's {"time.Duration": ns}."""
+    """Seconds, from seconds, a Go-style duration string or Fly's {"time.Duration": ns}."""
     if isinstance(value, bool):
         raise ValueError("a duration is a number of seconds or a string like '5s'")
     if isinstance(value, int | float):

@@ -1,4 +1,4 @@
-"""Machine shapes, with the field names of the Fly Machines API so configs pass through unchanged."""
+"""Machine shapes, named as in the Fly Machines API so that configs pass through unchanged."""
 
 from __future__ import annotations
 
@@ -18,9 +18,21 @@ RestartPolicy = Literal["no", "always", "on-failure"]
 APP_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 SIGNALS = {
-    "SIGABRT", "SIGALRM", "SIGFPE", "SIGHUP", "SIGILL", "SIGINT", "SIGKILL", "SIGPIPE",
-    "SIGQUIT", "SIGSEGV", "SIGTERM", "SIGTRAP", "SIGUSR1", "SIGUSR2",
-}  # fmt: skip
+    "SIGABRT",
+    "SIGALRM",
+    "SIGFPE",
+    "SIGHUP",
+    "SIGILL",
+    "SIGINT",
+    "SIGKILL",
+    "SIGPIPE",
+    "SIGQUIT",
+    "SIGSEGV",
+    "SIGTERM",
+    "SIGTRAP",
+    "SIGUSR1",
+    "SIGUSR2",
+}
 
 
 class Strict(BaseModel):

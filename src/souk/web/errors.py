@@ -1,4 +1,4 @@
-"""Every failure leaves as `{"error", "status", "code"}` with a proper 4xx/5xx, never a stack trace."""
+"""Every failure leaves as `{"error", "status", "code"}` with a proper 4xx/5xx, never a trace."""
 
 from __future__ import annotations
 

@@ -50,7 +50,7 @@ async def read_json(request: web.Request) -> Any:
     try:
         raw = await request.read()
     except web.HTTPRequestEntityTooLarge as exc:
-        raise ApiError(413, "body_too_large", f"body larger than {exc.max_size} bytes") from exc
+        raise ApiError(413, "body_too_large", f"body too large: {exc.text}") from exc
     if not raw.strip():
         return {}
     try:
@@ -112,10 +112,15 @@ def openapi_document(routes: Sequence[Route], title: str, version: str) -> dict[
             for name in _PATH_PARAM.findall(route.path)
         ]
         params += [
-            {"name": name, "in": "query", "required": False, "description": text,
-             "schema": {"type": "string"}}
+            {
+                "name": name,
+                "in": "query",
+                "required": False,
+                "description": text,
+                "schema": {"type": "string"},
+            }
             for name, text in route.query.items()
-        ]  # fmt: skip
+        ]
         op: dict[str, Any] = {"summary": route.summary, "parameters": params, "responses": {}}
         if route.body is not None:
             op["requestBody"] = {

@@ -1,0 +1,211 @@
+"""The worker's internal HTTP API: what brokers and the CLI call."""
+
+from __future__ import annotations
+
+from typing import cast, get_args
+
+from aiohttp import web
+
+from souk.models.capacity import Capacity, Offer, OfferRequest
+from souk.models.machine import (
+    CreateMachine,
+    Machine,
+    MachineEvent,
+    MachineState,
+    StopRequest,
+    UpdateMachine,
+    WaitResult,
+)
+from souk.web import ApiError, Route, read_model, reply
+from souk.worker import logs
+from souk.worker.engine import Engine
+
+MAX_WAIT = 60.0
+
+
+def routes(engine: Engine) -> list[Route]:
+    def machine_id(request: web.Request) -> str:
+        return request.match_info["id"]
+
+    async def capacity(_: web.Request) -> web.Response:
+        return reply(engine.capacity())
+
+    async def offer(request: web.Request) -> web.Response:
+        body = await read_model(request, OfferRequest)
+        cap = engine.capacity()
+        fits = (
+            not cap.cordoned
+            and body.guest.cpu_kind in cap.cpu_kinds
+            and body.guest.cpus <= cap.free.cpus
+            and body.guest.memory_mb <= cap.free.memory_mb
+        )
+        return reply(Offer(fits=fits, image_cached=False, capacity=cap))
+
+    async def create(request: web.Request) -> web.Response:
+        body = await read_model(request, CreateMachine)
+        return reply(await engine.create(body), status=201)
+
+    async def list_machines(request: web.Request) -> web.Response:
+        include = request.query.get("include_deleted", "") in ("1", "true")
+        return reply(engine.machines(request.query.get("app"), include_destroyed=include))
+
+    async def get(request: web.Request) -> web.Response:
+        return reply(engine.get(machine_id(request)))
+
+    async def update(request: web.Request) -> web.Response:
+        body = await read_model(request, UpdateMachine)
+        return reply(await engine.update(machine_id(request), body.config))
+
+    async def start(request: web.Request) -> web.Response:
+        return reply(await engine.submit(machine_id(request), "start"))
+
+    async def stop(request: web.Request) -> web.Response:
+        body = await read_model(request, StopRequest)
+        params = body.model_dump(exclude_none=True)
+        return reply(await engine.submit(machine_id(request), "stop", params))
+
+    async def restart(request: web.Request) -> web.Response:
+        return reply(await engine.submit(machine_id(request), "restart"))
+
+    async def destroy(request: web.Request) -> web.Response:
+        force = request.query.get("force", "") in ("1", "true")
+        return reply(await engine.submit(machine_id(request), "destroy", {"force": force}))
+
+    async def wait(request: web.Request) -> web.Response:
+        state = request.query.get("state", "started")
+        if state not in get_args(MachineState):
+            raise ApiError(400, "invalid", f"state: unknown state {state!r}")
+        try:
+            timeout = float(request.query.get("timeout", "10"))
+        except ValueError as exc:
+            raise ApiError(400, "invalid", "timeout: a number of seconds") from exc
+        if not 0 <= timeout <= MAX_WAIT:
+            raise ApiError(400, "invalid", f"timeout: between 0 and {MAX_WAIT:g} seconds")
+        ok, machine = await engine.wait(
+            machine_id(request),
+            cast(MachineState, state),
+            timeout,
+            request.query.get("instance_id"),
+        )
+        result = WaitResult(ok=ok, state=machine.state, instance_id=machine.instance_id)
+        return reply(result, status=200 if ok else 408)
+
+    async def events(request: web.Request) -> web.Response:
+        engine.get(machine_id(request), events=False)
+        return reply(engine.events(machine_id(request)))
+
+    async def get_logs(request: web.Request) -> web.StreamResponse:
+        mid = machine_id(request)
+        engine.get(mid, events=False)
+        stream = request.query.get("stream", "stdout")
+        if stream not in logs.STREAMS:
+            raise ApiError(400, "invalid", "stream: stdout or stderr")
+        rundir = engine.settings.rundir(mid)
+        tail = logs.read_tail(rundir, stream, engine.settings.log_max_bytes)
+        if request.query.get("follow", "") not in ("1", "true"):
+            return web.Response(body=tail, content_type="text/plain")
+        response = web.StreamResponse(headers={"Content-Type": "text/plain"})
+        await response.prepare(request)
+        await response.write(tail)
+        async for chunk in logs.follow(rundir, stream):
+            await response.write(chunk)
+        return response
+
+    async def cordon(_: web.Request) -> web.Response:
+        await engine.set_cordoned(True)
+        return reply(engine.capacity())
+
+    async def uncordon(_: web.Request) -> web.Response:
+        await engine.set_cordoned(False)
+        return reply(engine.capacity())
+
+    m = "/v1/machines/{id}"
+    return [
+        Route("GET", "/v1/capacity", capacity, "Totals, reserved, free", response=Capacity),
+        Route("POST", "/v1/offers", offer, "Would this guest fit here now?", OfferRequest, Offer),
+        Route(
+            "POST",
+            "/v1/machines",
+            create,
+            "Reserve and create a machine",
+            CreateMachine,
+            Machine,
+            201,
+            errors=(409, 412),
+        ),
+        Route(
+            "GET",
+            "/v1/machines",
+            list_machines,
+            "List machines",
+            response=list[Machine],
+            query={"app": "only this app's", "include_deleted": "also destroyed ones"},
+        ),
+        Route("GET", m, get, "A machine and its recent events", response=Machine, errors=(404,)),
+        Route(
+            "PUT",
+            m,
+            update,
+            "Update in place: new config, new instance id",
+            UpdateMachine,
+            Machine,
+            errors=(404, 409, 412),
+        ),
+        Route("POST", m + "/start", start, "Start", response=Machine, errors=(404, 409)),
+        Route(
+            "POST",
+            m + "/stop",
+            stop,
+            "Stop: signal, then SIGKILL after the timeout",
+            StopRequest,
+            Machine,
+            errors=(404, 409),
+        ),
+        Route("POST", m + "/restart", restart, "Restart", response=Machine, errors=(404, 409)),
+        Route(
+            "DELETE",
+            m,
+            destroy,
+            "Destroy and release its reservation",
+            response=Machine,
+            query={"force": "kill it even if it is running"},
+            errors=(404, 409),
+        ),
+        Route(
+            "GET",
+            m + "/wait",
+            wait,
+            "Long-poll until the machine reaches a state",
+            response=WaitResult,
+            errors=(404, 408),
+            query={
+                "state": "default started",
+                "timeout": "seconds, at most 60",
+                "instance_id": "only this instance",
+            },
+        ),
+        Route(
+            "GET",
+            m + "/events",
+            events,
+            "The machine's log of operations",
+            response=list[MachineEvent],
+            errors=(404,),
+        ),
+        Route(
+            "GET",
+            m + "/logs",
+            get_logs,
+            "stdout or stderr; follow=true streams",
+            query={"stream": "stdout or stderr", "follow": "keep streaming"},
+            errors=(404,),
+        ),
+        Route(
+            "POST",
+            "/v1/cordon",
+            cordon,
+            "Refuse new machines, keep the ones here",
+            response=Capacity,
+        ),
+        Route("POST", "/v1/uncordon", uncordon, "Accept new machines again", response=Capacity),
+    ]

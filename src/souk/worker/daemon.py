@@ -1,0 +1,70 @@
+"""Wires a worker together: its engine, its driver and its HTTP server."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from collections.abc import AsyncIterator
+
+from aiohttp import web
+
+from souk import __version__
+from souk.web import add_routes, error_middleware
+from souk.worker import api, logs
+from souk.worker.cgroups import Cgroups
+from souk.worker.drivers.base import Driver
+from souk.worker.drivers.process import ProcessDriver
+from souk.worker.drivers.sim import SimDriver
+from souk.worker.engine import Engine
+from souk.worker.settings import WorkerSettings
+
+log = logging.getLogger("souk.worker")
+
+MAX_BODY = 1 << 20
+
+
+def make_driver(name: str, settings: WorkerSettings) -> Driver:
+    if name == "process":
+        return ProcessDriver(Cgroups(f"souk/{settings.name}"))
+    if name == "sim":
+        return SimDriver()
+    raise ValueError(f"unknown driver {name!r}: process or sim")
+
+
+def make_app(engine: Engine) -> web.Application:
+    app = web.Application(middlewares=[error_middleware], client_max_size=MAX_BODY)
+    add_routes(app, api.routes(engine), "souk worker", __version__)
+    return app
+
+
+@contextlib.asynccontextmanager
+async def running(engine: Engine) -> AsyncIterator[Engine]:
+    """Recover, then keep the background chores going while the worker runs."""
+    await engine.recover()
+    rotator = asyncio.create_task(
+        logs.rotate_forever(engine.settings.data_dir / "machines", engine.settings.log_max_bytes)
+    )
+    try:
+        yield engine
+    finally:
+        rotator.cancel()
+        await engine.close()
+
+
+async def serve(settings: WorkerSettings, driver_name: str, host: str, port: int) -> None:
+    engine = Engine(settings, make_driver(driver_name, settings))
+    async with running(engine):
+        runner = web.AppRunner(make_app(engine), access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, host, port, backlog=1024)
+        await site.start()
+        log.info("worker %s (%s) listening on %s:%d", settings.name, settings.region, host, port)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        print(f"souk worker {settings.name} ready on http://{host}:{port}", flush=True)
+        await stop.wait()
+        await runner.cleanup()

@@ -1,0 +1,55 @@
+"""What the worker asks of a driver. Every call must be idempotent: after a crash the engine
+repeats the step it was in, so a driver asked to spawn a machine that already runs must find it,
+not start a second copy."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from souk.models.machine import MachineConfig
+
+
+@dataclass(frozen=True)
+class Handle:
+    """How the worker finds a machine's process again: its pid and that pid's start time."""
+
+    pid: int
+    pid_start: str
+
+
+@dataclass(frozen=True)
+class Launch:
+    machine_id: str
+    app: str
+    region: str
+    instance_id: str
+    config: MachineConfig
+    marker: str  # unique per spawn; lets the driver find the process after a worker crash
+    rundir: Path  # the machine's own directory: logs, root filesystem, scratch
+    private_ip: str
+
+
+class Driver(Protocol):
+    name: str
+
+    async def prepare(self, launch: Launch) -> None:
+        """Get ready to spawn (pull an image, unpack a root filesystem); may take a while."""
+
+    async def spawn(self, launch: Launch) -> Handle:
+        """Start the machine, or return the handle of the copy already running for this marker."""
+
+    def adopt(self, machine_id: str, marker: str, handle: Handle | None) -> Handle | None:
+        """The running process of this spawn, if it is still alive (after a worker restart)."""
+
+    async def wait(self, machine_id: str) -> int | None:
+        """Its exit code once it exits; None when the code is unknown (an adopted process)."""
+
+    async def stop(
+        self, machine_id: str, handle: Handle | None, signal: str, timeout: float
+    ) -> None:
+        """Send `signal`, then SIGKILL after `timeout` seconds; returns once it has exited."""
+
+    async def cleanup(self, launch: Launch) -> None:
+        """Release what the machine held on the host (network, mounts, cgroups)."""

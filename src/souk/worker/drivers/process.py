@@ -1,0 +1,167 @@
+"""The process driver: a machine is a host command in its own process group and directory.
+
+Processes are started in a new session so they outlive a crash of the worker; each carries a
+marker in its environment, so a restarted worker finds (adopts) it instead of starting a second
+copy. Output goes straight to files in the machine's directory (no pipe to the worker that would
+break if the worker died); `logs.py` keeps those files within their size budget.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal as signals
+
+from souk.worker import procfs
+from souk.worker.cgroups import Cgroups
+from souk.worker.drivers.base import Handle, Launch
+
+POLL = 0.05
+
+
+def machine_env(launch: Launch) -> dict[str, str]:
+    """What a machine sees: its config's env plus who and where it is."""
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin"),
+        "HOME": str(launch.rundir),
+        "LANG": "C.UTF-8",
+    }
+    env.update(launch.config.env)
+    env.update(
+        {
+            "SOUK_MACHINE_ID": launch.machine_id,
+            "SOUK_APP_NAME": launch.app,
+            "SOUK_REGION": launch.region,
+            "SOUK_INSTANCE_ID": launch.instance_id,
+            "SOUK_PRIVATE_IP": launch.private_ip,
+            "SOUK_MARKER": launch.marker,
+        }
+    )
+    return env
+
+
+class ProcessDriver:
+    name = "process"
+
+    def __init__(self, cgroups: Cgroups) -> None:
+        self.cgroups = cgroups
+        self._exits: dict[str, asyncio.Future[int | None]] = {}
+
+    async def prepare(self, launch: Launch) -> None:
+        (launch.rundir / "work").mkdir(parents=True, exist_ok=True)
+
+    async def spawn(self, launch: Launch) -> Handle:
+        running = self.adopt(launch.machine_id, launch.marker, None)
+        if running is not None:
+            return running
+        workdir = launch.rundir / "work"
+        workdir.mkdir(parents=True, exist_ok=True)
+        with (
+            open(launch.rundir / "stdout.log", "ab") as out,
+            open(launch.rundir / "stderr.log", "ab") as err,
+        ):
+            proc = await asyncio.create_subprocess_exec(
+                *launch.config.argv(),
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=out,
+                stderr=err,
+                cwd=workdir,
+                env=machine_env(launch),
+                start_new_session=True,
+            )
+        guest = launch.config.guest
+        self.cgroups.limit(launch.machine_id, proc.pid, guest.cpus, guest.memory_mb)
+        started = procfs.start_time(proc.pid) or "0"
+        self._exits[launch.machine_id] = asyncio.ensure_future(proc.wait())
+        return Handle(proc.pid, started)
+
+    def adopt(self, machine_id: str, marker: str, handle: Handle | None) -> Handle | None:
+        pending = self._exits.get(machine_id)
+        if pending is not None and not pending.done() and handle is not None:
+            return handle
+        pid: int | None = None
+        if (
+            handle is not None
+            and procfs.is_alive(handle.pid, handle.pid_start)
+            and procfs.has_marker(handle.pid, marker)
+        ):
+            pid = handle.pid
+        else:
+            pid = procfs.find_by_marker(marker)
+        if pid is None:
+            return None
+        start = procfs.start_time(pid)
+        if start is None:
+            return None
+        found = Handle(pid, start)
+        self._exits[machine_id] = asyncio.ensure_future(self._watch(found))
+        return found
+
+    async def _watch(self, handle: Handle) -> int | None:
+        """Wait for a process that is not our child: pidfd where we have it, else polling."""
+        try:
+            fd = os.pidfd_open(handle.pid)
+        except OSError:
+            fd = -1
+        if fd >= 0:
+            loop = asyncio.get_running_loop()
+            exited = loop.create_future()
+            loop.add_reader(fd, _resolve, exited)
+            try:
+                if procfs.is_alive(handle.pid, handle.pid_start):
+                    await exited
+            finally:
+                loop.remove_reader(fd)
+                os.close(fd)
+        else:
+            while procfs.is_alive(handle.pid, handle.pid_start):
+                await asyncio.sleep(POLL)
+        return None
+
+    async def wait(self, machine_id: str) -> int | None:
+        pending = self._exits.get(machine_id)
+        if pending is None:
+            return None
+        return await asyncio.shield(pending)
+
+    async def stop(
+        self, machine_id: str, handle: Handle | None, signal: str, timeout: float
+    ) -> None:
+        if handle is None or not procfs.is_alive(handle.pid, handle.pid_start):
+            return
+        pending = self._exits.get(machine_id)
+        _killpg(handle.pid, signals.Signals[signal])
+        try:
+            if pending is not None:
+                await asyncio.wait_for(asyncio.shield(pending), timeout)
+            else:
+                await asyncio.wait_for(_until_gone(handle), timeout)
+            return
+        except TimeoutError:
+            pass
+        _killpg(handle.pid, signals.SIGKILL)
+        if pending is not None:
+            await asyncio.shield(pending)
+        else:
+            await _until_gone(handle)
+
+    async def cleanup(self, launch: Launch) -> None:
+        self._exits.pop(launch.machine_id, None)
+        self.cgroups.remove(launch.machine_id)
+
+
+def _killpg(pid: int, sig: int) -> None:
+    try:
+        os.killpg(pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+async def _until_gone(handle: Handle) -> None:
+    while procfs.is_alive(handle.pid, handle.pid_start):
+        await asyncio.sleep(POLL)
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)

@@ -1,0 +1,107 @@
+"""The worker's state machines, declared once as data.
+
+A machine's *states* and the legal moves between them, and each *operation* as the ordered
+steps that carry it out. The engine runs steps in this order and logs every one; after a crash
+it resumes an operation at the first step not yet logged, so every step must be idempotent.
+docs/worker.md is generated from these tables (`python -m souk.worker.fsm`): code, log and docs
+agree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import get_args
+
+from souk.models.machine import MachineState
+
+STATES: tuple[MachineState, ...] = get_args(MachineState)
+
+TRANSITIONS: dict[MachineState, frozenset[MachineState]] = {
+    "created": frozenset({"starting", "destroying"}),
+    "starting": frozenset({"started", "failed", "stopping", "destroying"}),
+    "started": frozenset({"stopping", "stopped", "destroying", "starting"}),
+    "stopping": frozenset({"stopped", "destroying"}),
+    "stopped": frozenset({"starting", "destroying"}),
+    "failed": frozenset({"starting", "destroying"}),
+    "destroying": frozenset({"destroyed"}),
+    "destroyed": frozenset(),
+}
+
+
+@dataclass(frozen=True)
+class Step:
+    name: str
+    enters: MachineState | None = None  # the state the machine is in once this step is logged
+
+
+@dataclass(frozen=True)
+class Operation:
+    name: str
+    allowed_from: frozenset[MachineState]  # the machine's (projected) state when it is accepted
+    steps: tuple[Step, ...]
+    ends_in: MachineState | None  # None: the state it was accepted from
+
+
+_START = (Step("begin_start", "starting"), Step("spawn", "started"))
+_STOP = (Step("begin_stop", "stopping"), Step("signal"), Step("end_stop", "stopped"))
+
+OPERATIONS: dict[str, Operation] = {
+    op.name: op
+    for op in (
+        Operation("start", frozenset({"created", "stopped", "failed"}), _START, "started"),
+        Operation("stop", frozenset({"started", "starting"}), _STOP, "stopped"),
+        Operation("restart", frozenset({"started", "starting"}), _STOP + _START, "started"),
+        Operation(
+            "update",
+            frozenset({"created", "started", "stopped", "failed"}),
+            (Step("apply_config"),),
+            None,
+        ),
+        Operation(
+            "destroy",
+            frozenset({"created", "starting", "started", "stopping", "stopped", "failed"}),
+            (
+                Step("begin_destroy", "destroying"),
+                Step("kill"),
+                Step("cleanup"),
+                Step("end_destroy", "destroyed"),
+            ),
+            "destroyed",
+        ),
+    )
+}
+
+
+class IllegalTransition(Exception):
+    def __init__(self, current: MachineState, wanted: MachineState) -> None:
+        super().__init__(f"a machine cannot go from {current} to {wanted}")
+        self.current = current
+        self.wanted = wanted
+
+
+def check_transition(current: MachineState, wanted: MachineState) -> None:
+    if current != wanted and wanted not in TRANSITIONS[current]:
+        raise IllegalTransition(current, wanted)
+
+
+def markdown() -> str:
+    """The tables above as Markdown, for docs/worker.md."""
+    lines = ["| state | may go to |", "| --- | --- |"]
+    lines += [
+        f"| `{s}` | {', '.join(f'`{t}`' for t in sorted(TRANSITIONS[s])) or '—'} |" for s in STATES
+    ]
+    lines += [
+        "",
+        "| operation | accepted from | steps (state entered) | ends in |",
+        "| --- | --- | --- | --- |",
+    ]
+    for op in OPERATIONS.values():
+        steps = " → ".join(f"{s.name}" + (f" (`{s.enters}`)" if s.enters else "") for s in op.steps)
+        allowed = ", ".join(f"`{s}`" for s in sorted(op.allowed_from))
+        ends = f"`{op.ends_in}`" if op.ends_in else "unchanged"
+        lines.append(f"| {op.name} | {allowed} | {steps} | {ends} |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    print(markdown(), end="")

@@ -1,0 +1,69 @@
+"""A machine's stdout and stderr: files in its directory, kept within a size budget.
+
+The process writes to its files directly (O_APPEND), so its output survives a worker crash; the
+worker rotates a file that has grown past the budget: the current one becomes `.1` (the previous
+`.1` is dropped) and writing goes on at the start of an empty file.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+STREAMS = ("stdout", "stderr")
+
+
+def rotate_if_large(rundir: Path, max_bytes: int) -> None:
+    for stream in STREAMS:
+        path = rundir / f"{stream}.log"
+        try:
+            if path.stat().st_size <= max_bytes:
+                continue
+            shutil.copyfile(path, rundir / f"{stream}.log.1")
+            with open(path, "r+b") as f:
+                f.truncate(0)
+        except FileNotFoundError:
+            continue
+
+
+async def rotate_forever(machines_dir: Path, max_bytes: int, every: float = 1.0) -> None:
+    while True:
+        await asyncio.sleep(every)
+        if machines_dir.exists():
+            for rundir in machines_dir.iterdir():
+                await asyncio.to_thread(rotate_if_large, rundir, max_bytes)
+
+
+def read_tail(rundir: Path, stream: str, max_bytes: int) -> bytes:
+    path = rundir / f"{stream}.log"
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, 2)
+            size = f.tell()
+            f.seek(max(0, size - max_bytes))
+            return f.read()
+    except FileNotFoundError:
+        return b""
+
+
+async def follow(rundir: Path, stream: str, poll: float = 0.1) -> AsyncIterator[bytes]:
+    """New output as it is written, across rotations, until the caller stops reading."""
+    path = rundir / f"{stream}.log"
+    offset = path.stat().st_size if path.exists() else 0
+    while True:
+        try:
+            size = path.stat().st_size
+        except FileNotFoundError:
+            size = 0
+        if size < offset:  # rotated: start over at the beginning of the new file
+            offset = 0
+        if size > offset:
+            with open(path, "rb") as f:
+                f.seek(offset)
+                chunk = f.read(size - offset)
+            offset += len(chunk)
+            yield chunk
+        else:
+            await asyncio.sleep(poll)

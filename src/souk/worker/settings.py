@@ -1,0 +1,30 @@
+"""A worker's settings, from its command line."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from souk.models.machine import CpuKind
+
+
+@dataclass(frozen=True)
+class WorkerSettings:
+    name: str
+    region: str
+    data_dir: Path
+    cpus: int
+    memory_mb: int
+    cpu_kinds: tuple[CpuKind, ...] = ("shared",)
+    disk_mb: int | None = None
+    labels: dict[str, str] = field(default_factory=dict)
+    address: str = ""  # base URL others reach the HTTP API at
+    durable: bool = True  # fsync every commit
+    log_max_bytes: int = 1 << 20  # per stream, per machine; one rotated file is kept
+
+    @property
+    def db_path(self) -> Path:
+        return self.data_dir / "worker.db"
+
+    def rundir(self, machine_id: str) -> Path:
+        return self.data_dir / "machines" / machine_id

@@ -1,0 +1,236 @@
+"""The worker's durable state: one SQLite database (WAL) holding the append-only operations log and
+the state it implies, written by one thread with group commit.
+
+Every write is a function run inside a transaction on the writer thread. Writes that arrive while a
+commit is in flight are batched into the next transaction, each under its own savepoint, so one
+fsync serves many requests and a failing write (a reservation that does not fit) rolls back alone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sqlite3
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS oplog (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    ts REAL NOT NULL,
+    kind TEXT NOT NULL,          -- resource kind: machine, worker
+    resource TEXT NOT NULL,      -- resource id
+    op TEXT NOT NULL,            -- operation name, or 'event' for things that happened to it
+    op_id INTEGER,               -- the operation this step belongs to
+    step TEXT NOT NULL,
+    state TEXT,                  -- the resource's state after this step
+    data TEXT NOT NULL DEFAULT '{}'
+);
+CREATE INDEX IF NOT EXISTS oplog_resource ON oplog (resource, seq);
+CREATE TABLE IF NOT EXISTS machines (
+    id TEXT PRIMARY KEY,
+    name TEXT NOT NULL,
+    app TEXT NOT NULL,
+    state TEXT NOT NULL,
+    projected TEXT NOT NULL,     -- the state once every queued operation has run
+    instance_id TEXT NOT NULL,
+    config TEXT NOT NULL,
+    cpu_kind TEXT NOT NULL,
+    cpus INTEGER NOT NULL,
+    memory_mb INTEGER NOT NULL,
+    reserved INTEGER NOT NULL,   -- 1 while its resources count against the worker's capacity
+    pid INTEGER,
+    pid_start TEXT,              -- process start time, so a recycled pid is never taken for ours
+    marker TEXT,                 -- the token in its environment that finds it after a crash
+    private_ip TEXT,
+    restart_count INTEGER NOT NULL DEFAULT 0,
+    crash_streak INTEGER NOT NULL DEFAULT 0,
+    exit_code INTEGER,
+    created_at TEXT NOT NULL,
+    updated_at TEXT NOT NULL,
+    seq INTEGER NOT NULL         -- oplog seq of the commit that last changed this row
+);
+CREATE INDEX IF NOT EXISTS machines_app ON machines (app);
+CREATE INDEX IF NOT EXISTS machines_seq ON machines (seq);
+CREATE TABLE IF NOT EXISTS capacity (
+    id INTEGER PRIMARY KEY CHECK (id = 1),
+    cpus INTEGER NOT NULL,       -- reserved, by machines not yet destroyed
+    memory_mb INTEGER NOT NULL,
+    machines INTEGER NOT NULL
+);
+INSERT OR IGNORE INTO capacity VALUES (1, 0, 0, 0);
+CREATE TABLE IF NOT EXISTS operations (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    machine TEXT NOT NULL,
+    op TEXT NOT NULL,
+    next_step INTEGER NOT NULL DEFAULT 0,
+    done INTEGER NOT NULL DEFAULT 0,
+    params TEXT NOT NULL DEFAULT '{}',
+    created_at REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS operations_pending ON operations (machine, id) WHERE done = 0;
+"""
+
+
+def now_iso() -> str:
+    return (
+        time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime())
+        + f".{int(time.time() * 1000) % 1000:03d}Z"
+    )
+
+
+@dataclass
+class Tx:
+    """The transaction a write function runs in: SQL plus the log it must append to."""
+
+    conn: sqlite3.Connection
+    touched: set[tuple[str, str]] = field(default_factory=set)
+    first_seq: int = 0
+    last_seq: int = 0
+
+    def execute(self, sql: str, args: tuple[Any, ...] | dict[str, Any] = ()) -> sqlite3.Cursor:
+        return self.conn.execute(sql, args)
+
+    def one(self, sql: str, args: tuple[Any, ...] = ()) -> sqlite3.Row | None:
+        row: sqlite3.Row | None = self.conn.execute(sql, args).fetchone()
+        return row
+
+    def log(
+        self,
+        kind: str,
+        resource: str,
+        op: str,
+        step: str,
+        state: str | None = None,
+        op_id: int | None = None,
+        data: dict[str, Any] | None = None,
+    ) -> int:
+        cur = self.conn.execute(
+            "INSERT INTO oplog (ts, kind, resource, op, op_id, step, state, data)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            (time.time(), kind, resource, op, op_id, step, state, json.dumps(data or {})),
+        )
+        seq = int(cur.lastrowid or 0)
+        self.first_seq = self.first_seq or seq
+        self.last_seq = seq
+        self.touched.add((kind, resource))
+        if kind == "machine":
+            self.conn.execute("UPDATE machines SET seq = ? WHERE id = ?", (seq, resource))
+        return seq
+
+
+@dataclass(frozen=True)
+class Commit:
+    """What one durable commit changed: its oplog range and the resources it touched."""
+
+    first_seq: int
+    last_seq: int
+    touched: frozenset[tuple[str, str]]
+
+
+class Store:
+    def __init__(self, path: Path, durable: bool = True) -> None:
+        self.path = path
+        self.durable = durable
+        self._queue: list[tuple[Callable[[Tx], Any], Future[Any]]] = []
+        self._cond = threading.Condition()
+        self._closed = False
+        self.listeners: list[Callable[[Commit], None]] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
+        conn = self._connect()
+        conn.executescript(SCHEMA)
+        conn.commit()
+        self._write_conn = conn
+        self.read = self._connect()
+        self._thread = threading.Thread(target=self._writer, name="souk-store-writer", daemon=True)
+        self._thread.start()
+
+    def _connect(self) -> sqlite3.Connection:
+        conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        conn.row_factory = sqlite3.Row
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute(f"PRAGMA synchronous={'FULL' if self.durable else 'NORMAL'}")
+        conn.execute("PRAGMA busy_timeout=5000")
+        return conn
+
+    async def write(self, fn: Callable[[Tx], T]) -> T:
+        """Run `fn` in a transaction; returns once it is durably committed."""
+        self._loop = asyncio.get_running_loop()
+        future: Future[T] = Future()
+        with self._cond:
+            if self._closed:
+                raise RuntimeError("store is closed")
+            self._queue.append((fn, future))
+            self._cond.notify()
+        return await asyncio.wrap_future(future)
+
+    def _writer(self) -> None:
+        conn = self._write_conn
+        while True:
+            with self._cond:
+                while not self._queue and not self._closed:
+                    self._cond.wait()
+                if not self._queue and self._closed:
+                    return
+                batch, self._queue = self._queue, []
+            tx = Tx(conn)
+            results: list[tuple[Future[Any], Any, BaseException | None]] = []
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+                for fn, future in batch:
+                    conn.execute("SAVEPOINT w")
+                    saved = (tx.first_seq, tx.last_seq, set(tx.touched))
+                    try:
+                        value = fn(tx)
+                    except BaseException as exc:  # a failed write rolls back alone
+                        conn.execute("ROLLBACK TO w")
+                        conn.execute("RELEASE w")
+                        tx.first_seq, tx.last_seq, tx.touched = saved
+                        results.append((future, None, exc))
+                        continue
+                    conn.execute("RELEASE w")
+                    results.append((future, value, None))
+                conn.execute("COMMIT")
+            except BaseException as exc:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                for _, future in batch:
+                    if not future.done():
+                        future.set_exception(exc)
+                continue
+            if tx.last_seq and self.listeners and self._loop is not None:
+                commit = Commit(tx.first_seq, tx.last_seq, frozenset(tx.touched))
+                self._loop.call_soon_threadsafe(self._notify, commit)
+            for future, value, error in results:
+                if error is not None:
+                    future.set_exception(error)
+                else:
+                    future.set_result(value)
+
+    def _notify(self, commit: Commit) -> None:
+        for listener in self.listeners:
+            listener(commit)
+
+    def head(self) -> int:
+        row = self.read.execute("SELECT COALESCE(MAX(seq), 0) FROM oplog").fetchone()
+        return int(row[0])
+
+    def meta(self, key: str) -> str | None:
+        row = self.read.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        return None if row is None else str(row[0])
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+        self._thread.join(timeout=10)
+        self._write_conn.close()
+        self.read.close()
