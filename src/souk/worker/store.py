@@ -203,13 +203,15 @@ class Store:
                 if conn.in_transaction:
                     conn.execute("ROLLBACK")
                 for _, future in batch:
-                    if not future.done():
+                    if not future.cancelled():
                         future.set_exception(exc)
                 continue
             if tx.last_seq and self.listeners and self._loop is not None:
                 commit = Commit(tx.first_seq, tx.last_seq, frozenset(tx.touched))
                 self._loop.call_soon_threadsafe(self._notify, commit)
             for future, value, error in results:
+                if future.cancelled():  # its caller went away; the write stands all the same
+                    continue
                 if error is not None:
                     future.set_exception(error)
                 else:
