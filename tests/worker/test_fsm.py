@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from souk.worker.fsm import (
@@ -55,3 +57,8 @@ def test_docs_table_lists_every_state_and_operation() -> None:
     table = markdown()
     for name in [*STATES, *OPERATIONS]:
         assert f"{name}" in table
+
+
+def test_the_docs_show_the_tables_as_declared() -> None:
+    docs = Path(__file__).parents[2] / "docs" / "worker.md"
+    assert markdown() in docs.read_text()
