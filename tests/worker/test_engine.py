@@ -241,3 +241,12 @@ async def test_a_restarted_worker_adopts_its_processes(tmp_path: Path) -> None:
         assert new != pid and alive(new)
         await again.submit(m.id, "destroy", {"force": True})
         assert (await again.wait(m.id, "destroyed", 10, None))[0]
+
+
+async def test_a_command_that_cannot_run_fails_the_machine(engine: Engine) -> None:
+    m = await engine.create(request(["/nonexistent/command"]))
+    ok, machine = await engine.wait(m.id, "failed", 10, None)
+    assert ok, machine.state
+    errors = [e for e in engine.events(m.id) if e.type == "start.error"]
+    assert errors and "nonexistent" in errors[0].request["error"]
+    assert engine.capacity().reserved.cpus == 1  # failed, not destroyed: still reserved
