@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from souk.cli import worker
+from souk.cli import tokens, worker
 
 app = typer.Typer(
     name="souk",
@@ -20,3 +20,4 @@ def main() -> None:
 
 
 app.command("worker")(worker.run)
+app.add_typer(tokens.app, name="tokens")
