@@ -1,0 +1,151 @@
+"""The public Machines API's bodies, shaped like Fly.io's so its clients work against souk.
+
+Machine configs are `souk.models.machine.MachineConfig`, which already uses Fly's field names.
+Fields Fly accepts that souk has no use for yet (`skip_service_registration`, `lsvd`, ...) are
+accepted and ignored so that existing clients are not refused; anything else unknown is a 400.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from souk.models.machine import APP_NAME, Machine, MachineConfig
+
+REGION_NAME = re.compile(r"^[a-z][a-z0-9-]{1,31}$")
+Strategy = Literal["offers", "p2c", "catalog"]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+def _check_region(value: str) -> str:
+    if not REGION_NAME.match(value):
+        raise ValueError("one region name, e.g. 'mad'; lists and aliases are not accepted")
+    return value
+
+
+class _FlyIgnored(Strict):
+    """Accepted for compatibility with Fly's clients; souk ignores them."""
+
+    skip_service_registration: bool | None = None
+    skip_secrets: bool | None = None
+    lsvd: bool | None = None
+    min_secrets_version: int | None = None
+
+
+class CreateMachineRequest(_FlyIgnored):
+    name: str | None = Field(None, max_length=63)
+    region: str = Field(description="Exactly one region; souk never places anywhere else.")
+    config: MachineConfig
+    skip_launch: bool = False
+    lease_ttl: int | None = Field(None, ge=1, le=3600)
+
+    @field_validator("region")
+    @classmethod
+    def _one_region(cls, region: str) -> str:
+        return _check_region(region)
+
+
+class UpdateMachineRequest(_FlyIgnored):
+    config: MachineConfig
+    name: str | None = Field(None, max_length=63)
+    region: str | None = Field(None, description="If given, must be the machine's region.")
+    skip_launch: bool = False
+    current_version: str | None = Field(None, description="Refuse with 412 unless current.")
+    lease_ttl: int | None = Field(None, ge=1, le=3600)
+
+
+class CreateAppRequest(Strict):
+    name: str = Field(max_length=63)
+    org_slug: str = "personal"
+    network: str | None = None
+    enable_subdomains: bool | None = None
+
+    @field_validator("name")
+    @classmethod
+    def _app_name(cls, name: str) -> str:
+        if not APP_NAME.match(name):
+            raise ValueError("app names are lower-case letters, digits and '-', at most 63")
+        return name
+
+
+class AppOrganization(BaseModel):
+    slug: str
+    name: str
+
+
+class App(BaseModel):
+    id: str
+    name: str
+    status: str = "deployed"
+    organization: AppOrganization
+    machine_count: int = 0
+    volume_count: int = 0
+    network: str = "default"
+    created_at: str
+
+
+class ListAppsResponse(BaseModel):
+    total_apps: int
+    apps: list[App]
+
+
+class PublicMachine(Machine):
+    """Fly's machine shape plus souk's own fields (`worker`, `restart_count`, `exit_code`)."""
+
+    host_status: Literal["ok", "unknown", "unreachable"] = "ok"
+    nonce: str | None = Field(None, description="The lease nonce, when lease_ttl was given.")
+
+
+class CreateLeaseRequest(Strict):
+    description: str = Field("", max_length=256)
+    ttl: int = Field(60, ge=1, le=3600)
+
+
+class Lease(BaseModel):
+    nonce: str
+    expires_at: int  # unix seconds
+    owner: str
+    description: str
+    version: str  # the machine's instance id when the lease was taken
+
+
+class MetadataValue(Strict):
+    value: str = Field(max_length=4096)
+
+
+class MetadataPatch(Strict):
+    """Several keys at once; null or empty values remove keys."""
+
+    metadata: dict[str, str | None]
+    machine_version: str | None = None
+
+
+class OkResponse(BaseModel):
+    ok: bool = True
+
+
+class Refusal(BaseModel):
+    """Why one worker did not take a machine, as reported in a 412."""
+
+    worker: str
+    reason: str
+
+
+class WorkerInfo(BaseModel):
+    """A worker as the catalog shows it: souk's own fleet endpoint, for operators."""
+
+    id: str
+    region: str
+    address: str
+    cpus_total: int
+    cpus_free: int
+    memory_mb_total: int
+    memory_mb_free: int
+    machines: int
+    cordoned: bool
+    reachable: bool
