@@ -1,0 +1,213 @@
+"""Market placement, immediate or cancel: offers, ranking, reservation, all in one deadline.
+
+1. The region's reachable, uncordoned workers that fit the guest by the catalog's picture.
+2. Offers: `offers` asks every one of them in parallel (`POST /v1/offers`); `p2c` asks two
+   sampled at random (Sparrow's power of two choices), two more if both fail; `catalog` asks
+   none and ranks the replicated picture, letting a worker's refusal correct it.
+3. Rank with the policy (`souk.broker.placement`).
+4. Reserve on the best (`POST /v1/machines`); on refusal the next; until the deadline.
+Then the machine, or `NoCapacity` with every worker's reason. Never a pending queue.
+
+A reservation whose answer is lost (timeout, broken connection) may still have happened; its
+machine id is the broker's, so the broker destroys that id on that worker in the background
+before moving on, and the user never holds a machine they were not told about.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import secrets
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from souk.broker.fleet import Fleet
+from souk.broker.placement import POLICIES, Candidate, Policy, rank
+from souk.broker.workers import WorkerClient, WorkerError
+from souk.models.api import Refusal, Strategy
+from souk.models.capacity import OfferRequest
+from souk.models.catalog import WorkerRow
+from souk.models.machine import CreateMachine, GuestConfig, Machine
+
+log = logging.getLogger("souk.broker")
+
+DEFAULT_DEADLINE = 2.0
+OFFER_TIMEOUT = 0.5  # an offer slower than this is a worker we would not want anyway
+
+
+@dataclass
+class NoCapacity(Exception):
+    region: str
+    asked: int
+    refusals: list[Refusal] = field(default_factory=list)
+
+    def message(self) -> str:
+        return (
+            f"no worker in region {self.region} could take this machine"
+            f" ({self.asked} workers asked)"
+        )
+
+
+def why_not(row: WorkerRow, guest: GuestConfig) -> str | None:
+    """Why the catalog's picture says this worker cannot take the guest, or None if it can."""
+    if row.cordoned:
+        return "cordoned"
+    if row.draining:
+        return "draining"
+    if guest.cpu_kind not in row.cpu_kinds:
+        return f"no {guest.cpu_kind} cpus"
+    if guest.cpus > row.cpus_free or guest.memory_mb > row.memory_mb_free:
+        return f"full: free {row.cpus_free} cpus, {row.memory_mb_free} MB"
+    return None
+
+
+def new_machine_id() -> str:
+    return secrets.token_hex(7)
+
+
+class Placer:
+    def __init__(
+        self,
+        fleet: Fleet,
+        client: WorkerClient,
+        policy: Policy = POLICIES["default"],
+        deadline: float = DEFAULT_DEADLINE,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.fleet = fleet
+        self.client = client
+        self.policy = policy
+        self.deadline = deadline
+        self.rng = rng or random.Random()
+        self._cleanups: set[asyncio.Task[None]] = set()
+
+    async def place(
+        self,
+        region: str,
+        create: CreateMachine,
+        strategy: Strategy = "offers",
+        policy: Policy | None = None,
+    ) -> Machine:
+        end = time.monotonic() + self.deadline
+        guest, image = create.config.guest, create.config.image
+        refusals: list[Refusal] = []
+        rows: list[WorkerRow] = []
+        reachable = {w.id for w in self.fleet.workers(region=region, reachable_only=True)}
+        for row in self.fleet.workers(region=region, reachable_only=False):
+            reason = "unreachable" if row.id not in reachable else why_not(row, guest)
+            if reason is None:
+                rows.append(row)
+            else:
+                refusals.append(Refusal(worker=row.id, reason=reason))
+        asked = len(refusals)
+        by_id = {r.id: r for r in rows}
+        pol = policy or self.policy
+
+        if strategy == "catalog":
+            cands = [
+                Candidate.from_row(r, image is not None and self.fleet.image_cached(r.id, image))
+                for r in rows
+            ]
+            asked += len(cands)
+            return await self._reserve(
+                rank(cands, guest, pol, self.rng), create, by_id, refusals, asked, end, region
+            )
+        pool = list(rows)
+        if strategy == "p2c":
+            self.rng.shuffle(pool)
+        while pool:
+            batch, pool = (pool[:2], pool[2:]) if strategy == "p2c" else (pool, [])
+            asked += len(batch)
+            cands = await self._offers(batch, guest, image, refusals, end)
+            try:
+                return await self._reserve(
+                    rank(cands, guest, pol, self.rng), create, by_id, refusals, asked, end, region
+                )
+            except NoCapacity:
+                if time.monotonic() >= end:
+                    break
+        raise NoCapacity(region, asked, refusals)
+
+    async def _offers(
+        self,
+        rows: list[WorkerRow],
+        guest: GuestConfig,
+        image: str | None,
+        refusals: list[Refusal],
+        end: float,
+    ) -> list[Candidate]:
+        timeout = min(OFFER_TIMEOUT, end - time.monotonic())
+        req = OfferRequest(guest=guest, image=image)
+        results = await asyncio.gather(
+            *(self.client.offer(r.id, r.address, req, timeout) for r in rows),
+            return_exceptions=True,
+        )
+        cands = []
+        for row, result in zip(rows, results, strict=True):
+            if isinstance(result, WorkerError):
+                refusals.append(Refusal(worker=row.id, reason=f"no offer: {result.message}"))
+            elif isinstance(result, BaseException):
+                refusals.append(Refusal(worker=row.id, reason=f"no offer: {result!r}"))
+            elif not result.fits:
+                free = result.capacity.free
+                reason = (
+                    "cordoned"
+                    if result.capacity.cordoned
+                    else f"does not fit: free {free.cpus} cpus, {free.memory_mb} MB"
+                )
+                refusals.append(Refusal(worker=row.id, reason=reason))
+            else:
+                cands.append(
+                    Candidate.from_capacity(result.capacity, row.address, result.image_cached)
+                )
+        return cands
+
+    async def _reserve(
+        self,
+        ranked: list[tuple[float, Candidate]],
+        create: CreateMachine,
+        rows: dict[str, WorkerRow],
+        refusals: list[Refusal],
+        asked: int,
+        end: float,
+        region: str,
+    ) -> Machine:
+        for _, cand in ranked:
+            remaining = end - time.monotonic()
+            if remaining <= 0:
+                refusals.append(Refusal(worker=cand.worker, reason="deadline passed"))
+                break
+            attempt = create.model_copy(update={"id": create.id or new_machine_id()})
+            try:
+                return await self.client.create(cand.worker, cand.address, attempt, remaining)
+            except WorkerError as exc:
+                refusals.append(Refusal(worker=cand.worker, reason=exc.message))
+                if exc.http_status == 0:
+                    self._cleanup(cand, attempt.id or "")
+                elif exc.http_status == 409 and exc.reason == "already_exists" and create.id:
+                    raise
+        raise NoCapacity(region, asked, refusals)
+
+    def _cleanup(self, cand: Candidate, machine_id: str) -> None:
+        async def destroy() -> None:
+            try:
+                await self.client.request(
+                    cand.worker,
+                    cand.address,
+                    "DELETE",
+                    f"/v1/machines/{machine_id}",
+                    params={"force": "true"},
+                    timeout=30,
+                )
+            except WorkerError as exc:
+                if exc.http_status != 404:
+                    log.warning("could not clean up %s on %s: %s", machine_id, cand.worker, exc)
+
+        task = asyncio.create_task(destroy())
+        self._cleanups.add(task)
+        task.add_done_callback(self._cleanups.discard)
+
+    def stats(self) -> dict[str, Any]:
+        return {"cleanups_pending": len(self._cleanups)}

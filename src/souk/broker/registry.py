@@ -1,0 +1,135 @@
+"""The app registry: the one writer of the catalog's `apps` rows.
+
+Every catalog row has exactly one writer. Apps have no worker to own them, so one explicit
+owner, the registry, writes them all: a small SQLite database (an app row per app, versioned by
+the registry's own sequence, exactly like a worker's rows) published through the catalog like
+any other owner's. One broker of the cluster hosts it (`souk broker --app-registry DIR`); the
+others forward app creates and deletes to that broker over HTTP and read apps from their
+replica. App writes are rare, so one writer costs nothing; when its host is down, apps cannot
+be created or deleted, while machines of existing apps keep being placed everywhere.
+"""
+
+from __future__ import annotations
+
+import secrets
+import sqlite3
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from souk.models.catalog import AppRow
+
+OWNER_ID = "app-registry"
+
+
+def now_iso() -> str:
+    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+@dataclass(frozen=True)
+class AppChange:
+    """One changed row, as the catalog's owners publish them: (table, key, seq, row)."""
+
+    table: str
+    key: str
+    seq: int
+    row: dict[str, Any]
+
+
+class AppExists(Exception):
+    pass
+
+
+class AppRegistry:
+    """Durable app rows with a monotonically increasing sequence per change."""
+
+    owner_id = OWNER_ID
+
+    def __init__(self, path: Path | None = None) -> None:
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        self._db = sqlite3.connect(
+            str(path) if path else ":memory:", isolation_level=None, check_same_thread=False
+        )
+        self._db.row_factory = sqlite3.Row
+        self._lock = threading.Lock()
+        self._db.executescript(
+            "PRAGMA journal_mode=WAL;"
+            "CREATE TABLE IF NOT EXISTS apps (name TEXT PRIMARY KEY, org TEXT NOT NULL,"
+            " created_at TEXT NOT NULL, deleted INTEGER NOT NULL DEFAULT 0, seq INTEGER NOT NULL);"
+            "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);"
+        )
+        self._db.execute("INSERT OR IGNORE INTO meta VALUES ('epoch', ?)", (secrets.token_hex(8),))
+        self.epoch: str = self._db.execute("SELECT value FROM meta WHERE key='epoch'").fetchone()[0]
+        self.listeners: list[Callable[[list[AppChange]], None]] = []
+
+    def head(self) -> int:
+        return int(self._db.execute("SELECT COALESCE(MAX(seq), 0) FROM apps").fetchone()[0])
+
+    def changes_since(self, seq: int) -> list[AppChange]:
+        rows = self._db.execute("SELECT * FROM apps WHERE seq > ? ORDER BY seq", (seq,))
+        return [self._change(r) for r in rows.fetchall()]
+
+    def get(self, name: str, include_deleted: bool = False) -> AppRow | None:
+        row = self._db.execute("SELECT * FROM apps WHERE name = ?", (name,)).fetchone()
+        if row is None or (row["deleted"] and not include_deleted):
+            return None
+        return self._row(row)
+
+    def list(self) -> list[AppRow]:
+        rows = self._db.execute("SELECT * FROM apps WHERE deleted = 0 ORDER BY name").fetchall()
+        return [self._row(r) for r in rows]
+
+    def create(self, name: str, org: str = "personal") -> AppRow:
+        """Create, or recreate a deleted name; an app that exists is refused."""
+        with self._lock, self._db:
+            self._db.execute("BEGIN IMMEDIATE")
+            row = self._db.execute("SELECT deleted FROM apps WHERE name = ?", (name,)).fetchone()
+            if row is not None and not row["deleted"]:
+                raise AppExists(name)
+            seq = self.head() + 1
+            self._db.execute(
+                "INSERT OR REPLACE INTO apps (name, org, created_at, deleted, seq)"
+                " VALUES (?, ?, ?, 0, ?)",
+                (name, org, now_iso(), seq),
+            )
+        return self._publish(name)
+
+    def delete(self, name: str) -> bool:
+        """Mark deleted (a tombstone replicas apply like any change); False if there was none."""
+        with self._lock, self._db:
+            self._db.execute("BEGIN IMMEDIATE")
+            row = self._db.execute("SELECT deleted FROM apps WHERE name = ?", (name,)).fetchone()
+            if row is None or row["deleted"]:
+                return False
+            self._db.execute(
+                "UPDATE apps SET deleted = 1, seq = ? WHERE name = ?", (self.head() + 1, name)
+            )
+        self._publish(name)
+        return True
+
+    def close(self) -> None:
+        self._db.close()
+
+    def _publish(self, name: str) -> AppRow:
+        row = self._db.execute("SELECT * FROM apps WHERE name = ?", (name,)).fetchone()
+        change = self._change(row)
+        for listener in self.listeners:
+            listener([change])
+        return self._row(row)
+
+    @staticmethod
+    def _row(row: sqlite3.Row) -> AppRow:
+        return AppRow(
+            name=row["name"],
+            org=row["org"],
+            created_at=row["created_at"],
+            deleted=bool(row["deleted"]),
+        )
+
+    def _change(self, row: sqlite3.Row) -> AppChange:
+        app = self._row(row)
+        return AppChange("apps", app.name, int(row["seq"]), app.model_dump(mode="json"))

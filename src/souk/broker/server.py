@@ -1,0 +1,25 @@
+"""Wires a broker together: its fleet view, worker client, placer, auth and HTTP app."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from souk import __version__
+from souk.broker import api
+from souk.broker.auth import make_auth
+from souk.web import add_routes, error_middleware
+
+MAX_BODY = 1 << 20
+
+
+def make_app(broker: api.Broker, secret: bytes) -> web.Application:
+    app = web.Application(
+        middlewares=[error_middleware, make_auth(secret)], client_max_size=MAX_BODY
+    )
+    add_routes(app, api.routes(broker), "souk Machines API", __version__)
+
+    async def close(_: web.Application) -> None:
+        await broker.client.close()
+
+    app.on_cleanup.append(close)
+    return app
