@@ -48,6 +48,7 @@ from souk.web import ApiError, Route, read_model, reply
 MAX_WAIT = 60
 HINTS = 100_000
 CORDON_KEY = "souk_cordoned"
+METADATA_POLLS = 2000
 
 
 class Broker:
@@ -473,7 +474,15 @@ def routes(b: Broker) -> list[Route]:
         if meta == current.config.metadata:
             return current
         config = current.config.model_copy(update={"metadata": meta})
-        return await call(app, mid, "PUT", "", UpdateMachine(config=config))
+        machine = await call(app, mid, "PUT", "", UpdateMachine(config=config))
+        # Until workers patch metadata in place (docs/api.md), the change lands when the
+        # worker's update operation has run; answer once it has, so a read sees it.
+        for _ in range(METADATA_POLLS):
+            if machine.config.metadata == meta:
+                break
+            await asyncio.sleep(0.005)
+            machine = await call(app, mid, "GET", "")
+        return machine
 
     async def get_metadata(request: web.Request) -> web.Response:
         return reply((await get_machine(*ids(request))).config.metadata)

@@ -12,12 +12,11 @@ from souk.web.errors import Handler
 
 PUBLIC = frozenset({"/openapi.json"})
 READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
-GRANT_KEY = "souk.grant"
+GRANT_KEY = web.RequestKey("grant", Grant)
 
 
 def grant_of(request: web.Request) -> Grant:
-    grant: Grant = request[GRANT_KEY]
-    return grant
+    return request[GRANT_KEY]
 
 
 def make_auth(secret: bytes) -> Middleware:
