@@ -1,0 +1,134 @@
+"""Placement through the broker against real workers: region, size, fullness, cordons, the
+deadline, concurrency between two brokers, and every strategy."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+
+from souk.broker.api import Broker
+from souk.broker.fleet import StaticFleet
+from souk.broker.placer import Placer
+from souk.broker.registry import AppRegistry
+from souk.broker.server import make_app
+from souk.broker.workers import WorkerClient
+from tests.broker.conftest import SECRET, Cluster, ClusterFactory, WorkerSpec, machine_body
+
+M = "/v1/apps/demo/machines"
+STRATEGIES = ["offers", "p2c", "catalog"]
+
+
+async def place(c: Cluster, strategy: str, **kw: Any) -> Any:
+    return await c.call("POST", M, params={"strategy": strategy}, json=machine_body(**kw))
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+async def test_region_and_size_are_honoured(make_cluster: ClusterFactory, strategy: str) -> None:
+    specs = [
+        WorkerSpec("small", "mad", cpus=2, memory_mb=1024),
+        WorkerSpec("big", "mad", cpus=20, memory_mb=16384),
+        WorkerSpec("elsewhere", "ams", cpus=64, memory_mb=65536),
+    ]
+    async with make_cluster(specs) as c:
+        for _ in range(2):
+            resp = await place(c, strategy, cpus=8, memory_mb=4096)
+            assert resp.status == 200, await resp.text()
+            machine = await resp.json()
+            assert machine["worker"] == "big" and machine["region"] == "mad"
+        for _ in range(2):  # mad can still take small guests, never in ams
+            assert (await (await place(c, strategy, cpus=2, memory_mb=512)).json())["worker"] in (
+                "small",
+                "big",
+            )
+        resp = await place(c, strategy, cpus=8, memory_mb=4096)
+        assert resp.status == 412
+        body = await resp.json()
+        assert body["status"] == "insufficient_capacity"
+        assert body["details"]["region"] == "mad"
+        assert {r["worker"] for r in body["details"]["refusals"]} == {"small", "big"}
+        assert body["details"]["workers_asked"] == 2
+        assert c.engines["elsewhere"].capacity().machines == 0
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+async def test_fills_exactly_and_never_a_full_or_cordoned_worker(
+    make_cluster: ClusterFactory, strategy: str
+) -> None:
+    specs = [WorkerSpec(f"w{i}", "mad", cpus=2, memory_mb=2048) for i in range(3)]
+    async with make_cluster(specs) as c:
+        await c.engines["w2"].set_cordoned(True)
+        statuses = [(await place(c, strategy)).status for _ in range(6)]
+        assert statuses == [200] * 4 + [412] * 2
+        assert c.engines["w2"].capacity().machines == 0
+        for name in ("w0", "w1"):
+            cap = c.engines[name].capacity()
+            assert cap.free.cpus == 0 and cap.machines == 2
+
+
+async def test_a_region_with_no_room_answers_412_within_the_deadline(
+    make_cluster: ClusterFactory,
+) -> None:
+    """One worker never answers (a listening socket nobody accepts on): the broker gives up on
+    it after its offer timeout and still answers 412 with every worker's reason."""
+    specs = [WorkerSpec("w0", "mad", cpus=1, memory_mb=512)]
+    async with make_cluster(specs, deadline=1.0) as c:
+        assert (await place(c, "offers")).status == 200
+        with socket.socket() as silent:
+            silent.bind(("127.0.0.1", 0))
+            silent.listen(0)
+            host, port = silent.getsockname()
+            row = c.fleet.workers()[0].model_copy(
+                update={"id": "silent", "address": f"http://{host}:{port}"}
+            )
+            c.fleet._workers["silent"] = row  # a worker the catalog still lists
+            c.fleet._reachable.add("silent")
+            c.fleet.addresses = [c.urls["w0"]]
+            resp = await place(c, "offers")
+        body = await resp.json()
+        assert resp.status == 412, body
+        reasons = {r["worker"]: r["reason"] for r in body["details"]["refusals"]}
+        assert set(reasons) == {"w0", "silent"}
+        assert "no offer" in reasons["silent"]
+
+
+@contextlib.asynccontextmanager
+async def second_broker(c: Cluster, strategy_registry: AppRegistry) -> AsyncIterator[TestClient]:  # type: ignore[type-arg]
+    client = WorkerClient()
+    fleet = StaticFleet(list(c.urls.values()), strategy_registry, client)
+    await fleet.refresh()
+    broker = Broker(fleet, client, Placer(fleet, client), registry=strategy_registry)
+    async with TestClient(TestServer(make_app(broker, SECRET), host="127.0.0.1")) as tc:
+        yield tc
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+async def test_two_brokers_racing_never_overcommit_or_lose_a_machine(
+    make_cluster: ClusterFactory, strategy: str, tmp_path: Any
+) -> None:
+    specs = [WorkerSpec(f"w{i}", "mad", cpus=4, memory_mb=4096) for i in range(3)]
+    async with make_cluster(specs) as c:
+        registry = AppRegistry()
+        registry.create("demo")
+        async with second_broker(c, registry) as other:
+            # neither broker refreshes its picture: both rank the same stale view
+            async def one(client: TestClient) -> Any:  # type: ignore[type-arg]
+                resp = await client.post(
+                    M, params={"strategy": strategy}, json=machine_body(), headers=c.auth()
+                )
+                return resp.status, await resp.json()
+
+            results = await asyncio.gather(*(one(c.broker if i % 2 else other) for i in range(20)))
+        answered = [body for status, body in results if status == 200]
+        assert len(answered) == 12  # exactly the room there is
+        assert {status for status, _ in results} == {200, 412}
+        on_workers = {m.id for e in c.engines.values() for m in e.machines()}
+        assert {m["id"] for m in answered} == on_workers
+        for engine in c.engines.values():
+            cap = engine.capacity()
+            assert cap.free.cpus >= 0 and cap.reserved.cpus == cap.machines
