@@ -59,7 +59,7 @@ def why_not(row: WorkerRow, guest: GuestConfig) -> str | None:
     if guest.cpu_kind not in row.cpu_kinds:
         return f"no {guest.cpu_kind} cpus"
     if guest.cpus > row.cpus_free or guest.memory_mb > row.memory_mb_free:
-        return f"full: free {row.cpus_free} cpus, {row.memory_mb_free} MB"
+        return f"not enough room: free {row.cpus_free} cpus, {row.memory_mb_free} MB"
     return None
 
 

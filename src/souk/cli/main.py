@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from souk.cli import tokens, worker
+from souk.cli import broker, machines, tokens, worker
 
 app = typer.Typer(
     name="souk",
@@ -21,3 +21,7 @@ def main() -> None:
 
 app.command("worker")(worker.run)
 app.add_typer(tokens.app, name="tokens")
+app.command("broker")(broker.run)
+app.command("dev")(broker.dev)
+app.add_typer(machines.machines, name="machines")
+app.add_typer(machines.apps, name="apps")

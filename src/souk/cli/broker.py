@@ -1,0 +1,51 @@
+"""`souk broker` and `souk dev`."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+
+import typer
+
+from souk.broker import runtime
+from souk.broker.tokens import read_secret
+from souk.cli.worker import parse_listen
+
+
+def run(
+    listen: str = typer.Option("127.0.0.1:4280", help="HOST:PORT of the Machines API."),
+    secret_file: Path = typer.Option(..., help="The cluster secret tokens are signed with."),
+    worker: list[str] = typer.Option([], help="A worker's API URL (repeat for each)."),
+    app_registry: Path | None = typer.Option(
+        None, help="Host the cluster's app registry, stored in this directory (one broker)."
+    ),
+    app_registry_url: str | None = typer.Option(
+        None, help="Forward app creates and deletes to the broker hosting the registry."
+    ),
+    deadline: float = typer.Option(2.0, help="Seconds a placement may take before 412."),
+    policy: str = typer.Option("default", help="Placement policy: default, binpack, spread."),
+    log_level: str = typer.Option("info", help="debug, info, warning or error."),
+) -> None:
+    """Serve the public Machines API and place machines on workers."""
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(message)s")
+    host, port = parse_listen(listen)
+    try:
+        secret = read_secret(secret_file)
+    except (OSError, ValueError) as exc:
+        raise typer.BadParameter(str(exc), param_hint="--secret-file") from exc
+    opts = runtime.BrokerOptions(
+        host, port, secret, worker, app_registry, app_registry_url, deadline, policy
+    )
+    asyncio.run(runtime.serve(opts))
+
+
+def dev(
+    data_dir: Path = typer.Option(Path(".souk-dev"), help="Where every worker keeps its data."),
+    listen: str = typer.Option("127.0.0.1:4280", help="HOST:PORT of the broker."),
+    driver: str = typer.Option("process", help="process, or sim (runs nothing)."),
+) -> None:
+    """A whole cluster in one process: 3 regions x 2 workers and a broker, on loopback."""
+    logging.basicConfig(level="WARNING", format="%(asctime)s %(name)s %(message)s")
+    host, port = parse_listen(listen)
+    asyncio.run(runtime.run_dev(data_dir, host, port, driver))
