@@ -33,8 +33,10 @@ from souk.broker.tokens import mint
 from souk.broker.workers import WorkerClient
 
 SECRET = b"bench-secret-0123456789abcdef"
-BODY = {"region": "bench", "config": {"init": {"exec": ["true"]},
-                                      "guest": {"cpus": 1, "memory_mb": 256}}}
+BODY = {
+    "region": "bench",
+    "config": {"init": {"exec": ["true"]}, "guest": {"cpus": 1, "memory_mb": 256}},
+}
 HOSTS = 2  # child processes hosting workers
 
 
@@ -47,8 +49,14 @@ async def serve_workers(count: int, offset: int, data_dir: Path) -> None:
 
     async with contextlib.AsyncExitStack() as stack:
         for i in range(offset, offset + count):
-            s = WorkerSettings(name=f"w{i}", region="bench", data_dir=data_dir / f"w{i}",
-                               cpus=100_000, memory_mb=100_000_000, durable=False)
+            s = WorkerSettings(
+                name=f"w{i}",
+                region="bench",
+                data_dir=data_dir / f"w{i}",
+                cpus=100_000,
+                memory_mb=100_000_000,
+                durable=False,
+            )
             engine = await stack.enter_async_context(running(Engine(s, make_driver("sim", s))))
             runner = web.AppRunner(worker_app(engine), access_log=None)
             await runner.setup()
@@ -69,7 +77,9 @@ def worker_hosts(total: int, data_dir: Path):  # type: ignore[no-untyped-def]
             continue
         p = subprocess.Popen(
             [sys.executable, __file__, "--serve", str(count), str(h * per), str(data_dir)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
         )
         procs.append(p)
     try:
@@ -105,13 +115,15 @@ async def broker(urls: list[str]) -> AsyncIterator[str]:
         await runner.cleanup()
 
 
-async def load(url: str, requests: int, concurrency: int, headers: dict[str, str],
-               body: dict[str, object]) -> tuple[float, list[float], int]:
+async def load(
+    url: str, requests: int, concurrency: int, headers: dict[str, str], body: dict[str, object]
+) -> tuple[float, list[float], int]:
     latencies: list[float] = []
     failures = 0
     todo = iter(range(requests))
     connector = aiohttp.TCPConnector(limit=concurrency)
     async with aiohttp.ClientSession(connector=connector, headers=headers) as session:
+
         async def one() -> None:
             nonlocal failures
             for _ in todo:
@@ -134,23 +146,33 @@ def pct(xs: list[float], q: float) -> float:
 
 async def main(sizes: list[int], requests: int, concurrency: int) -> None:
     headers = {"Authorization": f"Bearer {mint(SECRET)}"}
-    print(f"{'workers':>8} {'strategy':>9} {'placements/s':>13} {'p50 ms':>8} {'p99 ms':>8}"
-          f" {'vs raw':>7} {'failed':>6}")
+    print(
+        f"{'workers':>8} {'strategy':>9} {'placements/s':>13} {'p50 ms':>8} {'p99 ms':>8}"
+        f" {'vs raw':>7} {'failed':>6}"
+    )
     for size in sizes:
         with tempfile.TemporaryDirectory() as tmp, worker_hosts(size, Path(tmp)) as urls:
             raw_rate, raw_lat, raw_fail = await load(
-                urls[0] + "/v1/machines", requests, concurrency, {},
+                urls[0] + "/v1/machines",
+                requests,
+                concurrency,
+                {},
                 {"app": "bench", "config": BODY["config"]},
             )
-            print(f"{size:>8} {'raw':>9} {raw_rate:>13.0f} {pct(raw_lat, 50):>8.1f}"
-                  f" {pct(raw_lat, 99):>8.1f} {1.0:>7.2f} {raw_fail:>6}", flush=True)
+            print(
+                f"{size:>8} {'raw':>9} {raw_rate:>13.0f} {pct(raw_lat, 50):>8.1f}"
+                f" {pct(raw_lat, 99):>8.1f} {1.0:>7.2f} {raw_fail:>6}",
+                flush=True,
+            )
             async with broker(urls) as base:
                 for strategy in ("offers", "p2c", "catalog"):
                     url = f"{base}/v1/apps/bench/machines?strategy={strategy}"
                     rate, lat, fail = await load(url, requests, concurrency, headers, BODY)
-                    print(f"{size:>8} {strategy:>9} {rate:>13.0f} {pct(lat, 50):>8.1f}"
-                          f" {pct(lat, 99):>8.1f} {rate / raw_rate:>7.2f} {fail:>6}",
-                          flush=True)
+                    print(
+                        f"{size:>8} {strategy:>9} {rate:>13.0f} {pct(lat, 50):>8.1f}"
+                        f" {pct(lat, 99):>8.1f} {rate / raw_rate:>7.2f} {fail:>6}",
+                        flush=True,
+                    )
 
 
 if __name__ == "__main__":
