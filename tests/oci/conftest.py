@@ -3,6 +3,7 @@ own code. The registry's access log is how tests count what was downloaded."""
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import socket
@@ -12,14 +13,16 @@ import urllib.error
 import urllib.request
 import uuid
 import warnings
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from souk.worker.oci.auth import Credentials
 from souk.worker.oci.build import ImageSpec, Layer, busybox_layer, layer, push_image
+from souk.worker.oci.images import ImageCache
 from souk.worker.oci.manifest import Descriptor
 from souk.worker.oci.reference import ImageRef
 from souk.worker.oci.registry import RegistryClient, RegistryConfig
@@ -167,3 +170,22 @@ async def push(
     client: RegistryClient, registry: Registry, name: str, spec: ImageSpec
 ) -> Descriptor:
     return await push_image(client, registry.ref(name), spec)
+
+
+@pytest.fixture
+async def make_cache(
+    registry: Registry, tmp_path: Path
+) -> AsyncIterator[Callable[..., ImageCache]]:
+    """ImageCaches on their own directories, all reaching the test registry; closed after."""
+    made: list[ImageCache] = []
+
+    def make(name: str = "cache", **options: Any) -> ImageCache:
+        cache = ImageCache(tmp_path / name, registry.client(), **options)
+        made.append(cache)
+        return cache
+
+    yield make
+    for cache in made:
+        for pin in (cache.store.root / "pins").glob("*.json"):
+            await cache.release_rootfs(Path(json.loads(pin.read_text())["holder"]))
+        await cache.client.close()

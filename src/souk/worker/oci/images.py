@@ -1,0 +1,247 @@
+"""The worker's image cache: what the worker calls to pull an image and to give a machine a root
+filesystem from it. Pulls of one image run once however many machines ask at the same time."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import aiohttp
+
+from souk.worker.oci.config import ImageConfig
+from souk.worker.oci.manifest import Descriptor
+from souk.worker.oci.reference import ImageRef
+from souk.worker.oci.registry import RegistryClient, Resolved
+from souk.worker.oci.rootfs import is_mounted, merge_copy, mount_overlay, overlay_supported, unmount
+from souk.worker.oci.store import BlobStore, ImageRecord
+from souk.worker.oci.unpack import unpack_layer
+
+
+@dataclass(frozen=True)
+class Image:
+    digest: str  # of the platform manifest: what pins, GC and the catalog name it by
+    name: str  # the canonical reference it was pulled as
+    config: ImageConfig
+    layers: tuple[str, ...]  # layer digests, the lowest first
+    size: int  # bytes on disk: compressed blobs and unpacked layers
+
+
+@dataclass(frozen=True)
+class CachedImage:
+    """One row of what this worker has cached, as the catalog's `images` table wants it."""
+
+    digest: str
+    ref: str
+    size: int
+    last_used: float
+
+
+class ImageCache:
+    def __init__(
+        self,
+        root: Path,
+        client: RegistryClient,
+        *,
+        budget: int | None = None,
+        in_use: Callable[[], Iterable[str]] | None = None,
+        parallel: int = 4,
+        overlay: bool | None = None,
+    ) -> None:
+        """`root` is this worker's image directory; `budget` caps its bytes (checked after every
+        pull); `in_use` returns the image digests running machines use; `overlay` forces or
+        forbids overlayfs (default: use it when a probe mount works)."""
+        self.client = client
+        self.store = BlobStore(root, budget, in_use)
+        self.parallel = parallel
+        self.overlay = overlay_supported(root / "tmp") if overlay is None else overlay
+        self.downloads = 0  # blobs fetched from a registry, for tests and metrics
+        self._check_layer_format(root)
+
+    def _check_layer_format(self, root: Path) -> None:
+        """Layers unpacked for overlayfs and for copying differ in their whiteouts: drop those
+        unpacked the other way."""
+        marker = root / "layer-format"
+        want = "overlay" if self.overlay else "copy"
+        if marker.exists() and marker.read_text() != want:
+            for path in (root / "layers").iterdir():
+                os.replace(path, root / "trash" / uuid.uuid4().hex)
+            self.store.empty_trash()
+        marker.write_text(want)
+
+    # -- pulling ---------------------------------------------------------------------------
+
+    async def pull(self, reference: str) -> Image:
+        """Pull `reference` (`registry/name:tag` or `...@sha256:`) unless cached; by tag, the
+        registry is asked which digest the tag names now (the cached copy is used if the registry
+        cannot be reached)."""
+        ref = self.client.parse(reference)
+        return await self.store.flights.run(f"pull:{ref}", lambda: self._pull(ref))
+
+    async def _pull(self, ref: ImageRef) -> Image:
+        name = str(ref)
+        if ref.digest and (cached := self.store.image(ref.digest) or self.store.find(name)):
+            return self._image(self.store.save(cached, name))
+        try:
+            resolved = await self.client.resolve(ref)
+        except (aiohttp.ClientConnectionError, TimeoutError):
+            if (cached := self.store.find(name)) is None:
+                raise
+            return self._image(self.store.save(cached, name))
+        record = self.store.image(resolved.digest)
+        try:
+            if record is None or not self._complete(record):
+                record = await self._fetch(resolved)
+            record = self.store.save(record, name)
+        finally:
+            await self.gc()  # to budget, and whatever a failed pull left behind
+        return self._image(record)
+
+    def _complete(self, record: ImageRecord) -> bool:
+        return all(self.store.blob_path(d).exists() for d in record.blobs) and all(
+            self.store.layer_size(d) is not None for d in record.layers
+        )
+
+    async def _fetch(self, resolved: Resolved) -> ImageRecord:
+        manifest = resolved.manifest
+        busy = [resolved.digest, manifest.config.digest, *(x.digest for x in manifest.layers)]
+        self.store.busy.update(busy)
+        try:
+            path = self.store.blob_path(resolved.digest)
+            if not path.exists():
+                partial = path.with_name(f".{path.name}.{uuid.uuid4().hex}")
+                partial.write_bytes(resolved.raw)  # verified against its digest already
+                os.replace(partial, path)
+            config = await self._blob(resolved.ref, manifest.config)
+            ImageConfig.parse(config.read_bytes())  # refuse a broken config before the layers
+            limit = asyncio.Semaphore(self.parallel)
+
+            async def layer(blob: Descriptor) -> None:
+                async with limit:
+                    await self._blob(resolved.ref, blob)
+                await self._unpack(blob.digest)
+
+            try:
+                async with asyncio.TaskGroup() as tasks:
+                    for blob in manifest.layers:
+                        tasks.create_task(layer(blob))
+            except ExceptionGroup as group:  # the first failure is the one worth reporting
+                raise group.exceptions[0] from None
+        finally:
+            self.store.busy.subtract(busy)
+            self.store.busy += Counter()  # drops the zero counts
+        layers = [x.digest for x in manifest.layers]
+        return ImageRecord(resolved.digest, manifest.config.digest, layers)
+
+    async def _blob(self, ref: ImageRef, blob: Descriptor) -> Path:
+        path = self.store.blob_path(blob.digest)
+
+        async def download() -> Path:
+            if not path.exists():
+                tmp = self.store.tmp_path(blob.digest)
+                await self.client.download_blob(ref, blob, tmp)
+                os.replace(tmp, path)
+                self.downloads += 1
+            return path
+
+        return path if path.exists() else await self.store.flights.run(blob.digest, download)
+
+    async def _unpack(self, digest: str) -> None:
+        async def unpack() -> None:
+            if self.store.layer_size(digest) is not None:
+                return
+            tmp = self.store.root / "tmp" / f"layer-{uuid.uuid4().hex}"
+            try:
+                blob = self.store.blob_path(digest)
+                size = await asyncio.to_thread(unpack_layer, blob, tmp, self.overlay)
+                final = self.store.layer_path(digest)
+                if final.exists():  # half unpacked before a crash
+                    os.replace(final, self.store.root / "trash" / uuid.uuid4().hex)
+                os.replace(tmp, final)
+                self.store.mark_unpacked(digest, size)
+            finally:
+                if tmp.exists():
+                    await asyncio.to_thread(shutil.rmtree, tmp, True)
+
+        if self.store.layer_size(digest) is None:
+            await self.store.flights.run(f"unpack:{digest}", unpack)
+
+    def _image(self, record: ImageRecord) -> Image:
+        config = ImageConfig.parse(self.store.blob_path(record.config).read_bytes())
+        name = record.names[-1] if record.names else record.digest
+        size = self.store.size_of(record)
+        return Image(record.digest, name, config, tuple(record.layers), size)
+
+    # -- root filesystems ------------------------------------------------------------------
+
+    async def prepare_rootfs(self, image: Image, workdir: Path) -> Path:
+        """A writable root filesystem of `image` for one machine, in `workdir` (the machine's
+        own directory for it); idempotent, and pins the image until `release_rootfs`."""
+        self.store.pin(image.digest, str(workdir))
+        rootfs = workdir / "rootfs"
+        layers = [self.store.layer_path(d) for d in image.layers]
+        missing = [d for d in image.layers if self.store.layer_size(d) is None]
+        if missing:
+            raise FileNotFoundError(f"layers of {image.name} are not unpacked: {missing}")
+        if self.overlay:
+            if not is_mounted(rootfs):
+                empty = self.store.root / "empty"
+                empty.mkdir(exist_ok=True)
+                lowers = list(reversed(layers)) or [empty]
+                upper, work = workdir / "upper", workdir / "work"
+                await asyncio.to_thread(mount_overlay, lowers, upper, work, rootfs)
+        else:
+            done = workdir / "rootfs.done"
+            if not done.exists():
+                if rootfs.exists():
+                    await asyncio.to_thread(shutil.rmtree, rootfs)
+                await asyncio.to_thread(merge_copy, layers, rootfs)
+                done.touch()
+        record = self.store.image(image.digest)
+        if record is not None:
+            self.store.save(record)
+        (workdir / "image.json").write_text(json.dumps({"digest": image.digest, "ref": image.name}))
+        return rootfs
+
+    async def release_rootfs(self, workdir: Path) -> None:
+        """Unmount and delete a machine's root filesystem, and unpin its image."""
+        rootfs = workdir / "rootfs"
+        if is_mounted(rootfs):
+            await asyncio.to_thread(unmount, rootfs)
+        for name in ("rootfs", "upper", "work"):
+            await asyncio.to_thread(shutil.rmtree, workdir / name, True)
+        for name in ("rootfs.done", "image.json"):
+            (workdir / name).unlink(missing_ok=True)
+        self.store.unpin(str(workdir))
+
+    # -- reporting and GC ------------------------------------------------------------------
+
+    def cached(self) -> list[CachedImage]:
+        """Every complete image on disk, for the catalog's `images` rows."""
+        rows = []
+        for record in self.store.images():
+            if self._complete(record):
+                ref = record.names[-1] if record.names else ""
+                size = self.store.size_of(record)
+                rows.append(CachedImage(record.digest, ref, size, record.last_used))
+        return sorted(rows, key=lambda r: -r.last_used)
+
+    def has(self, digest_or_ref: str) -> bool:
+        """Whether an image is cached, by manifest digest or by the reference it was pulled as."""
+        if digest_or_ref.startswith("sha256:"):
+            record = self.store.image(digest_or_ref)
+        else:
+            record = self.store.find(str(self.client.parse(digest_or_ref)))
+        return record is not None and self._complete(record)
+
+    async def gc(self, budget: int | None = None) -> list[str]:
+        """Evict unused images, least recently used first, down to the budget."""
+        evicted = self.store.collect(budget)
+        await asyncio.to_thread(self.store.empty_trash)
+        return evicted

@@ -1,0 +1,277 @@
+"""Pulling into the image cache and preparing root filesystems, against a real registry."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from souk.models.machine import InitConfig
+from souk.worker.oci.build import ImageSpec, Layer, TarBuilder, layer, push_image, push_index
+from souk.worker.oci.images import ImageCache
+from souk.worker.oci.manifest import Platform, host_platform
+from souk.worker.oci.registry import DigestMismatch, RegistryClient
+from souk.worker.oci.rootfs import is_mounted, overlay_supported
+from souk.worker.oci.unpack import UnsafeLayer
+
+from .conftest import Registry, push
+
+Make = Callable[..., ImageCache]
+
+
+def stored(cache: ImageCache) -> dict[str, list[str]]:
+    root = cache.store.root
+    return {
+        sub: sorted(p.name for p in (root / sub).iterdir())
+        for sub in ("blobs/sha256", "layers", "images", "tmp")
+    }
+
+
+async def test_pull_by_tag_then_by_digest(
+    registry: Registry, client: RegistryClient, busybox_base: Layer, make_cache: Make
+) -> None:
+    spec = ImageSpec(
+        [busybox_base],
+        entrypoint=["/bin/sh", "-c"],
+        cmd=["echo hi"],
+        env=["PATH=/bin", "GREETING=hello"],
+        workdir="/www",
+        user="nobody",
+        exposed_ports=["8080/tcp", "53/udp"],
+    )
+    pushed = await push(client, registry, "busybox:1", spec)
+    cache = make_cache()
+
+    image = await cache.pull(f"{registry.host}/busybox:1")
+    assert image.digest == pushed.digest
+    assert image.name == f"{registry.host}/busybox:1"
+    assert image.config.argv(InitConfig()) == ["/bin/sh", "-c", "echo hi"]
+    assert image.config.workdir == "/www" and image.config.user == "nobody"
+    assert image.config.ports() == [8080]
+    assert "GREETING=hello" in image.config.environment({})
+    assert cache.downloads == 2  # config and the one layer
+
+    by_digest = await cache.pull(f"{registry.host}/busybox@{pushed.digest}")
+    assert by_digest.digest == pushed.digest
+    assert cache.downloads == 2  # cached: nothing fetched again
+    assert cache.has(pushed.digest) and cache.has(f"{registry.host}/busybox:1")
+    [row] = cache.cached()
+    assert row.digest == pushed.digest and row.size >= len(busybox_base.blob)
+
+    fresh = make_cache("fresh")  # by digest into an empty cache
+    again = await fresh.pull(f"{registry.host}/busybox@{pushed.digest}")
+    assert again.layers == image.layers
+
+
+async def test_rootfs_runs_busybox(
+    registry: Registry,
+    client: RegistryClient,
+    busybox_base: Layer,
+    make_cache: Make,
+    tmp_path: Path,
+) -> None:
+    await push(client, registry, "busybox:1", ImageSpec([busybox_base]))
+    cache = make_cache()
+    image = await cache.pull(f"{registry.host}/busybox:1")
+    machine = tmp_path / "machine-1"
+    rootfs = await cache.prepare_rootfs(image, machine)
+    assert await cache.prepare_rootfs(image, machine) == rootfs  # idempotent
+    assert os.access(rootfs / "bin" / "busybox", os.X_OK)
+    assert os.readlink(rootfs / "bin" / "sh") == "busybox"
+    proc = await asyncio.create_subprocess_exec(
+        "chroot", str(rootfs), "/bin/sh", "-c", "echo inside > /tmp/out; cat /etc/passwd",
+        stdout=asyncio.subprocess.PIPE,
+    )
+    out, _ = await proc.communicate()
+    assert proc.returncode == 0 and out.startswith(b"root:x:0:0")
+    # The machine's writes land in its own root filesystem, never in the shared layer.
+    assert (rootfs / "tmp" / "out").read_text() == "inside\n"
+    [diff] = image.layers
+    assert not (cache.store.layer_path(diff) / "tmp" / "out").exists()
+
+    await cache.release_rootfs(machine)
+    assert not rootfs.exists() and not is_mounted(rootfs)
+
+
+async def test_multi_platform_index(
+    registry: Registry, client: RegistryClient, make_cache: Make
+) -> None:
+    here = host_platform()
+    other = Platform("linux", "riscv64")
+    mine = ImageSpec([layer(TarBuilder().file("arch", here.architecture.encode()).bytes())])
+    theirs = ImageSpec([layer(TarBuilder().file("arch", b"riscv64").bytes())], platform=other)
+    ref = registry.ref("multi:1")
+    entries = [await push_image(client, ref, theirs), await push_image(client, ref, mine)]
+    index = await push_index(client, ref, entries)
+
+    cache = make_cache()
+    image = await cache.pull(f"{registry.host}/multi@{index}")
+    assert image.digest == entries[1].digest
+    assert image.config.architecture == here.architecture
+    [diff] = image.layers
+    assert (cache.store.layer_path(diff) / "arch").read_text() == here.architecture
+    theirs_layer = theirs.layers[0].descriptor.digest
+    assert registry.blob_gets(theirs_layer) == []  # the other platform is never downloaded
+
+
+async def test_corrupt_blob_is_rejected_and_nothing_cached(
+    registry: Registry, client: RegistryClient, make_cache: Make
+) -> None:
+    good = layer(TarBuilder().file("a", b"a" * 1000).bytes())
+    bad = layer(TarBuilder().file("b", b"b" * 1000).bytes())
+    await push(client, registry, "corrupt:1", ImageSpec([good, bad]))
+    registry.corrupt(bad.descriptor.digest)
+    cache = make_cache()
+    with pytest.raises(DigestMismatch):
+        await cache.pull(f"{registry.host}/corrupt:1")
+    assert stored(cache) == {"blobs/sha256": [], "layers": [], "images": [], "tmp": []}
+    assert cache.cached() == []
+
+
+@pytest.mark.parametrize(
+    ("tar", "message"),
+    [
+        (TarBuilder().file("../escaped", b"x"), "'..'"),
+        (TarBuilder().dir("d").file("d/../../escaped", b"x"), "'..'"),
+        (TarBuilder().symlink("link", "/").file("link/escaped", b"x"), "symlink"),
+        (TarBuilder().symlink("up", "../..").file("up/escaped", b"x"), "leaves the root"),
+        (TarBuilder().symlink("etc", "/tmp/../../..").file("etc/x", b"x"), "leaves the root"),
+        (TarBuilder().hardlink("passwd", "../../etc/passwd"), "'..'"),
+        (TarBuilder().hardlink("passwd", "/etc/passwd"), "missing"),
+        (TarBuilder().device("dev/mem", 1, 1), "device"),
+    ],
+)
+async def test_unsafe_layers_are_rejected(
+    registry: Registry,
+    client: RegistryClient,
+    make_cache: Make,
+    tmp_path: Path,
+    tar: TarBuilder,
+    message: str,
+) -> None:
+    evil = layer(tar.bytes())
+    await push(client, registry, "evil:1", ImageSpec([evil]))
+    cache = make_cache("deep/down/cache")
+    with pytest.raises(UnsafeLayer, match=message):
+        await cache.pull(f"{registry.host}/evil:1")
+    assert not list(tmp_path.rglob("escaped"))
+    assert stored(cache) == {"blobs/sha256": [], "layers": [], "images": [], "tmp": []}
+
+
+def whiteout_image() -> ImageSpec:
+    base = (
+        TarBuilder()
+        .dir("a")
+        .file("a/x", b"x")
+        .file("a/y", b"y")
+        .file("b", b"b")
+        .dir("c")
+        .file("c/old", b"old")
+        .dir("d")
+        .file("d/kept", b"kept")
+        .file("link-target", b"shared")
+        .hardlink("hard", "link-target")
+    )
+    top = TarBuilder().whiteout("a/x").whiteout("b").opaque("c").file("c/new", b"new")
+    top.whiteout("d").dir("d").file("d/fresh", b"fresh")  # deleted, then made anew
+    return ImageSpec([layer(base.bytes()), layer(top.bytes(), compress=False)])
+
+
+def listing(root: Path) -> dict[str, str]:
+    return {
+        str(p.relative_to(root)): "" if p.is_dir() else p.read_text()
+        for p in sorted(root.rglob("*"))
+    }
+
+
+@pytest.mark.parametrize("overlay", [True, False], ids=["overlay", "copy"])
+async def test_whiteouts_and_opaque_dirs(
+    registry: Registry,
+    client: RegistryClient,
+    make_cache: Make,
+    tmp_path: Path,
+    overlay: bool,
+) -> None:
+    if overlay and not overlay_supported(tmp_path):
+        pytest.skip("overlayfs is not available here")
+    await push(client, registry, "wh:1", whiteout_image())
+    cache = make_cache(overlay=overlay)
+    image = await cache.pull(f"{registry.host}/wh:1")
+    rootfs = await cache.prepare_rootfs(image, tmp_path / "m")
+    assert listing(rootfs) == {
+        "a": "",
+        "a/y": "y",
+        "c": "",
+        "c/new": "new",
+        "d": "",
+        "d/fresh": "fresh",
+        "hard": "shared",
+        "link-target": "shared",
+    }
+    if not overlay:  # a private copy keeps the layer's hard links as hard links
+        assert (rootfs / "hard").stat().st_ino == (rootfs / "link-target").stat().st_ino
+
+
+async def test_concurrent_pulls_download_once(
+    registry: Registry, client: RegistryClient, busybox_base: Layer, make_cache: Make
+) -> None:
+    pushed = await push(client, registry, "busybox:1", ImageSpec([busybox_base]))
+    await push(client, registry, "busybox:also", ImageSpec([busybox_base]))
+    cache = make_cache()
+    name = f"{registry.host}/busybox:1"
+    images = await asyncio.gather(
+        cache.pull(name), cache.pull(name), cache.pull(f"{registry.host}/busybox:also")
+    )
+    assert {i.digest for i in images} == {pushed.digest}
+    assert len(registry.blob_gets(busybox_base.descriptor.digest)) == 1
+    manifests = [r for r in registry.requests() if r.path.endswith("/manifests/1")]
+    assert [r.method for r in manifests if r.method == "GET"] == ["GET"]
+    assert cache.downloads == 2
+
+
+async def test_gc_keeps_images_in_use(
+    registry: Registry, client: RegistryClient, make_cache: Make, tmp_path: Path
+) -> None:
+    # Uncompressed random layers: each image costs ~60 kB (its blob plus its unpacked file).
+    specs = {
+        tag: ImageSpec([layer(TarBuilder().file(tag, os.urandom(30_000)).bytes(), False)])
+        for tag in ("a", "b", "c")
+    }
+    for tag, spec in specs.items():
+        await push(client, registry, f"gc:{tag}", spec)
+    cache = make_cache(budget=150_000)
+    a = await cache.pull(f"{registry.host}/gc:a")
+    rootfs = await cache.prepare_rootfs(a, tmp_path / "machine-a")
+    b = await cache.pull(f"{registry.host}/gc:b")
+    assert {r.digest for r in cache.cached()} == {a.digest, b.digest}
+
+    c = await cache.pull(f"{registry.host}/gc:c")  # over budget: b goes, a is in use
+    assert {r.digest for r in cache.cached()} == {a.digest, c.digest}
+    assert (rootfs / "a").stat().st_size == 30_000
+    assert not cache.store.blob_path(specs["b"].layers[0].descriptor.digest).exists()
+    assert cache.store.usage() <= 150_000
+
+    await cache.release_rootfs(tmp_path / "machine-a")
+    assert await cache.gc(budget=100_000) == [a.digest]
+    assert {r.digest for r in cache.cached()} == {c.digest}
+
+    b_again = await cache.pull(f"{registry.host}/gc:b")  # evicted images pull again
+    assert b_again.digest == b.digest
+
+
+async def test_in_use_callback_protects_images(
+    registry: Registry, client: RegistryClient, make_cache: Make
+) -> None:
+    spec = ImageSpec([layer(TarBuilder().file("x", os.urandom(10_000)).bytes(), False)])
+    await push(client, registry, "used:1", spec)
+    used: set[str] = set()
+    cache = make_cache(budget=10**9, in_use=lambda: used)
+    image = await cache.pull(f"{registry.host}/used:1")
+    used.add(image.digest)
+    assert await cache.gc(budget=0) == []
+    used.clear()
+    assert await cache.gc(budget=0) == [image.digest]
+    assert stored(cache)["blobs/sha256"] == []
