@@ -82,7 +82,11 @@ async def test_rootfs_runs_busybox(
     assert os.access(rootfs / "bin" / "busybox", os.X_OK)
     assert os.readlink(rootfs / "bin" / "sh") == "busybox"
     proc = await asyncio.create_subprocess_exec(
-        "chroot", str(rootfs), "/bin/sh", "-c", "echo inside > /tmp/out; cat /etc/passwd",
+        "chroot",
+        str(rootfs),
+        "/bin/sh",
+        "-c",
+        "echo inside > /tmp/out; cat /etc/passwd",
         stdout=asyncio.subprocess.PIPE,
     )
     out, _ = await proc.communicate()
