@@ -1,0 +1,261 @@
+"""The runc driver: a machine is an OCI container run by `runc` from its image.
+
+Each spawn runs `runc run` (foreground) under a small shell shim in a session of its own, with
+output going to files: the shim and the container survive a worker crash, and the shim records
+the container's exit code in the machine's directory, where a restarted worker reads it. The
+container's annotations carry the spawn's marker, which is how adoption recognises it."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shlex
+import shutil
+import signal as signals
+from pathlib import Path
+from typing import Any
+
+from souk.worker import procfs
+from souk.worker.drivers.base import Handle, Launch
+from souk.worker.oci import network
+from souk.worker.oci.images import ImageCache
+from souk.worker.oci.spec import runtime_spec
+
+POLL = 0.02
+MARKER = "souk.marker"
+
+
+class RuncError(RuntimeError):
+    pass
+
+
+class RuncDriver:
+    name = "runc"
+
+    def __init__(self, images: ImageCache, state_dir: Path, cgroup_parent: str = "souk") -> None:
+        """`state_dir` is runc's own state root (`runc --root`), kept with the worker's data so
+        that several workers on one host never see each other's containers."""
+        runc = shutil.which("runc")
+        if not runc:
+            raise RuncError("runc is not installed")
+        self.runc = runc
+        self.images = images
+        self.state_dir = state_dir
+        self.cgroup_parent = cgroup_parent
+        self._exits: dict[str, asyncio.Future[int | None]] = {}
+
+    @staticmethod
+    def container_id(machine_id: str) -> str:
+        return f"souk-{machine_id}"
+
+    async def _runc(self, *args: str, check: bool = True) -> str:
+        proc = await asyncio.create_subprocess_exec(
+            self.runc,
+            "--root",
+            str(self.state_dir),
+            *args,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        out, err = await proc.communicate()
+        if check and proc.returncode != 0:
+            raise RuncError(f"runc {' '.join(args)}: {err.decode().strip()}")
+        return out.decode()
+
+    async def state(self, machine_id: str) -> dict[str, Any] | None:
+        out = await self._runc("state", self.container_id(machine_id), check=False)
+        try:
+            found = json.loads(out)
+        except ValueError:
+            return None
+        return found if isinstance(found, dict) else None
+
+    # -- the driver interface --------------------------------------------------------------
+
+    async def prepare(self, launch: Launch) -> None:
+        if not launch.config.image:
+            raise RuncError("the runc driver runs images; this machine names none")
+        image = await self.images.pull(launch.config.image)
+        rootfs = await self.images.prepare_rootfs(image, launch.rundir / "image")
+        netns = await network.setup(launch.machine_id, launch.private_ip)
+        env = {
+            "SOUK_MACHINE_ID": launch.machine_id,
+            "SOUK_APP_NAME": launch.app,
+            "SOUK_REGION": launch.region,
+            "SOUK_INSTANCE_ID": launch.instance_id,
+            "SOUK_PRIVATE_IP": launch.private_ip,
+        }
+        spec = runtime_spec(
+            image.config,
+            launch.config,
+            rootfs.resolve(),
+            hostname=launch.machine_id,
+            extra_env=env,
+            netns=netns,
+            cgroup=f"/{self.cgroup_parent}/{launch.machine_id}",
+            annotations={MARKER: launch.marker, "souk.image": image.digest},
+        )
+        bundle = launch.rundir / "bundle"
+        bundle.mkdir(parents=True, exist_ok=True)
+        tmp = bundle / "config.json.tmp"
+        tmp.write_text(json.dumps(spec, indent=1))
+        os.replace(tmp, bundle / "config.json")
+
+    async def spawn(self, launch: Launch) -> Handle:
+        running = self.adopt(launch.machine_id, launch.marker, None)
+        if running is None:
+            running = await self._adopt(launch.machine_id, launch.marker)
+        if running is not None:
+            return running
+        cid = self.container_id(launch.machine_id)
+        await self._runc("delete", "--force", cid, check=False)  # a stopped earlier run
+        if not (launch.rundir / "bundle" / "config.json").exists():
+            await self.prepare(launch)
+        exit_file, pid_file = launch.rundir / "exit_code", launch.rundir / "container.pid"
+        exit_file.unlink(missing_ok=True)
+        pid_file.unlink(missing_ok=True)
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        run = [self.runc, "--root", str(self.state_dir), "run", "--bundle", "bundle"]
+        run += ["--pid-file", pid_file.name, cid]
+        script = f"{shlex.join(run)}; echo $? > exit_code.tmp; mv -f exit_code.tmp exit_code"
+        with (
+            open(launch.rundir / "stdout.log", "ab") as out,
+            open(launch.rundir / "stderr.log", "ab") as err,
+        ):
+            shim = await asyncio.create_subprocess_exec(
+                shutil.which("sh") or "sh",
+                "-c",
+                script,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=out,
+                stderr=err,
+                cwd=launch.rundir,
+                start_new_session=True,
+            )
+        exited = asyncio.ensure_future(shim.wait())
+        while not pid_file.exists():  # runc writes it once the container's process started
+            if exited.done() and not pid_file.exists():
+                raise RuncError(f"runc failed to start {cid}: see {launch.rundir}/stderr.log")
+            await asyncio.sleep(POLL)
+        pid = int(pid_file.read_text().strip())
+        handle = Handle(pid, procfs.start_time(pid) or "0")
+        self._exits[launch.machine_id] = asyncio.ensure_future(
+            self._exit_code(exited, launch.rundir / "exit_code")
+        )
+        return handle
+
+    async def _exit_code(self, done: asyncio.Future[Any], exit_file: Path) -> int | None:
+        await done
+        for _ in range(100):  # the shim writes it right after runc returns
+            if exit_file.exists():
+                text = exit_file.read_text().strip()
+                return int(text) if text.isdigit() else None
+            await asyncio.sleep(POLL)
+        return None
+
+    def adopt(self, machine_id: str, marker: str, handle: Handle | None) -> Handle | None:
+        """Synchronous part of adoption: a container this driver instance is already watching."""
+        pending = self._exits.get(machine_id)
+        if pending is not None and not pending.done() and handle is not None:
+            return handle
+        if handle is None or not procfs.is_alive(handle.pid, handle.pid_start):
+            return None
+        annotations = self._annotations(machine_id)
+        if annotations.get(MARKER) != marker:
+            return None
+        self._exits[machine_id] = asyncio.ensure_future(self._watch(machine_id, handle))
+        return handle
+
+    def _annotations(self, machine_id: str) -> dict[str, str]:
+        """From runc's state file (the synchronous `adopt` cannot run `runc state`)."""
+        path = self.state_dir / self.container_id(machine_id) / "state.json"
+        try:
+            state = json.loads(path.read_text())
+        except (OSError, ValueError):
+            return {}
+        found = state.get("config", {}).get("labels", [])
+        pairs = (item.partition("=") for item in found if isinstance(item, str))
+        return {k: v for k, _, v in pairs}
+
+    async def _adopt(self, machine_id: str, marker: str) -> Handle | None:
+        state = await self.state(machine_id)
+        if not state or state.get("status") != "running" or not state.get("pid"):
+            return None
+        if (state.get("annotations") or {}).get(MARKER) != marker:
+            return None
+        pid = int(state["pid"])
+        handle = Handle(pid, procfs.start_time(pid) or "0")
+        return self.adopt(machine_id, marker, handle)
+
+    async def _watch(self, machine_id: str, handle: Handle) -> int | None:
+        """Wait for a container we did not start: its init's pidfd, then the shim's record."""
+        try:
+            fd = os.pidfd_open(handle.pid)
+        except OSError:
+            fd = -1
+        if fd >= 0:
+            loop = asyncio.get_running_loop()
+            gone: asyncio.Future[None] = loop.create_future()
+            loop.add_reader(fd, _resolve, gone)
+            try:
+                if procfs.is_alive(handle.pid, handle.pid_start):
+                    await gone
+            finally:
+                loop.remove_reader(fd)
+                os.close(fd)
+        while procfs.is_alive(handle.pid, handle.pid_start):
+            await asyncio.sleep(POLL)
+        rundir = self._rundir_of(machine_id)
+        if rundir is None:
+            return None
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        done.set_result(None)
+        return await self._exit_code(done, rundir / "exit_code")
+
+    def _rundir_of(self, machine_id: str) -> Path | None:
+        path = self.state_dir / self.container_id(machine_id) / "state.json"
+        try:
+            bundle = json.loads(path.read_text())["config"]["rootfs"]
+        except (OSError, ValueError, KeyError):
+            return None
+        return Path(bundle).parents[1]  # <rundir>/image/rootfs
+
+    async def wait(self, machine_id: str) -> int | None:
+        pending = self._exits.get(machine_id)
+        if pending is None:
+            return None
+        return await asyncio.shield(pending)
+
+    async def stop(
+        self, machine_id: str, handle: Handle | None, signal: str, timeout: float
+    ) -> None:
+        if handle is None or not procfs.is_alive(handle.pid, handle.pid_start):
+            return
+        cid = self.container_id(machine_id)
+        await self._runc("kill", cid, str(signals.Signals[signal].value), check=False)
+        try:
+            await asyncio.wait_for(self._gone(machine_id, handle), timeout)
+            return
+        except TimeoutError:
+            pass
+        await self._runc("kill", "--all", cid, "KILL", check=False)
+        await self._gone(machine_id, handle)
+
+    async def _gone(self, machine_id: str, handle: Handle) -> None:
+        pending = self._exits.get(machine_id)
+        if pending is not None:
+            await asyncio.shield(pending)
+        while procfs.is_alive(handle.pid, handle.pid_start):
+            await asyncio.sleep(POLL)
+
+    async def cleanup(self, launch: Launch) -> None:
+        self._exits.pop(launch.machine_id, None)
+        await self._runc("delete", "--force", self.container_id(launch.machine_id), check=False)
+        await network.teardown(launch.machine_id)
+        await self.images.release_rootfs(launch.rundir / "image")
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)

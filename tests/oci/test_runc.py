@@ -1,0 +1,110 @@
+"""The runc driver: real containers from images pushed to a real registry."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import uuid
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from souk.models.machine import InitConfig, MachineConfig
+from souk.worker import procfs
+from souk.worker.drivers.base import Launch
+from souk.worker.oci.build import ImageSpec, Layer, busybox_layer, layer
+from souk.worker.oci.images import ImageCache
+from souk.worker.oci.registry import RegistryClient
+from souk.worker.oci.runc_driver import RuncDriver
+
+from .conftest import Registry, push
+
+pytestmark = pytest.mark.skipif(shutil.which("runc") is None, reason="runc is not installed")
+
+
+@pytest.fixture(scope="session")
+def web_layer() -> Layer:
+    return layer(busybox_layer().file("www/index.html", b"hello from a container\n").bytes())
+
+
+@pytest.fixture
+async def driver(
+    make_cache: Callable[..., ImageCache], tmp_path: Path
+) -> AsyncIterator[RuncDriver]:
+    yield RuncDriver(
+        make_cache(), tmp_path / "runc", cgroup_parent=f"souk-test-{uuid.uuid4().hex[:6]}"
+    )
+
+
+def launch(tmp_path: Path, config: MachineConfig, ip: str) -> Launch:
+    machine_id = uuid.uuid4().hex[:12]
+    rundir = tmp_path / "machines" / machine_id
+    rundir.mkdir(parents=True)
+    return Launch(machine_id, "app", "mad", "i1", config, uuid.uuid4().hex, rundir, ip)
+
+
+async def test_http_service_on_private_address_and_adoption(
+    registry: Registry, client: RegistryClient, web_layer: Layer, driver: RuncDriver, tmp_path: Path
+) -> None:
+    spec = ImageSpec([web_layer], cmd=["httpd", "-f", "-p", "8080", "-h", "/www"], workdir="/www")
+    await push(client, registry, "web:1", spec)
+    config = MachineConfig(image=f"{registry.host}/web:1", env={"WHO": "machine"})
+    machine = launch(tmp_path, config, "10.213.7.2")
+    await driver.prepare(machine)
+    handle = await driver.spawn(machine)
+    try:
+        assert await driver.spawn(machine) == handle  # idempotent: the same container
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2)) as http:
+            for _ in range(200):
+                try:
+                    async with http.get("http://10.213.7.2:8080/index.html") as resp:
+                        assert resp.status == 200
+                        assert await resp.text() == "hello from a container\n"
+                        break
+                except (aiohttp.ClientConnectionError, TimeoutError):
+                    await asyncio.sleep(0.02)
+            else:
+                raise AssertionError("httpd never answered on the private address")
+
+        # A restarted worker (a new driver on the same state) adopts it, and can stop it.
+        again = RuncDriver(driver.images, driver.state_dir, driver.cgroup_parent)
+        assert again.adopt(machine.machine_id, "not-this-spawn", handle) is None
+        adopted = again.adopt(machine.machine_id, machine.marker, handle)
+        assert adopted == handle
+        await again.stop(machine.machine_id, adopted, "SIGTERM", 5.0)
+        assert not procfs.is_alive(handle.pid, handle.pid_start)
+        assert await again.wait(machine.machine_id) is not None
+    finally:
+        await driver.cleanup(machine)
+
+
+async def test_exit_code_env_and_limits(
+    registry: Registry,
+    client: RegistryClient,
+    busybox_base: Layer,
+    driver: RuncDriver,
+    tmp_path: Path,
+) -> None:
+    await push(client, registry, "bb:1", ImageSpec([busybox_base], env=["PATH=/bin", "FROM=image"]))
+    script = (
+        "echo $FROM $WHO $SOUK_PRIVATE_IP; hostname; id -u;"
+        " cat /sys/fs/cgroup/memory/memory.limit_in_bytes 2>/dev/null; exit 3"
+    )
+    config = MachineConfig(
+        image=f"{registry.host}/bb:1",
+        env={"WHO": "machine"},
+        init=InitConfig(exec=["/bin/sh", "-c", script]),
+        guest={"memory_mb": 64},
+    )
+    machine = launch(tmp_path, config, "10.213.7.3")
+    await driver.prepare(machine)
+    try:
+        await driver.spawn(machine)
+        assert await driver.wait(machine.machine_id) == 3
+        lines = (machine.rundir / "stdout.log").read_text().splitlines()
+        assert lines[:3] == ["image machine 10.213.7.3", machine.machine_id, "0"]
+    finally:
+        await driver.cleanup(machine)
+    assert not (machine.rundir / "image" / "rootfs").exists()
