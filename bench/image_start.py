@@ -1,0 +1,131 @@
+"""Machine start times from an image: cold (pull + unpack + run), warm (cached image) and a bare
+`runc run` of the same bundle, as ratios to the bare run. Needs root, runc, docker-registry and
+busybox. Run: python bench/image_start.py [--runs N]"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import shutil
+import socket
+import statistics
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+import uuid
+from pathlib import Path
+
+from souk.models.machine import InitConfig, MachineConfig
+from souk.worker.drivers.base import Launch
+from souk.worker.oci.build import ImageSpec, busybox_layer, layer, push_image
+from souk.worker.oci.images import ImageCache
+from souk.worker.oci.reference import ImageRef
+from souk.worker.oci.registry import RegistryClient, RegistryConfig
+from souk.worker.oci.runc_driver import RuncDriver
+from souk.worker.oci.spec import runtime_spec
+
+SLEEP = ["/bin/sleep", "60"]
+
+
+def start_registry(root: Path) -> tuple[subprocess.Popen[bytes], str]:
+    binary = shutil.which("docker-registry") or shutil.which("registry")
+    if not binary:
+        raise SystemExit("docker-registry is not installed")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        host = f"127.0.0.1:{s.getsockname()[1]}"
+    config = root / "config.yml"
+    config.write_text(
+        "version: 0.1\nlog: {level: error, accesslog: {disabled: true}}\n"
+        f"storage: {{filesystem: {{rootdirectory: {root / 'data'}}}}}\n"
+        f"http: {{addr: '{host}', secret: bench}}\n"
+    )
+    proc = subprocess.Popen([binary, "serve", str(config)], stderr=subprocess.DEVNULL)
+    for _ in range(500):
+        try:
+            urllib.request.urlopen(f"http://{host}/v2/", timeout=1)
+            break
+        except (urllib.error.URLError, OSError):
+            time.sleep(0.01)
+    return proc, host
+
+
+async def start_machine(driver: RuncDriver, work: Path, image: str, n: int) -> float:
+    machine_id = uuid.uuid4().hex[:12]
+    rundir = work / "machines" / machine_id
+    rundir.mkdir(parents=True)
+    config = MachineConfig(image=image, init=InitConfig(exec=SLEEP))
+    ip = f"10.214.0.{n}"
+    launch = Launch(machine_id, "bench", "local", "i", config, uuid.uuid4().hex, rundir, ip)
+    began = time.perf_counter()
+    await driver.prepare(launch)
+    handle = await driver.spawn(launch)
+    took = time.perf_counter() - began
+    await driver.stop(machine_id, handle, "SIGKILL", 1.0)
+    await driver.cleanup(launch)
+    return took
+
+
+async def bare_run(runc: str, state: Path, bundle: Path) -> float:
+    cid = f"bare-{uuid.uuid4().hex[:8]}"
+    began = time.perf_counter()
+    run = [runc, "--root", str(state), "run", "--detach", "--bundle", str(bundle), cid]
+    subprocess.run(run, check=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+    took = time.perf_counter() - began
+    subprocess.run([runc, "--root", str(state), "delete", "--force", cid], check=True)
+    return took
+
+
+async def main(runs: int) -> None:
+    with tempfile.TemporaryDirectory(prefix="souk-bench-") as tmp:
+        work = Path(tmp)
+        (work / "registry").mkdir()
+        registry, host = start_registry(work / "registry")
+        try:
+            config = RegistryConfig(insecure=frozenset({host}))
+            async with RegistryClient(config) as client:
+                spec = ImageSpec([layer(busybox_layer().bytes())], cmd=SLEEP)
+                await push_image(client, ImageRef(host, "bench", "1"), spec)
+            image = f"{host}/bench:1"
+            cold, warm, bare = [], [], []
+            for i in range(runs):
+                cache = ImageCache(work / f"cache-{i}", RegistryClient(config))
+                driver = RuncDriver(cache, work / "runc")
+                cold.append(await start_machine(driver, work, image, 2 * i + 2))
+                warm.append(await start_machine(driver, work, image, 2 * i + 3))
+                # The bare run: the same image's bundle, already prepared, started by runc alone.
+                pulled = await cache.pull(image)
+                bundle = work / f"bare-{i}"
+                rootfs = await cache.prepare_rootfs(pulled, bundle / "image")
+                machine = MachineConfig(image=image, init=InitConfig(exec=SLEEP))
+                doc = runtime_spec(
+                    pulled.config,
+                    machine,
+                    rootfs.resolve(),
+                    "bare",
+                    {},
+                    None,
+                    f"/souk-bench/{i}",
+                    {},
+                )
+                (bundle / "config.json").write_text(json.dumps(doc))
+                bare.append(await bare_run(driver.runc, work / "runc-bare", bundle))
+                await cache.release_rootfs(bundle / "image")
+                await cache.client.close()
+        finally:
+            registry.terminate()
+            registry.wait()
+    base = statistics.median(bare)
+    print(f"{'':>6} {'median ms':>10} {'x bare runc run':>16}")
+    for name, values in (("cold", cold), ("warm", warm), ("bare", bare)):
+        m = statistics.median(values)
+        print(f"{name:>6} {m * 1000:>10.1f} {m / base:>16.2f}")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--runs", type=int, default=5)
+    asyncio.run(main(parser.parse_args().runs))
