@@ -69,7 +69,7 @@ async def start_machine(driver: RuncDriver, work: Path, image: str, n: int) -> f
     return took
 
 
-async def bare_run(runc: str, state: Path, bundle: Path) -> float:
+def bare_run(runc: str, state: Path, bundle: Path) -> float:
     cid = f"bare-{uuid.uuid4().hex[:8]}"
     began = time.perf_counter()
     run = [runc, "--root", str(state), "run", "--detach", "--bundle", str(bundle), cid]
@@ -112,7 +112,7 @@ async def main(runs: int) -> None:
                     {},
                 )
                 (bundle / "config.json").write_text(json.dumps(doc))
-                bare.append(await bare_run(driver.runc, work / "runc-bare", bundle))
+                bare.append(bare_run(driver.runc, work / "runc-bare", bundle))
                 await cache.release_rootfs(bundle / "image")
                 await cache.client.close()
         finally:
