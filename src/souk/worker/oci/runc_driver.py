@@ -164,7 +164,8 @@ class RuncDriver:
         annotations = self._annotations(machine_id)
         if annotations.get(MARKER) != marker:
             return None
-        self._exits[machine_id] = asyncio.ensure_future(self._watch(machine_id, handle))
+        rundir = self._rundir_of(machine_id)  # now: `runc run` deletes its state on exit
+        self._exits[machine_id] = asyncio.ensure_future(self._watch(handle, rundir))
         return handle
 
     def _annotations(self, machine_id: str) -> dict[str, str]:
@@ -188,7 +189,7 @@ class RuncDriver:
         handle = Handle(pid, procfs.start_time(pid) or "0")
         return self.adopt(machine_id, marker, handle)
 
-    async def _watch(self, machine_id: str, handle: Handle) -> int | None:
+    async def _watch(self, handle: Handle, rundir: Path | None) -> int | None:
         """Wait for a container we did not start: its init's pidfd, then the shim's record."""
         try:
             fd = os.pidfd_open(handle.pid)
@@ -206,7 +207,6 @@ class RuncDriver:
                 os.close(fd)
         while procfs.is_alive(handle.pid, handle.pid_start):
             await asyncio.sleep(POLL)
-        rundir = self._rundir_of(machine_id)
         if rundir is None:
             return None
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
