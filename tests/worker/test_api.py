@@ -133,3 +133,56 @@ async def test_openapi_is_generated_from_the_routes(client: Client) -> None:
 
 
 _json = {"Content-Type": "application/json"}
+
+
+async def test_a_lease_blocks_other_writers_until_released(client: Client) -> None:
+    mid = (await (await client.post("/v1/machines", json={**SLEEP, "start": False})).json())["id"]
+    lease = await (await client.post(f"/v1/machines/{mid}/lease", json={"ttl": 60})).json()
+    held = {"fly-machine-lease-nonce": lease["nonce"]}
+    body = await error_of(await client.post(f"/v1/machines/{mid}/lease", json={"ttl": 5}), 409)
+    assert body["status"] == "lease_held"
+    body = await error_of(await client.post(f"/v1/machines/{mid}/start"), 409)
+    assert body["status"] == "lease_held"
+    patch = {"set": {"role": "web"}}
+    await error_of(await client.patch(f"/v1/machines/{mid}/metadata", json=patch), 409)
+    assert (await client.post(f"/v1/machines/{mid}/start", headers=held)).status == 200
+    again = await client.post(f"/v1/machines/{mid}/lease", json={"ttl": 90}, headers=held)
+    assert (await again.json())["nonce"] == lease["nonce"]  # the holder extends its own
+    assert (await (await client.get(f"/v1/machines/{mid}/lease")).json())["nonce"] == lease["nonce"]
+    await error_of(await client.delete(f"/v1/machines/{mid}/lease"), 409)
+    assert (await client.delete(f"/v1/machines/{mid}/lease", headers=held)).status == 200
+    await error_of(await client.get(f"/v1/machines/{mid}/lease"), 404)
+    assert (await client.delete(f"/v1/machines/{mid}", params={"force": "true"})).status == 200
+
+
+async def test_metadata_changes_in_place_without_a_restart(client: Client) -> None:
+    created = await (await client.post("/v1/machines", json=SLEEP)).json()
+    mid = created["id"]
+    await client.get(f"/v1/machines/{mid}/wait", params={"state": "started"})
+    resp = await client.patch(f"/v1/machines/{mid}/metadata", json={"set": {"a": "1", "b": "2"}})
+    assert (await resp.json())["config"]["metadata"] == {"a": "1", "b": "2"}
+    resp = await client.patch(f"/v1/machines/{mid}/metadata", json={"delete": ["a"]})
+    machine = await resp.json()
+    assert machine["config"]["metadata"] == {"b": "2"}
+    assert machine["instance_id"] == created["instance_id"] and machine["state"] == "started"
+    events = await (await client.get(f"/v1/machines/{mid}/events")).json()
+    assert not any(e["type"].startswith("stop.") for e in events)
+    await client.delete(f"/v1/machines/{mid}", params={"force": "true"})
+
+
+async def test_update_answers_with_the_new_version(client: Client) -> None:
+    created = await (await client.post("/v1/machines", json=SLEEP)).json()
+    mid = created["id"]
+    await client.get(f"/v1/machines/{mid}/wait", params={"state": "started"})
+    new = {"config": {"init": {"exec": ["sleep", "31"]}, "env": {"V": "2"}}}
+    updated = await (await client.put(f"/v1/machines/{mid}", json=new)).json()
+    assert updated["instance_id"] != created["instance_id"]
+    assert updated["config"]["env"] == {"V": "2"}
+    resp = await client.get(
+        f"/v1/machines/{mid}/wait",
+        params={"state": "started", "instance_id": updated["instance_id"], "timeout": "10"},
+    )
+    assert resp.status == 200
+    steps = [e["type"] for e in await (await client.get(f"/v1/machines/{mid}/events")).json()]
+    assert "update.apply_config" in steps and "stop.end_stop" in steps
+    await client.delete(f"/v1/machines/{mid}", params={"force": "true"})

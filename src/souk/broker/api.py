@@ -13,12 +13,12 @@ from aiohttp import web
 
 from souk.broker.auth import grant_of
 from souk.broker.fleet import Fleet
-from souk.broker.leases import NONCE_HEADER, Leases
 from souk.broker.placement import POLICIES
 from souk.broker.placer import NoCapacity, Placer
 from souk.broker.registry import AppExists, AppRegistry
 from souk.broker.workers import WorkerClient, WorkerError
 from souk.models.api import (
+    NONCE_HEADER,
     App,
     AppOrganization,
     CreateAppRequest,
@@ -33,6 +33,7 @@ from souk.models.api import (
     Strategy,
     UpdateMachineRequest,
     WorkerInfo,
+    WorkerLeaseRequest,
 )
 from souk.models.catalog import AppRow
 from souk.models.machine import (
@@ -40,6 +41,7 @@ from souk.models.machine import (
     Machine,
     MachineEvent,
     MachineState,
+    MetadataChange,
     StopRequest,
     UpdateMachine,
 )
@@ -48,11 +50,10 @@ from souk.web import ApiError, Route, read_model, reply
 MAX_WAIT = 60
 HINTS = 100_000
 CORDON_KEY = "souk_cordoned"
-METADATA_POLLS = 2000
 
 
 class Broker:
-    """Everything a handler needs. No state of record: hints and (for now) leases only."""
+    """Everything a handler needs. No state of record: only hints of where machines are."""
 
     def __init__(
         self,
@@ -69,7 +70,6 @@ class Broker:
         self.registry = registry
         self.registry_url = registry_url
         self.before_place = before_place
-        self.leases = Leases()
         # machine id -> (app, worker id, address): machines this broker just created, which the
         # catalog may not show for a few milliseconds more.
         self._hints: OrderedDict[str, tuple[str, str, str]] = OrderedDict()
@@ -153,11 +153,12 @@ def routes(b: Broker) -> list[Route]:
         path: str,
         body: Any = None,
         params: dict[str, str] | None = None,
+        nonce: str | None = None,
     ) -> Machine:
         worker, address = b.locate(app, mid)
         try:
             return await b.client.action(
-                worker, address, method, f"/v1/machines/{mid}{path}", body, params
+                worker, address, method, f"/v1/machines/{mid}{path}", body, params, nonce
             )
         except WorkerError as exc:
             raise passthrough(exc) from exc
@@ -323,10 +324,8 @@ def routes(b: Broker) -> list[Route]:
         b.hint(machine, address)
         lease_nonce = None
         if body.lease_ttl:
-            owner = grant_of(request).token_id
-            lease_nonce = b.leases.acquire(
-                machine.id, body.lease_ttl, "", owner, machine.instance_id, None
-            ).nonce
+            lease = WorkerLeaseRequest(ttl=body.lease_ttl, owner=grant_of(request).token_id)
+            lease_nonce = (await lease_call(app, machine.id, "POST", lease)).nonce
         return reply(public(machine, lease_nonce))
 
     async def get(request: web.Request) -> web.Response:
@@ -335,7 +334,6 @@ def routes(b: Broker) -> list[Route]:
     async def update(request: web.Request) -> web.Response:
         app, mid = ids(request)
         body = await read_model(request, UpdateMachineRequest)
-        b.leases.check(mid, nonce(request))
         current = await get_machine(app, mid)
         if body.region is not None and body.region != current.region:
             raise ApiError(
@@ -355,6 +353,7 @@ def routes(b: Broker) -> list[Route]:
                 "PUT",
                 "",
                 UpdateMachine(config=body.config, start=False if body.skip_launch else None),
+                nonce=nonce(request),
             )
         except ApiError as exc:
             if exc.http_status == 412:
@@ -374,25 +373,21 @@ def routes(b: Broker) -> list[Route]:
 
     async def destroy(request: web.Request) -> web.Response:
         app, mid = ids(request)
-        b.leases.check(mid, nonce(request))
         params = {"force": "true"} if _bool(request, "force") else None
-        return reply(public(await call(app, mid, "DELETE", "", params=params)))
+        return reply(public(await call(app, mid, "DELETE", "", None, params, nonce(request))))
 
     async def start(request: web.Request) -> web.Response:
         app, mid = ids(request)
-        b.leases.check(mid, nonce(request))
-        return reply(public(await call(app, mid, "POST", "/start")))
+        return reply(public(await call(app, mid, "POST", "/start", nonce=nonce(request))))
 
     async def stop(request: web.Request) -> web.Response:
         app, mid = ids(request)
         body = await read_model(request, StopRequest)
-        b.leases.check(mid, nonce(request))
-        return reply(public(await call(app, mid, "POST", "/stop", body)))
+        return reply(public(await call(app, mid, "POST", "/stop", body, nonce=nonce(request))))
 
     async def restart(request: web.Request) -> web.Response:
         app, mid = ids(request)
-        b.leases.check(mid, nonce(request))
-        return reply(public(await call(app, mid, "POST", "/restart")))
+        return reply(public(await call(app, mid, "POST", "/restart", nonce=nonce(request))))
 
     async def wait(request: web.Request) -> web.Response:
         app, mid = ids(request)
@@ -458,95 +453,87 @@ def routes(b: Broker) -> list[Route]:
     # --- metadata and machine cordon -----------------------------------------------------
 
     async def set_metadata(
-        app: str, mid: str, changes: dict[str, str | None], version: str | None = None
+        request: web.Request, changes: dict[str, str | None], version: str | None = None
     ) -> Machine:
-        current = await get_machine(app, mid)
-        if version is not None and version != current.instance_id:
-            raise ApiError(
-                412, "precondition_failed", f"machine_version: machine is at {current.instance_id}"
-            )
-        meta = dict(current.config.metadata)
-        for key, value in changes.items():
-            if value:
-                meta[key] = value
-            else:
-                meta.pop(key, None)
-        if meta == current.config.metadata:
-            return current
-        config = current.config.model_copy(update={"metadata": meta})
-        machine = await call(app, mid, "PUT", "", UpdateMachine(config=config))
-        # Until workers patch metadata in place (docs/api.md), the change lands when the
-        # worker's update operation has run; answer once it has, so a read sees it.
-        for _ in range(METADATA_POLLS):
-            if machine.config.metadata == meta:
-                break
-            await asyncio.sleep(0.005)
-            machine = await call(app, mid, "GET", "")
-        return machine
+        """In place on the worker: same instance, no restart, checked against the lease there."""
+        app, mid = ids(request)
+        if version is not None:
+            current = await get_machine(app, mid)
+            if version != current.instance_id:
+                raise ApiError(
+                    412,
+                    "precondition_failed",
+                    f"machine_version: machine is at {current.instance_id}",
+                )
+        patch = MetadataChange(
+            set={k: v for k, v in changes.items() if v},
+            delete=[k for k, v in changes.items() if not v],
+        )
+        return await call(app, mid, "PATCH", "/metadata", patch, nonce=nonce(request))
 
     async def get_metadata(request: web.Request) -> web.Response:
         return reply((await get_machine(*ids(request))).config.metadata)
 
     async def patch_metadata(request: web.Request) -> web.Response:
-        app, mid = ids(request)
         body = await read_model(request, MetadataPatch)
-        b.leases.check(mid, nonce(request))
-        await set_metadata(app, mid, body.metadata, body.machine_version)
+        await set_metadata(request, body.metadata, body.machine_version)
         return web.Response(status=204)
 
     async def put_metadata_key(request: web.Request) -> web.Response:
-        app, mid = ids(request)
         body = await read_model(request, MetadataValue)
-        b.leases.check(mid, nonce(request))
-        await set_metadata(app, mid, {request.match_info["key"]: body.value})
+        await set_metadata(request, {request.match_info["key"]: body.value})
         return web.Response(status=204)
 
     async def delete_metadata_key(request: web.Request) -> web.Response:
-        app, mid = ids(request)
-        b.leases.check(mid, nonce(request))
-        await set_metadata(app, mid, {request.match_info["key"]: None})
+        await set_metadata(request, {request.match_info["key"]: None})
         return web.Response(status=204)
 
     async def cordon_machine(request: web.Request) -> web.Response:
-        app, mid = ids(request)
-        b.leases.check(mid, nonce(request))
-        await set_metadata(app, mid, {CORDON_KEY: "true"})
+        await set_metadata(request, {CORDON_KEY: "true"})
         return reply(OkResponse())
 
     async def uncordon_machine(request: web.Request) -> web.Response:
-        app, mid = ids(request)
-        b.leases.check(mid, nonce(request))
-        await set_metadata(app, mid, {CORDON_KEY: None})
+        await set_metadata(request, {CORDON_KEY: None})
         return reply(OkResponse())
 
-    # --- leases ------------------------------------------------------------------------
+    # --- leases: kept by the worker holding the machine, its only writer ----------------
+
+    async def lease_call(
+        app: str, mid: str, method: str, body: Any = None, lease_nonce: str | None = None
+    ) -> Lease:
+        worker, address = b.locate(app, mid)
+        try:
+            data = await b.client.request(
+                worker, address, method, f"/v1/machines/{mid}/lease", body, nonce=lease_nonce
+            )
+        except WorkerError as exc:
+            raise passthrough(exc) from exc
+        return Lease.model_validate(data)
 
     async def get_lease(request: web.Request) -> web.Response:
         app, mid = ids(request)
-        b.locate(app, mid)
-        lease = b.leases.current(mid)
-        if lease is None:
-            raise ApiError(404, "not_found", f"machine {mid} has no lease")
-        return reply(lease)
+        await get_machine(app, mid)
+        return reply(await lease_call(app, mid, "GET"))
 
     async def create_lease(request: web.Request) -> web.Response:
         app, mid = ids(request)
         body = await read_model(request, CreateLeaseRequest)
-        machine = await get_machine(app, mid)
-        lease = b.leases.acquire(
-            mid,
-            body.ttl,
-            body.description,
-            grant_of(request).token_id,
-            machine.instance_id,
-            nonce(request),
+        await get_machine(app, mid)
+        ask = WorkerLeaseRequest(
+            ttl=body.ttl, description=body.description, owner=grant_of(request).token_id
         )
-        return reply(lease)
+        return reply(await lease_call(app, mid, "POST", ask, nonce(request)))
 
     async def release_lease(request: web.Request) -> web.Response:
         app, mid = ids(request)
-        b.locate(app, mid)
-        b.leases.release(mid, nonce(request))
+        await get_machine(app, mid)
+        worker, address = b.locate(app, mid)
+        try:
+            await b.client.request(
+                worker, address, "DELETE", f"/v1/machines/{mid}/lease", nonce=nonce(request)
+            )
+        except WorkerError as exc:
+            raise passthrough(exc) from exc
         return reply(OkResponse())
 
     # --- the fleet (operators) ---------------------------------------------------------

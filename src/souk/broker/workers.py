@@ -13,6 +13,7 @@ from typing import Any
 import aiohttp
 from pydantic import BaseModel
 
+from souk.models.api import NONCE_HEADER
 from souk.models.capacity import Offer, OfferRequest
 from souk.models.machine import CreateMachine, Machine, MachineEvent, WaitResult
 
@@ -65,9 +66,12 @@ class WorkerClient:
         body: BaseModel | None = None,
         params: dict[str, str] | None = None,
         timeout: float = DEFAULT_TIMEOUT,
+        nonce: str | None = None,
     ) -> Any:
         data = body.model_dump_json(exclude_none=True).encode() if body is not None else None
-        headers = {"Content-Type": "application/json"} if data is not None else None
+        headers = {"Content-Type": "application/json"} if data is not None else {}
+        if nonce:
+            headers[NONCE_HEADER] = nonce
         try:
             async with self.session.request(
                 method,
@@ -130,9 +134,10 @@ class WorkerClient:
         path: str,
         body: BaseModel | None = None,
         params: dict[str, str] | None = None,
+        nonce: str | None = None,
     ) -> Machine:
         return Machine.model_validate(
-            await self.request(worker, base, method, path, body, params=params)
+            await self.request(worker, base, method, path, body, params=params, nonce=nonce)
         )
 
     async def wait(

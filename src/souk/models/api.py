@@ -14,6 +14,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from souk.models.machine import APP_NAME, Machine, MachineConfig
 
+NONCE_HEADER = "fly-machine-lease-nonce"
+
 REGION_NAME = re.compile(r"^[a-z][a-z0-9-]{1,31}$")
 Strategy = Literal["offers", "p2c", "catalog"]
 
@@ -104,6 +106,12 @@ class PublicMachine(Machine):
 class CreateLeaseRequest(Strict):
     description: str = Field("", max_length=256)
     ttl: int = Field(60, ge=1, le=3600)
+
+
+class WorkerLeaseRequest(CreateLeaseRequest):
+    """What a broker asks a worker for: a lease request plus who is asking."""
+
+    owner: str = Field("", max_length=256)
 
 
 class Lease(BaseModel):

@@ -185,6 +185,13 @@ class UpdateMachine(Strict):
     start: bool | None = None
 
 
+class MetadataChange(Strict):
+    """Keys to set and keys to remove from a machine's config.metadata, in place."""
+
+    set: dict[str, str] = {}
+    delete: list[str] = []
+
+
 class StopRequest(Strict):
     signal: str | None = None
     timeout: Duration | None = None

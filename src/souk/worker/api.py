@@ -6,12 +6,14 @@ from typing import cast, get_args
 
 from aiohttp import web
 
+from souk.models.api import NONCE_HEADER, Lease, WorkerLeaseRequest
 from souk.models.capacity import Capacity, Offer, OfferRequest
 from souk.models.machine import (
     CreateMachine,
     Machine,
     MachineEvent,
     MachineState,
+    MetadataChange,
     StopRequest,
     UpdateMachine,
     WaitResult,
@@ -52,24 +54,50 @@ def routes(engine: Engine) -> list[Route]:
     async def get(request: web.Request) -> web.Response:
         return reply(engine.get(machine_id(request)))
 
+    def nonce(request: web.Request) -> str | None:
+        return request.headers.get(NONCE_HEADER)
+
     async def update(request: web.Request) -> web.Response:
         body = await read_model(request, UpdateMachine)
-        return reply(await engine.update(machine_id(request), body.config))
+        mid = machine_id(request)
+        return reply(await engine.update(mid, body.config, body.start, nonce(request)))
+
+    async def patch_metadata(request: web.Request) -> web.Response:
+        body = await read_model(request, MetadataChange)
+        return reply(await engine.patch_metadata(machine_id(request), body, nonce(request)))
 
     async def start(request: web.Request) -> web.Response:
-        return reply(await engine.submit(machine_id(request), "start"))
+        return reply(await engine.submit(machine_id(request), "start", nonce=nonce(request)))
 
     async def stop(request: web.Request) -> web.Response:
         body = await read_model(request, StopRequest)
         params = body.model_dump(exclude_none=True)
-        return reply(await engine.submit(machine_id(request), "stop", params))
+        return reply(await engine.submit(machine_id(request), "stop", params, nonce(request)))
 
     async def restart(request: web.Request) -> web.Response:
-        return reply(await engine.submit(machine_id(request), "restart"))
+        return reply(await engine.submit(machine_id(request), "restart", nonce=nonce(request)))
 
     async def destroy(request: web.Request) -> web.Response:
         force = request.query.get("force", "") in ("1", "true")
-        return reply(await engine.submit(machine_id(request), "destroy", {"force": force}))
+        params = {"force": force}
+        return reply(await engine.submit(machine_id(request), "destroy", params, nonce(request)))
+
+    async def get_lease(request: web.Request) -> web.Response:
+        lease = engine.lease(machine_id(request))
+        if lease is None:
+            raise ApiError(404, "not_found", f"machine {machine_id(request)} has no lease")
+        return reply(lease)
+
+    async def acquire_lease(request: web.Request) -> web.Response:
+        body = await read_model(request, WorkerLeaseRequest)
+        lease = await engine.acquire_lease(
+            machine_id(request), body.ttl, body.description, body.owner, nonce(request)
+        )
+        return reply(lease)
+
+    async def release_lease(request: web.Request) -> web.Response:
+        await engine.release_lease(machine_id(request), nonce(request))
+        return reply({"ok": True})
 
     async def wait(request: web.Request) -> web.Response:
         state = request.query.get("state", "started")
@@ -150,6 +178,32 @@ def routes(engine: Engine) -> list[Route]:
             UpdateMachine,
             Machine,
             errors=(404, 409, 412),
+        ),
+        Route(
+            "PATCH",
+            m + "/metadata",
+            patch_metadata,
+            "Set and delete metadata keys in place: no restart, same instance",
+            MetadataChange,
+            Machine,
+            errors=(404, 409),
+        ),
+        Route("GET", m + "/lease", get_lease, "The machine's lease", response=Lease, errors=(404,)),
+        Route(
+            "POST",
+            m + "/lease",
+            acquire_lease,
+            f"Take a lease, or extend yours (send its nonce in {NONCE_HEADER})",
+            WorkerLeaseRequest,
+            Lease,
+            errors=(404, 409),
+        ),
+        Route(
+            "DELETE",
+            m + "/lease",
+            release_lease,
+            f"Release your lease (its nonce in {NONCE_HEADER})",
+            errors=(404, 409),
         ),
         Route("POST", m + "/start", start, "Start", response=Machine, errors=(404, 409)),
         Route(

@@ -20,8 +20,16 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from souk.models.api import NONCE_HEADER, Lease
 from souk.models.capacity import Capacity, Resources
-from souk.models.machine import CreateMachine, Machine, MachineConfig, MachineEvent, MachineState
+from souk.models.machine import (
+    CreateMachine,
+    Machine,
+    MachineConfig,
+    MachineEvent,
+    MachineState,
+    MetadataChange,
+)
 from souk.web import ApiError
 from souk.worker.drivers.base import Driver, Handle, Launch
 from souk.worker.fsm import OPERATIONS, TRANSITIONS, Operation, Step, check_transition
@@ -173,7 +181,11 @@ class Engine:
         return self.get(machine_id)
 
     async def submit(
-        self, machine_id: str, op_name: str, params: dict[str, Any] | None = None
+        self,
+        machine_id: str,
+        op_name: str,
+        params: dict[str, Any] | None = None,
+        nonce: str | None = None,
     ) -> Machine:
         """Queue start, stop, restart or destroy; returns once the operation is durably accepted."""
         op = OPERATIONS[op_name]
@@ -181,6 +193,7 @@ class Engine:
 
         def accept(tx: Tx) -> bool:
             row = _machine_row(tx, machine_id)
+            _check_lease(tx, machine_id, nonce)
             projected: MachineState = row["projected"]
             if op.ends_in is not None and projected == op.ends_in and op.name != "restart":
                 return False  # already there or on its way: nothing to do
@@ -204,12 +217,23 @@ class Engine:
             self._kick(machine_id)
         return self.get(machine_id)
 
-    async def update(self, machine_id: str, config: MachineConfig) -> Machine:
-        """New config and instance id, in place; refused when the new size does not fit here."""
+    async def update(
+        self,
+        machine_id: str,
+        config: MachineConfig,
+        start: bool | None = None,
+        nonce: str | None = None,
+    ) -> Machine:
+        """New config and instance id, in place; refused when the new size does not fit here.
+
+        The new config and instance id are the machine's from the moment the update is accepted
+        (so the answer carries them); a running machine is then stopped and started again on it.
+        """
         settings = self.settings
 
         def accept(tx: Tx) -> bool:
             row = _machine_row(tx, machine_id)
+            _check_lease(tx, machine_id, nonce)
             projected: MachineState = row["projected"]
             if projected in ("destroying", "destroyed"):
                 raise ApiError(409, "invalid_state", f"machine {machine_id} is {projected}")
@@ -230,28 +254,120 @@ class Engine:
                     f" cpus, {free.memory_mb} MB; create a new machine elsewhere instead",
                     {"free": free.model_dump()},
                 )
+            instance_id = new_instance_id()
             tx.execute(
-                "UPDATE machines SET cpus = ?, memory_mb = ?, cpu_kind = ? WHERE id = ?",
-                (guest.cpus, guest.memory_mb, guest.cpu_kind, machine_id),
+                "UPDATE machines SET cpus = ?, memory_mb = ?, cpu_kind = ?, config = ?,"
+                " instance_id = ?, updated_at = ? WHERE id = ?",
+                (
+                    guest.cpus,
+                    guest.memory_mb,
+                    guest.cpu_kind,
+                    config.model_dump_json(),
+                    instance_id,
+                    now_iso(),
+                    machine_id,
+                ),
             )
             _adjust_reserved(tx, settings, d_cpus, d_mem, 0, f"update {machine_id}")
             running = projected in ("started", "starting")
             if running:
                 _enqueue(tx, machine_id, OPERATIONS["stop"], projected, {})
-            _enqueue(
-                tx,
-                machine_id,
-                OPERATIONS["update"],
-                "stopped" if running else projected,
-                {"config": config.model_dump(mode="json")},
-            )
-            if running:
-                _enqueue(tx, machine_id, OPERATIONS["start"], "stopped", {})
+            after = "stopped" if running else projected
+            _enqueue(tx, machine_id, OPERATIONS["update"], after, {"instance_id": instance_id})
+            if running if start is None else start:
+                _enqueue(tx, machine_id, OPERATIONS["start"], after, {})
             return True
 
         await self.store.write(accept)
         self._kick(machine_id)
         return self.get(machine_id)
+
+    async def patch_metadata(
+        self, machine_id: str, patch: MetadataChange, nonce: str | None = None
+    ) -> Machine:
+        """Change config.metadata in place: same instance, no restart (the proxy and the CLI
+        keep their marks there)."""
+
+        def apply(tx: Tx) -> None:
+            row = _machine_row(tx, machine_id)
+            _check_lease(tx, machine_id, nonce)
+            if row["state"] == "destroyed":
+                raise ApiError(409, "invalid_state", f"machine {machine_id} is destroyed")
+            config = MachineConfig.model_validate_json(row["config"])
+            metadata = {k: v for k, v in config.metadata.items() if k not in patch.delete}
+            metadata.update(patch.set)
+            new = config.model_copy(update={"metadata": metadata})
+            tx.execute(
+                "UPDATE machines SET config = ?, updated_at = ? WHERE id = ?",
+                (new.model_dump_json(), now_iso(), machine_id),
+            )
+            tx.log("machine", machine_id, "metadata", "patch", None, data=patch.model_dump())
+
+        await self.store.write(apply)
+        return self.get(machine_id)
+
+    async def acquire_lease(
+        self, machine_id: str, ttl: int, description: str, owner: str, nonce: str | None
+    ) -> Lease:
+        """A new lease, or the holder's own extended (same nonce); 409 while another holds one.
+        The check and the write are one transaction here, on the machine's only writer."""
+
+        def apply(tx: Tx) -> Lease:
+            row = _machine_row(tx, machine_id)
+            held = _lease(tx, machine_id)
+            if held is not None and held.nonce != nonce:
+                raise ApiError(
+                    409, "lease_held", f"machine {machine_id} is leased until {held.expires_at}"
+                )
+            lease = Lease(
+                nonce=held.nonce if held is not None else secrets.token_hex(8),
+                expires_at=int(time.time() + ttl),
+                owner=owner,
+                description=description or (held.description if held else ""),
+                version=row["instance_id"],
+            )
+            tx.execute(
+                "INSERT OR REPLACE INTO leases VALUES (?, ?, ?, ?, ?, ?)",
+                (
+                    machine_id,
+                    lease.nonce,
+                    lease.owner,
+                    lease.description,
+                    lease.version,
+                    lease.expires_at,
+                ),
+            )
+            tx.log(
+                "machine",
+                machine_id,
+                "lease",
+                "acquire",
+                None,
+                data={"owner": owner, "expires_at": lease.expires_at},
+            )
+            return lease
+
+        return await self.store.write(apply)
+
+    def lease(self, machine_id: str) -> Lease | None:
+        self.get(machine_id, events=False)
+        row = self.store.read.execute(
+            "SELECT * FROM leases WHERE machine = ? AND expires_at > ?", (machine_id, time.time())
+        ).fetchone()
+        return None if row is None else _lease_of(row)
+
+    async def release_lease(self, machine_id: str, nonce: str | None) -> None:
+        def apply(tx: Tx) -> None:
+            _machine_row(tx, machine_id)
+            held = _lease(tx, machine_id)
+            if held is None:
+                raise ApiError(404, "not_found", f"machine {machine_id} has no lease")
+            if held.nonce != nonce:
+                raise ApiError(409, "lease_held", f"the {NONCE_HEADER} header does not match")
+            tx.execute("DELETE FROM leases WHERE machine = ?", (machine_id,))
+            tx.log("machine", machine_id, "lease", "release", None)
+
+        await self.store.write(apply)
 
     async def set_cordoned(self, cordoned: bool) -> None:
         def apply(tx: Tx) -> None:
@@ -319,12 +435,19 @@ class Engine:
     async def wait(
         self, machine_id: str, state: MachineState, timeout: float, instance_id: str | None
     ) -> tuple[bool, Machine]:
-        """Long-poll until the machine is in `state` (for that instance, if given) or time-out."""
+        """Long-poll until the machine is in `state` (for that instance, if given) or time-out.
+
+        Only a settled state counts, with nothing queued that would move the machine on: after
+        an update, "started" means started on the new config, not still running the old one.
+        """
         deadline = time.monotonic() + timeout
         while True:
             event = self._changed.setdefault(machine_id, asyncio.Event())
             machine = self.get(machine_id, events=False)
-            if machine.state == state and instance_id in (None, machine.instance_id):
+            settled = not self.store.read.execute(
+                "SELECT 1 FROM operations WHERE machine = ? AND done = 0", (machine_id,)
+            ).fetchone()
+            if settled and machine.state == state and instance_id in (None, machine.instance_id):
                 return True, machine
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -523,16 +646,9 @@ class Engine:
         return i + 1
 
     async def _step_apply_config(self, m: str, op_id: int, op: Operation, i: int, p: Any) -> int:
-        config = MachineConfig.model_validate(p["config"])
-        await self._advance(
-            m,
-            op_id,
-            op,
-            i,
-            {"instance_id": (iid := new_instance_id())},
-            config=config.model_dump_json(),
-            instance_id=iid,
-        )
+        """The config was recorded when the update was accepted; this step marks where the
+        machine, stopped, takes it on."""
+        await self._advance(m, op_id, op, i, {"instance_id": p.get("instance_id")})
         return i + 1
 
     async def _step_begin_destroy(self, m: str, op_id: int, op: Operation, i: int, p: Any) -> int:
@@ -659,6 +775,35 @@ def _machine_row(tx: Tx, machine_id: str) -> Any:
     if row is None:
         raise ApiError(404, "not_found", f"no machine {machine_id} on this worker")
     return row
+
+
+def _lease_of(row: Any) -> Lease:
+    return Lease(
+        nonce=row["nonce"],
+        owner=row["owner"],
+        description=row["description"],
+        version=row["version"],
+        expires_at=int(row["expires_at"]),
+    )
+
+
+def _lease(tx: Tx, machine_id: str) -> Lease | None:
+    row = tx.one(
+        "SELECT * FROM leases WHERE machine = ? AND expires_at > ?", (machine_id, time.time())
+    )
+    return None if row is None else _lease_of(row)
+
+
+def _check_lease(tx: Tx, machine_id: str, nonce: str | None) -> None:
+    """Writers must present the nonce of a held lease."""
+    held = _lease(tx, machine_id)
+    if held is not None and held.nonce != nonce:
+        raise ApiError(
+            409,
+            "lease_held",
+            f"machine {machine_id} is leased until {held.expires_at}; send its nonce in the"
+            f" {NONCE_HEADER} header",
+        )
 
 
 def _enqueue(

@@ -67,6 +67,14 @@ CREATE TABLE IF NOT EXISTS capacity (
     machines INTEGER NOT NULL
 );
 INSERT OR IGNORE INTO capacity VALUES (1, 0, 0, 0);
+CREATE TABLE IF NOT EXISTS leases (
+    machine TEXT PRIMARY KEY,
+    nonce TEXT NOT NULL,
+    owner TEXT NOT NULL,
+    description TEXT NOT NULL,
+    version TEXT NOT NULL,       -- the machine's instance id when the lease was taken
+    expires_at REAL NOT NULL
+);
 CREATE TABLE IF NOT EXISTS operations (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
     machine TEXT NOT NULL,
