@@ -34,6 +34,12 @@ def run(
     label: list[str] = typer.Option([], help="KEY=VALUE labels reported with its capacity."),
     driver: str = typer.Option("process", help="How machines run: process, or sim (runs nothing)."),
     advertise: str | None = typer.Option(None, help="URL others reach it at (default: listen)."),
+    insecure_registry: list[str] = typer.Option(
+        [], help="HOST[:PORT] of a registry reached over plain http; repeatable."
+    ),
+    image_cache_mb: int | None = typer.Option(
+        None, help="Budget of the image cache in MB (least recently used images go first)."
+    ),
     no_fsync: bool = typer.Option(
         False, help="Skip fsync on commit (survives kill -9, not power loss)."
     ),
@@ -59,5 +65,7 @@ def run(
         labels=labels,
         address=advertise or f"http://{host}:{port}",
         durable=not no_fsync,
+        insecure_registries=tuple(insecure_registry),
+        image_cache_mb=image_cache_mb,
     )
     asyncio.run(serve(settings, driver, host, port))

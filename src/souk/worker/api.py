@@ -41,7 +41,10 @@ def routes(engine: Engine) -> list[Route]:
             and body.guest.cpus <= cap.free.cpus
             and body.guest.memory_mb <= cap.free.memory_mb
         )
-        return reply(Offer(fits=fits, image_cached=False, capacity=cap))
+        cached = engine.drivers.image_cached(body.image)
+        if body.image and engine.drivers.image is None:
+            fits = False  # this worker cannot run images at all
+        return reply(Offer(fits=fits, image_cached=cached, capacity=cap))
 
     async def create(request: web.Request) -> web.Response:
         body = await read_model(request, CreateMachine)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import shutil
 import signal
 from collections.abc import AsyncIterator
 
@@ -14,10 +16,13 @@ from souk import __version__
 from souk.web import add_routes, error_middleware
 from souk.worker import api, logs
 from souk.worker.cgroups import Cgroups
-from souk.worker.drivers.base import Driver
+from souk.worker.drivers.base import Drivers
 from souk.worker.drivers.process import ProcessDriver
 from souk.worker.drivers.sim import SimDriver
 from souk.worker.engine import Engine
+from souk.worker.oci.images import ImageCache
+from souk.worker.oci.registry import RegistryClient, RegistryConfig
+from souk.worker.oci.runc_driver import RuncDriver
 from souk.worker.settings import WorkerSettings
 
 log = logging.getLogger("souk.worker")
@@ -25,12 +30,26 @@ log = logging.getLogger("souk.worker")
 MAX_BODY = 1 << 20
 
 
-def make_driver(name: str, settings: WorkerSettings) -> Driver:
-    if name == "process":
-        return ProcessDriver(Cgroups(f"souk/{settings.name}"))
+def make_driver(name: str, settings: WorkerSettings) -> Drivers:
+    """`process`: host commands, and images through runc where the host can run it (root and
+    runc present); `sim`: runs nothing, for benchmarks."""
     if name == "sim":
-        return SimDriver()
-    raise ValueError(f"unknown driver {name!r}: process or sim")
+        sim = SimDriver()
+        return Drivers(command=sim, image=sim)
+    if name != "process":
+        raise ValueError(f"unknown driver {name!r}: process or sim")
+    drivers = Drivers(command=ProcessDriver(Cgroups(f"souk/{settings.name}")))
+    if os.geteuid() == 0 and shutil.which("runc"):
+        images = ImageCache(
+            settings.data_dir / "images",
+            RegistryClient(RegistryConfig(insecure=frozenset(settings.insecure_registries))),
+            budget=settings.image_cache_mb << 20 if settings.image_cache_mb else None,
+        )
+        drivers.images = images
+        drivers.image = RuncDriver(
+            images, settings.data_dir / "runc", cgroup_parent=f"souk/{settings.name}"
+        )
+    return drivers
 
 
 def make_app(engine: Engine) -> web.Application:

@@ -31,7 +31,7 @@ from souk.models.machine import (
     MetadataChange,
 )
 from souk.web import ApiError
-from souk.worker.drivers.base import Driver, Handle, Launch
+from souk.worker.drivers.base import Driver, DriverKind, Drivers, Handle, Launch
 from souk.worker.fsm import OPERATIONS, TRANSITIONS, Operation, Step, check_transition
 from souk.worker.settings import WorkerSettings
 from souk.worker.store import Commit, Store, Tx, now_iso
@@ -59,9 +59,9 @@ def backoff(streak: int) -> float:
 
 
 class Engine:
-    def __init__(self, settings: WorkerSettings, driver: Driver) -> None:
+    def __init__(self, settings: WorkerSettings, drivers: Drivers) -> None:
         self.settings = settings
-        self.driver = driver
+        self.drivers = drivers
         settings.data_dir.mkdir(parents=True, exist_ok=True)
         self.store = Store(settings.db_path, durable=settings.durable)
         self._runners: dict[str, asyncio.Task[None]] = {}
@@ -89,12 +89,12 @@ class Engine:
     async def recover(self) -> None:
         """Adopt surviving processes, notice the ones that died meanwhile, resume operations."""
         rows = self.store.read.execute(
-            "SELECT id, pid, pid_start, marker, state FROM machines"
+            "SELECT id, pid, pid_start, marker, state, driver FROM machines"
             " WHERE state IN ('started', 'starting', 'stopping') AND pid IS NOT NULL"
         ).fetchall()
         for row in rows:
             handle = Handle(row["pid"], row["pid_start"])
-            found = self.driver.adopt(row["id"], row["marker"], handle)
+            found = self._driver(row["driver"]).adopt(row["id"], row["marker"], handle)
             if found is not None:
                 if found != handle:
                     await self.store.write(
@@ -114,6 +114,7 @@ class Engine:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        await self.drivers.close()
         self.store.close()
 
     # --- accepting work ----------------------------------------------------------------------
@@ -122,6 +123,8 @@ class Engine:
         machine_id = req.id or new_machine_id()
         guest = req.config.guest
         settings = self.settings
+
+        self._check_runnable(req.config)
 
         def reserve(tx: Tx) -> None:
             if tx.one("SELECT value FROM meta WHERE key='cordoned'")["value"] == "1":  # type: ignore[index]
@@ -158,7 +161,7 @@ class Engine:
                     guest.cpu_kind,
                     guest.cpus,
                     guest.memory_mb,
-                    _free_loopback_ip(tx),
+                    _free_ip(tx, Drivers.kind_of(req.config)),
                     stamp,
                     stamp,
                 ),
@@ -230,6 +233,7 @@ class Engine:
         (so the answer carries them); a running machine is then stopped and started again on it.
         """
         settings = self.settings
+        self._check_runnable(config)
 
         def accept(tx: Tx) -> bool:
             row = _machine_row(tx, machine_id)
@@ -255,6 +259,12 @@ class Engine:
                     {"free": free.model_dump()},
                 )
             instance_id = new_instance_id()
+            old = MachineConfig.model_validate_json(row["config"])
+            if Drivers.kind_of(old) != Drivers.kind_of(config):  # a command became an image
+                tx.execute(
+                    "UPDATE machines SET private_ip = ? WHERE id = ?",
+                    (_free_ip(tx, Drivers.kind_of(config)), machine_id),
+                )
             tx.execute(
                 "UPDATE machines SET cpus = ?, memory_mb = ?, cpu_kind = ?, config = ?,"
                 " instance_id = ?, updated_at = ? WHERE id = ?",
@@ -281,6 +291,15 @@ class Engine:
         await self.store.write(accept)
         self._kick(machine_id)
         return self.get(machine_id)
+
+    def _check_runnable(self, config: MachineConfig) -> None:
+        if self.drivers.get(Drivers.kind_of(config)) is None:
+            raise ApiError(
+                412,
+                "insufficient_capacity",
+                f"worker {self.settings.name} does not run images (it needs root and runc)",
+                {"image": config.image},
+            )
 
     async def patch_metadata(
         self, machine_id: str, patch: MetadataChange, nonce: str | None = None
@@ -593,6 +612,19 @@ class Engine:
             private_ip=row["private_ip"] or "127.0.0.1",
         )
 
+    def _driver(self, kind: DriverKind | None) -> Driver:
+        driver = self.drivers.get(kind or "command")
+        if driver is None:
+            raise RuntimeError(f"this worker has no {kind} driver")
+        return driver
+
+    def _running_driver(self, machine_id: str) -> Driver:
+        """The driver that started the machine's current process (its config may have moved on)."""
+        row = self.store.read.execute(
+            "SELECT driver FROM machines WHERE id = ?", (machine_id,)
+        ).fetchone()
+        return self._driver(row["driver"] if row else None)
+
     def _handle(self, machine_id: str) -> Handle | None:
         row = self.store.read.execute(
             "SELECT pid, pid_start FROM machines WHERE id = ?", (machine_id,)
@@ -609,16 +641,19 @@ class Engine:
 
     async def _step_spawn(self, m: str, op_id: int, op: Operation, i: int, p: Any) -> int:
         launch = self._launch(m, op_id)
-        await self.driver.prepare(launch)
-        handle = await self.driver.spawn(launch)
+        kind = Drivers.kind_of(launch.config)
+        driver = self._driver(kind)
+        await driver.prepare(launch)
+        handle = await driver.spawn(launch)
         await self._advance(
             m,
             op_id,
             op,
             i,
-            {"pid": handle.pid},
+            {"pid": handle.pid, "driver": kind},
             pid=handle.pid,
             pid_start=handle.pid_start,
+            driver=kind,
             exit_code=None,
         )
         self._monitor(m)
@@ -635,7 +670,7 @@ class Engine:
         config = self._launch(m, op_id).config.stop_config
         signal = p.get("signal") or config.signal
         timeout = p.get("timeout")
-        await self.driver.stop(
+        await self._running_driver(m).stop(
             m, self._handle(m), signal, config.timeout if timeout is None else timeout
         )
         await self._advance(m, op_id, op, i, {"signal": signal})
@@ -658,15 +693,15 @@ class Engine:
     async def _step_kill(self, m: str, op_id: int, op: Operation, i: int, p: Any) -> int:
         config = self._launch(m, op_id).config.stop_config
         if p.get("force"):
-            await self.driver.stop(m, self._handle(m), "SIGKILL", 0)
+            await self._running_driver(m).stop(m, self._handle(m), "SIGKILL", 0)
         else:
-            await self.driver.stop(m, self._handle(m), config.signal, config.timeout)
+            await self._running_driver(m).stop(m, self._handle(m), config.signal, config.timeout)
         await self._advance(m, op_id, op, i, pid=None)
         return i + 1
 
     async def _step_cleanup(self, m: str, op_id: int, op: Operation, i: int, p: Any) -> int:
         launch = self._launch(m, op_id)
-        await self.driver.cleanup(launch)
+        await self._running_driver(m).cleanup(launch)
         if launch.rundir.exists():
             await asyncio.to_thread(shutil.rmtree, launch.rundir, True)
         await self._advance(m, op_id, op, i)
@@ -705,7 +740,7 @@ class Engine:
 
     async def _watch(self, machine_id: str) -> None:
         started = time.monotonic()
-        code = await self.driver.wait(machine_id)
+        code = await self._running_driver(machine_id).wait(machine_id)
         self._monitors.pop(machine_id, None)
         await self._exited(machine_id, code, time.monotonic() - started)
 
@@ -856,11 +891,18 @@ def _adjust_reserved(
     )
 
 
-def _free_loopback_ip(tx: Tx) -> str:
-    """A loopback address of its own, so two machines of one app can both bind their port."""
+def _free_ip(tx: Tx, kind: DriverKind) -> str:
+    """An address of the machine's own, so that two machines of one app can bind one port.
+
+    A host command gets a loopback address (all of 127.0.0.0/8 is the host's); a container gets
+    one in 10.200.0.0/13, routed to its own network namespace. Drawn at random, so that the
+    several workers of one host (as in `souk dev`) almost never draw the same."""
     while True:
         a, b, c = os.urandom(3)
-        ip = f"127.{a % 254 + 1}.{b}.{c % 254 + 1}"
+        if kind == "command":
+            ip = f"127.{a % 254 + 1}.{b}.{c % 254 + 1}"
+        else:
+            ip = f"10.{200 + a % 8}.{b}.{c % 253 + 2}"
         if not tx.one(
             "SELECT 1 FROM machines WHERE private_ip = ? AND state != 'destroyed'", (ip,)
         ):

@@ -21,6 +21,8 @@ class WorkerSettings:
     address: str = ""  # base URL others reach the HTTP API at
     durable: bool = True  # fsync every commit
     log_max_bytes: int = 1 << 20  # per stream, per machine; one rotated file is kept
+    insecure_registries: tuple[str, ...] = ()  # host[:port] reached over plain http
+    image_cache_mb: int | None = None  # the image cache's budget; None: unbounded
 
     @property
     def db_path(self) -> Path:

@@ -50,6 +50,7 @@ CREATE TABLE IF NOT EXISTS machines (
     pid INTEGER,
     pid_start TEXT,              -- process start time, so a recycled pid is never taken for ours
     marker TEXT,                 -- the token in its environment that finds it after a crash
+    driver TEXT,                 -- command or image: the driver that runs its current process
     private_ip TEXT,
     restart_count INTEGER NOT NULL DEFAULT 0,
     crash_streak INTEGER NOT NULL DEFAULT 0,

@@ -6,9 +6,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
 
 from souk.models.machine import MachineConfig
+
+if TYPE_CHECKING:
+    from souk.worker.oci.images import ImageCache
+
+DriverKind = Literal["command", "image"]
 
 
 @dataclass(frozen=True)
@@ -53,3 +58,27 @@ class Driver(Protocol):
 
     async def cleanup(self, launch: Launch) -> None:
         """Release what the machine held on the host (network, mounts, cgroups)."""
+
+
+@dataclass
+class Drivers:
+    """What a worker runs machines with: host commands always, images where the host can
+    (root and runc), and the image cache those share."""
+
+    command: Driver
+    image: Driver | None = None
+    images: ImageCache | None = None
+
+    @staticmethod
+    def kind_of(config: MachineConfig) -> DriverKind:
+        return "image" if config.image else "command"
+
+    def get(self, kind: DriverKind) -> Driver | None:
+        return self.command if kind == "command" else self.image
+
+    def image_cached(self, image: str | None) -> bool:
+        return bool(image) and self.images is not None and self.images.has(image or "")
+
+    async def close(self) -> None:
+        if self.images is not None:
+            await self.images.client.close()

@@ -1,0 +1,97 @@
+"""Image machines through the whole worker: a real registry, real runc, the engine's operations
+and its recovery after a crash."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import signal
+from dataclasses import replace
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from souk.models.machine import CreateMachine, MachineConfig
+from souk.worker import procfs
+from souk.worker.daemon import make_driver, running
+from souk.worker.engine import Engine
+from souk.worker.oci.build import ImageSpec, Layer, busybox_layer, layer
+from souk.worker.oci.registry import RegistryClient
+from tests.oci.conftest import Registry, push
+from tests.worker.conftest import settings
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.skipif(
+        shutil.which("runc") is None or os.geteuid() != 0, reason="needs root and runc"
+    ),
+]
+
+
+@pytest.fixture(scope="session")
+def web_layer() -> Layer:
+    return layer(busybox_layer().file("www/index.html", b"hello from an image\n").bytes())
+
+
+async def get_text(url: str) -> str:
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2)) as http:
+        for _ in range(250):
+            try:
+                async with http.get(url) as resp:
+                    return await resp.text()
+            except (aiohttp.ClientConnectionError, TimeoutError):
+                await asyncio.sleep(0.02)
+    raise AssertionError(f"nothing answered at {url}")
+
+
+async def test_an_image_machine_serves_restarts_and_is_adopted(
+    registry: Registry, client: RegistryClient, web_layer: Layer, tmp_path: Path
+) -> None:
+    spec = ImageSpec([web_layer], cmd=["httpd", "-f", "-p", "8080", "-h", "/www"])
+    await push(client, registry, "web:1", spec)
+    s = replace(settings(tmp_path), insecure_registries=(registry.host,))
+    config = MachineConfig(image=f"{registry.host}/web:1", restart={"policy": "always"})  # type: ignore[arg-type]
+    engine = Engine(s, make_driver("process", s))
+    await engine.recover()
+    machine = await engine.create(CreateMachine(app="web", config=config))
+    ok, started = await engine.wait(machine.id, "started", 60, None)
+    assert ok, started.state
+    assert machine.private_ip and machine.private_ip.startswith("10.")
+    url = f"http://{machine.private_ip}:8080/index.html"
+    assert await get_text(url) == "hello from an image\n"
+    assert engine.drivers.image_cached(config.image)
+    pid = engine.store.read.execute(
+        "SELECT pid FROM machines WHERE id = ?", (machine.id,)
+    ).fetchone()[0]
+    await engine.close()  # the worker dies; its container lives on
+
+    async with running(Engine(s, make_driver("process", s))) as again:
+        ok, _ = await again.wait(machine.id, "started", 5, None)
+        assert ok and await get_text(url) == "hello from an image\n"
+        os.kill(pid, signal.SIGKILL)  # the container's process dies: policy `always`
+        for _ in range(300):
+            if again.get(machine.id, events=False).restart_count == 1:
+                break
+            await asyncio.sleep(0.02)
+        assert (await again.wait(machine.id, "started", 30, None))[0]
+        assert await get_text(url) == "hello from an image\n"
+        row = again.store.read.execute(
+            "SELECT pid, pid_start FROM machines WHERE id = ?", (machine.id,)
+        ).fetchone()
+        assert row["pid"] != pid and procfs.is_alive(row["pid"], row["pid_start"])
+        await again.submit(machine.id, "destroy", {"force": True})
+        assert (await again.wait(machine.id, "destroyed", 30, None))[0]
+        assert not procfs.is_alive(row["pid"], row["pid_start"])  # nothing left running
+
+
+async def test_a_worker_without_an_image_registry_refuses_cleanly(tmp_path: Path) -> None:
+    s = settings(tmp_path)
+    async with running(Engine(s, make_driver("process", s))) as engine:
+        config = MachineConfig(image="127.0.0.1:1/nothing:here")
+        machine = await engine.create(CreateMachine(app="web", config=config))
+        ok, failed = await engine.wait(machine.id, "failed", 30, None)
+        assert ok, failed.state
+        errors = [e for e in engine.events(machine.id) if e.type == "start.error"]
+        assert errors
