@@ -1,35 +1,44 @@
 #!/usr/bin/env bash
-# Quick start: set up, then run a local worker with the example app on it. Ctrl-C stops everything.
+# Quick start: set up, run a local cluster (`souk dev`: 3 regions x 2 workers and a broker, in one
+# process), and the example app on it in two regions. Ctrl-C destroys the app and stops the cluster.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh
-data=$(mktemp -d)
-port=${SOUK_WORKER_PORT:-7100}
-setsid .venv/bin/souk worker --name dev1 --region local --listen "127.0.0.1:$port" \
-    --data-dir "$data" --cpus 4 --memory-mb 4096 --no-fsync &
-worker=$!
-api="http://127.0.0.1:$port"
+souk=.venv/bin/souk
+data=.souk-dev
+rm -rf "$data"
+# its own session, so that Ctrl-C reaches this script's cleanup first
+setsid $souk dev --data-dir "$data" --listen 127.0.0.1:4280 > "$data.log" 2>&1 &
+dev=$!
 cleanup() {
-    # machines outlive their worker by design: destroy them before stopping it
-    for id in $(curl -sf "$api/v1/machines" | .venv/bin/python -c \
+    for id in $($souk machines list -a hello --json 2>/dev/null | .venv/bin/python -c \
             'import json,sys; print(" ".join(m["id"] for m in json.load(sys.stdin)))'); do
-        curl -sf -X DELETE "$api/v1/machines/$id?force=true" >/dev/null || true
-        curl -sf "$api/v1/machines/$id/wait?state=destroyed&timeout=10" >/dev/null || true
+        $souk machines destroy -a hello --force "$id" >/dev/null 2>&1 || true
     done
-    kill $worker 2>/dev/null; wait $worker 2>/dev/null; rm -rf "$data"
+    kill "$dev" 2>/dev/null || true
+    wait "$dev" 2>/dev/null || true
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
-for _ in $(seq 100); do curl -sf "$api/v1/capacity" >/dev/null && break; sleep 0.1; done
+for _ in $(seq 100); do [ -s "$data/token" ] && break; sleep 0.1; done
+cat "$data.log"
+
+$souk apps create hello
 app=$(realpath examples/hello/app.py)
-machine=$(curl -sf -H 'Content-Type: application/json' "$api/v1/machines" -d "{\"app\": \"hello\",
-    \"config\": {\"init\": {\"exec\": [\"$(realpath .venv/bin/python)\", \"$app\"]},
-                 \"env\": {\"PORT\": \"8080\"}, \"restart\": {\"policy\": \"always\"}}}")
-id=$(echo "$machine" | .venv/bin/python -c 'import json,sys; print(json.load(sys.stdin)["id"])')
-ip=$(echo "$machine" | .venv/bin/python -c 'import json,sys; print(json.load(sys.stdin)["private_ip"])')
-curl -sf "$api/v1/machines/$id/wait?state=started&timeout=10" >/dev/null
-for _ in $(seq 50); do curl -sf "http://$ip:8080/" && break; sleep 0.1; done
-echo "worker API:  $api   (try: curl $api/v1/machines)"
-echo "example app: http://$ip:8080/   (machine $id)"
-echo "Ctrl-C to stop."
-wait $worker
+python=$(realpath .venv/bin/python)
+for region in mad ams; do
+    $souk machines run -a hello -r "$region" -e PORT=8080 -e GREETING="from $region" \
+        -- "$python" "$app"
+done
+echo
+$souk machines list -a hello
+for ip in $($souk machines list -a hello --json | .venv/bin/python -c \
+        'import json,sys; print(" ".join(m["private_ip"] for m in json.load(sys.stdin)))'); do
+    for _ in $(seq 50); do curl -sf "http://$ip:8080/" && break; sleep 0.1; done
+done
+echo
+echo "Broker: http://127.0.0.1:4280 (souk finds the token in $data/token). Try:"
+echo "  .venv/bin/souk machines list -a hello"
+echo "  .venv/bin/souk machines run -a hello -r sin -- sleep 600"
+echo "Ctrl-C stops the cluster."
+wait "$dev"
