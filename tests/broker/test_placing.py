@@ -132,3 +132,20 @@ async def test_two_brokers_racing_never_overcommit_or_lose_a_machine(
         for engine in c.engines.values():
             cap = engine.capacity()
             assert cap.free.cpus >= 0 and cap.reserved.cpus == cap.machines
+
+
+async def test_a_lease_taken_through_one_broker_holds_at_another(
+    make_cluster: ClusterFactory,
+) -> None:
+    """Leases live on the machine's worker, so brokers that never talk agree on them."""
+    async with make_cluster([WorkerSpec("w1", "mad")]) as c:
+        registry = AppRegistry()
+        registry.create("demo")
+        created = await (await c.call("POST", M, json=machine_body())).json()
+        mid = created["id"]
+        lease = await (await c.call("POST", f"{M}/{mid}/lease", json={"ttl": 30})).json()
+        async with second_broker(c, registry) as other:  # its picture includes the machine
+            resp = await other.post(f"{M}/{mid}/stop", headers=c.auth())
+            assert resp.status == 409 and (await resp.json())["status"] == "lease_held"
+            held = {**c.auth(), "fly-machine-lease-nonce": lease["nonce"]}
+            assert (await other.post(f"{M}/{mid}/stop", headers=held)).status == 200

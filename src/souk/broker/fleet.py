@@ -71,6 +71,8 @@ def machine_row(m: Machine) -> MachineRow:
         memory_mb=guest.memory_mb,
         image=m.config.image,
         private_ip=m.private_ip,
+        ports=[service.internal_port for service in m.config.services],
+        standby_for=m.config.standbys,
         metadata=m.config.metadata,
         updated_at=m.updated_at,
     )
