@@ -61,6 +61,7 @@ CREATE TABLE IF NOT EXISTS machines (
 );
 CREATE INDEX IF NOT EXISTS machines_app ON machines (app);
 CREATE INDEX IF NOT EXISTS machines_seq ON machines (seq);
+CREATE INDEX IF NOT EXISTS machines_ip ON machines (private_ip) WHERE state != 'destroyed';
 CREATE TABLE IF NOT EXISTS capacity (
     id INTEGER PRIMARY KEY CHECK (id = 1),
     cpus INTEGER NOT NULL,       -- reserved, by machines not yet destroyed
