@@ -181,7 +181,7 @@ class Engine:
         await self.store.write(reserve)
         if req.start:
             self._kick(machine_id)
-        return self.get(machine_id)
+        return self.get(machine_id, events=False)
 
     async def submit(
         self,
@@ -218,7 +218,7 @@ class Engine:
 
         if await self.store.write(accept):
             self._kick(machine_id)
-        return self.get(machine_id)
+        return self.get(machine_id, events=False)
 
     async def update(
         self,
@@ -290,7 +290,7 @@ class Engine:
 
         await self.store.write(accept)
         self._kick(machine_id)
-        return self.get(machine_id)
+        return self.get(machine_id, events=False)
 
     def _check_runnable(self, config: MachineConfig) -> None:
         if self.drivers.get(Drivers.kind_of(config)) is None:
@@ -323,7 +323,7 @@ class Engine:
             tx.log("machine", machine_id, "metadata", "patch", None, data=patch.model_dump())
 
         await self.store.write(apply)
-        return self.get(machine_id)
+        return self.get(machine_id, events=False)
 
     async def acquire_lease(
         self, machine_id: str, ttl: int, description: str, owner: str, nonce: str | None
