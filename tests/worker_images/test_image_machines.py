@@ -62,6 +62,8 @@ async def test_an_image_machine_serves_restarts_and_is_adopted(
     url = f"http://{machine.private_ip}:8080/index.html"
     assert await get_text(url) == "hello from an image\n"
     assert engine.drivers.image_cached(config.image)
+    logged = engine.store.read.execute("SELECT ref FROM images").fetchall()
+    assert [row["ref"] for row in logged] == [config.image]  # what the catalog will replicate
     pid = engine.store.read.execute(
         "SELECT pid FROM machines WHERE id = ?", (machine.id,)
     ).fetchone()[0]

@@ -657,7 +657,31 @@ class Engine:
             exit_code=None,
         )
         self._monitor(m)
+        if kind == "image":
+            await self.sync_images()
         return i + 1
+
+    async def sync_images(self) -> None:
+        """Log what the image cache holds now, so the catalog (and through it, placement's
+        cached-image bonus) learns of pulls and evictions."""
+        cache = self.drivers.images
+        if cache is None:
+            return
+        cached = {image.digest: image for image in await asyncio.to_thread(cache.cached)}
+
+        def apply(tx: Tx) -> None:
+            logged = {row["digest"] for row in tx.execute("SELECT digest FROM images")}
+            for digest in logged - cached.keys():
+                tx.log("image", digest, "cache", "evicted")
+                tx.execute("DELETE FROM images WHERE digest = ?", (digest,))
+            for digest in cached.keys() - logged:
+                image = cached[digest]
+                tx.execute(
+                    "INSERT INTO images VALUES (?, ?, ?, 0)", (digest, image.ref, image.size)
+                )
+                tx.log("image", digest, "cache", "pulled", data={"ref": image.ref})
+
+        await self.store.write(apply)
 
     async def _step_begin_stop(self, m: str, op_id: int, op: Operation, i: int, p: Any) -> int:
         state = self.store.read.execute("SELECT state FROM machines WHERE id = ?", (m,)).fetchone()

@@ -69,6 +69,12 @@ CREATE TABLE IF NOT EXISTS capacity (
     machines INTEGER NOT NULL
 );
 INSERT OR IGNORE INTO capacity VALUES (1, 0, 0, 0);
+CREATE TABLE IF NOT EXISTS images (
+    digest TEXT PRIMARY KEY,     -- what the image cache holds, as last logged
+    ref TEXT NOT NULL,
+    size INTEGER NOT NULL,
+    seq INTEGER NOT NULL
+);
 CREATE TABLE IF NOT EXISTS leases (
     machine TEXT PRIMARY KEY,
     nonce TEXT NOT NULL,
@@ -134,6 +140,8 @@ class Tx:
         self.touched.add((kind, resource))
         if kind == "machine":
             self.conn.execute("UPDATE machines SET seq = ? WHERE id = ?", (seq, resource))
+        elif kind == "image":
+            self.conn.execute("UPDATE images SET seq = ? WHERE digest = ?", (seq, resource))
         return seq
 
 
