@@ -300,7 +300,11 @@ def routes(b: Broker) -> list[Route]:
         )
         try:
             machine = await b.placer.place(
-                body.region, create, strategy, POLICIES[policy_name] if policy_name else None
+                body.region,
+                create,
+                strategy,
+                POLICIES[policy_name] if policy_name else None,
+                avoid=frozenset(body.avoid_workers),
             )
         except NoCapacity as exc:
             raise ApiError(

@@ -89,6 +89,7 @@ class Placer:
         create: CreateMachine,
         strategy: Strategy = "offers",
         policy: Policy | None = None,
+        avoid: frozenset[str] = frozenset(),
     ) -> Machine:
         end = time.monotonic() + self.deadline
         guest, image = create.config.guest, create.config.image
@@ -97,6 +98,8 @@ class Placer:
         reachable = {w.id for w in self.fleet.workers(region=region, reachable_only=True)}
         for row in self.fleet.workers(region=region, reachable_only=False):
             reason = "unreachable" if row.id not in reachable else why_not(row, guest)
+            if reason is None and row.id in avoid:
+                reason = "avoided by the request (avoid_workers)"
             if reason is None:
                 rows.append(row)
             else:

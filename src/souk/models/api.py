@@ -45,6 +45,12 @@ class CreateMachineRequest(_FlyIgnored):
     config: MachineConfig
     skip_launch: bool = False
     lease_ttl: int | None = Field(None, ge=1, le=3600)
+    avoid_workers: list[str] = Field(
+        [],
+        max_length=64,
+        description="souk extension: never place on these workers (e.g. a standby away from"
+        " its primary's worker); no other worker fitting is a 412.",
+    )
 
     @field_validator("region")
     @classmethod
