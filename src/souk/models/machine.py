@@ -146,6 +146,19 @@ class MachineEvent(BaseModel):
     request: dict[str, Any] = {}
 
 
+CheckState = Literal["passing", "warning", "critical"]
+
+
+class CheckStatus(BaseModel):
+    """The latest result of one of the machine's checks, as Fly reports them: `warning` until
+    the first pass and during the grace period, `critical` on a failure, `output` saying why."""
+
+    name: str
+    status: CheckState
+    output: str = ""
+    updated_at: str
+
+
 class Machine(BaseModel):
     id: str
     name: str
@@ -161,6 +174,7 @@ class Machine(BaseModel):
     created_at: str
     updated_at: str
     events: list[MachineEvent] = []
+    checks: list[CheckStatus] = []
 
 
 class CreateMachine(Strict):

@@ -31,6 +31,7 @@ from souk.models.machine import (
     MetadataChange,
 )
 from souk.web import ApiError
+from souk.worker.checks import HealthChecks
 from souk.worker.drivers.base import Driver, DriverKind, Drivers, Handle, Launch
 from souk.worker.fsm import OPERATIONS, TRANSITIONS, Operation, Step, check_transition
 from souk.worker.settings import WorkerSettings
@@ -67,7 +68,9 @@ class Engine:
         self._runners: dict[str, asyncio.Task[None]] = {}
         self._monitors: dict[str, asyncio.Task[None]] = {}
         self._changed: dict[str, asyncio.Event] = {}
+        self.checks = HealthChecks()
         self.store.listeners.append(self._wake_waiters)
+        self.store.listeners.append(self._follow_checks)
         self.epoch = self._init_meta()
 
     # --- start-up and recovery -------------------------------------------------------------
@@ -108,12 +111,15 @@ class Engine:
         ).fetchall()
         for row in pending:
             self._kick(row["machine"])
+        for row in self.store.read.execute("SELECT id FROM machines WHERE state = 'started'"):
+            self._sync_checks(row["id"])  # check results are not kept across restarts
 
     async def close(self) -> None:
         tasks = [*self._runners.values(), *self._monitors.values()]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        await self.checks.close()
         await self.drivers.close()
         self.store.close()
 
@@ -492,6 +498,7 @@ class Engine:
             created_at=row["created_at"],
             updated_at=row["updated_at"],
             events=events,
+            checks=self.checks.statuses(row["id"]),
         )
 
     def _wake_waiters(self, commit: Commit) -> None:
@@ -500,6 +507,27 @@ class Engine:
                 event = self._changed.pop(key, None)
                 if event is not None:
                     event.set()
+
+    def _follow_checks(self, commit: Commit) -> None:
+        if self.checks.closed:
+            return
+        for kind, key in commit.touched:
+            if kind == "machine":
+                self._sync_checks(key)
+
+    def _sync_checks(self, machine_id: str) -> None:
+        """Check the machine's current process while it is started; forget results otherwise."""
+        row = self.store.read.execute(
+            "SELECT state, instance_id, pid, private_ip, config FROM machines WHERE id = ?",
+            (machine_id,),
+        ).fetchone()
+        if row is None or row["state"] != "started":
+            self.checks.forget(machine_id)
+            return
+        key = (row["instance_id"], row["pid"], row["private_ip"] or "127.0.0.1")
+        if not self.checks.following(machine_id, key):
+            config = MachineConfig.model_validate_json(row["config"])
+            self.checks.follow(machine_id, key, config.checks)
 
     # --- running operations ------------------------------------------------------------------
 
