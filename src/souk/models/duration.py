@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Annotated, Any
 
@@ -31,6 +32,8 @@ def parse_duration(value: Any) -> float:
             raise ValueError(f"bad duration {value!r}: use e.g. '5s', '250ms', '1m'")
     else:
         raise ValueError("a duration is a number of seconds or a string like '5s'")
+    if not math.isfinite(seconds):  # json reads Infinity and NaN; neither is a duration
+        raise ValueError("a duration must be a finite number of seconds")
     if seconds < 0:
         raise ValueError("a duration cannot be negative")
     return seconds
