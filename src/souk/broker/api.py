@@ -15,7 +15,7 @@ from souk.broker.auth import grant_of
 from souk.broker.fleet import Fleet
 from souk.broker.placement import POLICIES
 from souk.broker.placer import NoCapacity, Placer
-from souk.broker.registry import AppExists, AppRegistry
+from souk.broker.registry import AppExists, AppNotFound, AppRegistry, MetadataRefused
 from souk.broker.workers import WorkerClient, WorkerError
 from souk.models.api import (
     NONCE_HEADER,
@@ -242,6 +242,32 @@ def routes(b: Broker) -> list[Route]:
             return await forward_registry(request, "DELETE", f"/v1/apps/{name}")
         b.registry.delete(name)
         return web.Response(status=202)
+
+    # --- app metadata: kept by the app registry, its one writer ------------------------
+
+    async def get_app_metadata(request: web.Request) -> web.Response:
+        name = request.match_info["app"]
+        if b.registry is not None:
+            try:
+                return reply(b.registry.metadata(name))
+            except AppNotFound:
+                raise ApiError(404, "not_found", f"app {name} not found") from None
+        if b.registry_url:  # read from the writer: a deploy reads what it just wrote
+            return await forward_registry(request, "GET", f"/v1/apps/{name}/metadata")
+        return reply(dict(b.require_app(name).metadata))
+
+    async def patch_app_metadata(request: web.Request) -> web.Response:
+        name = request.match_info["app"]
+        body = await read_model(request, MetadataChange)
+        if b.registry is None:
+            path = f"/v1/apps/{name}/metadata"
+            return await forward_registry(request, "PATCH", path, body.model_dump())
+        try:
+            return reply(b.registry.patch_metadata(name, body.set, body.delete))
+        except AppNotFound:
+            raise ApiError(404, "not_found", f"app {name} not found") from None
+        except MetadataRefused as exc:
+            raise ApiError(exc.status, exc.code, exc.message) from None
 
     # --- machines ----------------------------------------------------------------------
 
@@ -613,6 +639,23 @@ def routes(b: Broker) -> list[Route]:
             "Delete an app with no machines",
             status=202,
             errors=(404, 409),
+        ),
+        Route(
+            "GET",
+            "/v1/apps/{app}/metadata",
+            get_app_metadata,
+            "The app's metadata (souk extension)",
+            response=dict[str, str],
+            errors=(404, 503),
+        ),
+        Route(
+            "PATCH",
+            "/v1/apps/{app}/metadata",
+            patch_app_metadata,
+            "Delete, then set, app metadata keys in one step; answers with the result",
+            MetadataChange,
+            dict[str, str],
+            errors=(400, 404, 413, 503),
         ),
         Route(
             "GET",

@@ -7,14 +7,20 @@ any other owner's. One broker of the cluster hosts it (`souk broker --app-regist
 others forward app creates and deletes to that broker over HTTP and read apps from their
 replica. App writes are rare, so one writer costs nothing; when its host is down, apps cannot
 be created or deleted, while machines of existing apps keep being placed everywhere.
+
+Apps also carry metadata, string keys to string values (deploys keep their releases there, as
+JSON strings under `release.N`). The registry is its one writer too, so a patch is one
+transaction here, and the row it publishes carries the whole map.
 """
 
 from __future__ import annotations
 
+import json
+import re
 import secrets
 import sqlite3
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -23,6 +29,10 @@ from typing import Any
 from souk.models.catalog import AppRow
 
 OWNER_ID = "app-registry"
+METADATA_KEY = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:/@+-]{0,127}$")
+MAX_VALUE_BYTES = 64 << 10
+MAX_KEYS = 1000
+MAX_METADATA_BYTES = 1 << 20  # the whole map, keys and values: it travels in every app row
 
 
 def now_iso() -> str:
@@ -43,6 +53,54 @@ class AppExists(Exception):
     pass
 
 
+class AppNotFound(Exception):
+    pass
+
+
+class MetadataRefused(Exception):
+    """A metadata patch that breaks a limit: an HTTP status, a reason code and why."""
+
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+
+
+def check_metadata_patch(set_: dict[str, str]) -> None:
+    """Refuse bad keys and oversized values before anything is read or written."""
+    for key, value in set_.items():
+        if not METADATA_KEY.match(key):
+            raise MetadataRefused(
+                400,
+                "invalid",
+                f"set: bad metadata key {key[:140]!r}: 1 to 128 letters, digits or _.:/@+-,"
+                " not starting with punctuation other than _",
+            )
+        if len(value.encode()) > MAX_VALUE_BYTES:
+            raise MetadataRefused(
+                413,
+                "metadata_too_large",
+                f"set: the value of {key!r} is over {MAX_VALUE_BYTES >> 10} KiB",
+            )
+
+
+def check_metadata(metadata: dict[str, str]) -> None:
+    """Refuse a map, once patched, that is over the registry's limits."""
+    if len(metadata) > MAX_KEYS:
+        raise MetadataRefused(
+            413, "metadata_too_large", f"an app keeps at most {MAX_KEYS} metadata keys"
+        )
+    size = sum(len(k.encode()) + len(v.encode()) for k, v in metadata.items())
+    if size > MAX_METADATA_BYTES:
+        raise MetadataRefused(
+            413,
+            "metadata_too_large",
+            f"an app's metadata is at most {MAX_METADATA_BYTES >> 20} MiB in all; delete old"
+            " keys in the same patch",
+        )
+
+
 class AppRegistry:
     """Durable app rows with a monotonically increasing sequence per change."""
 
@@ -59,9 +117,13 @@ class AppRegistry:
         self._db.executescript(
             "PRAGMA journal_mode=WAL;"
             "CREATE TABLE IF NOT EXISTS apps (name TEXT PRIMARY KEY, org TEXT NOT NULL,"
-            " created_at TEXT NOT NULL, deleted INTEGER NOT NULL DEFAULT 0, seq INTEGER NOT NULL);"
+            " created_at TEXT NOT NULL, deleted INTEGER NOT NULL DEFAULT 0, seq INTEGER NOT NULL,"
+            " metadata TEXT NOT NULL DEFAULT '{}');"
             "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);"
         )
+        columns = {row["name"] for row in self._db.execute("PRAGMA table_info(apps)")}
+        if "metadata" not in columns:  # a registry from before app metadata
+            self._db.execute("ALTER TABLE apps ADD COLUMN metadata TEXT NOT NULL DEFAULT '{}'")
         self._db.execute("INSERT OR IGNORE INTO meta VALUES ('epoch', ?)", (secrets.token_hex(8),))
         self.epoch: str = self._db.execute("SELECT value FROM meta WHERE key='epoch'").fetchone()[0]
         self.listeners: list[Callable[[list[AppChange]], None]] = []
@@ -92,8 +154,8 @@ class AppRegistry:
                 raise AppExists(name)
             seq = self.head() + 1
             self._db.execute(
-                "INSERT OR REPLACE INTO apps (name, org, created_at, deleted, seq)"
-                " VALUES (?, ?, ?, 0, ?)",
+                "INSERT OR REPLACE INTO apps (name, org, created_at, deleted, seq, metadata)"
+                " VALUES (?, ?, ?, 0, ?, '{}')",
                 (name, org, now_iso(), seq),
             )
         return self._publish(name)
@@ -106,10 +168,44 @@ class AppRegistry:
             if row is None or row["deleted"]:
                 return False
             self._db.execute(
-                "UPDATE apps SET deleted = 1, seq = ? WHERE name = ?", (self.head() + 1, name)
+                "UPDATE apps SET deleted = 1, metadata = '{}', seq = ? WHERE name = ?",
+                (self.head() + 1, name),
             )
         self._publish(name)
         return True
+
+    def metadata(self, name: str) -> dict[str, str]:
+        row = self.get(name)
+        if row is None:
+            raise AppNotFound(name)
+        return dict(row.metadata)
+
+    def patch_metadata(
+        self, name: str, set_: dict[str, str], delete: Sequence[str]
+    ) -> dict[str, str]:
+        """Delete, then set, in one transaction; returns the app's metadata after the patch.
+        Refused whole (MetadataRefused) when it breaks a limit."""
+        check_metadata_patch(set_)
+        with self._lock, self._db:
+            self._db.execute("BEGIN IMMEDIATE")
+            row = self._db.execute(
+                "SELECT deleted, metadata FROM apps WHERE name = ?", (name,)
+            ).fetchone()
+            if row is None or row["deleted"]:
+                raise AppNotFound(name)
+            before: dict[str, str] = json.loads(row["metadata"])
+            gone = frozenset(delete)
+            after = {k: v for k, v in before.items() if k not in gone}
+            after.update(set_)
+            if after == before:
+                return after
+            check_metadata(after)
+            self._db.execute(
+                "UPDATE apps SET metadata = ?, seq = ? WHERE name = ?",
+                (json.dumps(after, sort_keys=True), self.head() + 1, name),
+            )
+        self._publish(name)
+        return after
 
     def close(self) -> None:
         self._db.close()
@@ -128,6 +224,7 @@ class AppRegistry:
             org=row["org"],
             created_at=row["created_at"],
             deleted=bool(row["deleted"]),
+            metadata=json.loads(row["metadata"]),
         )
 
     def _change(self, row: sqlite3.Row) -> AppChange:
