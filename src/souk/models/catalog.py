@@ -28,6 +28,9 @@ class WorkerRow(Row):
     cordoned: bool = False
     draining: bool = False
     epoch: str
+    # Set by the replica that serves the row, never by its owner: how recently it was heard from.
+    unreachable: bool = False
+    last_heartbeat: float | None = None  # unix time
 
     @property
     def cpus_free(self) -> int:
@@ -79,3 +82,15 @@ ROW_MODELS: dict[str, type[Row]] = {
     "images": ImageRow,
     "apps": AppRow,
 }
+
+
+class RowChange(BaseModel):
+    """One change as a replica applied it. `lseq` is the replica's own sequence of applied
+    changes (a subscriber resumes from it); `seq` is the owner's version of the row."""
+
+    lseq: int
+    table: str
+    key: str
+    owner: str
+    seq: int
+    row: dict[str, Any] | None  # None: the row was deleted

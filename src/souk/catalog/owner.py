@@ -1,0 +1,145 @@
+"""The owner's side of replication: publish each commit at once, heartbeat, answer pulls.
+
+An owner is whatever writes rows (a worker); it exposes them through a `RowSource` and tells the
+`Owner` about each commit. Publishing never waits for replicas and never blocks the commit: what a
+replica misses it pulls later, by sequence.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Protocol
+
+from souk.catalog.bus import Bus, Message, Subscription
+from souk.catalog.protocol import (
+    Batch,
+    Change,
+    Heartbeat,
+    ProtocolError,
+    PullReply,
+    changes_subject,
+    decode_pull_request,
+    encode,
+    heartbeat_subject,
+    pull_subject,
+)
+
+log = logging.getLogger("souk.catalog.owner")
+HEARTBEAT_EVERY = 1.0
+
+
+class RowSource(Protocol):
+    """An owner's rows, versioned by its own sequence."""
+
+    owner: str
+    region: str
+    epoch: str
+
+    def head(self) -> int: ...
+
+    def changes_since(self, since: int, limit: int) -> tuple[list[Change], int, bool]:
+        """The current version of every row changed after `since` (deletions as `row=None`),
+        oldest first, at most `limit`; with the head they bring a replica to, and whether more
+        remain after it."""
+        ...
+
+    def apps(self) -> list[str]:
+        """Apps with live machines here, for the global app-to-regions index."""
+        ...
+
+
+@dataclass
+class _Pending:
+    head: int
+    changes: list[Change]
+
+
+class Owner:
+    def __init__(
+        self, bus: Bus, source: RowSource, heartbeat_every: float = HEARTBEAT_EVERY
+    ) -> None:
+        self.bus = bus
+        self.source = source
+        self.heartbeat_every = heartbeat_every
+        self.published = source.head()
+        self._pending: list[_Pending] = []
+        self._wake = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._sub: Subscription | None = None
+        self.batches = 0
+
+    async def start(self) -> None:
+        self._sub = await self.bus.subscribe(pull_subject(self.source.owner), self._on_pull)
+        self._tasks = [
+            asyncio.create_task(self._publisher()),
+            asyncio.create_task(self._heartbeats()),
+        ]
+        await self.heartbeat()
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        if self._sub is not None:
+            await self._sub.unsubscribe()
+
+    def committed(self, head: int, changes: Iterable[Change]) -> None:
+        """Called once per commit, in commit order, with the rows it changed."""
+        self._pending.append(_Pending(head, list(changes)))
+        self._wake.set()
+
+    async def _publisher(self) -> None:
+        """Publishes what is pending at once; commits that land while a publish is in flight go
+        out together in the next message, so a busy owner sends fewer, larger messages."""
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            pending, self._pending = self._pending, []
+            if not pending:
+                continue
+            latest: dict[tuple[str, str], Change] = {}
+            for item in pending:
+                for change in item.changes:
+                    held = latest.get((change.table, change.key))
+                    if held is None or change.seq >= held.seq:
+                        latest[(change.table, change.key)] = change
+            head = max(self.published, pending[-1].head)
+            src = self.source
+            batch = Batch(
+                src.owner, src.region, src.epoch, self.published, head, list(latest.values())
+            )
+            self.published = head
+            self.batches += 1
+            await self.bus.publish(changes_subject(src.region), encode(batch))
+
+    async def heartbeat(self) -> None:
+        src = self.source
+        beat = Heartbeat(src.owner, src.region, src.epoch, self.published, src.apps())
+        await self.bus.publish(heartbeat_subject(src.region), encode(beat))
+
+    async def _heartbeats(self) -> None:
+        while True:
+            await asyncio.sleep(self.heartbeat_every)
+            try:
+                await self.heartbeat()
+            except Exception:  # a heartbeat must never stop the next one
+                log.exception("heartbeat failed")
+
+    async def _on_pull(self, msg: Message) -> None:
+        if not msg.reply:
+            return
+        try:
+            req = decode_pull_request(msg.data)
+        except ProtocolError as exc:
+            log.warning("bad pull request: %s", exc)
+            return
+        changes, head, more = self.source.changes_since(req.since, req.limit)
+        src = self.source
+        reply = PullReply(src.owner, src.region, src.epoch, head, more, changes)
+        await self.bus.publish(msg.reply, encode(reply))

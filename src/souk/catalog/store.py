@@ -1,0 +1,143 @@
+"""A replica's local SQLite copy: rows, per-owner heads, quarantined rows and the replica's own
+sequence of applied changes (which subscriptions resume from).
+
+It is a cache of what the owners hold, rebuilt from them if lost, so it commits without fsync.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS rows (
+    owner TEXT NOT NULL,
+    tbl TEXT NOT NULL,
+    key TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    row TEXT,                     -- NULL: deleted (kept so that a stale copy cannot revive it)
+    PRIMARY KEY (owner, tbl, key)
+);
+CREATE TABLE IF NOT EXISTS owners (
+    owner TEXT PRIMARY KEY,
+    region TEXT NOT NULL,
+    epoch TEXT NOT NULL,
+    head INTEGER NOT NULL,
+    retired TEXT NOT NULL DEFAULT '[]'
+);
+CREATE TABLE IF NOT EXISTS quarantine (
+    owner TEXT NOT NULL,
+    tbl TEXT NOT NULL,
+    key TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    row TEXT,
+    error TEXT NOT NULL,
+    at REAL NOT NULL,
+    PRIMARY KEY (owner, tbl, key, seq)
+);
+CREATE TABLE IF NOT EXISTS changes (
+    lseq INTEGER PRIMARY KEY AUTOINCREMENT,
+    owner TEXT NOT NULL,
+    tbl TEXT NOT NULL,
+    key TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    row TEXT
+);
+"""
+KEEP_CHANGES = 50_000
+
+
+class ReplicaStore:
+    def __init__(self, path: Path | str = ":memory:") -> None:
+        self.conn = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
+        self.conn.execute("PRAGMA journal_mode=WAL")
+        self.conn.execute("PRAGMA synchronous=OFF")
+        self.conn.executescript(SCHEMA)
+        self._writes = 0
+
+    def begin(self) -> None:
+        self.conn.execute("BEGIN")
+
+    def commit(self) -> None:
+        self.conn.execute("COMMIT")
+        self._writes += 1
+        if self._writes % 1000 == 0:
+            self.conn.execute(
+                "DELETE FROM changes WHERE lseq <= (SELECT MAX(lseq) FROM changes) - ?",
+                (KEEP_CHANGES,),
+            )
+
+    def put(self, owner: str, table: str, key: str, seq: int, row: dict[str, Any] | None) -> int:
+        """Stores a row version and records it as a change; returns its local sequence."""
+        text = None if row is None else json.dumps(row, separators=(",", ":"))
+        self.conn.execute(
+            "INSERT OR REPLACE INTO rows VALUES (?, ?, ?, ?, ?)", (owner, table, key, seq, text)
+        )
+        cur = self.conn.execute(
+            "INSERT INTO changes (owner, tbl, key, seq, row) VALUES (?, ?, ?, ?, ?)",
+            (owner, table, key, seq, text),
+        )
+        return int(cur.lastrowid or 0)
+
+    def drop_owner(self, owner: str) -> None:
+        self.conn.execute("DELETE FROM rows WHERE owner = ?", (owner,))
+
+    def save_owner(
+        self, owner: str, region: str, epoch: str, head: int, retired: list[str]
+    ) -> None:
+        self.conn.execute(
+            "INSERT OR REPLACE INTO owners VALUES (?, ?, ?, ?, ?)",
+            (owner, region, epoch, head, json.dumps(retired)),
+        )
+
+    def quarantine(self, owner: str, table: str, key: str, seq: int, row: Any, error: str) -> bool:
+        cur = self.conn.execute(
+            "INSERT OR IGNORE INTO quarantine VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (owner, table, key, seq, json.dumps(row), error, time.time()),
+        )
+        return cur.rowcount > 0
+
+    def quarantined(self) -> list[dict[str, Any]]:
+        cur = self.conn.execute(
+            "SELECT owner, tbl, key, seq, error, at FROM quarantine ORDER BY at DESC LIMIT 1000"
+        )
+        names = ("owner", "table", "key", "seq", "error", "at")
+        return [dict(zip(names, r, strict=True)) for r in cur]
+
+    def all_rows(self) -> Iterator[tuple[str, str, str, int, dict[str, Any] | None]]:
+        for owner, table, key, seq, text in self.conn.execute(
+            "SELECT owner, tbl, key, seq, row FROM rows"
+        ):
+            yield owner, table, key, seq, None if text is None else json.loads(text)
+
+    def owners(self) -> Iterator[tuple[str, str, str, int, list[str]]]:
+        for owner, region, epoch, head, retired in self.conn.execute("SELECT * FROM owners"):
+            yield owner, region, epoch, head, json.loads(retired)
+
+    def changes_after(
+        self, lseq: int, limit: int = 1000
+    ) -> list[tuple[int, str, str, str, int, dict[str, Any] | None]]:
+        cur = self.conn.execute(
+            "SELECT lseq, owner, tbl, key, seq, row FROM changes WHERE lseq > ?"
+            " ORDER BY lseq LIMIT ?",
+            (lseq, limit),
+        )
+        return [
+            (lseq_, owner, tbl, key, seq, None if row is None else json.loads(row))
+            for lseq_, owner, tbl, key, seq, row in cur
+        ]
+
+    def oldest_change(self) -> int:
+        row = self.conn.execute("SELECT MIN(lseq) FROM changes").fetchone()
+        return int(row[0] or 0)
+
+    def last_change(self) -> int:
+        row = self.conn.execute("SELECT MAX(lseq) FROM changes").fetchone()
+        return int(row[0] or 0)
+
+    def close(self) -> None:
+        self.conn.close()

@@ -1,0 +1,44 @@
+"""The read side of the catalog, as the broker and the proxy use it.
+
+Reads are synchronous on purpose: a replica answers from memory (mirroring its SQLite file), so a
+caller ranking workers or picking a backend never yields to the event loop mid-decision.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Protocol
+
+from souk.models.catalog import MachineRow, RowChange, WorkerRow
+
+
+class CatalogView(Protocol):
+    def workers(self, region: str | None = None, reachable_only: bool = True) -> list[WorkerRow]:
+        """Workers, optionally of one region; by default only those heard from recently."""
+        ...
+
+    def worker(self, worker_id: str) -> WorkerRow | None:
+        """One worker, reachable or not (see `WorkerRow.unreachable`)."""
+        ...
+
+    def machines(self, app: str | None = None, region: str | None = None) -> list[MachineRow]:
+        """Machines not destroyed, optionally of one app and/or region."""
+        ...
+
+    def machine(self, machine_id: str) -> MachineRow | None: ...
+
+    def image_cached(self, worker_id: str, image: str) -> bool:
+        """Whether the worker holds the image (by digest, or by the reference it was pulled as)."""
+        ...
+
+    def regions_of_app(self, app: str) -> list[str]:
+        """The regions where the app has machines, from the global index (every replica has it,
+        even one that follows a single region)."""
+        ...
+
+    def subscribe(
+        self, tables: frozenset[str] | None = None, since: int | None = None
+    ) -> AsyncIterator[RowChange]:
+        """Row changes as this replica applies them, from local sequence `since` (exclusive) or
+        from now; resumable by passing the last `RowChange.lseq` seen."""
+        ...

@@ -1,0 +1,42 @@
+"""Owners and replicas on an in-process bus, with helpers to wait for convergence."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+
+from souk.catalog.owner import Owner
+from souk.catalog.replica import Replica
+from souk.catalog.sim import SimRows
+
+BEAT = 0.05
+
+
+async def eventually(check: Callable[[], bool], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        await asyncio.sleep(0.01)
+
+
+def converged(replica: Replica, owners: list[SimRows]) -> bool:
+    for src in owners:
+        if replica.head(src.owner) != src.seq:
+            return False
+        for (table, key), (seq, row) in src.live().items():
+            entry = replica.entries.get((src.owner, table, key))
+            if entry is None or entry.seq != seq:
+                return False
+            held = None if entry.row is None else entry.row.model_dump(mode="json")
+            if held != row:
+                return False
+    return True
+
+
+async def start_owner(bus: object, src: SimRows, beat: float = BEAT) -> Owner:
+    owner = Owner(bus, src, heartbeat_every=beat)  # type: ignore[arg-type]
+    src.publisher = owner
+    await owner.start()
+    return owner

@@ -1,0 +1,226 @@
+"""Replication over the in-process bus: ordering, gaps, epochs, quarantine, snapshots,
+subscriptions and reachability."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from souk.catalog.bus import Faults, InProcessBus
+from souk.catalog.protocol import Batch, Change, changes_subject, encode
+from souk.catalog.replica import Replica
+from souk.catalog.sim import SimRows
+from tests.catalog.conftest import converged, eventually, start_owner
+
+
+async def test_a_commit_reaches_a_replica_and_is_queryable() -> None:
+    bus = InProcessBus()
+    replica = Replica(bus)
+    await replica.start(bootstrap=False)
+    src = SimRows("w1", "mad")
+    owner = await start_owner(bus, src)
+    src.machine("web")
+    src.machine("api", state="stopped")
+    await eventually(lambda: converged(replica, [src]))
+    assert [w.id for w in replica.workers(region="mad")] == ["w1"]
+    assert replica.workers(region="ams") == []
+    assert {m.app for m in replica.machines()} == {"web", "api"}
+    assert [m.app for m in replica.machines(app="web")] == ["web"]
+    await eventually(lambda: replica.regions_of_app("web") == ["mad"])
+    await owner.stop()
+    await replica.stop()
+
+
+async def test_a_missed_batch_is_pulled() -> None:
+    bus = InProcessBus()
+    replica = Replica(bus)
+    await replica.start(bootstrap=False)
+    src = SimRows("w1", "mad")
+    owner = await start_owner(bus, src, beat=60)  # no heartbeat helps here
+    src.machine("web", key="m1")
+    await eventually(lambda: converged(replica, [src]))
+    bus.faults.down = True
+    src.machine("web", key="m2")
+    src.put("machines", "m1", None)
+    await asyncio.sleep(0.05)
+    bus.faults.down = False
+    src.machine("web", key="m3")  # its batch's prev is beyond the replica's head: a gap
+    await eventually(lambda: converged(replica, [src]))
+    assert {m.id for m in replica.machines(app="web")} == {"m2", "m3"}
+    assert replica.stats["gaps"] >= 1 and replica.stats["pulls"] >= 1
+    await owner.stop()
+    await replica.stop()
+
+
+async def test_stale_and_duplicate_versions_are_ignored() -> None:
+    bus = InProcessBus()
+    replica = Replica(bus)
+    await replica.start(bootstrap=False)
+    src = SimRows("w1", "mad")
+    new = src.machine("web", key="m1", state="stopped")
+    old = Change("machines", "m1", new.seq - 1, {**(new.row or {}), "state": "started"})
+    stale = Batch("w1", "mad", "e1", 0, new.seq, [new, old, new])
+    await bus.publish(changes_subject("mad"), encode(stale))
+    await eventually(lambda: replica.machine("m1") is not None)
+    machine = replica.machine("m1")
+    assert machine is not None and machine.state == "stopped"
+    await replica.stop()
+
+
+async def test_a_new_epoch_replaces_the_owners_rows(tmp_path: Path) -> None:
+    bus = InProcessBus()
+    replica = Replica(bus, tmp_path / "r.db")
+    await replica.start(bootstrap=False)
+    first = SimRows("w1", "mad", epoch="e1")
+    owner = await start_owner(bus, first)
+    first.machine("web", key="old")
+    await eventually(lambda: converged(replica, [first]))
+    await owner.stop()
+    second = SimRows("w1", "mad", epoch="e2")  # the worker's database was recreated
+    owner = await start_owner(bus, second)
+    second.machine("web", key="new")
+    await eventually(lambda: converged(replica, [second]))
+    assert replica.machine("old") is None
+    # a late message of the retired epoch changes nothing
+    late = Batch(
+        "w1",
+        "mad",
+        "e1",
+        0,
+        99,
+        [Change("machines", "zombie", 99, first.rows[("machines", "old")].row)],
+    )
+    await bus.publish(changes_subject("mad"), encode(late))
+    await asyncio.sleep(0.05)
+    assert replica.machine("zombie") is None and replica.stats["stale_epoch"] >= 1
+    await owner.stop()
+    await replica.stop()
+
+
+async def test_a_malformed_row_is_quarantined_and_the_rest_applies() -> None:
+    bus = InProcessBus()
+    replica = Replica(bus)
+    await replica.start(bootstrap=False)
+    src = SimRows("w1", "mad")
+    good = src.machine("web", key="good")
+    bad = src.put("machines", "bad", {"id": "bad", "app": "web", "state": "exploded"})
+    forged = src.put(
+        "machines", "forged", {**(good.row or {}), "id": "forged", "worker_id": "someone-else"}
+    )
+    owner = await start_owner(bus, src)
+    await eventually(lambda: replica.head("w1") == src.seq)
+    assert replica.machine("good") is not None
+    assert replica.machine("bad") is None and replica.machine("forged") is None
+    quarantined = {(q["key"], q["seq"]) for q in replica.status()["quarantined"]}
+    assert quarantined == {("bad", bad.seq), ("forged", forged.seq)}
+    await owner.stop()
+    await replica.stop()
+
+
+async def test_a_fresh_replica_bootstraps_from_a_snapshot_then_catches_up() -> None:
+    bus = InProcessBus()
+    first = Replica(bus)
+    await first.start(bootstrap=False)
+    sources = [SimRows(f"w{i}", "mad" if i % 2 else "ams") for i in range(4)]
+    owners = [await start_owner(bus, s, beat=60) for s in sources]
+    for s in sources:
+        for _ in range(5):
+            s.machine("web")
+    await eventually(lambda: converged(first, sources))
+    second = Replica(bus)
+    await second.start()
+    assert second.stats["snapshots_loaded"] == 1 and second.stats["pulls"] == 0
+    assert converged(second, sources)
+    sources[0].machine("web")  # and it keeps up by sequence
+    await eventually(lambda: converged(second, sources))
+    # one region only: it bootstraps from a replica that has it, and ignores the other region
+    third = Replica(bus, regions=["ams"])
+    await third.start()
+    ams = [s for s in sources if s.region == "ams"]
+    assert converged(third, ams) and third.workers(region="mad") == []
+    assert third.regions_of_app("web") == []  # heartbeats every 60 s: nothing heard yet
+    for o in owners:
+        await o.heartbeat()
+    await eventually(lambda: third.regions_of_app("web") == ["ams", "mad"])
+    for o in owners:
+        await o.stop()
+    for r in (first, second, third):
+        await r.stop()
+
+
+async def test_a_silent_owner_is_unreachable_until_it_speaks_again() -> None:
+    bus = InProcessBus()
+    replica = Replica(bus, unreachable_after=0.3)
+    await replica.start(bootstrap=False)
+    src = SimRows("w1", "mad")
+    owner = await start_owner(bus, src)
+    await eventually(lambda: converged(replica, [src]))
+    assert [w.id for w in replica.workers()] == ["w1"]
+    bus.faults.down = True
+    await eventually(lambda: replica.workers() == [])
+    row = replica.worker("w1")
+    assert row is not None and row.unreachable  # kept, flagged
+    assert replica.workers(reachable_only=False)[0].unreachable
+    bus.faults.down = False
+    await eventually(lambda: [w.id for w in replica.workers()] == ["w1"])
+    await owner.stop()
+    await replica.stop()
+
+
+async def test_a_subscription_resumes_without_missing_a_change(tmp_path: Path) -> None:
+    bus = InProcessBus()
+    replica = Replica(bus, tmp_path / "r.db")
+    await replica.start(bootstrap=False)
+    src = SimRows("w1", "mad")
+    owner = await start_owner(bus, src)
+    stream = replica.subscribe(frozenset({"machines"}))
+    src.machine("web", key="a")
+    first = await asyncio.wait_for(anext(stream), 5)
+    assert (first.table, first.key) == ("machines", "a")
+    await stream.aclose()  # the subscriber goes away; changes keep coming
+    src.machine("web", key="b")
+    src.machine("web", key="c")
+    await eventually(lambda: converged(replica, [src]))
+    resumed = replica.subscribe(frozenset({"machines"}), since=first.lseq)
+    keys = [(await asyncio.wait_for(anext(resumed), 5)).key for _ in range(2)]
+    assert keys == ["b", "c"]
+    src.machine("web", key="d")
+    assert (await asyncio.wait_for(anext(resumed), 5)).key == "d"
+    await resumed.aclose()
+    await owner.stop()
+    await replica.stop()
+
+
+async def test_a_restarted_replica_keeps_its_rows_and_heads(tmp_path: Path) -> None:
+    bus = InProcessBus()
+    replica = Replica(bus, tmp_path / "r.db")
+    await replica.start(bootstrap=False)
+    src = SimRows("w1", "mad")
+    owner = await start_owner(bus, src)
+    src.machine("web", key="a")
+    await eventually(lambda: converged(replica, [src]))
+    await replica.stop()
+    again = Replica(bus, tmp_path / "r.db")
+    assert again.machine("a") is not None and again.head("w1") == src.seq
+    await again.start()
+    src.machine("web", key="b")
+    await eventually(lambda: converged(again, [src]))
+    assert again.stats["pulls"] == 0
+    await owner.stop()
+    await again.stop()
+
+
+async def test_faults_on_the_bus_still_converge() -> None:
+    bus = InProcessBus(Faults(drop=0.3, duplicate=0.3, reorder=0.3, seed=7))
+    replica = Replica(bus)
+    await replica.start(bootstrap=False)
+    sources = [SimRows(f"w{i}", "mad") for i in range(3)]
+    owners = [await start_owner(bus, s) for s in sources]
+    for n in range(30):
+        s = sources[n % 3]
+        s.machine("web", key=f"m{n % 7}-{s.owner}", state="started" if n % 2 else "stopped")
+        await asyncio.sleep(0)
+    await eventually(lambda: converged(replica, sources), timeout=20)
+    for o in owners:
+        await o.stop()
+    await replica.stop()
