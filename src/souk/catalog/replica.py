@@ -19,7 +19,7 @@ import json
 import logging
 import time
 from collections import defaultdict
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -469,7 +469,7 @@ class Replica:
 
     async def subscribe(
         self, tables: frozenset[str] | None = None, since: int | None = None
-    ) -> AsyncIterator[RowChange]:
+    ) -> AsyncGenerator[RowChange, None]:
         """Changes as they are applied. With `since`, first replays what this replica applied
         after it (from its log); `ResyncNeeded` if that part of the log is gone."""
         queue: asyncio.Queue[RowChange] = asyncio.Queue()
