@@ -1,0 +1,203 @@
+"""`souk.toml`: what an app should look like, read with tomllib and checked by pydantic.
+
+Everything a machine runs with comes from here; `machine_config` turns it into the Machines
+API's config for one role of one release. Sections reuse the API's own models (guest, services,
+checks, restart), so a value the broker would refuse is refused here first, with its field.
+"""
+
+from __future__ import annotations
+
+import math
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from souk.models.api import REGION_NAME
+from souk.models.duration import Duration
+from souk.models.machine import (
+    APP_NAME,
+    ENV_NAME,
+    Check,
+    GuestConfig,
+    InitConfig,
+    MachineConfig,
+    RestartConfig,
+    Service,
+    StopConfig,
+)
+
+# Metadata keys a deploy puts on every machine it manages (the proxy reads them too).
+ROLE = "souk.role"  # primary | standby | canary
+RELEASE = "souk.release"  # the release number the machine runs
+HIDDEN = "souk.hidden"  # "true": the proxy sends it no traffic (blue/green before the switch)
+
+StrategyName = Literal["rolling", "immediate", "canary", "bluegreen"]
+
+
+class ConfigError(Exception):
+    """souk.toml is unreadable or invalid; the message names every bad field."""
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class DeploySection(Strict):
+    strategy: StrategyName = "rolling"
+    max_unavailable: float = Field(
+        1, gt=0, description="Machines updated at once: a count (1, 2, ...) or a fraction (0.25)."
+    )
+    standbys: bool = True
+    wait_timeout: Duration = Field(120.0, gt=0)
+    settle: Duration = Field(
+        1.0, ge=0, description="With no checks: how long a new machine must stay started."
+    )
+
+    @field_validator("max_unavailable")
+    @classmethod
+    def _count_or_fraction(cls, value: float) -> float:
+        if value > 1 and value != int(value):
+            raise ValueError("a whole number of machines, or a fraction between 0 and 1")
+        return value
+
+    def batch_size(self, total: int) -> int:
+        if self.max_unavailable < 1:
+            return max(1, math.ceil(self.max_unavailable * total))
+        return int(self.max_unavailable)
+
+
+class AppConfig(Strict):
+    """The whole of souk.toml."""
+
+    app: str
+    image: str | None = Field(None, max_length=512)
+    command: list[str] | None = None
+    regions: dict[str, int] = Field(description="region -> machines (instances) there")
+    guest: GuestConfig = GuestConfig()
+    env: dict[str, str] = {}
+    services: list[Service] = []
+    checks: dict[str, Check] = {}
+    restart: RestartConfig = RestartConfig()
+    stop: StopConfig = StopConfig()
+    deploy: DeploySection = DeploySection()
+
+    @field_validator("app")
+    @classmethod
+    def _app_name(cls, app: str) -> str:
+        if not APP_NAME.match(app):
+            raise ValueError("app names are lower-case letters, digits and '-', at most 63")
+        return app
+
+    @field_validator("command")
+    @classmethod
+    def _argv(cls, command: list[str] | None) -> list[str] | None:
+        if command is not None and (not command or not command[0]):
+            raise ValueError("the command is an argv list with at least the program")
+        return command
+
+    @model_validator(mode="before")
+    @classmethod
+    def _region_list(cls, data: Any) -> Any:
+        """`regions = ["mad", "ams"]` with `count = 2` means two in each."""
+        if not isinstance(data, dict):
+            return data
+        regions, count = data.get("regions"), data.get("count")
+        if isinstance(regions, list):
+            if count is None:
+                raise ValueError("count: needed when regions is a list (machines per region)")
+            if not isinstance(count, int) or isinstance(count, bool) or count < 0:
+                raise ValueError("count: a whole number of machines per region, 0 or more")
+            if not all(isinstance(r, str) for r in regions):
+                raise ValueError("regions: a list of region names")
+            if len(set(regions)) != len(regions):
+                raise ValueError("regions: a region is listed twice")
+            return {
+                **{k: v for k, v in data.items() if k != "count"},
+                "regions": dict.fromkeys(regions, count),
+            }
+        if count is not None:
+            raise ValueError("count: only with a list of regions; a table gives each its count")
+        return data
+
+    @field_validator("regions")
+    @classmethod
+    def _regions(cls, regions: dict[str, int]) -> dict[str, int]:
+        if not regions:
+            raise ValueError("at least one region")
+        for name, count in regions.items():
+            if not REGION_NAME.match(name):
+                raise ValueError(f"{name!r} is not a region name (e.g. 'mad')")
+            if count < 0:
+                raise ValueError(f"{name}: a count cannot be negative")
+        return regions
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, env: dict[str, str]) -> dict[str, str]:
+        for name in env:
+            if not ENV_NAME.match(name):
+                raise ValueError(f"bad environment variable name {name!r}")
+        return env
+
+    @model_validator(mode="after")
+    def _consistent(self) -> AppConfig:
+        if (self.image is None) == (self.command is None):
+            raise ValueError("image, command: give exactly one (an OCI reference, or an argv list)")
+        return self
+
+    def machine_config(
+        self, release: int, role: str, standby_for: str | None = None, hidden: bool = False
+    ) -> MachineConfig:
+        """The Machines API config for one machine of this release."""
+        metadata = {ROLE: role, RELEASE: str(release)}
+        if hidden:
+            metadata[HIDDEN] = "true"
+        return MachineConfig(
+            image=self.image,
+            init=InitConfig(exec=self.command) if self.command else InitConfig(),
+            env=dict(self.env),
+            guest=self.guest,
+            restart=self.restart,
+            stop_config=self.stop,
+            metadata=metadata,
+            services=list(self.services),
+            checks=dict(self.checks),
+            standbys=[standby_for] if standby_for else [],
+        )
+
+
+def _problem(err: Any) -> str:
+    where = ".".join(str(p) for p in err["loc"])
+    message = str(err["msg"]).removeprefix("Value error, ")
+    if err["type"] == "extra_forbidden":
+        message = "unknown field"
+    return f"{where}: {message}" if where else message
+
+
+def parse(data: dict[str, Any]) -> AppConfig:
+    try:
+        return AppConfig.model_validate(data)
+    except ValidationError as exc:
+        problems = [_problem(e) for e in exc.errors()]
+        raise ConfigError("\n".join(problems)) from None
+
+
+def loads(text: str) -> AppConfig:
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"not valid TOML: {exc}") from None
+    return parse(data)
+
+
+def load(path: Path) -> AppConfig:
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(f"cannot read {path}: {exc.strerror or exc}") from None
+    try:
+        return loads(text)
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
