@@ -6,12 +6,16 @@ import asyncio
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from aiohttp.test_utils import TestClient
 
-from souk.models.machine import Check
+from souk.models.machine import Check, CreateMachine
 from souk.worker.checks import HealthChecks
+from souk.worker.daemon import make_driver, running
+from souk.worker.engine import Engine
+from tests.worker.conftest import settings
 
 Client = TestClient  # type: ignore[type-arg]
 Checks = dict[str, dict[str, Any]]
@@ -106,3 +110,28 @@ async def test_an_http_check_that_does_not_answer_in_time_fails() -> None:
             assert ok and "connected" in output
     finally:
         await checks.close()
+
+
+async def test_checks_are_observed_again_after_a_worker_restart(tmp_path: Path) -> None:
+    s = settings(tmp_path)
+    body = CreateMachine.model_validate(
+        http_server({"web": {"type": "http", "port": 8080, "path": "/"}})
+    )
+    engine = Engine(s, make_driver("process", s))
+    await engine.recover()
+    mid = (await engine.create(body)).id
+    assert (await engine.wait(mid, "started", 10, None))[0]
+    await engine.close()  # the server lives on without its worker; its results do not
+
+    async with running(Engine(s, make_driver("process", s))) as again:
+        deadline = time.monotonic() + 20
+        statuses: list[str] = []
+        while time.monotonic() < deadline:
+            statuses = [c.status for c in again.get(mid, events=False).checks]
+            if statuses == ["passing"]:
+                break
+            await asyncio.sleep(0.05)
+        assert statuses == ["passing"]
+        await again.submit(mid, "destroy", {"force": True})
+        assert (await again.wait(mid, "destroyed", 10, None))[0]
+        assert again.get(mid, events=False).checks == []
