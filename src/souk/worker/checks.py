@@ -12,8 +12,8 @@ worker follows its started machines again.
 
 Deploys wait for `passing`, so a new process is probed quickly: the first probe goes out as soon
 as the machine is started, and until the first pass the delay starts at FIRST_DELAY and grows by
-GROWTH per probe up to the check's interval (a service that takes T seconds to come up is seen
-passing within about T/4 of it). After the first pass, checks run every interval.
+GROWTH per probe up to FAST_DELAY_MAX (or the check's interval, if shorter): a service that comes
+up is seen passing within a second of it. After the first pass, checks run every interval.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from souk.worker.store import now_iso
 
 FIRST_DELAY = 0.2
 GROWTH = 1.25
+FAST_DELAY_MAX = 1.0
 MIN_INTERVAL = 0.1  # a zero interval or timeout would spin
 RunKey = tuple[str, int | None, str]  # instance id, pid, address: a new process means new checks
 
@@ -105,7 +106,7 @@ class HealthChecks:
                 await asyncio.sleep(interval)
             else:
                 await asyncio.sleep(min(delay, interval))
-                delay *= GROWTH
+                delay = min(delay * GROWTH, FAST_DELAY_MAX)
 
     async def probe(self, address: str, check: Check) -> tuple[bool, str]:
         """Whether the check passes now, and what was seen."""

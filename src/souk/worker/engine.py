@@ -23,6 +23,7 @@ from typing import Any
 from souk.models.api import NONCE_HEADER, Lease
 from souk.models.capacity import Capacity, Resources
 from souk.models.machine import (
+    Check,
     CreateMachine,
     Machine,
     MachineConfig,
@@ -111,8 +112,8 @@ class Engine:
         ).fetchall()
         for row in pending:
             self._kick(row["machine"])
-        for row in self.store.read.execute("SELECT id FROM machines WHERE state = 'started'"):
-            self._sync_checks(row["id"])  # check results are not kept across restarts
+        started = self.store.read.execute("SELECT id FROM machines WHERE state = 'started'")
+        self._sync_checks([row["id"] for row in started])  # results are not kept across restarts
 
     async def close(self) -> None:
         tasks = [*self._runners.values(), *self._monitors.values()]
@@ -509,25 +510,32 @@ class Engine:
                     event.set()
 
     def _follow_checks(self, commit: Commit) -> None:
-        if self.checks.closed:
-            return
-        for kind, key in commit.touched:
-            if kind == "machine":
-                self._sync_checks(key)
+        if not self.checks.closed:
+            self._sync_checks([key for kind, key in commit.touched if kind == "machine"])
 
-    def _sync_checks(self, machine_id: str) -> None:
-        """Check the machine's current process while it is started; forget results otherwise."""
-        row = self.store.read.execute(
-            "SELECT state, instance_id, pid, private_ip, config FROM machines WHERE id = ?",
-            (machine_id,),
-        ).fetchone()
-        if row is None or row["state"] != "started":
-            self.checks.forget(machine_id)
-            return
-        key = (row["instance_id"], row["pid"], row["private_ip"] or "127.0.0.1")
-        if not self.checks.following(machine_id, key):
-            config = MachineConfig.model_validate_json(row["config"])
-            self.checks.follow(machine_id, key, config.checks)
+    def _sync_checks(self, machine_ids: list[str]) -> None:
+        """Check each machine's current process while it is started; forget results otherwise.
+        One query per batch of machines: this runs after every commit."""
+        for i in range(0, len(machine_ids), 500):
+            batch = machine_ids[i : i + 500]
+            rows = self.store.read.execute(
+                "SELECT id, instance_id, pid, private_ip, json_extract(config, '$.checks') checks"
+                " FROM machines WHERE state = 'started'"
+                f" AND id IN ({', '.join('?' * len(batch))})",
+                batch,
+            ).fetchall()
+            started = {row["id"]: row for row in rows}
+            for machine_id in batch:
+                row = started.get(machine_id)
+                if row is None:
+                    self.checks.forget(machine_id)
+                    continue
+                key = (row["instance_id"], row["pid"], row["private_ip"] or "127.0.0.1")
+                if not self.checks.following(machine_id, key):
+                    checks = json.loads(row["checks"] or "{}")
+                    self.checks.follow(
+                        machine_id, key, {n: Check.model_validate(c) for n, c in checks.items()}
+                    )
 
     # --- running operations ------------------------------------------------------------------
 
