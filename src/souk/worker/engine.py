@@ -24,6 +24,7 @@ from souk.models.api import NONCE_HEADER, Lease
 from souk.models.capacity import Capacity, Resources
 from souk.models.machine import (
     Check,
+    CheckStatus,
     CreateMachine,
     Machine,
     MachineConfig,
@@ -499,8 +500,22 @@ class Engine:
             created_at=row["created_at"],
             updated_at=row["updated_at"],
             events=events,
-            checks=self.checks.statuses(row["id"]),
+            checks=self._observed_checks(row),
         )
+
+    def _observed_checks(self, row: Any) -> list[CheckStatus]:
+        """The checks of the row's process. The commit listener may not have run yet when a
+        reader sees a new state: a started machine is followed here at once, so that no answer
+        says `started` without its checks, and no other state carries any."""
+        if row["state"] != "started":
+            return []
+        if not self.checks.following(row["id"], _check_key(row)) and not self.checks.closed:
+            try:
+                asyncio.get_running_loop()
+            except RuntimeError:  # read from another thread: the listener will catch up
+                return self.checks.statuses(row["id"])
+            self._sync_checks([row["id"]])
+        return self.checks.statuses(row["id"])
 
     def _wake_waiters(self, commit: Commit) -> None:
         for kind, key in commit.touched:
@@ -530,7 +545,7 @@ class Engine:
                 if row is None:
                     self.checks.forget(machine_id)
                     continue
-                key = (row["instance_id"], row["pid"], row["private_ip"] or "127.0.0.1")
+                key = _check_key(row)
                 if not self.checks.following(machine_id, key):
                     checks = json.loads(row["checks"] or "{}")
                     self.checks.follow(
@@ -863,6 +878,11 @@ class Engine:
 
 
 # --- helpers that run inside a transaction ------------------------------------------------------
+
+
+def _check_key(row: Any) -> tuple[str, int | None, str]:
+    """Which process of the machine its check results are about."""
+    return (row["instance_id"], row["pid"], row["private_ip"] or "127.0.0.1")
 
 
 def _machine_row(tx: Tx, machine_id: str) -> Any:
