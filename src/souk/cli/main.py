@@ -5,6 +5,7 @@ from __future__ import annotations
 import typer
 
 from souk.cli import broker, machines, tokens, worker
+from souk.cli.deploy import commands as deploy
 
 app = typer.Typer(
     name="souk",
@@ -25,3 +26,4 @@ app.command("broker")(broker.run)
 app.command("dev")(broker.dev)
 app.add_typer(machines.machines, name="machines")
 app.add_typer(machines.apps, name="apps")
+deploy.register(app)  # deploy, releases, rollback, scale, status, logs

@@ -1,0 +1,358 @@
+"""`souk deploy`, `souk releases`, `souk rollback`, `souk scale`, `souk status`, `souk logs`:
+platform policy in the client, built only on the broker's public Machines API."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from collections.abc import Coroutine
+from pathlib import Path
+from typing import Any, TypeVar
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from souk.cli.deploy import config as cfgmod
+from souk.cli.deploy.client import Api, ApiError
+from souk.cli.deploy.config import AppConfig, ConfigError, StrategyName
+from souk.cli.deploy.plan import MachineView, sort_fleet
+from souk.cli.deploy.releases import RollbackError, current, releases, rollback_target
+from souk.cli.deploy.strategies import (
+    DeployError,
+    MachineFailed,
+    Outcome,
+    Progress,
+    deploy,
+    describe,
+    machine_row,
+    views,
+)
+
+API = typer.Option(None, "--api", help="Broker URL (default: $SOUK_API, or souk dev's).")
+TOKEN = typer.Option(None, "--token", help="Bearer token (default: $SOUK_TOKEN, or souk dev's).")
+JSON = typer.Option(False, "--json", help="Machine-readable output.")
+CONFIG = typer.Option(Path("souk.toml"), "--config", "-c", help="The app's souk.toml.")
+APP = typer.Option(None, "--app", "-a", help="The app (default: souk.toml's).")
+STRATEGY = typer.Option(None, "--strategy", help="rolling, immediate, canary or bluegreen.")
+
+scale = typer.Typer(help="Change how many instances an app runs.", no_args_is_help=True)
+T = TypeVar("T")
+
+
+def _run(coro: Coroutine[Any, Any, T], as_json: bool) -> T:
+    """Run a command's coroutine; API and config errors become a message and exit 1."""
+    try:
+        return asyncio.run(coro)
+    except ConfigError as exc:
+        _fail(str(exc), as_json, code=2)
+    except ApiError as exc:
+        _fail(f"error {exc}", as_json)
+    except RollbackError as exc:
+        _fail(str(exc), as_json)
+    raise AssertionError("unreachable")
+
+
+def _fail(message: str, as_json: bool, code: int = 1) -> None:
+    if as_json:
+        print(json.dumps({"ok": False, "error": message}, indent=2))
+    else:
+        typer.echo(message, err=True)
+    raise typer.Exit(code)
+
+
+def _app_name(app: str | None, config: Path) -> str:
+    if app:
+        return app
+    try:
+        return cfgmod.load(config).app
+    except ConfigError as exc:
+        raise typer.BadParameter(f"no app given and {exc}", param_hint="--app") from None
+
+
+def _strategy(value: str | None) -> StrategyName | None:
+    if value is None:
+        return None
+    if value not in ("rolling", "immediate", "canary", "bluegreen"):
+        raise typer.BadParameter("rolling, immediate, canary or bluegreen", param_hint="--strategy")
+    return value  # type: ignore[return-value]
+
+
+def _report(outcome: Outcome, progress: Progress, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps({**outcome.to_json(), "events": progress.events}, indent=2))
+        return
+    _table(outcome.machines, f"{outcome.app}: release {outcome.release}")
+
+
+def _table(rows: list[dict[str, Any]], title: str) -> None:
+    columns = ["region", "id", "role", "release", "state", "health", "worker"]
+    table = Table(*columns, title=title)
+    for row in rows:
+        role = row["role"] + (" (hidden)" if row.get("hidden") else "")
+        table.add_row(*(str(row.get(c) if c != "role" else role) for c in columns))
+    Console().print(table)
+
+
+def _failed(exc: DeployError, progress: Progress, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps({**describe(exc), "events": progress.events}, indent=2))
+        raise typer.Exit(1)
+    console = Console(stderr=True, highlight=False)
+    console.print(f"[bold red]deploy failed:[/bold red] {exc.message}")
+    if isinstance(exc, MachineFailed):
+        logs = exc.details.get("logs", {})
+        for stream in ("stdout", "stderr"):
+            if logs.get(stream):
+                console.print(f"[dim]--- last lines of {exc.details['machine']} {stream} ---[/dim]")
+                for line in logs[stream]:
+                    console.print(line, markup=False)
+    raise typer.Exit(1)
+
+
+async def _deploy(
+    api_url: str | None,
+    token: str | None,
+    cfg: AppConfig,
+    progress: Progress,
+    strategy: StrategyName | None,
+    description: str,
+    counts: dict[str, int] | None = None,
+    release: int | None = None,
+) -> Outcome | DeployError:
+    async with Api(api_url, token) as api:
+        try:
+            return await deploy(api, cfg, progress, strategy, description, counts, release)
+        except DeployError as exc:
+            return exc
+
+
+def deploy_command(
+    config: Path = CONFIG,
+    app: str | None = APP,
+    image: str | None = typer.Option(None, help="Deploy this image instead of souk.toml's."),
+    strategy: str | None = STRATEGY,
+    message: str = typer.Option("", "--message", "-m", help="A note kept with the release."),
+    api: str | None = API,
+    token: str | None = TOKEN,
+    as_json: bool = JSON,
+) -> None:
+    """Deploy souk.toml as a new release: per instance one started machine and a stopped
+    standby on another worker, rolled out by the chosen strategy."""
+    try:
+        cfg = cfgmod.load(config)
+        changes: dict[str, Any] = {}
+        if app:
+            changes["app"] = app
+        if image:
+            changes["image"], changes["command"] = image, None
+        if changes:
+            cfg = cfgmod.parse({**cfg.model_dump(mode="json"), **changes})
+    except ConfigError as exc:
+        _fail(str(exc), as_json, code=2)
+        return
+    progress = Progress(quiet=as_json)
+    result = _run(_deploy(api, token, cfg, progress, _strategy(strategy), message), as_json)
+    if isinstance(result, DeployError):
+        _failed(result, progress, as_json)
+        return
+    _report(result, progress, as_json)
+
+
+def rollback(
+    version: int | None = typer.Argument(
+        None, help="The release to go back to (default: the previous)."
+    ),
+    config: Path = CONFIG,
+    app: str | None = APP,
+    strategy: str | None = STRATEGY,
+    api: str | None = API,
+    token: str | None = TOKEN,
+    as_json: bool = JSON,
+) -> None:
+    """Deploy an earlier release again, as a new release."""
+    name = _app_name(app, config)
+    progress = Progress(quiet=as_json)
+
+    async def go() -> Outcome | DeployError:
+        async with Api(api, token) as client:
+            target = rollback_target(await client.app_metadata(name), version)
+        cfg = cfgmod.parse({**target.config, "app": name})
+        progress.step(f"rolling back {name} to release {target.version} ({target.what()})")
+        return await _deploy(
+            api, token, cfg, progress, _strategy(strategy), f"rollback to {target.version}"
+        )
+
+    result = _run(go(), as_json)
+    if isinstance(result, DeployError):
+        _failed(result, progress, as_json)
+        return
+    _report(result, progress, as_json)
+
+
+def releases_command(
+    config: Path = CONFIG,
+    app: str | None = APP,
+    api: str | None = API,
+    token: str | None = TOKEN,
+    as_json: bool = JSON,
+) -> None:
+    """The app's releases, newest first."""
+    name = _app_name(app, config)
+
+    async def go() -> dict[str, str]:
+        async with Api(api, token) as client:
+            return await client.app_metadata(name)
+
+    meta = _run(go(), as_json)
+    cur = current(meta)
+    rows = releases(meta)
+    if as_json:
+        out = [{**r.model_dump(), "current": r.version == cur} for r in rows]
+        print(json.dumps(out, indent=2))
+        return
+    table = Table(
+        "version",
+        "status",
+        "strategy",
+        "image / command",
+        "created",
+        "note",
+        title=f"releases of {name}",
+    )
+    for r in rows:
+        mark = " (current)" if r.version == cur else ""
+        note = r.description + (f" [red]{r.error}[/red]" if r.error else "")
+        table.add_row(f"{r.version}{mark}", r.status, r.strategy, r.what(), r.created_at, note)
+    Console().print(table)
+
+
+@scale.command("count")
+def scale_count(
+    count: int = typer.Argument(..., min=0, help="Instances wanted in the region."),
+    region: str = typer.Option(..., "--region", "-r", help="The region to scale."),
+    config: Path = CONFIG,
+    app: str | None = APP,
+    api: str | None = API,
+    token: str | None = TOKEN,
+    as_json: bool = JSON,
+) -> None:
+    """Add or remove instances (a primary and its standby each) in one region, on the current
+    release. Lasts until the next deploy, which brings souk.toml's counts back."""
+    name = _app_name(app, config)
+    progress = Progress(quiet=as_json)
+
+    async def go() -> Outcome | DeployError:
+        async with Api(api, token) as client:
+            meta = await client.app_metadata(name)
+            cur = current(meta)
+            if cur is None:
+                raise RollbackError(f"{name} has no completed release yet: deploy it first")
+            record = {r.version: r for r in releases(meta)}[cur]
+            machines = await views(client, name)
+        cfg = cfgmod.parse({**record.config, "app": name})
+        counts = sort_fleet(machines).counts()
+        counts[region] = count
+        return await _deploy(api, token, cfg, progress, None, "", counts, cur)
+
+    result = _run(go(), as_json)
+    if isinstance(result, DeployError):
+        _failed(result, progress, as_json)
+        return
+    _report(result, progress, as_json)
+
+
+def status(
+    config: Path = CONFIG,
+    app: str | None = APP,
+    api: str | None = API,
+    token: str | None = TOKEN,
+    as_json: bool = JSON,
+) -> None:
+    """The app's machines per region and state, their health and release."""
+    name = _app_name(app, config)
+
+    async def go() -> tuple[dict[str, str], list[MachineView]]:
+        async with Api(api, token) as client:
+            return await asyncio.gather(client.app_metadata(name), views(client, name))
+
+    meta, machines = _run(go(), as_json)
+    cur = current(meta)
+    rows = sorted(
+        (machine_row(m) for m in machines),
+        key=lambda r: (r["region"], r["role"] != "primary", r["id"]),
+    )
+    regions: dict[str, dict[str, int]] = {}
+    for row in rows:
+        states = regions.setdefault(row["region"], {})
+        states[row["state"]] = states.get(row["state"], 0) + 1
+    if as_json:
+        print(
+            json.dumps(
+                {"app": name, "release": cur, "regions": regions, "machines": rows}, indent=2
+            )
+        )
+        return
+    console = Console()
+    console.print(f"[bold]{name}[/bold]: release {cur if cur is not None else '-'}")
+    for region, states in sorted(regions.items()):
+        console.print(f"  {region}: " + ", ".join(f"{n} {s}" for s, n in sorted(states.items())))
+    _table(rows, f"machines of {name}")
+
+
+def logs(
+    machine_id: str | None = typer.Argument(None, help="One machine (default: every machine)."),
+    config: Path = CONFIG,
+    app: str | None = APP,
+    stderr: bool = typer.Option(False, "--stderr", help="stderr instead of stdout."),
+    lines: int = typer.Option(50, "--lines", "-n", help="Last lines per machine (0: all)."),
+    follow: bool = typer.Option(False, "--follow", "-f", help="Keep streaming."),
+    api: str | None = API,
+    token: str | None = TOKEN,
+) -> None:
+    """Output of one machine, or of all of the app's machines (each line prefixed)."""
+    name = _app_name(app, config)
+    stream = "stderr" if stderr else "stdout"
+
+    async def go() -> None:
+        async with Api(api, token) as client:
+            if machine_id:
+                ids = [(machine_id, "")]
+            else:
+                ids = [(m.id, f"{m.region} {m.id} | ") for m in await views(client, name)]
+            if follow:
+                await asyncio.gather(
+                    *(_follow(client, name, mid, prefix, stream) for mid, prefix in ids)
+                )
+                return
+            texts = await asyncio.gather(*(client.logs(name, mid, stream) for mid, _ in ids))
+            for (_mid, prefix), text in zip(ids, texts, strict=True):
+                tail = text.splitlines()[-lines:] if lines else text.splitlines()
+                for line in tail:
+                    sys.stdout.write(f"{prefix}{line}\n")
+            sys.stdout.flush()
+
+    _run(go(), False)
+
+
+async def _follow(client: Api, app: str, mid: str, prefix: str, stream: str) -> None:
+    pending = b""
+    async for chunk in client.stream(
+        f"/v1/apps/{app}/machines/{mid}/logs", {"stream": stream, "follow": "true"}
+    ):
+        pending += chunk
+        *done, pending = pending.split(b"\n")
+        for line in done:
+            sys.stdout.write(f"{prefix}{line.decode(errors='replace')}\n")
+        sys.stdout.flush()
+
+
+def register(app: typer.Typer) -> None:
+    """Add the deploy commands to the `souk` program."""
+    app.command("deploy")(deploy_command)
+    app.command("releases")(releases_command)
+    app.command("rollback")(rollback)
+    app.command("status")(status)
+    app.command("logs")(logs)
+    app.add_typer(scale, name="scale")
