@@ -1,8 +1,8 @@
 """What the broker needs to know about the fleet, and two ways to know it.
 
-`Fleet` is the read side: workers, machines and apps, normally a catalog replica (see
-`souk.broker.catalog_fleet`). `StaticFleet` reads a fixed list of workers directly over HTTP;
-it serves tests, benchmarks and single-host setups that run no catalog.
+`Fleet` is the read side: workers, machines and apps. `CatalogFleet` is the normal one: a
+catalog replica for workers and machines, the app registry for apps. `StaticFleet` reads a
+fixed list of workers directly over HTTP; it serves tests and setups that run no catalog.
 
 Reads are synchronous on purpose: a replica is a local SQLite database, and placement must not
 yield to the event loop while it looks at the picture it is about to rank.
@@ -15,8 +15,9 @@ from typing import Protocol
 
 from souk.broker.registry import AppRegistry
 from souk.broker.workers import WorkerClient, WorkerError
+from souk.catalog.view import CatalogView
 from souk.models.capacity import Capacity
-from souk.models.catalog import AppRow, MachineRow, WorkerRow
+from souk.models.catalog import AppRow, MachineRow, WorkerRow, machine_row, worker_row
 from souk.models.machine import Machine
 
 
@@ -36,46 +37,6 @@ class Fleet(Protocol):
     def app(self, name: str) -> AppRow | None: ...
 
     def image_cached(self, worker_id: str, image: str) -> bool: ...
-
-
-def worker_row(cap: Capacity, address: str, epoch: str = "static") -> WorkerRow:
-    return WorkerRow(
-        id=cap.worker,
-        region=cap.region,
-        address=address,
-        cpu_kinds=cap.cpu_kinds,
-        cpus_total=cap.total.cpus,
-        memory_mb_total=cap.total.memory_mb,
-        cpus_reserved=cap.reserved.cpus,
-        memory_mb_reserved=cap.reserved.memory_mb,
-        machines=cap.machines,
-        labels=cap.labels,
-        cordoned=cap.cordoned,
-        draining=cap.draining,
-        epoch=epoch,
-    )
-
-
-def machine_row(m: Machine) -> MachineRow:
-    guest = m.config.guest
-    return MachineRow(
-        id=m.id,
-        app=m.app,
-        region=m.region,
-        worker_id=m.worker,
-        name=m.name,
-        state=m.state,
-        instance_id=m.instance_id,
-        cpu_kind=guest.cpu_kind,
-        cpus=guest.cpus,
-        memory_mb=guest.memory_mb,
-        image=m.config.image,
-        private_ip=m.private_ip,
-        ports=[service.internal_port for service in m.config.services],
-        standby_for=m.config.standbys,
-        metadata=m.config.metadata,
-        updated_at=m.updated_at,
-    )
 
 
 class StaticFleet:
@@ -146,3 +107,33 @@ class StaticFleet:
 
     def image_cached(self, worker_id: str, image: str) -> bool:
         return False
+
+
+class CatalogFleet:
+    """Workers and machines from a catalog replica (fresh within milliseconds of each commit),
+    apps from the registry."""
+
+    def __init__(self, view: CatalogView, registry: AppRegistry) -> None:
+        self.view = view
+        self.registry = registry
+
+    def workers(self, region: str | None = None, reachable_only: bool = True) -> list[WorkerRow]:
+        return self.view.workers(region, reachable_only)
+
+    def worker(self, worker_id: str) -> WorkerRow | None:
+        return self.view.worker(worker_id)
+
+    def machines(self, app: str | None = None, region: str | None = None) -> list[MachineRow]:
+        return self.view.machines(app, region)
+
+    def machine(self, machine_id: str) -> MachineRow | None:
+        return self.view.machine(machine_id)
+
+    def apps(self) -> list[AppRow]:
+        return self.registry.list()
+
+    def app(self, name: str) -> AppRow | None:
+        return self.registry.get(name)
+
+    def image_cached(self, worker_id: str, image: str) -> bool:
+        return self.view.image_cached(worker_id, image)

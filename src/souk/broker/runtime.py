@@ -14,15 +14,19 @@ from pathlib import Path
 from aiohttp import web
 
 from souk.broker.api import Broker
-from souk.broker.fleet import StaticFleet
+from souk.broker.fleet import CatalogFleet, Fleet, StaticFleet
 from souk.broker.placement import policy_named
 from souk.broker.placer import DEFAULT_DEADLINE, Placer
 from souk.broker.registry import AppRegistry
 from souk.broker.server import make_app
 from souk.broker.tokens import mint, new_secret, read_secret
 from souk.broker.workers import WorkerClient
+from souk.catalog import http as catalog_http
+from souk.catalog.bus import Bus, InProcessBus, NatsBus
+from souk.catalog.replica import following
+from souk.web import Route
 from souk.worker.daemon import make_app as make_worker_app
-from souk.worker.daemon import make_driver, running
+from souk.worker.daemon import make_driver, publishing, running
 from souk.worker.engine import Engine
 from souk.worker.settings import WorkerSettings
 
@@ -40,6 +44,8 @@ class BrokerOptions:
     registry_url: str | None = None
     deadline: float = DEFAULT_DEADLINE
     policy: str = "default"
+    nats: str | None = None  # follow the catalog over NATS instead of polling `workers`
+    catalog_dir: Path | None = None  # where the replica keeps its SQLite copy
 
 
 async def _refresh_forever(fleet: StaticFleet) -> None:
@@ -52,34 +58,46 @@ async def _refresh_forever(fleet: StaticFleet) -> None:
 
 
 @contextlib.asynccontextmanager
-async def broker_site(opts: BrokerOptions) -> AsyncIterator[str]:
-    """A running broker; yields its base URL."""
-    client = WorkerClient()
-    registry = AppRegistry(opts.registry_dir / "apps.db") if opts.registry_dir else None
-    fleet = StaticFleet(opts.workers, registry or AppRegistry(), client)
-    await fleet.refresh()
-    placer = Placer(fleet, client, policy_named(opts.policy), opts.deadline)
-    broker = Broker(
-        fleet,
-        client,
-        placer,
-        registry,
-        opts.registry_url,
-        before_place=lambda: fleet.refresh(machines=False),
-    )
-    runner = web.AppRunner(make_app(broker, opts.secret), access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, opts.host, opts.port, backlog=1024)
-    await site.start()
-    refresher = asyncio.create_task(_refresh_forever(fleet))
-    port = runner.addresses[0][1]
-    try:
-        yield f"http://{opts.host}:{port}"
-    finally:
-        refresher.cancel()
-        await runner.cleanup()
+async def broker_site(opts: BrokerOptions, bus: Bus | None = None) -> AsyncIterator[str]:
+    """A running broker; yields its base URL. With a bus (or `opts.nats`), its fleet is a catalog
+    replica; without, a `StaticFleet` polling `opts.workers`."""
+    async with contextlib.AsyncExitStack() as stack:
+        client = WorkerClient()
+        registry = AppRegistry(opts.registry_dir / "apps.db") if opts.registry_dir else None
         if registry is not None:
-            registry.close()
+            stack.callback(registry.close)
+        apps = registry or AppRegistry()
+        fleet: Fleet
+        extra: list[Route] = []
+        before_place = None
+        if bus is None and opts.nats:
+            bus = await NatsBus.connect(opts.nats, name="souk-broker")
+            stack.push_async_callback(bus.close)
+        if bus is not None:
+            path = opts.catalog_dir / "catalog.db" if opts.catalog_dir else ":memory:"
+            replica = await stack.enter_async_context(
+                following(bus, path, bootstrap=opts.nats is not None)
+            )
+            fleet = CatalogFleet(replica, apps)
+            extra = catalog_http.routes(replica)
+        else:
+            static = StaticFleet(opts.workers, apps, client)
+            await static.refresh()
+            refresher = asyncio.create_task(_refresh_forever(static))
+            stack.callback(refresher.cancel)
+            fleet = static
+
+            async def before_place() -> None:
+                await static.refresh(machines=False)
+
+        placer = Placer(fleet, client, policy_named(opts.policy), opts.deadline)
+        broker = Broker(fleet, client, placer, registry, opts.registry_url, before_place)
+        runner = web.AppRunner(make_app(broker, opts.secret, extra), access_log=None)
+        await runner.setup()
+        stack.push_async_callback(runner.cleanup)
+        site = web.TCPSite(runner, opts.host, opts.port, backlog=1024)
+        await site.start()
+        yield f"http://{opts.host}:{runner.addresses[0][1]}"
 
 
 async def _until_signalled() -> None:
@@ -117,6 +135,8 @@ async def dev_cluster(
         secret_path.chmod(0o600)
     secret = read_secret(secret_path)
     async with contextlib.AsyncExitStack() as stack:
+        bus = InProcessBus()
+        stack.push_async_callback(bus.close)
         urls = []
         for region in DEV_REGIONS:
             for n in (1, 2):
@@ -137,8 +157,9 @@ async def dev_cluster(
                 stack.push_async_callback(runner.cleanup)
                 await web.TCPSite(runner, host, 0).start()
                 urls.append(f"http://{host}:{runner.addresses[0][1]}")
+                await stack.enter_async_context(publishing(engine, bus, urls[-1]))
         opts = BrokerOptions(host, port, secret, urls, registry_dir=data_dir / "registry")
-        url = await stack.enter_async_context(broker_site(opts))
+        url = await stack.enter_async_context(broker_site(opts, bus))
         token = mint(secret, operator=True)
         (data_dir / "token").write_text(token + "\n")
         yield url, token

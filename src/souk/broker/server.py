@@ -2,21 +2,24 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from aiohttp import web
 
 from souk import __version__
 from souk.broker import api
 from souk.broker.auth import make_auth
-from souk.web import add_routes, error_middleware
+from souk.web import Route, add_routes, error_middleware
 
 MAX_BODY = 1 << 20
 
 
-def make_app(broker: api.Broker, secret: bytes) -> web.Application:
+def make_app(broker: api.Broker, secret: bytes, extra: Sequence[Route] = ()) -> web.Application:
+    """The broker's app; `extra` routes (the catalog's, when it runs a replica) share its auth."""
     app = web.Application(
         middlewares=[error_middleware, make_auth(secret)], client_max_size=MAX_BODY
     )
-    add_routes(app, api.routes(broker), "souk Machines API", __version__)
+    add_routes(app, [*api.routes(broker), *extra], "souk Machines API", __version__)
 
     async def close(_: web.Application) -> None:
         await broker.client.close()

@@ -187,6 +187,8 @@ class NatsBus:
         async def on_error(exc: Exception) -> None:
             log.debug("nats: %s", exc)
 
+        if isinstance(servers, str):
+            servers = [s.strip() for s in servers.split(",") if s.strip()]
         nc = await nats.connect(
             servers,
             name=name,

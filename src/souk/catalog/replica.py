@@ -19,7 +19,7 @@ import json
 import logging
 import time
 from collections import defaultdict
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -245,7 +245,7 @@ class Replica:
             old = self._machines.pop(key, None)
             if old is not None:
                 self._by_app[old.app].discard(key)
-            if isinstance(row, MachineRow) and row.state != "destroyed":
+            if isinstance(row, MachineRow):
                 self._machines[key] = row
                 self._by_app[row.app].add(key)
         elif table == "images":
@@ -439,7 +439,10 @@ class Replica:
         return image in held or any(row.ref == image for row in held.values())
 
     def regions_of_app(self, app: str) -> list[str]:
-        return sorted({st.region for st in self.owners.values() if app in st.apps})
+        """From the rows held (followed regions, current to the millisecond) and from heartbeats
+        (every region, current to the second)."""
+        held = {m.region for m in self.machines(app=app) if m.state != "destroyed"}
+        return sorted(held | {st.region for st in self.owners.values() if app in st.apps})
 
     def head(self, owner: str) -> int:
         st = self.owners.get(owner)
@@ -499,6 +502,23 @@ class Replica:
                     yield rc
         finally:
             self._listeners.remove(queue)
+
+
+@contextlib.asynccontextmanager
+async def following(
+    bus: Bus,
+    path: Path | str = ":memory:",
+    regions: list[str] | None = None,
+    bootstrap: bool = True,
+) -> AsyncIterator[Replica]:
+    """A started replica, stopped on exit. `bootstrap=False` where no other replica can exist
+    yet (a single-process cluster), to skip waiting for a snapshot nobody will send."""
+    replica = Replica(bus, path, regions)
+    await replica.start(bootstrap=bootstrap)
+    try:
+        yield replica
+    finally:
+        await replica.stop()
 
 
 class ResyncNeeded(Exception):

@@ -22,7 +22,8 @@ class CatalogView(Protocol):
         ...
 
     def machines(self, app: str | None = None, region: str | None = None) -> list[MachineRow]:
-        """Machines not destroyed, optionally of one app and/or region."""
+        """Machines, optionally of one app and/or region; destroyed ones stay (in that state)
+        until their owner forgets them."""
         ...
 
     def machine(self, machine_id: str) -> MachineRow | None: ...

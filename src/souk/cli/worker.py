@@ -43,6 +43,9 @@ def run(
     no_fsync: bool = typer.Option(
         False, help="Skip fsync on commit (survives kill -9, not power loss)."
     ),
+    nats: str | None = typer.Option(
+        None, help="NATS server URL(s), comma-separated: publish this worker's catalog rows."
+    ),
     log_level: str = typer.Option("info", help="debug, info, warning or error."),
 ) -> None:
     """Run a worker daemon: the source of truth for every machine on this host."""
@@ -68,4 +71,4 @@ def run(
         insecure_registries=tuple(insecure_registry),
         image_cache_mb=image_cache_mb,
     )
-    asyncio.run(serve(settings, driver, host, port))
+    asyncio.run(serve(settings, driver, host, port, nats))

@@ -7,7 +7,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from souk.models.machine import CpuKind, MachineState
+from souk.models.capacity import Capacity
+from souk.models.machine import CpuKind, Machine, MachineState
 
 
 class Row(BaseModel):
@@ -75,7 +76,48 @@ class AppRow(Row):
     metadata: dict[str, Any] = {}
 
 
+def worker_row(cap: Capacity, address: str, epoch: str = "static") -> WorkerRow:
+    return WorkerRow(
+        id=cap.worker,
+        region=cap.region,
+        address=address,
+        cpu_kinds=cap.cpu_kinds,
+        cpus_total=cap.total.cpus,
+        memory_mb_total=cap.total.memory_mb,
+        cpus_reserved=cap.reserved.cpus,
+        memory_mb_reserved=cap.reserved.memory_mb,
+        machines=cap.machines,
+        labels=cap.labels,
+        cordoned=cap.cordoned,
+        draining=cap.draining,
+        epoch=epoch,
+    )
+
+
+def machine_row(m: Machine) -> MachineRow:
+    guest = m.config.guest
+    return MachineRow(
+        id=m.id,
+        app=m.app,
+        region=m.region,
+        worker_id=m.worker,
+        name=m.name,
+        state=m.state,
+        instance_id=m.instance_id,
+        cpu_kind=guest.cpu_kind,
+        cpus=guest.cpus,
+        memory_mb=guest.memory_mb,
+        image=m.config.image,
+        private_ip=m.private_ip,
+        ports=[service.internal_port for service in m.config.services],
+        standby_for=m.config.standbys,
+        metadata=m.config.metadata,
+        updated_at=m.updated_at,
+    )
+
+
 Table = Literal["workers", "machines", "images", "apps"]
+TABLE_NAMES = frozenset({"workers", "machines", "images"})  # what the catalog replicates
 ROW_MODELS: dict[str, type[Row]] = {
     "workers": WorkerRow,
     "machines": MachineRow,

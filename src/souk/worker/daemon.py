@@ -13,6 +13,8 @@ from collections.abc import AsyncIterator
 from aiohttp import web
 
 from souk import __version__
+from souk.catalog.bus import Bus, NatsBus
+from souk.catalog.owner import Owner
 from souk.web import add_routes, error_middleware
 from souk.worker import api, logs
 from souk.worker.cgroups import Cgroups
@@ -23,6 +25,7 @@ from souk.worker.engine import Engine
 from souk.worker.oci.images import ImageCache
 from souk.worker.oci.registry import RegistryClient, RegistryConfig
 from souk.worker.oci.runc_driver import RuncDriver
+from souk.worker.rows import WorkerRows
 from souk.worker.settings import WorkerSettings
 
 log = logging.getLogger("souk.worker")
@@ -72,9 +75,30 @@ async def running(engine: Engine) -> AsyncIterator[Engine]:
         await engine.close()
 
 
-async def serve(settings: WorkerSettings, driver_name: str, host: str, port: int) -> None:
+@contextlib.asynccontextmanager
+async def publishing(engine: Engine, bus: Bus, address: str | None = None) -> AsyncIterator[Owner]:
+    """The worker as the owner of its catalog rows: each commit published as it lands."""
+    rows = WorkerRows(engine, address or engine.settings.address)
+    owner = Owner(bus, rows)
+    rows.attach(owner)
+    await owner.start()
+    try:
+        yield owner
+    finally:
+        rows.detach()
+        await owner.stop()
+
+
+async def serve(
+    settings: WorkerSettings, driver_name: str, host: str, port: int, nats: str | None = None
+) -> None:
     engine = Engine(settings, make_driver(driver_name, settings))
-    async with running(engine):
+    async with contextlib.AsyncExitStack() as stack:
+        await stack.enter_async_context(running(engine))
+        if nats:
+            bus = await NatsBus.connect(nats, name=f"souk-worker-{settings.name}")
+            stack.push_async_callback(bus.close)
+            await stack.enter_async_context(publishing(engine, bus))
         runner = web.AppRunner(make_app(engine), access_log=None)
         await runner.setup()
         site = web.TCPSite(runner, host, port, backlog=1024)

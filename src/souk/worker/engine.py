@@ -411,7 +411,7 @@ class Engine:
         ).fetchone()
         if row is None:
             raise ApiError(404, "not_found", f"no machine {machine_id} on this worker")
-        return self._machine(row, self.events(machine_id) if events else [])
+        return self.machine_from_row(row, self.events(machine_id) if events else [])
 
     def machines(self, app: str | None = None, include_destroyed: bool = False) -> list[Machine]:
         sql, args = "SELECT * FROM machines WHERE 1=1", []
@@ -420,7 +420,7 @@ class Engine:
         if not include_destroyed:
             sql += " AND state != 'destroyed'"
         rows = self.store.read.execute(sql + " ORDER BY created_at, id", args).fetchall()
-        return [self._machine(row, []) for row in rows]
+        return [self.machine_from_row(row, []) for row in rows]
 
     def events(self, machine_id: str, limit: int = 100) -> list[MachineEvent]:
         rows = self.store.read.execute(
@@ -484,7 +484,7 @@ class Engine:
             except TimeoutError:
                 pass
 
-    def _machine(self, row: Any, events: list[MachineEvent]) -> Machine:
+    def machine_from_row(self, row: Any, events: list[MachineEvent] | None = None) -> Machine:
         return Machine(
             id=row["id"],
             name=row["name"],
@@ -499,7 +499,7 @@ class Engine:
             exit_code=row["exit_code"],
             created_at=row["created_at"],
             updated_at=row["updated_at"],
-            events=events,
+            events=events or [],
             checks=self._observed_checks(row),
         )
 

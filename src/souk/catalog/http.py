@@ -1,0 +1,91 @@
+"""The catalog over HTTP, on every node that runs a replica (broker, proxy, `souk catalog`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aiohttp import web
+
+from souk.catalog.replica import Replica, ResyncNeeded
+from souk.models.catalog import TABLE_NAMES, MachineRow, WorkerRow
+from souk.web import ApiError, Route, reply
+
+
+def routes(replica: Replica) -> list[Route]:
+    async def workers(request: web.Request) -> web.Response:
+        everyone = request.query.get("all", "false").lower() in ("1", "true", "yes")
+        region = request.query.get("region") or None
+        return reply(replica.workers(region=region, reachable_only=not everyone))
+
+    async def machines(request: web.Request) -> web.Response:
+        q = request.query
+        rows = replica.machines(app=q.get("app") or None, region=q.get("region") or None)
+        if q.get("state"):
+            rows = [m for m in rows if m.state == q["state"]]
+        return reply(rows)
+
+    async def app_regions(request: web.Request) -> web.Response:
+        return reply(replica.regions_of_app(request.match_info["app"]))
+
+    async def status(_: web.Request) -> web.Response:
+        return reply(replica.status())
+
+    async def changes(request: web.Request) -> web.StreamResponse:
+        tables = frozenset(t for t in request.query.getall("table", []) if t)
+        if tables - TABLE_NAMES:
+            raise ApiError(400, "unknown_table", f"tables are {', '.join(sorted(TABLE_NAMES))}")
+        since_text = request.query.get("since")
+        if since_text is not None and not since_text.isdigit():
+            raise ApiError(400, "invalid", "since: a change number (lseq) from a previous change")
+        stream = replica.subscribe(tables or None, int(since_text) if since_text else None)
+        response: web.StreamResponse | None = None
+        try:
+            async for change in stream:
+                if response is None:
+                    response = await _open(request)
+                await response.write(change.model_dump_json().encode() + b"\n")
+        except ResyncNeeded as exc:
+            raise ApiError(410, "resync_needed", str(exc), {"oldest": exc.oldest}) from None
+        finally:
+            await stream.aclose()
+        return response or web.Response(status=204)
+
+    stream_doc = "Row changes as NDJSON, as this replica applies them; resume with since=lseq"
+    query: dict[str, Any] = {"region": "only this region", "all": "include unreachable workers"}
+    return [
+        Route(
+            "GET", "/v1/catalog/workers", workers, "Workers", response=list[WorkerRow], query=query
+        ),
+        Route(
+            "GET",
+            "/v1/catalog/machines",
+            machines,
+            "Machines, with destroyed ones for a while",
+            response=list[MachineRow],
+            query={"app": "only this app", "region": "only this region", "state": "only in it"},
+        ),
+        Route(
+            "GET",
+            "/v1/catalog/apps/{app}/regions",
+            app_regions,
+            "Regions where the app has machines (global index)",
+            response=list[str],
+        ),
+        Route(
+            "GET", "/v1/catalog/status", status, "Heads, lag, quarantine", response=dict[str, Any]
+        ),
+        Route(
+            "GET",
+            "/v1/catalog/changes",
+            changes,
+            stream_doc,
+            query={"since": "resume after this lseq", "table": "workers|machines|images"},
+            errors=(400, 410),
+        ),
+    ]
+
+
+async def _open(request: web.Request) -> web.StreamResponse:
+    response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
+    await response.prepare(request)
+    return response

@@ -1,0 +1,124 @@
+"""The worker's rows for the catalog: its worker row, its machines and its cached images, versioned
+by its operation-log sequence.
+
+The operation log is the change feed: a row's version is the seq of the last step that touched
+it, and an evicted image's deletion is the seq of its eviction step, so a replica that asks for
+"everything after N" gets deletions too.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from souk.catalog.owner import Owner
+from souk.catalog.protocol import Change
+from souk.models.catalog import ImageRow, machine_row, worker_row
+from souk.worker.engine import Engine
+from souk.worker.store import Commit
+
+
+class WorkerRows:
+    """A `RowSource` over the worker's database; `on_commit` feeds an `Owner` as commits land."""
+
+    def __init__(self, engine: Engine, address: str) -> None:
+        self.engine = engine
+        self.store = engine.store
+        self.owner = engine.settings.name
+        self.region = engine.settings.region
+        self.epoch = engine.epoch
+        self.address = address
+        self.publisher: Owner | None = None
+        self._last_worker: dict[str, Any] | None = None
+
+    def attach(self, publisher: Owner) -> None:
+        self.publisher = publisher
+        self.store.listeners.append(self.on_commit)
+
+    def detach(self) -> None:
+        if self.on_commit in self.store.listeners:
+            self.store.listeners.remove(self.on_commit)
+        self.publisher = None
+
+    def head(self) -> int:
+        return self.store.head()
+
+    def _worker(self) -> dict[str, Any]:
+        return worker_row(self.engine.capacity(), self.address, self.epoch).model_dump(
+            mode="json", exclude={"unreachable", "last_heartbeat"}
+        )
+
+    def _machine(self, machine_id: str) -> Change:
+        """The machine's row and its version, read together."""
+        row = self.store.read.execute(
+            "SELECT * FROM machines WHERE id = ?", (machine_id,)
+        ).fetchone()
+        machine = machine_row(self.engine.machine_from_row(row))
+        return Change("machines", machine_id, row["seq"], machine.model_dump(mode="json"))
+
+    def _image(self, digest: str) -> dict[str, Any] | None:
+        row = self.store.read.execute(
+            "SELECT ref, size FROM images WHERE digest = ?", (digest,)
+        ).fetchone()
+        if row is None:
+            return None
+        image = ImageRow(worker_id=self.owner, digest=digest, ref=row["ref"], size=row["size"])
+        return image.model_dump(mode="json")
+
+    def on_commit(self, commit: Commit) -> None:
+        """Runs on the event loop, in commit order: the rows this commit touched, as they are now
+        (a later commit's effects may show, with that commit's seq: versions only move on)."""
+        if self.publisher is None:
+            return
+        changes = []
+        for kind, resource in sorted(commit.touched):
+            if kind == "machine":
+                changes.append(self._machine(resource))
+            elif kind == "image":
+                changes.append(Change("images", resource, commit.last_seq, self._image(resource)))
+        worker = self._worker()
+        if worker != self._last_worker:
+            self._last_worker = worker
+            changes.append(Change("workers", self.owner, commit.last_seq, worker))
+        self.publisher.committed(commit.last_seq, changes)
+
+    def changes_since(self, since: int, limit: int) -> tuple[list[Change], int, bool]:
+        read = self.store.read
+        head = self.head()
+        # A fresh replica (since 0) needs no tombstones: destroyed machines stay home.
+        live_only = " AND state != 'destroyed'" if since == 0 else ""
+        found: list[tuple[int, str, str]] = [
+            (seq, "machines", mid)
+            for mid, seq in read.execute(
+                f"SELECT id, seq FROM machines WHERE seq > ?{live_only} ORDER BY seq LIMIT ?",
+                (since, limit + 1),
+            )
+        ]
+        found += [
+            (seq, "images", digest)
+            for digest, seq in read.execute(
+                "SELECT resource, MAX(seq) FROM oplog WHERE kind = 'image' AND seq > ?"
+                " GROUP BY resource",
+                (since,),
+            )
+        ]
+        found.sort()
+        more = len(found) > limit
+        if more:
+            found = found[:limit]
+            head = found[-1][0]
+        changes = []
+        for seq, table, key in found:
+            if table == "machines":
+                changes.append(self._machine(key))
+            else:
+                changes.append(Change(table, key, seq, self._image(key)))
+        changes.append(Change("workers", self.owner, head, self._worker()))
+        return changes, head, more
+
+    def apps(self) -> list[str]:
+        return [
+            r[0]
+            for r in self.store.read.execute(
+                "SELECT DISTINCT app FROM machines WHERE state != 'destroyed' ORDER BY app"
+            )
+        ]

@@ -1,0 +1,88 @@
+"""A real worker engine as an owner: its commits reach a replica as rows, versioned by its log."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from souk.catalog.bus import Faults, InProcessBus
+from souk.catalog.replica import Replica
+from souk.models.machine import CreateMachine, MachineConfig
+from souk.worker.daemon import make_driver, publishing, running
+from souk.worker.engine import Engine
+from tests.catalog.conftest import eventually
+from tests.worker.conftest import settings
+
+
+def machine_states(replica: Replica) -> dict[str, str]:
+    return {m.id: m.state for m in replica.machines()}
+
+
+async def test_a_workers_machines_and_capacity_replicate(tmp_path: Path) -> None:
+    bus = InProcessBus()
+    replica = Replica(bus)
+    await replica.start(bootstrap=False)
+    s = settings(tmp_path)
+    async with (
+        running(Engine(s, make_driver("sim", s))) as engine,
+        publishing(engine, bus, "http://w1.test"),
+    ):
+        config = MachineConfig.model_validate({"init": {"exec": ["sleep", "60"]}})
+        ids = [(await engine.create(CreateMachine(app="web", config=config))).id for _ in range(3)]
+        await eventually(lambda: len(replica.machines(app="web")) == 3)
+        worker = replica.worker("w1")
+        assert worker is not None and worker.address == "http://w1.test"
+        await eventually(lambda: (replica.worker("w1") or worker).machines == 3)
+        await engine.submit(ids[0], "destroy", {"force": True})
+        await eventually(lambda: machine_states(replica).get(ids[0]) == "destroyed")
+        await eventually(lambda: replica.head("w1") == engine.store.head())
+        held = {m.id: m for m in replica.machines(app="web")}
+        for mid in ids:
+            machine = engine.get(mid, events=False)
+            assert held[mid].state == machine.state
+            assert held[mid].instance_id == machine.instance_id
+        assert replica.regions_of_app("web") == ["mad"]
+    await replica.stop()
+
+
+async def test_a_replica_that_missed_everything_pulls_it(tmp_path: Path) -> None:
+    bus = InProcessBus(Faults(drop=1.0))  # nothing gets through at first
+    replica = Replica(bus)
+    await replica.start(bootstrap=False)
+    s = settings(tmp_path)
+    async with (
+        running(Engine(s, make_driver("sim", s))) as engine,
+        publishing(engine, bus, "http://w1.test") as owner,
+    ):
+        owner.heartbeat_every = 0.05
+        config = MachineConfig.model_validate({"init": {"exec": ["sleep", "60"]}})
+        for _ in range(4):
+            await engine.create(CreateMachine(app="web", config=config))
+        assert replica.machines() == []
+        bus.faults = Faults()
+        await owner.heartbeat()
+        await eventually(lambda: len(replica.machines(app="web")) == 4)
+        await eventually(lambda: replica.head("w1") == engine.store.head())
+    await replica.stop()
+
+
+async def test_a_recreated_worker_database_is_a_new_epoch(tmp_path: Path) -> None:
+    bus = InProcessBus()
+    replica = Replica(bus)
+    await replica.start(bootstrap=False)
+    config = MachineConfig.model_validate({"init": {"exec": ["sleep", "60"]}})
+    s = settings(tmp_path, data_dir=tmp_path / "a")
+    async with (
+        running(Engine(s, make_driver("sim", s))) as engine,
+        publishing(engine, bus, "http://w1.test"),
+    ):
+        old = (await engine.create(CreateMachine(app="web", config=config))).id
+        await eventually(lambda: old in machine_states(replica))
+    s = settings(tmp_path, data_dir=tmp_path / "b")  # same name, fresh database
+    async with (
+        running(Engine(s, make_driver("sim", s))) as engine,
+        publishing(engine, bus, "http://w1.test"),
+    ):
+        new = (await engine.create(CreateMachine(app="web", config=config))).id
+        await eventually(lambda: set(machine_states(replica)) == {new})
+    assert old not in machine_states(replica)
+    await replica.stop()
