@@ -16,7 +16,15 @@ from souk.cli.worker import parse_listen
 def run(
     listen: str = typer.Option("127.0.0.1:4280", help="HOST:PORT of the Machines API."),
     secret_file: Path = typer.Option(..., help="The cluster secret tokens are signed with."),
-    worker: list[str] = typer.Option([], help="A worker's API URL (repeat for each)."),
+    nats: str | None = typer.Option(
+        None, help="NATS server URL(s), comma-separated: place from a catalog replica."
+    ),
+    catalog_dir: Path | None = typer.Option(
+        None, help="Keep the catalog replica's SQLite copy here (default: in memory)."
+    ),
+    worker: list[str] = typer.Option(
+        [], help="Without --nats: a worker's API URL, polled (repeat for each)."
+    ),
     app_registry: Path | None = typer.Option(
         None, help="Host the cluster's app registry, stored in this directory (one broker)."
     ),
@@ -34,8 +42,19 @@ def run(
         secret = read_secret(secret_file)
     except (OSError, ValueError) as exc:
         raise typer.BadParameter(str(exc), param_hint="--secret-file") from exc
+    if not nats and not worker:
+        raise typer.BadParameter("give --nats (a catalog) or at least one --worker")
     opts = runtime.BrokerOptions(
-        host, port, secret, worker, app_registry, app_registry_url, deadline, policy
+        host,
+        port,
+        secret,
+        worker,
+        app_registry,
+        app_registry_url,
+        deadline,
+        policy,
+        nats=nats,
+        catalog_dir=catalog_dir,
     )
     asyncio.run(runtime.serve(opts))
 

@@ -45,13 +45,15 @@ def call(
     body: Any = None,
     params: dict[str, str] | None = None,
     raw: bool = False,
+    optional_token: bool = False,
 ) -> Any:
     url = api_url(api) + path
     if params:
         url += "?" + urllib.parse.urlencode(params)
     data = json.dumps(body).encode() if body is not None else None
     req = urllib.request.Request(url, data=data, method=method)
-    req.add_header("Authorization", f"Bearer {api_token(token)}")
+    if not optional_token or token or os.environ.get("SOUK_TOKEN") or (DEV_DIR / "token").exists():
+        req.add_header("Authorization", f"Bearer {api_token(token)}")
     if data is not None:
         req.add_header("Content-Type", "application/json")
     try:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from souk.cli import broker, machines, tokens, worker
+from souk.cli import broker, catalog, machines, tokens, worker
 from souk.cli.deploy import commands as deploy
 
 app = typer.Typer(
@@ -26,4 +26,5 @@ app.command("broker")(broker.run)
 app.command("dev")(broker.dev)
 app.add_typer(machines.machines, name="machines")
 app.add_typer(machines.apps, name="apps")
+app.add_typer(catalog.app, name="catalog")
 deploy.register(app)  # deploy, releases, rollback, scale, status, logs

@@ -1,0 +1,101 @@
+"""`souk catalog`: run a replica on its own, and look at one."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import signal
+from pathlib import Path
+from typing import Any
+
+import typer
+from aiohttp import web
+from rich.console import Console
+from rich.table import Table
+
+from souk import __version__
+from souk.catalog import http as catalog_http
+from souk.catalog.bus import NatsBus
+from souk.catalog.replica import following
+from souk.cli.client import call
+from souk.cli.worker import parse_listen
+from souk.web import add_routes, error_middleware
+
+app = typer.Typer(help="The catalog: every worker's rows, replicated.", no_args_is_help=True)
+
+
+@app.command()
+def serve(
+    nats: str = typer.Option(..., help="NATS server URL(s), comma-separated."),
+    listen: str = typer.Option("127.0.0.1:4290", help="HOST:PORT of its catalog HTTP API."),
+    data_dir: Path | None = typer.Option(None, help="Keep its SQLite copy here (else memory)."),
+    region: list[str] = typer.Option([], help="Follow only this region (repeatable)."),
+    unreachable_after: float = typer.Option(3.0, help="Seconds of silence before unreachable."),
+    log_level: str = typer.Option("info", help="debug, info, warning or error."),
+) -> None:
+    """Follow the catalog and serve it over HTTP (read-only; bind it to a private address)."""
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(message)s")
+    host, port = parse_listen(listen)
+    asyncio.run(_serve(nats, host, port, data_dir, region or None, unreachable_after))
+
+
+async def _serve(
+    nats: str,
+    host: str,
+    port: int,
+    data_dir: Path | None,
+    regions: list[str] | None,
+    unreachable_after: float,
+) -> None:
+    path: Path | str = ":memory:"
+    if data_dir is not None:
+        data_dir.mkdir(parents=True, exist_ok=True)
+        path = data_dir / "catalog.db"
+    bus = await NatsBus.connect(nats, name="souk-catalog")
+    async with contextlib.AsyncExitStack() as stack:
+        stack.push_async_callback(bus.close)
+        replica = await stack.enter_async_context(following(bus, path, regions))
+        replica.unreachable_after = unreachable_after
+        http = web.Application(middlewares=[error_middleware])
+        add_routes(http, catalog_http.routes(replica), "souk catalog", __version__)
+        runner = web.AppRunner(http, access_log=None)
+        await runner.setup()
+        stack.push_async_callback(runner.cleanup)
+        await web.TCPSite(runner, host, port).start()
+        print(f"souk catalog ready on http://{host}:{runner.addresses[0][1]}", flush=True)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        await stop.wait()
+
+
+@app.command()
+def status(
+    api: str | None = typer.Option(None, help="A catalog node: a broker or `souk catalog serve`."),
+    token: str | None = typer.Option(None, help="Bearer token (for a broker)."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
+    """Per-owner heads and lag, unreachable workers and quarantined rows."""
+    data: dict[str, Any] = call("GET", "/v1/catalog/status", api, token, optional_token=True)
+    if as_json:
+        print(json.dumps(data, indent=2))
+        return
+    table = Table(
+        "owner", "region", "head", "lag", "silent (s)", "reachable", title=f"{data['replica']}"
+    )
+    for o in data["owners"]:
+        reachable = "[red]no[/red]" if o["unreachable"] else "yes"
+        silent = "" if o["silent_for"] is None else f"{o['silent_for']:.1f}"
+        table.add_row(o["owner"], o["region"], str(o["head"]), str(o["lag"]), silent, reachable)
+    console = Console()
+    console.print(table)
+    if data["quarantined"]:
+        bad = Table("owner", "table", "key", "seq", "error", title="quarantined rows")
+        for q in data["quarantined"]:
+            bad.add_row(q["owner"], q["table"], q["key"], str(q["seq"]), q["error"][:120])
+        console.print(bad)
+    stats = ", ".join(f"{k} {v}" for k, v in sorted(data["stats"].items()))
+    console.print(f"[dim]{stats}[/dim]")
