@@ -281,7 +281,7 @@ def status(
     cur = current(meta)
     rows = sorted(
         (machine_row(m) for m in machines),
-        key=lambda r: (r["region"], r["role"] != "primary", r["id"]),
+        key=lambda r: (r["region"], r["standby_for"] or r["id"], r["role"] != "primary"),
     )
     regions: dict[str, dict[str, int]] = {}
     for row in rows:

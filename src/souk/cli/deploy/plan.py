@@ -81,8 +81,8 @@ class MachineView(BaseModel):
         return fingerprint(self.config)
 
     def health(self) -> str:
-        """`3/3 passing`, `1/2 passing`, or `-` without checks."""
-        if not self.config.checks:
+        """`3/3 passing`, `1/2 passing`; `-` without checks or when not started."""
+        if not self.config.checks or self.state != "started":
             return "-"
         passing = sum(1 for c in self.checks if c.status == "passing")
         return f"{passing}/{len(self.config.checks)} passing"

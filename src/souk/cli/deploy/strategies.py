@@ -201,6 +201,16 @@ class Leases:
                     await self._write_lock()
 
 
+def crashed_last(m: MachineView) -> bool:
+    """Whether the machine's last exit was a crash rather than a stop that was asked for."""
+    for e in sorted(m.events, key=lambda e: e.id, reverse=True):
+        if e.type == "event.exit":
+            return "restart" in e.request
+        if e.type.startswith("stop."):
+            return False
+    return False
+
+
 def _tail(text: str, lines: int = LOG_LINES) -> list[str]:
     return text.rstrip("\n").splitlines()[-lines:] if text.strip() else []
 
@@ -290,20 +300,27 @@ class Deployer:
         return Instance(region, primary, standby)
 
     async def update_primary(self, m: MachineView, gated: bool) -> MachineView:
-        """New config in place: a started machine restarts on it and, when gated, must come up
-        healthy; a stopped one (autostopped by the proxy) stays stopped."""
+        """New config in place. A machine meant to run (started, failed, or crash-looping
+        under the old release) runs the new config and, when gated, must come up healthy; one
+        stopped on purpose (autostopped by the proxy) stays stopped."""
         before = await self._view(m.id)
         mark = max((e.id for e in before.events), default=0)
+        run = before.state in ("started", "starting", "failed") or crashed_last(before)
         body = {"config": self._config("primary"), "current_version": before.instance_id}
+        nonce = self.leases.nonce(m.id)
         try:
-            data = await self.api.update(self.app, m.id, body, self.leases.nonce(m.id))
-            if before.state == "failed":
-                await self.api.action(self.app, m.id, "start", self.leases.nonce(m.id))
+            data = await self.api.update(self.app, m.id, body, nonce)
+            if run and before.state not in ("started", "starting"):
+                try:
+                    await self.api.action(self.app, m.id, "start", nonce)
+                except ApiError as exc:
+                    if exc.reason != "invalid_state":  # a restart was queued already
+                        raise
         except ApiError as exc:
             raise DeployError(f"could not update {m.id}: {exc}", machine=m.id) from None
         updated = MachineView.model_validate(data)
         self.progress.step(f"updated primary {m.id} in {m.region} ({before.state})", machine=m.id)
-        if gated and before.state in ("started", "starting", "failed"):
+        if gated and run:
             return await self.gate(updated, mark)
         return updated
 
@@ -645,7 +662,8 @@ async def deploy(
         await leases.acquire(m.id for m in sort_fleet(current).managed())
         summary = the_plan.summary()
         progress.step(
-            f"release {number} ({chosen}): {len(the_plan.updates())} to update,"
+            f"release {number} ({chosen if new_release else 'scale'}):"
+            f" {len(the_plan.updates()) if new_release else 0} to update,"
             f" {sum(the_plan.create.values())} to create,"
             f" {len(summary['remove'])} to remove",
             plan=summary,
