@@ -1,0 +1,59 @@
+"""`souk proxy`: the HTTP edge. Routes requests to an app's machines, starts stopped ones on
+demand and stops idle ones, reading the fleet from a catalog replica."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+
+import typer
+
+from souk.cli.client import api_token, api_url
+from souk.cli.worker import parse_listen
+
+
+def run(
+    listen: str = typer.Option("127.0.0.1:4300", help="HOST:PORT the proxy listens on."),
+    nats: str = typer.Option(..., help="NATS server URL(s), comma-separated: the catalog."),
+    domain: str = typer.Option(
+        "souk.local", help="Requests for <app>.<domain> go to the app (or send `souk-app: <app>`)."
+    ),
+    region: str | None = typer.Option(
+        None, help="The proxy's own region: its machines are preferred."
+    ),
+    idle_timeout: float = typer.Option(
+        60.0, min=0.1, help="Seconds without requests before an autostop machine is stopped."
+    ),
+    start_timeout: float = typer.Option(
+        10.0, min=0.1, help="Seconds a request waits for a stopped machine to start and accept."
+    ),
+    api: str | None = typer.Option(
+        None, help="The broker's URL (default: SOUK_API, .souk-dev/api, 127.0.0.1:4280)."
+    ),
+    token: str | None = typer.Option(
+        None, help="Bearer token for the broker (default: SOUK_TOKEN, .souk-dev/token)."
+    ),
+    catalog_dir: Path | None = typer.Option(
+        None, help="Keep the catalog replica's SQLite copy here (default: in memory)."
+    ),
+    log_level: str = typer.Option("info", help="debug, info, warning or error."),
+) -> None:
+    """Serve HTTP for every app: route to started machines, scale from zero, stop idle ones."""
+    from souk.proxy.server import ProxyOptions, serve
+
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(message)s")
+    host, port = parse_listen(listen)
+    opts = ProxyOptions(
+        host=host,
+        port=port,
+        api=api_url(api),
+        token=api_token(token),
+        domain=domain,
+        region=region,
+        idle_timeout=idle_timeout,
+        start_timeout=start_timeout,
+        nats=nats,
+        catalog_dir=catalog_dir,
+    )
+    asyncio.run(serve(opts))
