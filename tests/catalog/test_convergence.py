@@ -27,7 +27,7 @@ faults = st.builds(
 )
 
 
-@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(ops=st.lists(op, min_size=1, max_size=40), faults=faults, replicas=st.integers(1, 3))
 def test_replicas_converge_under_faults(
     ops: list[tuple[int, str, int]], faults: Faults, replicas: int
@@ -37,7 +37,7 @@ def test_replicas_converge_under_faults(
 
 async def _scenario(ops: list[tuple[int, str, int]], faults: Faults, n: int) -> None:
     bus = InProcessBus(faults)
-    views = [Replica(bus) for _ in range(n)]
+    views = [Replica(bus, pull_timeout=0.2) for _ in range(n)]
     for view in views:
         await view.start(bootstrap=False)
     sources = [SimRows(f"w{i}", ["mad", "ams"][i % 2]) for i in range(3)]

@@ -212,7 +212,7 @@ async def test_a_restarted_replica_keeps_its_rows_and_heads(tmp_path: Path) -> N
 
 async def test_faults_on_the_bus_still_converge() -> None:
     bus = InProcessBus(Faults(drop=0.3, duplicate=0.3, reorder=0.3, seed=7))
-    replica = Replica(bus)
+    replica = Replica(bus, pull_timeout=0.2)
     await replica.start(bootstrap=False)
     sources = [SimRows(f"w{i}", "mad") for i in range(3)]
     owners = [await start_owner(bus, s) for s in sources]

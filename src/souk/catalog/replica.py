@@ -5,7 +5,8 @@ Rules that make it converge whatever the bus does (drop, duplicate, reorder):
   and stale copies are no-ops and deletions leave a versioned tombstone;
 - an owner's `head` here only advances over contiguous history (a batch whose `prev` we have, or
   a pull reply); a gap, or a heartbeat announcing a higher head, triggers a pull;
-- a new epoch (the owner's database was recreated) replaces all of that owner's rows.
+- a newer epoch (the owner's database was recreated) replaces all of that owner's rows; an
+  older one is a late message from before, and is dropped.
 Rows are validated with the shared models before they are applied; a row that fails is
 quarantined and reported, and the rest of its batch still applies.
 """
@@ -64,7 +65,6 @@ class OwnerState:
     heard: float = 0.0  # monotonic time of its last message
     heard_wall: float | None = None
     apps: list[str] = field(default_factory=list)
-    retired: list[str] = field(default_factory=list)
     pulling: bool = False
 
 
@@ -83,10 +83,12 @@ class Replica:
         regions: list[str] | None = None,
         unreachable_after: float = UNREACHABLE_AFTER,
         name: str | None = None,
+        pull_timeout: float = PULL_TIMEOUT,
     ) -> None:
         self.bus = bus
         self.regions = set(regions) if regions else None
         self.unreachable_after = unreachable_after
+        self.pull_timeout = pull_timeout
         self.name = name or f"replica-{next(_ids)}-{time.time_ns() % 10**9}"
         self.store = ReplicaStore(path)
         self.owners: dict[str, OwnerState] = {}
@@ -106,8 +108,8 @@ class Replica:
     # --- lifecycle -------------------------------------------------------------------------
 
     def _load(self) -> None:
-        for owner, region, epoch, head, retired in self.store.owners():
-            self.owners[owner] = OwnerState(region, epoch, head, head, retired=retired)
+        for owner, region, epoch, head in self.store.owners():
+            self.owners[owner] = OwnerState(region, epoch, head, head)
         for owner, table, key, seq, row in self.store.all_rows():
             model = None if row is None else TABLES[table].model_validate(row)
             self._index(owner, table, key, Entry(owner, seq, model))
@@ -150,11 +152,11 @@ class Replica:
         st = self.owners.get(owner)
         if st is None:
             st = self.owners[owner] = OwnerState(region, epoch)
-            self.store.save_owner(owner, region, epoch, 0, [])
+            self.store.save_owner(owner, region, epoch, 0)
             return st
         if st.epoch == epoch:
             return st
-        if epoch in st.retired:
+        if epoch < st.epoch:  # epochs sort by the time the owner's database was created
             self.stats["stale_epoch"] += 1
             return None
         log.info("owner %s has a new epoch %s (was %s): replacing its rows", owner, epoch, st.epoch)
@@ -162,10 +164,10 @@ class Replica:
         for key in [k for k in self.entries if k[0] == owner]:
             self._index(owner, key[1], key[2], None)
         self.store.drop_owner(owner)
-        new = OwnerState(region, epoch, retired=[*st.retired, st.epoch][-8:])
+        new = OwnerState(region, epoch)
         new.heard, new.heard_wall, new.apps = st.heard, st.heard_wall, st.apps
         self.owners[owner] = new
-        self.store.save_owner(owner, region, epoch, 0, new.retired)
+        self.store.save_owner(owner, region, epoch, 0)
         return new
 
     def _heard(self, st: OwnerState, head: int) -> None:
@@ -280,7 +282,7 @@ class Replica:
     def _advance(self, owner: str, st: OwnerState, head: int) -> None:
         if head > st.head:
             st.head = head
-            self.store.save_owner(owner, st.region, st.epoch, head, st.retired)
+            self.store.save_owner(owner, st.region, st.epoch, head)
 
     async def _on_beat(self, msg: Message) -> None:
         try:
@@ -310,7 +312,7 @@ class Replica:
                 self.stats["pulls"] += 1
                 request = encode(PullRequest(since=st.head))
                 try:
-                    data = await self.bus.request(pull_subject(owner), request, PULL_TIMEOUT)
+                    data = await self.bus.request(pull_subject(owner), request, self.pull_timeout)
                     reply = decode_pull_reply(data)
                 except (TimeoutError, ProtocolError) as exc:
                     self.stats["pull_failures"] += 1

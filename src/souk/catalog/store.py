@@ -26,8 +26,7 @@ CREATE TABLE IF NOT EXISTS owners (
     owner TEXT PRIMARY KEY,
     region TEXT NOT NULL,
     epoch TEXT NOT NULL,
-    head INTEGER NOT NULL,
-    retired TEXT NOT NULL DEFAULT '[]'
+    head INTEGER NOT NULL
 );
 CREATE TABLE IF NOT EXISTS quarantine (
     owner TEXT NOT NULL,
@@ -86,12 +85,9 @@ class ReplicaStore:
     def drop_owner(self, owner: str) -> None:
         self.conn.execute("DELETE FROM rows WHERE owner = ?", (owner,))
 
-    def save_owner(
-        self, owner: str, region: str, epoch: str, head: int, retired: list[str]
-    ) -> None:
+    def save_owner(self, owner: str, region: str, epoch: str, head: int) -> None:
         self.conn.execute(
-            "INSERT OR REPLACE INTO owners VALUES (?, ?, ?, ?, ?)",
-            (owner, region, epoch, head, json.dumps(retired)),
+            "INSERT OR REPLACE INTO owners VALUES (?, ?, ?, ?)", (owner, region, epoch, head)
         )
 
     def quarantine(self, owner: str, table: str, key: str, seq: int, row: Any, error: str) -> bool:
@@ -114,9 +110,8 @@ class ReplicaStore:
         ):
             yield owner, table, key, seq, None if text is None else json.loads(text)
 
-    def owners(self) -> Iterator[tuple[str, str, str, int, list[str]]]:
-        for owner, region, epoch, head, retired in self.conn.execute("SELECT * FROM owners"):
-            yield owner, region, epoch, head, json.loads(retired)
+    def owners(self) -> Iterator[tuple[str, str, str, int]]:
+        yield from self.conn.execute("SELECT owner, region, epoch, head FROM owners")
 
     def changes_after(
         self, lseq: int, limit: int = 1000

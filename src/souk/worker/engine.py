@@ -81,7 +81,8 @@ class Engine:
         read = self.store.read
         epoch = self.store.meta("epoch")
         if epoch is None:
-            epoch = secrets.token_hex(8)
+            # Ordered by creation time, so a replica can tell a newer database from an older one.
+            epoch = f"{time.time_ns():016x}-{secrets.token_hex(4)}"
             with self.store.read as conn:  # one-time initialisation, before any writer runs
                 conn.execute("INSERT OR IGNORE INTO meta VALUES ('epoch', ?)", (epoch,))
                 conn.execute("INSERT OR IGNORE INTO meta VALUES ('name', ?)", (self.settings.name,))

@@ -1,0 +1,137 @@
+"""The catalog across processes over a real nats-server: five workers, two replicas."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from typing import Any
+
+from souk.catalog.bus import NatsBus
+from souk.catalog.protocol import Batch, Change, changes_subject, encode
+from tests.catalog_integration.conftest import Cluster, ReplicaProcess, eventually
+
+SLEEPER = {"init": {"exec": ["sleep", "600"]}, "restart": {"policy": "no"}}
+
+
+def owners_truth(cluster: Cluster) -> dict[str, tuple[str, str]]:
+    """Every machine as its worker holds it: id -> (state, instance id)."""
+    truth = {}
+    for w in cluster.workers:
+        for m in w.ok("GET", "/v1/machines?include_deleted=true"):
+            truth[m["id"]] = (m["state"], m["instance_id"])
+    return truth
+
+
+def replica_view(replica: ReplicaProcess) -> dict[str, tuple[str, str]]:
+    return {m["id"]: (m["state"], m["instance_id"]) for m in replica.get("/v1/catalog/machines")}
+
+
+def converged(cluster: Cluster, replica: ReplicaProcess) -> bool:
+    return replica_view(replica) == owners_truth(cluster)
+
+
+def reachable(replica: ReplicaProcess) -> dict[str, bool]:
+    return {w["id"]: not w["unreachable"] for w in replica.get("/v1/catalog/workers?all=true")}
+
+
+def test_every_replica_converges_to_the_owners_rows(cluster: Cluster) -> None:
+    ids = []
+    for w in cluster.workers:
+        for _ in range(3):
+            ids.append((w, w.create(SLEEPER)["id"]))
+    for w, mid in ids[::4]:
+        w.ok("POST", f"/v1/machines/{mid}/stop")
+    for w, mid in ids[1::5]:
+        w.ok("DELETE", f"/v1/machines/{mid}?force=true")
+    for replica in cluster.replicas:
+        eventually(lambda r=replica: converged(cluster, r), what="replica converged")  # type: ignore[misc]
+        workers = replica.get("/v1/catalog/workers?region=ams")
+        assert sorted(w["id"] for w in workers) == ["w1", "w3"]
+        assert replica.get("/v1/catalog/apps/demo/regions") == ["ams", "mad"]
+    status = cluster.replicas[0].get("/v1/catalog/status")
+    assert {o["owner"] for o in status["owners"]} == {w.name for w in cluster.workers}
+    assert status["quarantined"] == []
+
+
+def test_a_killed_worker_is_unreachable_and_its_return_clears_it(cluster: Cluster) -> None:
+    victim = cluster.workers[2]
+    kept = victim.create(SLEEPER)["id"]
+    replica = cluster.replicas[0]
+    eventually(lambda: kept in replica_view(replica), what="machine replicated")
+    victim.kill9()
+    eventually(lambda: not reachable(replica)[victim.name], timeout=10, what="unreachable")
+    assert all(up for name, up in reachable(replica).items() if name != victim.name)
+    assert kept in replica_view(replica)  # its rows are kept, flagged through its worker
+    placeable = [w["id"] for w in replica.get("/v1/catalog/workers")]
+    assert victim.name not in placeable
+    victim.start()
+    eventually(lambda: reachable(replica)[victim.name], timeout=10, what="reachable again")
+    eventually(lambda: converged(cluster, replica), what="converged after return")
+
+
+def test_replicas_serve_stale_rows_while_nats_is_down_then_repair(cluster: Cluster) -> None:
+    for w in cluster.workers:
+        w.create(SLEEPER)
+    for replica in cluster.replicas:
+        eventually(lambda r=replica: converged(cluster, r), what="converged before")  # type: ignore[misc]
+    before = replica_view(cluster.replicas[0])
+    cluster.nats.stop()
+    made = [w.create(SLEEPER)["id"] for w in cluster.workers]  # changes nobody can hear now
+    assert replica_view(cluster.replicas[0]) == before  # stale, but still answering
+    cluster.nats.start()
+    for replica in cluster.replicas:
+        eventually(lambda r=replica: converged(cluster, r), timeout=20, what="repaired")  # type: ignore[misc]
+        assert set(made) <= set(replica_view(replica))
+
+
+def test_a_new_replica_bootstraps_while_workers_keep_changing(cluster: Cluster) -> None:
+    stop = threading.Event()
+
+    def churn() -> None:
+        while not stop.is_set():
+            for w in cluster.workers:
+                mid = w.create(SLEEPER)["id"]
+                w.ok("DELETE", f"/v1/machines/{mid}?force=true")
+
+    for w in cluster.workers:
+        w.create(SLEEPER)
+    eventually(lambda: converged(cluster, cluster.replicas[0]), what="first replica")
+    worker_threads = [threading.Thread(target=churn)]
+    for t in worker_threads:
+        t.start()
+    try:
+        fresh = cluster.add_replica()
+    finally:
+        stop.set()
+        for t in worker_threads:
+            t.join()
+    eventually(lambda: converged(cluster, fresh), what="fresh replica converged")
+    assert fresh.get("/v1/catalog/status")["stats"].get("snapshots_loaded") == 1
+
+
+def test_a_malformed_row_is_quarantined_not_applied(cluster: Cluster) -> None:
+    good = cluster.workers[0].create(SLEEPER)
+    replica = cluster.replicas[0]
+    eventually(lambda: good["id"] in replica_view(replica), what="good row")
+    epoch = replica.get("/v1/catalog/workers?region=mad")[0]["epoch"]
+    owner = replica.get("/v1/catalog/workers?region=mad")[0]["id"]
+    bad_row: dict[str, Any] = {"id": "m-bad", "app": "demo", "state": "on-fire"}
+    batch = Batch(owner, "mad", epoch, 0, 1, [Change("machines", "m-bad", 1, bad_row)])
+    asyncio.run(_publish(cluster.nats.url, changes_subject("mad"), encode(batch)))
+
+    def quarantined() -> list[dict[str, Any]]:
+        return list(replica.get("/v1/catalog/status")["quarantined"])
+
+    eventually(lambda: bool(quarantined()), what="quarantined")
+    assert quarantined()[0]["key"] == "m-bad"
+    assert "m-bad" not in replica_view(replica)
+    eventually(lambda: converged(cluster, replica), what="the worker's own rows are intact")
+    assert json.dumps(quarantined()[0]["error"])
+
+
+async def _publish(url: str, subject: str, data: bytes) -> None:
+    bus = await NatsBus.connect(url)
+    await bus.publish(subject, data)
+    await bus.nc.flush()
+    await bus.close()
