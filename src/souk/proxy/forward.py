@@ -1,0 +1,329 @@
+"""Forwarding one request: choose a machine (or start one), stream both ways, fail over.
+
+Bodies are streamed in both directions, never buffered whole: the request body is pulled from
+the client as the backend reads it, the response is written to the client as it arrives
+(chunked responses stay chunked, lengths are kept). Compressed bodies pass through untouched.
+
+Failover: a backend that refuses the connection (or times out connecting) has received nothing,
+so the request goes to another machine whatever its method; a backend that fails after the
+request began to be sent gets it again only for idempotent methods (GET, HEAD, OPTIONS, PUT,
+DELETE, TRACE), and only if the request body was small enough to be held for a replay (64 KiB).
+A machine that refused a connection is out of rotation for a moment and its standby is started,
+unless it was started only moments ago (an app still binding its port is not lost: the request
+waits for its port instead, if nothing else can take it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+from datetime import datetime
+
+import aiohttp
+from aiohttp import web
+from multidict import CIMultiDict
+
+from souk.proxy.broker import BrokerClient, BrokerError
+from souk.proxy.routing import APP_HEADER, FAILED_FOR, Backend, Choice, Loads, Marks, Router
+from souk.proxy.wake import Waker, port_open
+from souk.web.errors import json_error
+
+log = logging.getLogger("souk.proxy.forward")
+
+HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+        "expect",  # answered here (100-continue) as the body is pulled
+    }
+)
+IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE", "TRACE"})
+REPLAY_LIMIT = 64 * 1024
+MAX_ATTEMPTS = 4
+APP_CACHE_FOR = 5.0  # seconds an answer about an app's existence is reused
+CONNECT_TIMEOUT = 3.0
+READ_TIMEOUT = 300.0  # seconds of silence from a backend before the request fails
+
+MACHINE_HEADER = "souk-machine"
+REGION_HEADER = "souk-region"
+
+
+class RequestBody:
+    """The client's body, pulled as a backend reads it; the first 64 KiB are held so that a
+    request can be sent again after a failed attempt."""
+
+    def __init__(self, request: web.Request, keep: int = REPLAY_LIMIT) -> None:
+        self.request = request
+        self.present = request.body_exists
+        self.keep = keep
+        self.held: list[bytes] = []
+        self.size = 0
+        self.pulled = False
+        self.complete = False
+        self.overflow = False
+
+    def replayable(self) -> bool:
+        return not self.present or not self.pulled or not self.overflow
+
+    def stream(self) -> AsyncIterator[bytes] | None:
+        return self._chunks() if self.present else None
+
+    async def _chunks(self) -> AsyncIterator[bytes]:
+        for chunk in list(self.held):
+            yield chunk
+        while not self.complete:
+            chunk = await self.request.content.readany()
+            if not chunk:
+                self.complete = True
+                return
+            self.pulled = True
+            if not self.overflow:
+                self.size += len(chunk)
+                if self.size > self.keep:
+                    self.overflow = True
+                    self.held.clear()
+                else:
+                    self.held.append(chunk)
+            yield chunk
+
+
+def upstream_headers(request: web.Request) -> CIMultiDict[str]:
+    named = {
+        token.strip().lower()
+        for value in request.headers.getall("Connection", [])
+        for token in value.split(",")
+    }
+    headers: CIMultiDict[str] = CIMultiDict()
+    for key, value in request.headers.items():
+        lower = key.lower()
+        if lower in HOP_BY_HOP or lower in named or lower.startswith("x-forwarded-"):
+            continue
+        headers.add(key, value)
+    peer = request.remote or ""
+    before = ", ".join(request.headers.getall("X-Forwarded-For", []))
+    headers["X-Forwarded-For"] = f"{before}, {peer}" if before else peer
+    headers["X-Forwarded-Host"] = request.headers.get("X-Forwarded-Host", request.host)
+    headers["X-Forwarded-Proto"] = request.headers.get("X-Forwarded-Proto", request.scheme)
+    return headers
+
+
+def downstream_headers(upstream: aiohttp.ClientResponse) -> CIMultiDict[str]:
+    named = {
+        token.strip().lower()
+        for value in upstream.headers.getall("Connection", [])
+        for token in value.split(",")
+    }
+    headers: CIMultiDict[str] = CIMultiDict()
+    for key, value in upstream.headers.items():
+        lower = key.lower()
+        if lower in HOP_BY_HOP or lower in named:
+            continue
+        headers.add(key, value)
+    return headers
+
+
+def started_recently(updated_at: str, within: float) -> bool:
+    try:
+        when = datetime.fromisoformat(updated_at).timestamp()
+    except ValueError:
+        return False
+    return time.time() - when < within
+
+
+def make_session() -> aiohttp.ClientSession:
+    """Pooled keep-alive connections to backends; nothing decoded, no cookies kept."""
+    return aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=4.0),
+        cookie_jar=aiohttp.DummyCookieJar(),
+        auto_decompress=False,
+        timeout=aiohttp.ClientTimeout(
+            total=None, sock_connect=CONNECT_TIMEOUT, sock_read=READ_TIMEOUT
+        ),
+    )
+
+
+class Forwarder:
+    def __init__(
+        self,
+        router: Router,
+        waker: Waker,
+        loads: Loads,
+        marks: Marks,
+        broker: BrokerClient,
+        session: aiohttp.ClientSession,
+        domain: str,
+        start_timeout: float,
+    ) -> None:
+        self.router = router
+        self.waker = waker
+        self.loads = loads
+        self.marks = marks
+        self.broker = broker
+        self.session = session
+        self.domain = domain
+        self.start_timeout = start_timeout
+        self._apps: dict[str, tuple[bool, float]] = {}
+        self.stats: dict[str, int] = {
+            "requests": 0,
+            "retries": 0,
+            "connect_failures": 0,
+            "no_machines": 0,
+            "app_not_found": 0,
+            "at_capacity": 0,
+            "bad_gateway": 0,
+        }
+
+    async def handle(self, request: web.Request, app: str) -> web.StreamResponse:
+        self.stats["requests"] += 1
+        body = RequestBody(request)
+        deadline = time.monotonic() + self.start_timeout
+        exclude: set[str] = set()
+        fresh: list[Backend] = []  # refused, but started moments ago: maybe still binding
+        idempotent = request.method in IDEMPOTENT
+        for attempt in range(MAX_ATTEMPTS):
+            if attempt:
+                self.stats["retries"] += 1
+            backend = await self._backend(app, frozenset(exclude), deadline)
+            if isinstance(backend, web.Response):
+                if fresh and (late := await self._late(fresh[0], deadline)) is not None:
+                    backend = late
+                else:
+                    return backend
+            outcome = await self._forward(request, body, backend, app)
+            if isinstance(outcome, web.StreamResponse):
+                return outcome
+            exclude.add(backend.id)
+            refused = outcome == "connect"
+            if refused:
+                self.stats["connect_failures"] += 1
+                if started_recently(backend.row.updated_at, self.start_timeout):
+                    fresh.append(backend)
+                else:
+                    self.marks.set("failed", backend.id, FAILED_FOR)
+                    self.waker.lost(backend.row)
+            if not body.replayable() or not (refused or idempotent):
+                break
+        self.stats["bad_gateway"] += 1
+        return json_error(502, "bad_gateway", f"no machine of {app} answered the request")
+
+    async def _late(self, backend: Backend, deadline: float) -> Backend | None:
+        """Waits for a just-started machine's port; counts the request against it."""
+        if not await port_open(backend.host, backend.port, deadline):
+            return None
+        self.loads.acquire(backend.id)
+        return backend
+
+    async def _backend(
+        self, app: str, exclude: frozenset[str], deadline: float
+    ) -> Backend | web.Response:
+        """A backend with the request counted against it, or the error answer."""
+        while True:
+            choice = self.router.choose(app, exclude)
+            self._report_lost(choice)
+            if choice.backend is not None:
+                if choice.over_soft:
+                    self.waker.wake_soon(app)
+                return choice.backend
+            if choice.serving == 0 and not await self._app_exists(app):
+                self.stats["app_not_found"] += 1
+                return json_error(404, "app_not_found", f"no app named {app!r}")
+            woken = await self.waker.wake(app)
+            if woken is not None and woken.id not in exclude:
+                self.loads.acquire(woken.id)
+                return woken
+            if choice.serving == 0 or time.monotonic() >= deadline:
+                break
+            try:  # everything is at its hard limit: wait for a request to end
+                await asyncio.wait_for(
+                    self.loads.freed(app).wait(), max(0.0, deadline - time.monotonic())
+                )
+            except TimeoutError:
+                break
+        if choice.serving:
+            self.stats["at_capacity"] += 1
+            return json_error(503, "at_capacity", f"every machine of {app} is at its hard limit")
+        self.stats["no_machines"] += 1
+        return json_error(503, "no_machines", f"{app} has no machine that can take requests")
+
+    def _report_lost(self, choice: Choice) -> None:
+        for row in choice.lost:
+            self.waker.lost(row)
+
+    async def _app_exists(self, app: str) -> bool:
+        if self.router.known(app):
+            return True
+        cached = self._apps.get(app)
+        now = time.monotonic()
+        if cached is not None and now - cached[1] < APP_CACHE_FOR:
+            return cached[0]
+        try:
+            exists = await self.broker.app_exists(app)
+        except BrokerError as exc:
+            log.warning("could not ask the broker about %s: %s", app, exc)
+            exists = True  # unsure: say "no machines" rather than "no such app"
+        if len(self._apps) > 10_000:
+            self._apps.clear()
+        self._apps[app] = (exists, now)
+        return exists
+
+    async def _forward(
+        self, request: web.Request, body: RequestBody, backend: Backend, app: str
+    ) -> web.StreamResponse | str:
+        """The response, or why the attempt failed: "connect" (nothing was sent) or "sent"."""
+        try:
+            try:
+                upstream = await self.session.request(
+                    request.method,
+                    backend.url + request.rel_url.raw_path_qs,
+                    headers=upstream_headers(request),
+                    data=body.stream(),
+                    allow_redirects=False,
+                    skip_auto_headers=("User-Agent", "Accept-Encoding", "Content-Type"),
+                )
+            except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
+                log.info("%s of %s refused a connection: %s", backend.id, app, exc)
+                return "connect"
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                log.info("%s of %s failed the request: %s", backend.id, app, exc)
+                return "sent"
+            try:
+                return await self._relay(request, upstream, backend)
+            finally:
+                upstream.release()
+        finally:
+            self.loads.release(backend.id, app)
+
+    async def _relay(
+        self, request: web.Request, upstream: aiohttp.ClientResponse, backend: Backend
+    ) -> web.StreamResponse:
+        response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
+        response.headers.extend(downstream_headers(upstream))
+        response.headers[MACHINE_HEADER] = backend.id
+        response.headers[REGION_HEADER] = backend.row.region
+        await response.prepare(request)
+        if request.method == "HEAD" or upstream.status in (204, 304) or upstream.status < 200:
+            await response.write_eof()
+            return response
+        try:
+            async for chunk in upstream.content.iter_any():
+                await response.write(chunk)
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            log.info("%s broke off its response: %s", backend.id, exc)
+            if request.transport is not None:
+                request.transport.close()  # the client must see the response is incomplete
+            return response
+        await response.write_eof()
+        return response
+
+
+def app_header(request: web.Request) -> str | None:
+    return request.headers.get(APP_HEADER)

@@ -1,0 +1,169 @@
+"""Assembling the proxy: its parts, its HTTP server, and where its catalog comes from.
+
+The proxy holds no state of record. What it knows of the fleet comes from a catalog replica
+(`CatalogView`), what it changes goes through the broker's public API; requests in flight,
+recent starts and stops and the service settings it read are all it keeps, in memory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from souk.catalog.bus import NatsBus
+from souk.catalog.replica import following
+from souk.catalog.view import CatalogView
+from souk.proxy.broker import BrokerClient
+from souk.proxy.forward import Forwarder, app_header, make_session
+from souk.proxy.idle import Autostop, stop_task
+from souk.proxy.policy import Policies
+from souk.proxy.routing import Loads, Marks, Router, app_of
+from souk.proxy.wake import Waker
+from souk.web.errors import json_error
+
+log = logging.getLogger("souk.proxy")
+
+HEALTH_PATH = "/.souk/health"
+STATUS_PATH = "/.souk/status"
+
+
+@dataclass(frozen=True)
+class ProxyOptions:
+    host: str = "127.0.0.1"
+    port: int = 4300
+    api: str = "http://127.0.0.1:4280"
+    token: str = ""
+    domain: str = "souk.local"
+    region: str | None = None
+    idle_timeout: float = 60.0
+    start_timeout: float = 10.0
+    autostop: bool = True
+    nats: str | None = None
+    catalog_dir: Path | None = None
+
+
+class Proxy:
+    """Every part of one proxy, wired together over one catalog view and one broker."""
+
+    def __init__(self, view: CatalogView, opts: ProxyOptions) -> None:
+        self.view = view
+        self.opts = opts
+        self.broker = BrokerClient(opts.api, opts.token)
+        self.policies = Policies(self.broker)
+        self.loads = Loads()
+        self.marks = Marks()
+        self.router = Router(view, self.policies, self.loads, self.marks, opts.region)
+        self.waker = Waker(
+            view,
+            self.broker,
+            self.policies,
+            self.router,
+            self.loads,
+            self.marks,
+            opts.start_timeout,
+        )
+        self.autostop = Autostop(
+            view,
+            self.broker,
+            self.policies,
+            self.router,
+            self.loads,
+            self.marks,
+            opts.idle_timeout,
+        )
+        self.session = make_session()
+        self.forwarder = Forwarder(
+            self.router,
+            self.waker,
+            self.loads,
+            self.marks,
+            self.broker,
+            self.session,
+            opts.domain,
+            opts.start_timeout,
+        )
+        self._idle_task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        if self.opts.autostop:
+            self._idle_task = asyncio.create_task(self.autostop.run())
+
+    async def close(self) -> None:
+        await stop_task(self._idle_task)
+        await self.waker.close()
+        await self.policies.close()
+        await self.session.close()
+        await self.broker.close()
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        app = app_of(request.host, app_header(request), self.opts.domain)
+        if app is None:
+            if request.path == HEALTH_PATH:
+                return web.json_response({"ok": True})
+            if request.path == STATUS_PATH:
+                return web.json_response(self.status())
+            return json_error(
+                404,
+                "app_not_found",
+                f"name an app: a Host of <app>.{self.opts.domain}, or a souk-app header",
+            )
+        return await self.forwarder.handle(request, app)
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "region": self.opts.region,
+            "domain": self.opts.domain,
+            "inflight": dict(self.loads.inflight),
+            "starts": self.waker.starts,
+            "stopped": len(self.autostop.stopped),
+            **self.forwarder.stats,
+        }
+
+
+def make_app(proxy: Proxy) -> web.Application:
+    app = web.Application(handler_args={"max_field_size": 32 * 1024})
+    app.router.add_route("*", "/{tail:.*}", proxy.handle)
+    return app
+
+
+@contextlib.asynccontextmanager
+async def proxy_site(view: CatalogView, opts: ProxyOptions) -> AsyncIterator[tuple[Proxy, str]]:
+    """A running proxy over this view; yields it and its base URL."""
+    proxy = Proxy(view, opts)
+    async with contextlib.AsyncExitStack() as stack:
+        stack.push_async_callback(proxy.close)
+        await proxy.start()
+        runner = web.AppRunner(make_app(proxy), access_log=None)
+        await runner.setup()
+        stack.push_async_callback(runner.cleanup)
+        await web.TCPSite(runner, opts.host, opts.port, backlog=1024).start()
+        yield proxy, f"http://{opts.host}:{runner.addresses[0][1]}"
+
+
+async def serve(opts: ProxyOptions) -> None:
+    """`souk proxy`: a replica following NATS, and the proxy over it, until a signal."""
+    if not opts.nats:
+        raise ValueError("souk proxy needs a catalog: --nats")
+    bus = await NatsBus.connect(opts.nats, name="souk-proxy")
+    async with contextlib.AsyncExitStack() as stack:
+        stack.push_async_callback(bus.close)
+        path: Path | str = ":memory:"
+        if opts.catalog_dir is not None:
+            opts.catalog_dir.mkdir(parents=True, exist_ok=True)
+            path = opts.catalog_dir / "catalog.db"
+        replica = await stack.enter_async_context(following(bus, path))
+        _, url = await stack.enter_async_context(proxy_site(replica, opts))
+        print(f"souk proxy ready on {url} (apps at <app>.{opts.domain})", flush=True)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        await stop.wait()
