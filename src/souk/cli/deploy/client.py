@@ -176,13 +176,29 @@ class Api:
     async def action(self, app: str, mid: str, verb: str, nonce: str | None) -> Any:
         return await self.call("POST", self._m(app, mid, verb), {}, nonce=nonce)
 
-    async def destroy(self, app: str, mid: str, nonce: str | None, force: bool = True) -> None:
+    async def destroy(
+        self, app: str, mid: str, nonce: str | None, force: bool = True, wait: float = 30
+    ) -> None:
+        """Destroy, and (with `wait`) return once it is destroyed: its process is gone."""
         params = {"force": "true"} if force else None
         try:
             await self.call("DELETE", self._m(app, mid), params=params, nonce=nonce)
+            if wait:
+                await self.wait(app, mid, "destroyed", wait)
         except ApiError as exc:
             if exc.http_status != 404:
                 raise
+
+    async def wait(self, app: str, mid: str, state: str, timeout: float) -> bool:
+        """Whether the machine reached `state` within `timeout` seconds (at most 60)."""
+        params = {"state": state, "timeout": f"{min(timeout, 60):g}"}
+        try:
+            await self.call("GET", self._m(app, mid, "wait"), params=params)
+        except ApiError as exc:
+            if exc.http_status == 408:
+                return False
+            raise
+        return True
 
     async def patch_metadata(
         self, app: str, mid: str, changes: dict[str, str | None], nonce: str | None

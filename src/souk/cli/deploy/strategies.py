@@ -17,6 +17,7 @@ import secrets
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
+from datetime import datetime
 from types import TracebackType
 from typing import Any
 
@@ -211,6 +212,14 @@ def crashed_last(m: MachineView) -> bool:
     return False
 
 
+def _millis(iso: str) -> int:
+    """An ISO time as the worker writes it, in milliseconds since the epoch (0 if unreadable)."""
+    try:
+        return int(datetime.fromisoformat(iso).timestamp() * 1000)
+    except ValueError:
+        return 0
+
+
 def _tail(text: str, lines: int = LOG_LINES) -> list[str]:
     return text.rstrip("\n").splitlines()[-lines:] if text.strip() else []
 
@@ -367,15 +376,25 @@ class Deployer:
             for e in sorted(current.events, key=lambda e: e.id):
                 if e.id <= mark:
                     continue
-                crashed = e.type == "event.exit" and "restart" in e.request
-                if crashed or e.status == "failed":
+                if e.type == "event.exit" and "restart" in e.request:  # not a stop we asked for
                     raise await self._failure(current, e.request.get("exit_code"), e.request)
+                if e.type.endswith(".error"):  # the worker could not run it (e.g. spawn)
+                    raise await self._failure(current, None, e.request)
             if current.state in ("destroying", "destroyed"):
                 raise DeployError(f"machine {m.id} was destroyed during the deploy")
-            up = current.state == "started" and current.instance_id == m.instance_id
+            # started on the new instance, by a process spawned after `mark`: an update answers
+            # with the new instance id while the old process still runs until its restart
+            spawns = [
+                e.timestamp for e in current.events if e.id > mark and e.type == "start.spawn"
+            ]
+            up = current.state == "started" and current.instance_id == m.instance_id and spawns
             if up:
                 started_at = now if started_at is None else started_at
-                passing = {c.name for c in current.checks if c.status == "passing"}
+                passing = {
+                    c.name
+                    for c in current.checks
+                    if c.status == "passing" and _millis(c.updated_at) >= max(spawns)
+                }
                 if names and names <= passing:
                     self.progress.step(
                         f"{m.id} in {m.region} is healthy ({len(names)} checks passing)",
@@ -401,7 +420,7 @@ class Deployer:
             await asyncio.sleep(POLL)
 
     async def _failure(self, m: MachineView, exit_code: Any, data: dict[str, Any]) -> MachineFailed:
-        code = exit_code if isinstance(exit_code, int) else m.exit_code
+        code = exit_code if isinstance(exit_code, int) else None
         stdout, stderr = await asyncio.gather(
             self.api.logs(self.app, m.id, "stdout"),
             self.api.logs(self.app, m.id, "stderr"),
