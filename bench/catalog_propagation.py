@@ -1,0 +1,656 @@
+"""Catalog propagation: how long from an owner's commit until a replica in another process has
+applied it, over a real `nats-server`, with 100 and 1,000 owners; next to a bare NATS
+publish→receive between two nats-py connections, with the same message size, in the same run.
+
+Owners are `SimRows` + `Owner` (heartbeat every second, as in production), all in this process
+on one NATS connection, started over one second so that their heartbeats are spread as a real
+fleet's would be; they are spread over a few regions. Each replica is `souk.catalog.replica`
+following every region, with its SQLite copy in a file, in its own process (this script again)
+on its own connection. A change is one machine row updated on a random owner: its `updated_at`
+carries the wall-clock time of the commit, and the replica notes when its subscription yields
+the row (same host, same clock), so the latency is commit → visible to a reader of the replica.
+
+Per run it reports p50/p99/max latency at a steady total change rate, messages and bytes per
+change (counted at the owners, and at the server from its /varz), the heartbeat load, and the
+CPU of the replica, the owners' process and nats-server. Heartbeats keep flowing throughout.
+
+Usage: .venv/bin/python bench/catalog_propagation.py [--owners 100,1000] [--rates 500,2000]
+       [--seconds 20] [--quick] [--json] [--profile-replica FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import cProfile
+import json
+import os
+import platform
+import pstats
+import random
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from souk.catalog.bus import NatsBus
+from souk.catalog.owner import Owner
+from souk.catalog.protocol import PREFIX, Batch, encode
+from souk.catalog.replica import following
+from souk.catalog.sim import SimRows
+
+REGIONS = ["mad", "ams", "ord", "nrt"]
+MACHINES_PER_OWNER = 4
+APPS = 20
+GOAL_P99_MS = 100.0
+FLOOR_SAMPLES = 2000
+
+
+def pct(xs: Sequence[float], q: int) -> float:
+    """The q-th percentile in ms."""
+    if len(xs) < 2:
+        return xs[0] * 1000 if xs else 0.0
+    return statistics.quantiles(xs, n=100, method="inclusive")[q - 1] * 1000
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+# --- nats-server -----------------------------------------------------------------------------
+
+
+@dataclass
+class Server:
+    url: str
+    monitor: str
+    version: str
+
+
+@contextlib.asynccontextmanager
+async def nats_server(workdir: Path) -> AsyncIterator[Server]:
+    binary = shutil.which("nats-server")
+    if binary is None:
+        raise SystemExit("nats-server is not installed (Debian: apt-get install nats-server)")
+    port, mport = free_port(), free_port()
+    argv = [binary, "-a", "127.0.0.1", "-p", str(port), "-m", str(mport)]
+    with open(workdir / "nats-server.log", "wb") as log:
+        proc = await asyncio.create_subprocess_exec(
+            *argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log
+        )
+    monitor = f"http://127.0.0.1:{mport}"
+    try:
+        version = "?"
+        async with aiohttp.ClientSession() as session:
+            for _ in range(500):
+                if proc.returncode is not None:
+                    raise SystemExit(f"nats-server exited: see {workdir / 'nats-server.log'}")
+                with contextlib.suppress(aiohttp.ClientError):
+                    async with session.get(monitor + "/varz") as resp:
+                        version = str((await resp.json())["version"])
+                        break
+                await asyncio.sleep(0.02)
+        yield Server(f"nats://127.0.0.1:{port}", monitor, version)
+    finally:
+        if proc.returncode is None:
+            proc.terminate()
+            try:
+                await asyncio.wait_for(proc.wait(), 5)
+            except TimeoutError:
+                proc.kill()
+                await proc.wait()
+
+
+async def varz(session: aiohttp.ClientSession, server: Server) -> dict[str, Any]:
+    async with session.get(server.monitor + "/varz") as resp:
+        data: dict[str, Any] = await resp.json()
+        return data
+
+
+# --- the owners' side ------------------------------------------------------------------------
+
+
+class CountingBus(NatsBus):
+    """The owners' NatsBus, counting what they publish: batches and heartbeats apart."""
+
+    def __init__(self, inner: NatsBus) -> None:
+        super().__init__(inner.nc)
+        self.counts: dict[str, list[int]] = {"ch": [0, 0], "hb": [0, 0], "other": [0, 0]}
+
+    async def publish(self, subject: str, data: bytes, reply: str | None = None) -> None:
+        kind = subject.split(".")[2] if subject.startswith(PREFIX + ".") else "other"
+        held = self.counts.get(kind, self.counts["other"])
+        held[0] += 1
+        held[1] += len(data)
+        await super().publish(subject, data, reply)
+
+    def snapshot(self) -> dict[str, tuple[int, int]]:
+        return {k: (v[0], v[1]) for k, v in self.counts.items()}
+
+
+@dataclass
+class Fleet:
+    bus: CountingBus
+    sources: list[SimRows]
+    owners: list[Owner]
+    rng: random.Random = field(default_factory=lambda: random.Random(7))
+
+    def change(self) -> None:
+        """One committed change: a machine row of a random owner, started or stopped."""
+        src = self.rng.choice(self.sources)
+        slot = self.rng.randrange(MACHINES_PER_OWNER)
+        state = self.rng.choice(("started", "stopped"))
+        src.machine(app_of(src, slot), state=state, key=f"{src.owner}-m{slot}")
+
+
+def app_of(src: SimRows, slot: int) -> str:
+    return f"app{(int(src.owner[1:]) + slot) % APPS}"
+
+
+@contextlib.asynccontextmanager
+async def fleet(url: str, count: int, advance: Callable[[], None]) -> AsyncIterator[Fleet]:
+    """`count` owners on one connection, started over one second (their heartbeats spread as a
+    real fleet's), each with MACHINES_PER_OWNER machines."""
+    bus = CountingBus(await NatsBus.connect(url, name="bench-owners"))
+    sources = [SimRows(f"w{i:04d}", REGIONS[i % len(REGIONS)]) for i in range(count)]
+    owners: list[Owner] = []
+    began = time.perf_counter()
+    try:
+        for i, src in enumerate(sources):
+            owner = Owner(bus, src)
+            src.publisher = owner
+            await owner.start()
+            owners.append(owner)
+            for slot in range(MACHINES_PER_OWNER):
+                src.machine(app_of(src, slot), key=f"{src.owner}-m{slot}")
+            advance()
+            await asyncio.sleep(max(0.0, began + (i + 1) / count - time.perf_counter()))
+        yield Fleet(bus, sources, owners)
+    finally:
+        for owner in owners:
+            await owner.stop()
+        await bus.close()
+
+
+async def drive(fleet: Fleet, rate: float, seconds: float, tick: Callable[[int], None]) -> int:
+    """Commits changes at `rate` per second for `seconds`, keeping to the schedule (a late tick
+    catches up); returns how many."""
+    began = time.perf_counter()
+    issued = 0
+    while (now := time.perf_counter() - began) < seconds:
+        due = int(rate * now)
+        while issued < due:
+            fleet.change()
+            issued += 1
+        tick(issued)
+        await asyncio.sleep(0.002)
+    return issued
+
+
+# --- a replica process -----------------------------------------------------------------------
+
+
+async def replica_process(url: str, workers: int, machines: int, out: Path, profile: bool) -> None:
+    """Child process: a replica following every region; prints `ready` once subscribed and
+    `converged` once it holds every owner's rows; on EOF on stdin writes its samples to `out`."""
+    samples: list[tuple[float, float]] = []  # (commit, visible) wall-clock times
+    cpu: list[tuple[float, float, int, int]] = []  # (wall, process cpu seconds, gaps, pulls)
+    profiler = cProfile.Profile() if profile else None
+    bus = await NatsBus.connect(url, name="bench-replica")
+    async with following(bus, out.with_suffix(".db")) as replica:
+
+        async def watch() -> None:
+            async for rc in replica.subscribe(tables=frozenset({"machines"})):
+                if rc.row is not None:
+                    samples.append((float(rc.row["updated_at"]), time.time()))
+
+        async def sample_cpu() -> None:
+            while True:
+                st = replica.stats
+                cpu.append((time.time(), time.process_time(), st["gaps"], st["pulls"]))
+                await asyncio.sleep(0.1)
+
+        async def announce() -> None:
+            while not (
+                len(replica.workers(reachable_only=False)) >= workers
+                and len(replica.machines()) >= machines
+            ):
+                await asyncio.sleep(0.05)
+            print("converged", flush=True)
+            if profiler is not None:
+                profiler.enable()
+
+        tasks = [asyncio.create_task(c) for c in (watch(), sample_cpu(), announce())]
+        print("ready", flush=True)
+        await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
+        if profiler is not None:
+            profiler.disable()
+            profiler.dump_stats(out.with_suffix(".prof"))
+        for task in tasks:
+            task.cancel()
+        stats = dict(replica.stats)
+    await bus.close()
+    out.write_text(json.dumps({"samples": samples, "cpu": cpu, "stats": stats}))
+
+
+class ReplicaProc:
+    def __init__(self, proc: asyncio.subprocess.Process, out: Path) -> None:
+        self.proc, self.out = proc, out
+        self.result: dict[str, Any] = {}
+
+    @classmethod
+    async def start(
+        cls, url: str, workers: int, machines: int, out: Path, profile: bool
+    ) -> ReplicaProc:
+        argv = [sys.executable, __file__, "--replica-process", url, str(workers), str(machines)]
+        argv += [str(out), "1" if profile else "0"]
+        proc = await asyncio.create_subprocess_exec(
+            *argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE
+        )
+        child = cls(proc, out)
+        await child.expect("ready", 30)
+        return child
+
+    async def expect(self, word: str, timeout: float) -> None:
+        assert self.proc.stdout is not None
+        line = await asyncio.wait_for(self.proc.stdout.readline(), timeout)
+        if line.decode().strip() != word:
+            raise SystemExit(f"replica process: expected {word!r}, got {line!r}")
+
+    async def finish(self) -> dict[str, Any]:
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        await asyncio.wait_for(self.proc.wait(), 60)
+        self.result = json.loads(self.out.read_text())
+        return self.result
+
+    async def kill(self) -> None:
+        if self.proc.returncode is None:
+            self.proc.kill()
+            await self.proc.wait()
+
+
+# --- the floor: bare NATS ----------------------------------------------------------------------
+
+
+async def bare_floor(url: str, size: int, samples: int, advance: Callable[[], None]) -> list[float]:
+    """One message at a time from one nats-py connection to another (no flush, as NatsBus):
+    publish → received, in seconds."""
+    import nats
+
+    pub = await nats.connect(url, name="bench-floor-pub")
+    sub = await nats.connect(url, name="bench-floor-sub")
+    arrived: asyncio.Queue[float] = asyncio.Queue()
+
+    async def on_msg(msg: Any) -> None:
+        arrived.put_nowait(time.perf_counter())
+
+    await sub.subscribe("bench.floor", cb=on_msg)
+    await sub.flush()
+    payload = b"x" * size
+    latencies: list[float] = []
+    try:
+        for i in range(samples + 200):
+            sent = time.perf_counter()
+            await pub.publish("bench.floor", payload)
+            got = await asyncio.wait_for(arrived.get(), 5)
+            if i >= 200:  # warm-up
+                latencies.append(got - sent)
+                advance()
+    finally:
+        await pub.close()
+        await sub.close()
+    return latencies
+
+
+def batch_size() -> int:
+    """The encoded size of a one-change batch, the usual message on the wire."""
+    src = SimRows("w0001", REGIONS[0])
+    change = src.machine(app_of(src, 0), key="w0001-m0")
+    return len(encode(Batch(src.owner, src.region, src.epoch, 1, change.seq, [change])))
+
+
+# --- the run -----------------------------------------------------------------------------------
+
+
+@dataclass
+class Row:
+    owners: int
+    replicas: int
+    rate: int  # target changes/s, all owners together
+    actual_rate: float
+    changes: int
+    seen_pct: float  # changes seen by the replica (rest: superseded in the same batch, or lost)
+    p50_ms: float
+    p99_ms: float
+    max_ms: float
+    p99_vs_floor: float
+    msgs_per_change: float  # batches published per change, at the owners
+    bytes_per_change: float  # batch bytes published per change, at the owners
+    server_in_bytes_per_change: float  # everything into nats-server (incl. heartbeats) / change
+    server_out_bytes_per_change: float  # everything out of nats-server (to replicas) / change
+    heartbeats_per_s: float
+    heartbeat_bytes_per_s: float
+    replica_cpu_pct: float  # of one core, the first replica
+    owners_cpu_pct: float  # of one core, this process (owners and the load driver)
+    server_cpu_pct: float  # nats-server, as /varz reports it at the end of the window
+    gaps: int  # batches the replica received out of order (repaired by pulls)
+    pulls: int
+    replica_p99_ms: list[float] = field(default_factory=list)  # per replica
+
+
+@dataclass
+class Window:
+    rate: int
+    replicas: int
+    t0: float
+    t1: float
+    changes: int
+    counts0: dict[str, tuple[int, int]]
+    counts1: dict[str, tuple[int, int]]
+    varz0: dict[str, Any]
+    varz1: dict[str, Any]
+    cpu0: float
+    cpu1: float
+
+
+def between(samples: list[list[float]], t0: float, t1: float) -> tuple[float, int, int]:
+    """From a replica's (wall, cpu seconds, gaps, pulls) samples, over the ones within t0..t1:
+    its CPU in % of one core, and the gaps and pulls it had meanwhile."""
+    inside = [s for s in samples if t0 <= s[0] <= t1]
+    if len(inside) < 2 or inside[-1][0] <= inside[0][0]:
+        return 0.0, 0, 0
+    a, b = inside[0], inside[-1]
+    return 100 * (b[1] - a[1]) / (b[0] - a[0]), int(b[2] - a[2]), int(b[3] - a[3])
+
+
+def summarize(w: Window, owners: int, results: list[dict[str, Any]], floor_p99: float) -> Row:
+    per_replica = []
+    for result in results[: w.replicas]:
+        per_replica.append(sorted(v - c for c, v in result["samples"] if w.t0 <= c < w.t1))
+    first = per_replica[0]
+    seconds = w.t1 - w.t0
+    n = max(w.changes, 1)
+    ch = [b - a for a, b in zip(w.counts0["ch"], w.counts1["ch"], strict=True)]
+    hb = [b - a for a, b in zip(w.counts0["hb"], w.counts1["hb"], strict=True)]
+    p99 = pct(first, 99)
+    cpu, gaps, pulls = between(results[0]["cpu"], w.t0, w.t1)
+    return Row(
+        owners=owners,
+        replicas=w.replicas,
+        rate=w.rate,
+        actual_rate=w.changes / seconds,
+        changes=w.changes,
+        seen_pct=100 * len(first) / n,
+        p50_ms=pct(first, 50),
+        p99_ms=p99,
+        max_ms=first[-1] * 1000 if first else 0.0,
+        p99_vs_floor=p99 / floor_p99 if floor_p99 else 0.0,
+        msgs_per_change=ch[0] / n,
+        bytes_per_change=ch[1] / n,
+        server_in_bytes_per_change=(w.varz1["in_bytes"] - w.varz0["in_bytes"]) / n,
+        server_out_bytes_per_change=(w.varz1["out_bytes"] - w.varz0["out_bytes"]) / n,
+        heartbeats_per_s=hb[0] / seconds,
+        heartbeat_bytes_per_s=hb[1] / seconds,
+        replica_cpu_pct=cpu,
+        owners_cpu_pct=100 * (w.cpu1 - w.cpu0) / seconds,
+        server_cpu_pct=float(w.varz1.get("cpu", 0.0)),
+        gaps=gaps,
+        pulls=pulls,
+        replica_p99_ms=[pct(lat, 99) for lat in per_replica],
+    )
+
+
+async def measure_fleet(
+    server: Server,
+    owners: int,
+    phases: list[tuple[int, int]],
+    seconds: float,
+    warmup: float,
+    floor_p99: float,
+    workdir: Path,
+    profile: Path | None,
+    progress: Progress,
+) -> list[Row]:
+    """One fleet of `owners`, then each (rate, replicas) phase in turn while heartbeats flow."""
+    machines = owners * MACHINES_PER_OWNER
+    replicas: list[ReplicaProc] = []
+    windows: list[Window] = []
+    try:
+        replicas.append(
+            await ReplicaProc.start(
+                server.url, owners, machines, workdir / f"r1-{owners}.json", profile is not None
+            )
+        )
+        task = progress.add_task(f"{owners} owners: starting", total=owners)
+        async with (
+            fleet(server.url, owners, lambda: progress.advance(task)) as f,
+            aiohttp.ClientSession() as http,
+        ):
+            await replicas[0].expect("converged", 120)
+            progress.update(task, description=f"{owners} owners: started, replica converged")
+            for rate, want in phases:
+                while len(replicas) < want:
+                    out = workdir / f"r{len(replicas) + 1}-{owners}.json"
+                    replicas.append(
+                        await ReplicaProc.start(server.url, owners, machines, out, False)
+                    )
+                    await replicas[-1].expect("converged", 120)
+                label = f"{owners} owners, {rate}/s, {want} replica{'s' if want > 1 else ''}"
+                bar = progress.add_task(label, total=warmup + seconds)
+                began = time.perf_counter()
+
+                def tick(issued: int, bar: TaskID = bar, began: float = began) -> None:
+                    progress.update(bar, completed=time.perf_counter() - began)
+
+                await drive(f, rate, warmup, tick)
+                v0, c0, cpu0, t0 = await varz(http, server), f.bus.snapshot(), *_now()
+                changes = await drive(f, rate, seconds, tick)
+                cpu1, t1 = _now()
+                v1, c1 = await varz(http, server), f.bus.snapshot()
+                windows.append(Window(rate, want, t0, t1, changes, c0, c1, v0, v1, cpu0, cpu1))
+                progress.update(bar, completed=warmup + seconds)
+            await asyncio.sleep(1.5)  # the last changes of the last window arrive
+            results = [await r.finish() for r in replicas]
+    finally:
+        for r in replicas:
+            await r.kill()
+    rows = [summarize(w, owners, results, floor_p99) for w in windows]
+    if profile is not None:
+        prof = workdir / f"r1-{owners}.prof"
+        target = profile.with_name(f"{profile.stem}-{owners}{profile.suffix or '.prof'}")
+        shutil.copy(prof, target)
+    return rows
+
+
+def _now() -> tuple[float, float]:
+    return time.process_time(), time.time()
+
+
+@dataclass
+class Report:
+    machine: str
+    nats_server: str
+    message_bytes: int
+    floor_p50_ms: float
+    floor_p99_ms: float
+    floor_max_ms: float
+    rows: list[Row]
+
+
+async def measure(args: argparse.Namespace, progress: Progress) -> Report:
+    size = batch_size()
+    with tempfile.TemporaryDirectory(prefix="souk-bench-") as tmp:
+        workdir = Path(tmp)
+        async with nats_server(workdir) as server:
+            task = progress.add_task(f"bare NATS, {size} B messages", total=FLOOR_SAMPLES)
+            floor = await bare_floor(
+                server.url, size, FLOOR_SAMPLES, lambda: progress.advance(task)
+            )
+            floor_p99 = pct(floor, 99)
+            rows: list[Row] = []
+            phases = [(rate, 1) for rate in args.rates]
+            if args.second_replica:
+                phases.append((max(args.rates), 2))
+            for owners in args.owners:
+                rows += await measure_fleet(
+                    server,
+                    owners,
+                    phases,
+                    args.seconds,
+                    args.warmup,
+                    floor_p99,
+                    workdir,
+                    args.profile_replica,
+                    progress,
+                )
+    return Report(
+        machine_info(),
+        server.version,
+        size,
+        pct(floor, 50),
+        floor_p99,
+        max(floor) * 1000,
+        rows,
+    )
+
+
+def machine_info() -> str:
+    model = platform.processor() or "?"
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    return f"{os.cpu_count()} cpus ({model}), Python {platform.python_version()}"
+
+
+def tables(report: Report) -> list[Table]:
+    lat = Table(
+        title=(
+            f"commit → visible on a replica (goal: p99 < {GOAL_P99_MS:.0f} ms at 1,000 owners); "
+            f"bare NATS p50 {report.floor_p50_ms:.2f} ms, p99 {report.floor_p99_ms:.2f} ms "
+            f"({report.message_bytes} B)"
+        )
+    )
+    names = ["owners", "replicas", "changes/s", "changes", "seen %", "p50 ms", "p99 ms", "max ms"]
+    for name in [*names, "p99 / bare p99", "gaps", "pulls"]:
+        lat.add_column(name, justify="right")
+    for r in report.rows:
+        p99 = " / ".join(f"{x:.1f}" for x in r.replica_p99_ms)
+        lat.add_row(
+            f"{r.owners:,}",
+            str(r.replicas),
+            f"{r.actual_rate:,.0f}",
+            f"{r.changes:,}",
+            f"{r.seen_pct:.1f}",
+            f"{r.p50_ms:.1f}",
+            p99,
+            f"{r.max_ms:.1f}",
+            f"{r.p99_vs_floor:.0f}x",
+            str(r.gaps),
+            str(r.pulls),
+        )
+    load = Table(title="load: wire per change, heartbeats, CPU (% of one core)")
+    for name in (
+        "owners",
+        "replicas",
+        "changes/s",
+        "msgs/change",
+        "B/change",
+        "server in B/change",
+        "server out B/change",
+        "heartbeats/s",
+        "heartbeat kB/s",
+        "replica CPU",
+        "owners CPU",
+        "nats-server CPU",
+    ):
+        load.add_column(name, justify="right")
+    for r in report.rows:
+        load.add_row(
+            f"{r.owners:,}",
+            str(r.replicas),
+            f"{r.actual_rate:,.0f}",
+            f"{r.msgs_per_change:.2f}",
+            f"{r.bytes_per_change:.0f}",
+            f"{r.server_in_bytes_per_change:.0f}",
+            f"{r.server_out_bytes_per_change:.0f}",
+            f"{r.heartbeats_per_s:,.0f}",
+            f"{r.heartbeat_bytes_per_s / 1000:.0f}",
+            f"{r.replica_cpu_pct:.0f}%",
+            f"{r.owners_cpu_pct:.0f}%",
+            f"{r.server_cpu_pct:.0f}%",
+        )
+    return [lat, load]
+
+
+def profile_summary(path: Path, console: Console) -> None:
+    for prof in sorted(path.parent.glob(f"{path.stem}-*")):
+        console.print(f"[bold]{prof.name}[/]: top functions by own time")
+        stats = pstats.Stats(str(prof))
+        stats.sort_stats("tottime").print_stats(15)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+    )
+    parser.add_argument("--owners", default="100,1000", help="fleet sizes (default 100,1000)")
+    parser.add_argument("--rates", default="500,2000", help="total changes/s (default 500,2000)")
+    parser.add_argument("--seconds", type=float, default=20, help="measured per phase")
+    parser.add_argument("--warmup", type=float, default=3, help="driven, unmeasured, per phase")
+    parser.add_argument(
+        "--no-second-replica",
+        dest="second_replica",
+        action="store_false",
+        help="skip the phase with two replicas at the highest rate",
+    )
+    parser.add_argument("--quick", action="store_true", help="a short run: 5 s phases")
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.add_argument(
+        "--profile-replica",
+        type=Path,
+        help="cProfile the first replica (steady state) into FILE-<owners>.prof; slows it",
+    )
+    args = parser.parse_args()
+    args.owners = [int(s) for s in args.owners.split(",")]
+    args.rates = [int(s) for s in args.rates.split(",")]
+    if args.quick:
+        args.seconds, args.warmup = 5.0, 1.0
+    err = Console(stderr=True)
+    columns = (TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=err, transient=args.json) as progress:
+        report = asyncio.run(measure(args, progress))
+    if args.json:
+        print(json.dumps(asdict(report), indent=2))
+    else:
+        console = Console() if sys.stdout.isatty() else Console(width=170)
+        console.print(f"machine: {report.machine}; nats-server {report.nats_server}")
+        for table in tables(report):
+            console.print(table)
+    if args.profile_replica is not None:
+        profile_summary(args.profile_replica, err)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "--replica-process":
+        url, workers, machines, out, profile = sys.argv[2:7]
+        asyncio.run(replica_process(url, int(workers), int(machines), Path(out), profile == "1"))
+        raise SystemExit(0)
+    main()
