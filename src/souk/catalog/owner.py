@@ -16,6 +16,7 @@ from typing import Protocol
 
 from souk.catalog.bus import Bus, Message, Subscription
 from souk.catalog.protocol import (
+    HELLO,
     Batch,
     Change,
     Heartbeat,
@@ -69,11 +70,14 @@ class Owner:
         self._pending: list[_Pending] = []
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
-        self._sub: Subscription | None = None
+        self._subs: list[Subscription] = []
         self.batches = 0
 
     async def start(self) -> None:
-        self._sub = await self.bus.subscribe(pull_subject(self.source.owner), self._on_pull)
+        self._subs = [
+            await self.bus.subscribe(pull_subject(self.source.owner), self._on_pull),
+            await self.bus.subscribe(HELLO, self._on_hello),
+        ]
         self._tasks = [
             asyncio.create_task(self._publisher()),
             asyncio.create_task(self._heartbeats()),
@@ -86,8 +90,8 @@ class Owner:
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        if self._sub is not None:
-            await self._sub.unsubscribe()
+        for sub in self._subs:
+            await sub.unsubscribe()
 
     def committed(self, head: int, changes: Iterable[Change]) -> None:
         """Called once per commit, in commit order, with the rows it changed."""
@@ -130,6 +134,9 @@ class Owner:
                 await self.heartbeat()
             except Exception:  # a heartbeat must never stop the next one
                 log.exception("heartbeat failed")
+
+    async def _on_hello(self, _: Message) -> None:
+        await self.heartbeat()
 
     async def _on_pull(self, msg: Message) -> None:
         if not msg.reply:

@@ -6,7 +6,9 @@ Subjects (region-partitioned, so a replica can follow only the regions it needs)
 - `souk.cat.hb.<region>`: an owner's heartbeat (epoch, head, the apps it runs), every second;
   every replica follows heartbeats of all regions, which is what makes the global app index;
 - `souk.cat.pull.<owner>`: request/reply, the owner's rows changed after a sequence;
-- `souk.cat.snap`: request, answered in chunks by any replica: rows plus per-owner heads.
+- `souk.cat.snap`: request, answered in chunks by any replica: rows plus per-owner heads;
+- `souk.cat.hello`: a replica that just started asks every owner to heartbeat now, so that it
+  knows the fleet in milliseconds rather than at the next beat.
 
 A batch says which head it follows (`prev`) and which it reaches (`head`), so a replica knows
 whether it has everything up to `head` or must pull the gap.
@@ -20,6 +22,7 @@ from typing import Any
 
 PREFIX = "souk.cat"
 SNAPSHOT = f"{PREFIX}.snap"
+HELLO = f"{PREFIX}.hello"
 WILDCARD = "*"
 
 

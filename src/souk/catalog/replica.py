@@ -29,6 +29,7 @@ from pydantic import ValidationError
 
 from souk.catalog.bus import Bus, Message, Subscription
 from souk.catalog.protocol import (
+    HELLO,
     SNAPSHOT,
     WILDCARD,
     Change,
@@ -125,6 +126,17 @@ class Replica:
         self.ready.set()
         for owner in list(self.owners):
             self._maybe_pull(owner)
+        await self.bus.publish(HELLO, b"{}")
+
+    async def caught_up(self, timeout: float) -> bool:
+        """Waits (at most `timeout`) until some owner is known and every known owner's announced
+        head is applied: what a process should wait for before it first answers from the view."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.owners and all(st.head >= st.seen for st in self.owners.values()):
+                return True
+            await asyncio.sleep(0.01)
+        return False
 
     async def stop(self) -> None:
         for sub in self._subs:
@@ -512,11 +524,14 @@ async def following(
     path: Path | str = ":memory:",
     regions: list[str] | None = None,
     bootstrap: bool = True,
+    settle: float = 2.0,
 ) -> AsyncIterator[Replica]:
-    """A started replica, stopped on exit. `bootstrap=False` where no other replica can exist
-    yet (a single-process cluster), to skip waiting for a snapshot nobody will send."""
+    """A started replica, caught up with the owners that answer within `settle` seconds,
+    stopped on exit. `bootstrap=False` where no other replica can exist yet (a single-process
+    cluster), to skip waiting for a snapshot nobody will send."""
     replica = Replica(bus, path, regions)
     await replica.start(bootstrap=bootstrap)
+    await replica.caught_up(settle)
     try:
         yield replica
     finally:

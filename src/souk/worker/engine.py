@@ -93,7 +93,14 @@ class Engine:
         return self.store.meta("epoch") or epoch
 
     async def recover(self) -> None:
-        """Adopt surviving processes, notice the ones that died meanwhile, resume operations."""
+        """Log the start, adopt surviving processes, notice the ones that died meanwhile, resume
+        operations. The start entry also gives even an empty worker a head to announce, so the
+        catalog learns of it (its worker row) from the first heartbeat."""
+        await self.store.write(
+            lambda tx: tx.log(
+                "worker", self.settings.name, "boot", "started", data={"pid": os.getpid()}
+            )
+        )
         rows = self.store.read.execute(
             "SELECT id, pid, pid_start, marker, state, driver FROM machines"
             " WHERE state IN ('started', 'starting', 'stopping') AND pid IS NOT NULL"
