@@ -19,6 +19,7 @@ from souk.cli.deploy.releases import (
     next_version,
     releases,
     rollback_target,
+    stale_releases,
 )
 
 
@@ -170,6 +171,8 @@ def test_releases_are_numbered_and_listed_newest_first() -> None:
     assert current(meta) == 2
     assert next_version(meta) == 11
     assert next_version({}) == 1
+    many = dict(record(n) for n in range(1, 151))
+    assert sorted(stale_releases(many, 151), key=len) == [f"release.{n}" for n in range(1, 52)]
 
 
 def test_rollback_targets() -> None:

@@ -138,8 +138,11 @@ def deploy_command(
     token: str | None = TOKEN,
     as_json: bool = JSON,
 ) -> None:
-    """Deploy souk.toml as a new release: per instance one started machine and a stopped
-    standby on another worker, rolled out by the chosen strategy."""
+    """Deploy souk.toml as a new release.
+
+    Per instance one started machine and a stopped standby on another worker of its region,
+    rolled out by the chosen strategy; stops at the first machine that fails.
+    """
     try:
         cfg = cfgmod.load(config)
         changes: dict[str, Any] = {}
@@ -238,8 +241,11 @@ def scale_count(
     token: str | None = TOKEN,
     as_json: bool = JSON,
 ) -> None:
-    """Add or remove instances (a primary and its standby each) in one region, on the current
-    release. Lasts until the next deploy, which brings souk.toml's counts back."""
+    """Add or remove instances in one region, on the current release.
+
+    An instance is a primary and its standby. Lasts until the next deploy, which brings
+    souk.toml's counts back.
+    """
     name = _app_name(app, config)
     progress = Progress(quiet=as_json)
 

@@ -5,6 +5,7 @@ Keys (all in the app's metadata, values are strings):
 
 - `release.N`: the JSON of release N (its souk.toml, image or command, strategy, status);
 - `release.current`: the number of the last release that completed;
+- at most the last KEEP_RELEASES releases are kept;
 - `deploy.lock`: JSON `{owner, release, expires_at}` while a deploy runs (advisory: the machine
   leases are what keeps two deploys apart; this also covers an app with no machines yet).
 """
@@ -21,6 +22,7 @@ from pydantic import BaseModel, ValidationError
 PREFIX = "release."
 CURRENT = "release.current"
 LOCK = "deploy.lock"
+KEEP_RELEASES = 100  # older records are deleted: an app's metadata is bounded (1,000 keys)
 
 Status = Literal["deploying", "complete", "failed"]
 
@@ -62,7 +64,7 @@ def releases(meta: dict[str, str]) -> list[Release]:
     """Every recorded release, newest first; unreadable records are skipped."""
     out = []
     for key, value in meta.items():
-        if not _is_release_key(key):
+        if not is_release_key(key):
             continue
         try:
             out.append(Release.model_validate_json(value))
@@ -77,10 +79,17 @@ def current(meta: dict[str, str]) -> int | None:
 
 
 def next_version(meta: dict[str, str]) -> int:
-    return max([0, *(int(k[len(PREFIX) :]) for k in meta if _is_release_key(k))]) + 1
+    return max([0, *(int(k[len(PREFIX) :]) for k in meta if is_release_key(k))]) + 1
 
 
-def _is_release_key(key: str) -> bool:
+def stale_releases(meta: dict[str, str], newest: int) -> list[str]:
+    """The keys of releases too old to keep once `newest` is recorded."""
+    return [
+        k for k in meta if is_release_key(k) and int(k[len(PREFIX) :]) <= newest - KEEP_RELEASES
+    ]
+
+
+def is_release_key(key: str) -> bool:
     return key.startswith(PREFIX) and key[len(PREFIX) :].isdigit()
 
 

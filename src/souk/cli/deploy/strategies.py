@@ -34,6 +34,7 @@ from souk.cli.deploy.releases import (
     lock_of,
     next_version,
     now_iso,
+    stale_releases,
 )
 
 LEASE_TTL = 30
@@ -674,7 +675,8 @@ async def deploy(
             meta = await api.app_metadata(app)
             if f"release.{number}" in meta:
                 raise DeployInProgress(f"deploy in progress: release {number} appeared meanwhile")
-            await api.patch_app_metadata(app, {record.key(): record.encode()})
+            old = stale_releases(meta, number)
+            await api.patch_app_metadata(app, {record.key(): record.encode()}, old)
         d = Deployer(api, cfg, number, progress, leases)
         desired = counts if counts is not None else dict(cfg.regions)
         the_plan = plan(desired, d.fp, number, current, cfg.deploy.standbys)
