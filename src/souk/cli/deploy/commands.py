@@ -51,6 +51,8 @@ def _run(coro: Coroutine[Any, Any, T], as_json: bool) -> T:
         _fail(f"error {exc}", as_json)
     except RollbackError as exc:
         _fail(str(exc), as_json)
+    except KeyboardInterrupt:  # leases were released on the way out
+        _fail("interrupted", as_json, code=130)
     raise AssertionError("unreachable")
 
 
