@@ -57,8 +57,9 @@ async def test_the_registry_row_carries_the_metadata_for_replicas(one: Cluster) 
     registry = one.fleet.registry
     seq = registry.head()
     await ok(await one.call("PATCH", META, json={"set": {"release.1": RELEASE}}))
-    changes = registry.changes_since(seq)
-    assert [(ch.table, ch.key) for ch in changes] == [("apps", "demo")]
+    changes, _, more = registry.changes_since(seq, 100)
+    assert [(ch.table, ch.key) for ch in changes] == [("apps", "demo")] and not more
+    assert changes[0].row is not None
     assert changes[0].row["metadata"] == {"release.1": RELEASE}
     head = registry.head()
     await ok(await one.call("PATCH", META, json={"set": {"release.1": RELEASE}}))

@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
 import threading
+import urllib.error
+import urllib.request
 from typing import Any
 
+from souk.broker.tokens import mint, new_secret, read_secret
 from souk.catalog.bus import NatsBus
 from souk.catalog.protocol import Batch, Change, changes_subject, encode
 from tests.catalog_integration.conftest import Cluster, ReplicaProcess, eventually
+from tests.worker_integration.conftest import SOUK, free_port
 
 SLEEPER = {"init": {"exec": ["sleep", "600"]}, "restart": {"policy": "no"}}
 
@@ -135,3 +140,88 @@ async def _publish(url: str, subject: str, data: bytes) -> None:
     await bus.publish(subject, data)
     await bus.nc.flush()
     await bus.close()
+
+
+def test_brokers_place_from_the_catalog_over_nats(cluster: Cluster) -> None:
+    """Two stateless brokers, each with its own replica: one holds the app registry, both place
+    on the workers they learnt of from the catalog, and see each other's machines."""
+    secret = cluster.tmp / "secret"
+    secret.write_bytes(new_secret() + b"\n")
+    token = mint(read_secret(secret), operator=True)
+    first, second = free_port(), free_port()
+    common = ["--secret-file", str(secret), "--nats", cluster.nats.url, "--log-level", "warning"]
+    procs = [
+        subprocess.Popen(
+            [
+                str(SOUK),
+                "broker",
+                "--listen",
+                f"127.0.0.1:{first}",
+                "--app-registry",
+                str(cluster.tmp / "registry"),
+                *common,
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        ),
+        subprocess.Popen(
+            [
+                str(SOUK),
+                "broker",
+                "--listen",
+                f"127.0.0.1:{second}",
+                "--app-registry-url",
+                f"http://127.0.0.1:{first}",
+                *common,
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        ),
+    ]
+    try:
+        a, b = (f"http://127.0.0.1:{p}" for p in (first, second))
+        eventually(lambda: up(a, token) and up(b, token), 20, "brokers up")
+        assert call(b, token, "POST", "/v1/apps", {"name": "shop"})[0] == 201
+        made = []
+        for url, region in ((a, "ams"), (b, "mad"), (b, "ams")):
+            status, body = call(
+                url, token, "POST", "/v1/apps/shop/machines", {"region": region, "config": SLEEPER}
+            )
+            assert status == 200, body
+            assert body["region"] == region
+            made.append(body["id"])
+        for url in (a, b):
+            eventually(
+                lambda u=url: (
+                    {m["id"] for m in call(u, token, "GET", "/v1/apps/shop/machines")[1]}  # type: ignore[misc]
+                    == set(made)
+                ),
+                what="both brokers list every machine",
+            )
+        status, body = call(
+            a, token, "POST", "/v1/apps/shop/machines", {"region": "nowhere", "config": SLEEPER}
+        )
+        assert status == 400 and body["code"] == "invalid"
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+
+
+def call(base: str, token: str, method: str, path: str, body: Any = None) -> tuple[int, Any]:
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(base + path, data=data, method=method)
+    req.add_header("Authorization", f"Bearer {token}")
+    req.add_header("Content-Type", "application/json")
+    try:
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            return resp.status, json.loads(resp.read() or b"null")
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read() or b"null")
+
+
+def up(base: str, token: str) -> bool:
+    try:
+        return call(base, token, "GET", "/v1/catalog/workers")[0] == 200
+    except OSError:
+        return False

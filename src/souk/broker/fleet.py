@@ -110,10 +110,10 @@ class StaticFleet:
 
 
 class CatalogFleet:
-    """Workers and machines from a catalog replica (fresh within milliseconds of each commit),
-    apps from the registry."""
+    """Everything from a catalog replica (fresh within milliseconds of each commit), except
+    apps on the broker that hosts the registry: it reads its own writes."""
 
-    def __init__(self, view: CatalogView, registry: AppRegistry) -> None:
+    def __init__(self, view: CatalogView, registry: AppRegistry | None) -> None:
         self.view = view
         self.registry = registry
 
@@ -130,10 +130,14 @@ class CatalogFleet:
         return self.view.machine(machine_id)
 
     def apps(self) -> list[AppRow]:
-        return self.registry.list()
+        if self.registry is not None:
+            return self.registry.list()
+        return [a for a in self.view.apps() if not a.deleted]
 
     def app(self, name: str) -> AppRow | None:
-        return self.registry.get(name)
+        if self.registry is not None:
+            return self.registry.get(name)
+        return self.view.app(name)
 
     def image_cached(self, worker_id: str, image: str) -> bool:
         return self.view.image_cached(worker_id, image)

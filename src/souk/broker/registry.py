@@ -20,15 +20,14 @@ import re
 import secrets
 import sqlite3
 import threading
+import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
+from souk.catalog.protocol import GLOBAL_REGION, REGISTRY_OWNER, Change
 from souk.models.catalog import AppRow
 
-OWNER_ID = "app-registry"
 METADATA_KEY = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:/@+-]{0,127}$")
 MAX_VALUE_BYTES = 64 << 10
 MAX_KEYS = 1000
@@ -37,16 +36,6 @@ MAX_METADATA_BYTES = 1 << 20  # the whole map, keys and values: it travels in ev
 
 def now_iso() -> str:
     return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
-
-
-@dataclass(frozen=True)
-class AppChange:
-    """One changed row, as the catalog's owners publish them: (table, key, seq, row)."""
-
-    table: str
-    key: str
-    seq: int
-    row: dict[str, Any]
 
 
 class AppExists(Exception):
@@ -104,7 +93,8 @@ def check_metadata(metadata: dict[str, str]) -> None:
 class AppRegistry:
     """Durable app rows with a monotonically increasing sequence per change."""
 
-    owner_id = OWNER_ID
+    owner = REGISTRY_OWNER  # as a catalog `RowSource`: apps rows, in the global region
+    region = GLOBAL_REGION
 
     def __init__(self, path: Path | None = None) -> None:
         if path is not None:
@@ -124,16 +114,25 @@ class AppRegistry:
         columns = {row["name"] for row in self._db.execute("PRAGMA table_info(apps)")}
         if "metadata" not in columns:  # a registry from before app metadata
             self._db.execute("ALTER TABLE apps ADD COLUMN metadata TEXT NOT NULL DEFAULT '{}'")
-        self._db.execute("INSERT OR IGNORE INTO meta VALUES ('epoch', ?)", (secrets.token_hex(8),))
+        epoch = f"{time.time_ns():016x}-{secrets.token_hex(4)}"  # ordered, as a worker's
+        self._db.execute("INSERT OR IGNORE INTO meta VALUES ('epoch', ?)", (epoch,))
         self.epoch: str = self._db.execute("SELECT value FROM meta WHERE key='epoch'").fetchone()[0]
-        self.listeners: list[Callable[[list[AppChange]], None]] = []
+        self.listeners: list[Callable[[int, list[Change]], None]] = []
 
     def head(self) -> int:
         return int(self._db.execute("SELECT COALESCE(MAX(seq), 0) FROM apps").fetchone()[0])
 
-    def changes_since(self, seq: int) -> list[AppChange]:
-        rows = self._db.execute("SELECT * FROM apps WHERE seq > ? ORDER BY seq", (seq,))
-        return [self._change(r) for r in rows.fetchall()]
+    def changes_since(self, since: int, limit: int) -> tuple[list[Change], int, bool]:
+        rows = self._db.execute(
+            "SELECT * FROM apps WHERE seq > ? ORDER BY seq LIMIT ?", (since, limit + 1)
+        ).fetchall()
+        changes = [self._change(r) for r in rows[:limit]]
+        if len(rows) > limit:
+            return changes, changes[-1].seq, True
+        return changes, self.head(), False
+
+    def apps(self) -> list[str]:
+        return []  # the app-to-regions index comes from workers
 
     def get(self, name: str, include_deleted: bool = False) -> AppRow | None:
         row = self._db.execute("SELECT * FROM apps WHERE name = ?", (name,)).fetchone()
@@ -214,7 +213,7 @@ class AppRegistry:
         row = self._db.execute("SELECT * FROM apps WHERE name = ?", (name,)).fetchone()
         change = self._change(row)
         for listener in self.listeners:
-            listener([change])
+            listener(change.seq, [change])
         return self._row(row)
 
     @staticmethod
@@ -227,6 +226,6 @@ class AppRegistry:
             metadata=json.loads(row["metadata"]),
         )
 
-    def _change(self, row: sqlite3.Row) -> AppChange:
+    def _change(self, row: sqlite3.Row) -> Change:
         app = self._row(row)
-        return AppChange("apps", app.name, int(row["seq"]), app.model_dump(mode="json"))
+        return Change("apps", app.name, int(row["seq"]), app.model_dump(mode="json"))

@@ -23,6 +23,7 @@ from souk.broker.tokens import mint, new_secret, read_secret
 from souk.broker.workers import WorkerClient
 from souk.catalog import http as catalog_http
 from souk.catalog.bus import Bus, InProcessBus, NatsBus
+from souk.catalog.owner import Owner
 from souk.catalog.replica import following
 from souk.web import Route
 from souk.worker.daemon import make_app as make_worker_app
@@ -66,7 +67,6 @@ async def broker_site(opts: BrokerOptions, bus: Bus | None = None) -> AsyncItera
         registry = AppRegistry(opts.registry_dir / "apps.db") if opts.registry_dir else None
         if registry is not None:
             stack.callback(registry.close)
-        apps = registry or AppRegistry()
         fleet: Fleet
         extra: list[Route] = []
         before_place = None
@@ -78,9 +78,12 @@ async def broker_site(opts: BrokerOptions, bus: Bus | None = None) -> AsyncItera
             replica = await stack.enter_async_context(
                 following(bus, path, bootstrap=opts.nats is not None)
             )
-            fleet = CatalogFleet(replica, apps)
+            fleet = CatalogFleet(replica, registry)
             extra = catalog_http.routes(replica)
+            if registry is not None:
+                await stack.enter_async_context(registry_owner(bus, registry))
         else:
+            apps = registry if registry is not None else AppRegistry()
             static = StaticFleet(opts.workers, apps, client)
             await static.refresh()
             refresher = asyncio.create_task(_refresh_forever(static))
@@ -98,6 +101,19 @@ async def broker_site(opts: BrokerOptions, bus: Bus | None = None) -> AsyncItera
         site = web.TCPSite(runner, opts.host, opts.port, backlog=1024)
         await site.start()
         yield f"http://{opts.host}:{runner.addresses[0][1]}"
+
+
+@contextlib.asynccontextmanager
+async def registry_owner(bus: Bus, registry: AppRegistry) -> AsyncIterator[Owner]:
+    """The registry as the owner of the catalog's apps rows."""
+    owner = Owner(bus, registry)
+    registry.listeners.append(owner.committed)
+    await owner.start()
+    try:
+        yield owner
+    finally:
+        registry.listeners.remove(owner.committed)
+        await owner.stop()
 
 
 async def _until_signalled() -> None:

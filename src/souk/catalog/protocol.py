@@ -23,6 +23,8 @@ from typing import Any
 PREFIX = "souk.cat"
 SNAPSHOT = f"{PREFIX}.snap"
 HELLO = f"{PREFIX}.hello"
+GLOBAL_REGION = "global"  # rows of no region (apps), followed by every replica
+REGISTRY_OWNER = "app-registry"  # the one writer of apps rows
 WILDCARD = "*"
 
 

@@ -29,7 +29,9 @@ from pydantic import ValidationError
 
 from souk.catalog.bus import Bus, Message, Subscription
 from souk.catalog.protocol import (
+    GLOBAL_REGION,
     HELLO,
+    REGISTRY_OWNER,
     SNAPSHOT,
     WILDCARD,
     Change,
@@ -46,11 +48,16 @@ from souk.catalog.protocol import (
     pull_subject,
 )
 from souk.catalog.store import ReplicaStore
-from souk.models.catalog import ImageRow, MachineRow, Row, RowChange, WorkerRow
+from souk.models.catalog import AppRow, ImageRow, MachineRow, Row, RowChange, WorkerRow
 
 log = logging.getLogger("souk.catalog.replica")
 
-TABLES: dict[str, type[Row]] = {"workers": WorkerRow, "machines": MachineRow, "images": ImageRow}
+TABLES: dict[str, type[Row]] = {
+    "workers": WorkerRow,
+    "machines": MachineRow,
+    "images": ImageRow,
+    "apps": AppRow,
+}
 UNREACHABLE_AFTER = 3.0
 PULL_TIMEOUT = 2.0
 SNAPSHOT_CHUNK = 1000
@@ -98,6 +105,7 @@ class Replica:
         self._machines: dict[str, MachineRow] = {}
         self._by_app: dict[str, set[str]] = defaultdict(set)
         self._images: dict[str, dict[str, ImageRow]] = defaultdict(dict)
+        self._apps: dict[str, AppRow] = {}
         self._subs: list[Subscription] = []
         self._listeners: list[asyncio.Queue[RowChange]] = []
         self._tasks: set[asyncio.Task[None]] = set()
@@ -116,7 +124,7 @@ class Replica:
             self._index(owner, table, key, Entry(owner, seq, model))
 
     async def start(self, bootstrap: bool = True, bootstrap_timeout: float = 2.0) -> None:
-        follow = [WILDCARD] if self.regions is None else sorted(self.regions)
+        follow = [WILDCARD] if self.regions is None else [*sorted(self.regions), GLOBAL_REGION]
         for region in follow:
             self._subs.append(await self.bus.subscribe(changes_subject(region), self._on_batch))
         self._subs.append(await self.bus.subscribe(heartbeat_subject(WILDCARD), self._on_beat))
@@ -155,7 +163,7 @@ class Replica:
         task.add_done_callback(self._tasks.discard)
 
     def follows(self, region: str) -> bool:
-        return self.regions is None or region in self.regions
+        return self.regions is None or region in self.regions or region == GLOBAL_REGION
 
     # --- applying ----------------------------------------------------------------------------
 
@@ -267,6 +275,11 @@ class Replica:
                 self._images[owner][key] = row
             else:
                 self._images[owner].pop(key, None)
+        elif table == "apps":
+            if isinstance(row, AppRow):
+                self._apps[key] = row
+            else:
+                self._apps.pop(key, None)
 
     # --- messages ------------------------------------------------------------------------------
 
@@ -458,6 +471,12 @@ class Replica:
         held = {m.region for m in self.machines(app=app) if m.state != "destroyed"}
         return sorted(held | {st.region for st in self.owners.values() if app in st.apps})
 
+    def apps(self) -> list[AppRow]:
+        return sorted(self._apps.values(), key=lambda a: a.name)
+
+    def app(self, name: str) -> AppRow | None:
+        return self._apps.get(name)
+
     def head(self, owner: str) -> int:
         st = self.owners.get(owner)
         return st.head if st else 0
@@ -554,6 +573,8 @@ def _ownership_error(owner: str, region: str, key: str, row: Row) -> str | None:
         return f"machine row {row.id!r} on {row.worker_id!r} published by {owner!r}"
     if isinstance(row, ImageRow) and (row.worker_id != owner or row.digest != key):
         return f"image row {row.digest!r} of {row.worker_id!r} published by {owner!r}"
+    if isinstance(row, AppRow) and (owner != REGISTRY_OWNER or row.name != key):
+        return f"app row {row.name!r} published by {owner!r}, not the app registry"
     return None
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Protocol
 
-from souk.models.catalog import MachineRow, RowChange, WorkerRow
+from souk.models.catalog import AppRow, MachineRow, RowChange, WorkerRow
 
 
 class CatalogView(Protocol):
@@ -27,6 +27,12 @@ class CatalogView(Protocol):
         ...
 
     def machine(self, machine_id: str) -> MachineRow | None: ...
+
+    def apps(self) -> list[AppRow]:
+        """Apps from the registry's rows (deleted ones flagged)."""
+        ...
+
+    def app(self, name: str) -> AppRow | None: ...
 
     def image_cached(self, worker_id: str, image: str) -> bool:
         """Whether the worker holds the image (by digest, or by the reference it was pulled as)."""

@@ -117,7 +117,7 @@ def machine_row(m: Machine) -> MachineRow:
 
 
 Table = Literal["workers", "machines", "images", "apps"]
-TABLE_NAMES = frozenset({"workers", "machines", "images"})  # what the catalog replicates
+TABLE_NAMES = frozenset({"workers", "machines", "images", "apps"})  # what the catalog replicates
 ROW_MODELS: dict[str, type[Row]] = {
     "workers": WorkerRow,
     "machines": MachineRow,
