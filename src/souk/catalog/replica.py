@@ -18,6 +18,8 @@ import contextlib
 import itertools
 import json
 import logging
+import os
+import socket
 import time
 from collections import defaultdict
 from collections.abc import AsyncGenerator, AsyncIterator
@@ -97,7 +99,7 @@ class Replica:
         self.regions = set(regions) if regions else None
         self.unreachable_after = unreachable_after
         self.pull_timeout = pull_timeout
-        self.name = name or f"replica-{next(_ids)}-{time.time_ns() % 10**9}"
+        self.name = name or f"{socket.gethostname()}-{os.getpid()}-{next(_ids)}"
         self.store = ReplicaStore(path)
         self.owners: dict[str, OwnerState] = {}
         self.entries: dict[tuple[str, str, str], Entry] = {}
