@@ -13,13 +13,15 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from souk.broker.api import Broker
-from souk.broker.fleet import StaticFleet
+from souk.broker.fleet import CatalogFleet, Fleet, StaticFleet
 from souk.broker.placer import Placer
 from souk.broker.registry import AppRegistry
 from souk.broker.server import make_app as make_broker_app
 from souk.broker.tokens import mint
 from souk.broker.workers import WorkerClient
-from souk.worker.daemon import make_app, make_driver, running
+from souk.catalog.bus import InProcessBus
+from souk.catalog.replica import following
+from souk.worker.daemon import make_app, make_driver, offering, publishing, running
 from souk.worker.engine import Engine
 from souk.worker.settings import WorkerSettings
 
@@ -39,7 +41,7 @@ class WorkerSpec:
 @dataclass
 class Cluster:
     broker: Client
-    fleet: StaticFleet
+    fleet: Fleet
     engines: dict[str, Engine]
     urls: dict[str, str]
     placer: Placer
@@ -55,8 +57,10 @@ class Cluster:
 
 @contextlib.asynccontextmanager
 async def cluster(
-    tmp_path: Path, specs: list[WorkerSpec], deadline: float = 2.0
+    tmp_path: Path, specs: list[WorkerSpec], deadline: float = 2.0, bus: InProcessBus | None = None
 ) -> AsyncIterator[Cluster]:
+    """With a bus, workers publish to the catalog and answer offers on it, and the broker places
+    from a replica; without, it polls the workers (`StaticFleet`)."""
     async with contextlib.AsyncExitStack() as stack:
         engines: dict[str, Engine] = {}
         urls: dict[str, str] = {}
@@ -76,18 +80,21 @@ async def cluster(
             await stack.enter_async_context(server)
             engines[spec.name] = engine
             urls[spec.name] = str(server.make_url("")).rstrip("/")
+            if bus is not None:
+                await stack.enter_async_context(publishing(engine, bus, urls[spec.name]))
+                await stack.enter_async_context(offering(engine, bus))
         client = WorkerClient()
         registry = AppRegistry(tmp_path / "registry.db")
-        fleet = StaticFleet(list(urls.values()), registry, client)
-        await fleet.refresh()
-        placer = Placer(fleet, client, deadline=deadline)
-        broker = Broker(
-            fleet,
-            client,
-            placer,
-            registry=registry,
-            before_place=lambda: fleet.refresh(machines=False),
-        )
+        fleet: Fleet
+        if bus is None:
+            static = StaticFleet(list(urls.values()), registry, client)
+            await static.refresh()
+            fleet, before_place = static, (lambda: static.refresh(machines=False))
+        else:
+            replica = await stack.enter_async_context(following(bus, bootstrap=False))
+            fleet, before_place = CatalogFleet(replica, registry), None
+        placer = Placer(fleet, client, deadline=deadline, bus=bus)
+        broker = Broker(fleet, client, placer, registry=registry, before_place=before_place)
         broker_client = TestClient(TestServer(make_broker_app(broker, SECRET), host="127.0.0.1"))
         await stack.enter_async_context(broker_client)
         c = Cluster(broker_client, fleet, engines, urls, placer)
@@ -109,9 +116,9 @@ ClusterFactory = Callable[..., contextlib.AbstractAsyncContextManager[Cluster]]
 @pytest.fixture
 def make_cluster(tmp_path: Path) -> ClusterFactory:
     def factory(
-        specs: list[WorkerSpec], deadline: float = 2.0
+        specs: list[WorkerSpec], deadline: float = 2.0, bus: InProcessBus | None = None
     ) -> contextlib.AbstractAsyncContextManager[Cluster]:
-        return cluster(tmp_path, specs, deadline)
+        return cluster(tmp_path, specs, deadline, bus)
 
     return factory
 

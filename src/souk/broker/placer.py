@@ -1,9 +1,10 @@
 """Market placement, immediate or cancel: offers, ranking, reservation, all in one deadline.
 
 1. The region's reachable, uncordoned workers that fit the guest by the catalog's picture.
-2. Offers: `offers` asks every one of them in parallel (`POST /v1/offers`); `p2c` asks two
-   sampled at random (Sparrow's power of two choices), two more if both fail; `catalog` asks
-   none and ranks the replicated picture, letting a worker's refusal correct it.
+2. Offers: `offers` asks every one of them at once: one message on the bus that every worker
+   of the region hears (scatter-gather), or `POST /v1/offers` to each where there is no bus;
+   `p2c` asks two sampled at random (Sparrow's power of two choices), two more if both fail;
+   `catalog` asks none and ranks the replicated picture, letting a worker's refusal correct it.
 3. Rank with the policy (`souk.broker.placement`).
 4. Reserve on the best (`POST /v1/machines`); on refusal the next; until the deadline.
 Then the machine, or `NoCapacity` with every worker's reason. Never a pending queue.
@@ -16,6 +17,7 @@ before moving on, and the user never holds a machine they were not told about.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 import secrets
@@ -26,8 +28,9 @@ from typing import Any
 from souk.broker.fleet import Fleet
 from souk.broker.placement import POLICIES, Candidate, Policy, rank
 from souk.broker.workers import WorkerClient, WorkerError
+from souk.catalog.bus import Bus, Message
 from souk.models.api import Refusal, Strategy
-from souk.models.capacity import OfferRequest
+from souk.models.capacity import Offer, OfferCall, OfferRequest, offers_subject
 from souk.models.catalog import WorkerRow
 from souk.models.machine import CreateMachine, GuestConfig, Machine
 
@@ -75,8 +78,10 @@ class Placer:
         policy: Policy = POLICIES["default"],
         deadline: float = DEFAULT_DEADLINE,
         rng: random.Random | None = None,
+        bus: Bus | None = None,
     ) -> None:
         self.fleet = fleet
+        self.bus = bus
         self.client = client
         self.policy = policy
         self.deadline = deadline
@@ -143,10 +148,14 @@ class Placer:
     ) -> list[Candidate]:
         timeout = min(OFFER_TIMEOUT, end - time.monotonic())
         req = OfferRequest(guest=guest, image=image)
-        results = await asyncio.gather(
-            *(self.client.offer(r.id, r.address, req, timeout) for r in rows),
-            return_exceptions=True,
-        )
+        results: list[Offer | BaseException]
+        if self.bus is not None:
+            results = await self._gather(self.bus, rows, req, timeout)
+        else:
+            results = await asyncio.gather(
+                *(self.client.offer(r.id, r.address, req, timeout) for r in rows),
+                return_exceptions=True,
+            )
         cands = []
         for row, result in zip(rows, results, strict=True):
             if isinstance(result, WorkerError):
@@ -166,6 +175,40 @@ class Placer:
                     Candidate.from_capacity(result.capacity, row.address, result.image_cached)
                 )
         return cands
+
+    async def _gather(
+        self, bus: Bus, rows: list[WorkerRow], req: OfferRequest, timeout: float
+    ) -> list[Offer | BaseException]:
+        """One call on the region's subject; the named workers answer to one inbox."""
+        if not rows:
+            return []
+        wanted = {r.id for r in rows}
+        offers: dict[str, Offer] = {}
+        done = asyncio.Event()
+
+        async def on_offer(msg: Message) -> None:
+            try:
+                offer = Offer.model_validate_json(msg.data)
+            except ValueError:
+                return
+            if offer.capacity.worker in wanted:
+                offers[offer.capacity.worker] = offer
+                if len(offers) == len(wanted):
+                    done.set()
+
+        inbox = bus.new_inbox()
+        sub = await bus.subscribe(inbox, on_offer)
+        try:
+            call = OfferCall(request=req, workers=sorted(wanted))
+            await bus.publish(
+                offers_subject(rows[0].region), call.model_dump_json().encode(), reply=inbox
+            )
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(done.wait(), timeout)
+        finally:
+            await sub.unsubscribe()
+        late = WorkerError("", 0, "timeout", f"no offer within {timeout:.2f}s")
+        return [offers.get(r.id, late) for r in rows]
 
     async def _reserve(
         self,

@@ -27,7 +27,7 @@ from souk.catalog.owner import Owner
 from souk.catalog.replica import following
 from souk.web import Route
 from souk.worker.daemon import make_app as make_worker_app
-from souk.worker.daemon import make_driver, publishing, running
+from souk.worker.daemon import make_driver, offering, publishing, running
 from souk.worker.engine import Engine
 from souk.worker.settings import WorkerSettings
 
@@ -93,7 +93,7 @@ async def broker_site(opts: BrokerOptions, bus: Bus | None = None) -> AsyncItera
             async def before_place() -> None:
                 await static.refresh(machines=False)
 
-        placer = Placer(fleet, client, policy_named(opts.policy), opts.deadline)
+        placer = Placer(fleet, client, policy_named(opts.policy), opts.deadline, bus=bus)
         broker = Broker(fleet, client, placer, registry, opts.registry_url, before_place)
         runner = web.AppRunner(make_app(broker, opts.secret, extra), access_log=None)
         await runner.setup()
@@ -174,6 +174,7 @@ async def dev_cluster(
                 await web.TCPSite(runner, host, 0).start()
                 urls.append(f"http://{host}:{runner.addresses[0][1]}")
                 await stack.enter_async_context(publishing(engine, bus, urls[-1]))
+                await stack.enter_async_context(offering(engine, bus))
         opts = BrokerOptions(host, port, secret, urls, registry_dir=data_dir / "registry")
         url = await stack.enter_async_context(broker_site(opts, bus))
         token = mint(secret, operator=True)

@@ -37,3 +37,16 @@ class Offer(BaseModel):
     fits: bool
     image_cached: bool
     capacity: Capacity
+
+
+class OfferCall(BaseModel):
+    """Offers asked of many workers of a region with one message on the bus (scatter-gather):
+    each worker named in `workers` answers with an `Offer` to the message's reply subject."""
+
+    model_config = ConfigDict(extra="forbid")
+    request: OfferRequest
+    workers: list[str]
+
+
+def offers_subject(region: str) -> str:
+    return f"souk.offers.{region}"

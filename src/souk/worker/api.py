@@ -33,18 +33,7 @@ def routes(engine: Engine) -> list[Route]:
         return reply(engine.capacity())
 
     async def offer(request: web.Request) -> web.Response:
-        body = await read_model(request, OfferRequest)
-        cap = engine.capacity()
-        fits = (
-            not cap.cordoned
-            and body.guest.cpu_kind in cap.cpu_kinds
-            and body.guest.cpus <= cap.free.cpus
-            and body.guest.memory_mb <= cap.free.memory_mb
-        )
-        cached = engine.drivers.image_cached(body.image)
-        if body.image and engine.drivers.image is None:
-            fits = False  # this worker cannot run images at all
-        return reply(Offer(fits=fits, image_cached=cached, capacity=cap))
+        return reply(engine.offer(await read_model(request, OfferRequest)))
 
     async def create(request: web.Request) -> web.Response:
         body = await read_model(request, CreateMachine)

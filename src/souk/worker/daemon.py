@@ -13,8 +13,9 @@ from collections.abc import AsyncIterator
 from aiohttp import web
 
 from souk import __version__
-from souk.catalog.bus import Bus, NatsBus
+from souk.catalog.bus import Bus, Message, NatsBus
 from souk.catalog.owner import Owner
+from souk.models.capacity import OfferCall, offers_subject
 from souk.web import add_routes, error_middleware
 from souk.worker import api, logs
 from souk.worker.cgroups import Cgroups
@@ -89,6 +90,29 @@ async def publishing(engine: Engine, bus: Bus, address: str | None = None) -> As
         await owner.stop()
 
 
+@contextlib.asynccontextmanager
+async def offering(engine: Engine, bus: Bus) -> AsyncIterator[None]:
+    """Answer the region's offer calls on the bus: one message from a broker reaches every
+    worker of the region, instead of one HTTP request to each."""
+    me = engine.settings.name
+
+    async def on_call(msg: Message) -> None:
+        if not msg.reply:
+            return
+        try:
+            call = OfferCall.model_validate_json(msg.data)
+        except ValueError:
+            return
+        if me in call.workers:
+            await bus.publish(msg.reply, engine.offer(call.request).model_dump_json().encode())
+
+    sub = await bus.subscribe(offers_subject(engine.settings.region), on_call)
+    try:
+        yield
+    finally:
+        await sub.unsubscribe()
+
+
 async def serve(
     settings: WorkerSettings, driver_name: str, host: str, port: int, nats: str | None = None
 ) -> None:
@@ -99,6 +123,7 @@ async def serve(
             bus = await NatsBus.connect(nats, name=f"souk-worker-{settings.name}")
             stack.push_async_callback(bus.close)
             await stack.enter_async_context(publishing(engine, bus))
+            await stack.enter_async_context(offering(engine, bus))
         runner = web.AppRunner(make_app(engine), access_log=None)
         await runner.setup()
         site = web.TCPSite(runner, host, port, backlog=1024)

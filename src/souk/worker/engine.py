@@ -21,7 +21,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from souk.models.api import NONCE_HEADER, Lease
-from souk.models.capacity import Capacity, Resources
+from souk.models.capacity import Capacity, Offer, OfferRequest, Resources
 from souk.models.machine import (
     Check,
     CheckStatus,
@@ -446,6 +446,19 @@ class Engine:
             )
             for r in rows
         ]
+
+    def offer(self, req: OfferRequest) -> Offer:
+        """Would this guest fit here now? A hint for ranking; only a reservation decides."""
+        cap = self.capacity()
+        fits = (
+            not cap.cordoned
+            and req.guest.cpu_kind in cap.cpu_kinds
+            and req.guest.cpus <= cap.free.cpus
+            and req.guest.memory_mb <= cap.free.memory_mb
+        )
+        if req.image and self.drivers.image is None:
+            fits = False  # this worker cannot run images at all
+        return Offer(fits=fits, image_cached=self.drivers.image_cached(req.image), capacity=cap)
 
     def capacity(self) -> Capacity:
         s = self.settings

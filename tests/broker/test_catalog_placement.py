@@ -1,0 +1,62 @@
+"""The broker as it runs in a cluster: workers publish to the catalog and answer offers on the
+bus; the broker places from its replica with one offer call per placement."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from souk.catalog.bus import InProcessBus
+from tests.broker.conftest import Cluster, ClusterFactory, WorkerSpec, machine_body
+
+
+async def created(c: Cluster, body: dict[str, object]) -> dict[str, object]:
+    resp = await c.call("POST", "/v1/apps/demo/machines", json=body)
+    assert resp.status == 200, await resp.text()
+    machine: dict[str, object] = await resp.json()
+    return machine
+
+
+async def listed(c: Cluster) -> set[str]:
+    resp = await c.call("GET", "/v1/apps/demo/machines")
+    return {m["id"] for m in await resp.json()}
+
+
+async def eventually_listed(c: Cluster, ids: set[str]) -> None:
+    deadline = time.monotonic() + 5
+    while await listed(c) != ids:
+        assert time.monotonic() < deadline, "the replica never caught up"
+        await asyncio.sleep(0.01)
+
+
+async def test_offers_over_the_bus_place_in_the_region(make_cluster: ClusterFactory) -> None:
+    bus = InProcessBus()
+    specs = [
+        WorkerSpec("m1", "mad", cpus=2),
+        WorkerSpec("m2", "mad", cpus=2),
+        WorkerSpec("a1", "ams"),
+    ]
+    async with make_cluster(specs, bus=bus) as c:
+        made = [await created(c, machine_body("mad")) for _ in range(4)]
+        assert {m["region"] for m in made} == {"mad"}
+        assert sorted(c.engines[w].capacity().machines for w in ("m1", "m2")) == [2, 2]
+        await eventually_listed(c, {str(m["id"]) for m in made})
+        resp = await c.call("POST", "/v1/apps/demo/machines", json=machine_body("mad"))
+        assert resp.status == 412
+        body = await resp.json()
+        assert body["status"] == "insufficient_capacity"
+        assert {r["worker"] for r in body["details"]["refusals"]} == {"m1", "m2"}
+
+
+async def test_a_worker_that_does_not_answer_its_offer_call_is_passed_over(
+    make_cluster: ClusterFactory,
+) -> None:
+    bus = InProcessBus()
+    async with make_cluster([WorkerSpec("m1", "mad"), WorkerSpec("m2", "mad")], bus=bus) as c:
+        # one worker stops hearing offer calls; the catalog still lists it
+        deaf = next(s for s in bus.subscriptions if s.pattern == "souk.offers.mad")
+        await deaf.unsubscribe()
+        for _ in range(3):
+            await created(c, machine_body("mad"))
+        counts = {w: c.engines[w].capacity().machines for w in ("m1", "m2")}
+        assert sorted(counts.values()) == [0, 3]
