@@ -24,6 +24,7 @@ import argparse
 import asyncio
 import contextlib
 import cProfile
+import gc
 import json
 import os
 import platform
@@ -46,6 +47,8 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from souk.catalog import owner as owner_module
+from souk.catalog import replica as replica_module
 from souk.catalog.bus import NatsBus
 from souk.catalog.owner import Owner
 from souk.catalog.protocol import PREFIX, Batch, encode
@@ -72,6 +75,43 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+# --- instruments ---------------------------------------------------------------------------------
+
+
+def stamp_batches(module: Any, name: str, into: list[tuple[float, float]]) -> None:
+    """Wraps `module.<name>` (the catalog's `encode` as the owner module uses it, or its
+    `decode_batch` as the replica module does) to note (commit time, now) for each machine row
+    of each batch: the intermediate stages of the latency, without touching the catalog."""
+    inner = getattr(module, name)
+
+    def traced(arg: Any) -> Any:
+        out = inner(arg)
+        batch = out if isinstance(out, Batch) else arg
+        if isinstance(batch, Batch):
+            now = time.time()
+            for change in batch.changes:
+                if change.row is not None and "updated_at" in change.row:
+                    into.append((float(change.row["updated_at"]), now))
+        return out
+
+    setattr(module, name, traced)
+
+
+class GcPauses:
+    """This process's garbage-collector pauses: (wall-clock end, seconds)."""
+
+    def __init__(self) -> None:
+        self.pauses: list[tuple[float, float]] = []
+        self._began = 0.0
+        gc.callbacks.append(self._note)
+
+    def _note(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._began = time.perf_counter()
+        else:
+            self.pauses.append((time.time(), time.perf_counter() - self._began))
+
+
 # --- nats-server -----------------------------------------------------------------------------
 
 
@@ -80,6 +120,7 @@ class Server:
     url: str
     monitor: str
     version: str
+    pid: int
 
 
 @contextlib.asynccontextmanager
@@ -105,7 +146,7 @@ async def nats_server(workdir: Path) -> AsyncIterator[Server]:
                         version = str((await resp.json())["version"])
                         break
                 await asyncio.sleep(0.02)
-        yield Server(f"nats://127.0.0.1:{port}", monitor, version)
+        yield Server(f"nats://127.0.0.1:{port}", monitor, version, proc.pid)
     finally:
         if proc.returncode is None:
             proc.terminate()
@@ -209,7 +250,10 @@ async def replica_process(url: str, workers: int, machines: int, out: Path, prof
     """Child process: a replica following every region; prints `ready` once subscribed and
     `converged` once it holds every owner's rows; on EOF on stdin writes its samples to `out`."""
     samples: list[tuple[float, float]] = []  # (commit, visible) wall-clock times
-    cpu: list[tuple[float, float, int, int]] = []  # (wall, process cpu seconds, gaps, pulls)
+    received: list[tuple[float, float]] = []  # (commit, decoded here)
+    counters: list[tuple[float, int, int]] = []  # (wall, gaps, pulls)
+    stamp_batches(replica_module, "decode_batch", received)
+    pauses = GcPauses()
     profiler = cProfile.Profile() if profile else None
     bus = await NatsBus.connect(url, name="bench-replica")
     async with following(bus, out.with_suffix(".db")) as replica:
@@ -219,10 +263,9 @@ async def replica_process(url: str, workers: int, machines: int, out: Path, prof
                 if rc.row is not None:
                     samples.append((float(rc.row["updated_at"]), time.time()))
 
-        async def sample_cpu() -> None:
+        async def sample() -> None:
             while True:
-                st = replica.stats
-                cpu.append((time.time(), time.process_time(), st["gaps"], st["pulls"]))
+                counters.append((time.time(), replica.stats["gaps"], replica.stats["pulls"]))
                 await asyncio.sleep(0.1)
 
         async def announce() -> None:
@@ -235,7 +278,7 @@ async def replica_process(url: str, workers: int, machines: int, out: Path, prof
             if profiler is not None:
                 profiler.enable()
 
-        tasks = [asyncio.create_task(c) for c in (watch(), sample_cpu(), announce())]
+        tasks = [asyncio.create_task(c) for c in (watch(), sample(), announce())]
         print("ready", flush=True)
         await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
         if profiler is not None:
@@ -245,7 +288,8 @@ async def replica_process(url: str, workers: int, machines: int, out: Path, prof
             task.cancel()
         stats = dict(replica.stats)
     await bus.close()
-    out.write_text(json.dumps({"samples": samples, "cpu": cpu, "stats": stats}))
+    result = {"samples": samples, "received": received, "counters": counters, "stats": stats}
+    out.write_text(json.dumps(result | {"gc": pauses.pauses}))
 
 
 class ReplicaProc:
@@ -348,9 +392,19 @@ class Row:
     heartbeat_bytes_per_s: float
     replica_cpu_pct: float  # of one core, the first replica
     owners_cpu_pct: float  # of one core, this process (owners and the load driver)
-    server_cpu_pct: float  # nats-server, as /varz reports it at the end of the window
+    server_cpu_pct: float  # of one core, nats-server
+    others_cpu_pct: float  # of one core, the rest of the host (not this benchmark)
+    steal_pct: float  # of one core, taken by the hypervisor from this VM's vCPUs
     gaps: int  # batches the replica received out of order (repaired by pulls)
     pulls: int
+    sent_p50_ms: float  # commit → handed to NATS by the owner
+    sent_p99_ms: float
+    received_p50_ms: float  # commit → decoded by the replica (before applying)
+    received_p99_ms: float
+    replica_gc_max_ms: float  # the replica's longest garbage-collector pause
+    replica_gc_ms_per_s: float
+    owners_gc_max_ms: float
+    owners_gc_ms_per_s: float
     replica_p99_ms: list[float] = field(default_factory=list)  # per replica
 
 
@@ -365,31 +419,75 @@ class Window:
     counts1: dict[str, tuple[int, int]]
     varz0: dict[str, Any]
     varz1: dict[str, Any]
-    cpu0: float
-    cpu1: float
+    cpu0: dict[str, float]
+    cpu1: dict[str, float]
 
 
-def between(samples: list[list[float]], t0: float, t1: float) -> tuple[float, int, int]:
-    """From a replica's (wall, cpu seconds, gaps, pulls) samples, over the ones within t0..t1:
-    its CPU in % of one core, and the gaps and pulls it had meanwhile."""
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float:
+    """A process's CPU time (user + system) so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICK
+
+
+def host_seconds() -> tuple[float, float]:
+    """CPU time all cores of this (virtual) host spent busy so far, and the time the hypervisor
+    took from it (steal: its vCPUs wanted to run but another guest ran)."""
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (
+        int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]
+    )
+    return (user + nice + system + irq + softirq) / TICK, steal / TICK
+
+
+def cpu_now(pids: dict[str, int]) -> dict[str, float]:
+    times = {name: cpu_seconds(pid) for name, pid in pids.items()}
+    times["host"], times["steal"] = host_seconds()
+    return times
+
+
+def counted(samples: list[list[float]], t0: float, t1: float) -> tuple[int, int]:
+    """From a replica's (wall, gaps, pulls) samples: the gaps and pulls it had within t0..t1."""
     inside = [s for s in samples if t0 <= s[0] <= t1]
-    if len(inside) < 2 or inside[-1][0] <= inside[0][0]:
-        return 0.0, 0, 0
-    a, b = inside[0], inside[-1]
-    return 100 * (b[1] - a[1]) / (b[0] - a[0]), int(b[2] - a[2]), int(b[3] - a[3])
+    if len(inside) < 2:
+        return 0, 0
+    return int(inside[-1][1] - inside[0][1]), int(inside[-1][2] - inside[0][2])
 
 
-def summarize(w: Window, owners: int, results: list[dict[str, Any]], floor_p99: float) -> Row:
-    per_replica = []
-    for result in results[: w.replicas]:
-        per_replica.append(sorted(v - c for c, v in result["samples"] if w.t0 <= c < w.t1))
+def stage(stamps: Sequence[Sequence[float]], t0: float, t1: float) -> list[float]:
+    """Delays (seconds) of the stamped changes committed within t0..t1, sorted."""
+    return sorted(b - a for a, b in stamps if t0 <= a < t1)
+
+
+def gc_in(pauses: Sequence[Sequence[float]], t0: float, t1: float) -> tuple[float, float]:
+    """The longest pause and the pause time per second (both ms) within t0..t1."""
+    inside = [p for end, p in pauses if t0 <= end < t1]
+    return max(inside, default=0.0) * 1000, sum(inside) * 1000 / (t1 - t0)
+
+
+def summarize(
+    w: Window,
+    owners: int,
+    results: list[dict[str, Any]],
+    floor_p99: float,
+    sent: list[tuple[float, float]],
+    owner_pauses: list[tuple[float, float]],
+) -> Row:
+    per_replica = [stage(result["samples"], w.t0, w.t1) for result in results[: w.replicas]]
+    to_wire = stage(sent, w.t0, w.t1)
+    to_replica = stage(results[0]["received"], w.t0, w.t1)
+    replica_gc = gc_in(results[0]["gc"], w.t0, w.t1)
+    owners_gc = gc_in(owner_pauses, w.t0, w.t1)
     first = per_replica[0]
     seconds = w.t1 - w.t0
     n = max(w.changes, 1)
     ch = [b - a for a, b in zip(w.counts0["ch"], w.counts1["ch"], strict=True)]
     hb = [b - a for a, b in zip(w.counts0["hb"], w.counts1["hb"], strict=True)]
     p99 = pct(first, 99)
-    cpu, gaps, pulls = between(results[0]["cpu"], w.t0, w.t1)
+    gaps, pulls = counted(results[0]["counters"], w.t0, w.t1)
+    cpu = {k: 100 * (w.cpu1[k] - w.cpu0[k]) / seconds for k in w.cpu0}
+    ours = cpu["owners"] + cpu["nats"] + sum(v for k, v in cpu.items() if k.startswith("replica"))
     return Row(
         owners=owners,
         replicas=w.replicas,
@@ -407,11 +505,21 @@ def summarize(w: Window, owners: int, results: list[dict[str, Any]], floor_p99: 
         server_out_bytes_per_change=(w.varz1["out_bytes"] - w.varz0["out_bytes"]) / n,
         heartbeats_per_s=hb[0] / seconds,
         heartbeat_bytes_per_s=hb[1] / seconds,
-        replica_cpu_pct=cpu,
-        owners_cpu_pct=100 * (w.cpu1 - w.cpu0) / seconds,
-        server_cpu_pct=float(w.varz1.get("cpu", 0.0)),
+        replica_cpu_pct=cpu["replica1"],
+        owners_cpu_pct=cpu["owners"],
+        server_cpu_pct=cpu["nats"],
+        others_cpu_pct=max(0.0, cpu["host"] - ours),
+        steal_pct=cpu["steal"],
         gaps=gaps,
         pulls=pulls,
+        sent_p50_ms=pct(to_wire, 50),
+        sent_p99_ms=pct(to_wire, 99),
+        received_p50_ms=pct(to_replica, 50),
+        received_p99_ms=pct(to_replica, 99),
+        replica_gc_max_ms=replica_gc[0],
+        replica_gc_ms_per_s=replica_gc[1],
+        owners_gc_max_ms=owners_gc[0],
+        owners_gc_ms_per_s=owners_gc[1],
         replica_p99_ms=[pct(lat, 99) for lat in per_replica],
     )
 
@@ -426,6 +534,8 @@ async def measure_fleet(
     workdir: Path,
     profile: Path | None,
     progress: Progress,
+    sent: list[tuple[float, float]],
+    pauses: GcPauses,
 ) -> list[Row]:
     """One fleet of `owners`, then each (rate, replicas) phase in turn while heartbeats flow."""
     machines = owners * MACHINES_PER_OWNER
@@ -459,9 +569,12 @@ async def measure_fleet(
                     progress.update(bar, completed=time.perf_counter() - began)
 
                 await drive(f, rate, warmup, tick)
-                v0, c0, cpu0, t0 = await varz(http, server), f.bus.snapshot(), *_now()
+                pids = {"owners": os.getpid(), "nats": server.pid}
+                pids |= {f"replica{i + 1}": r.proc.pid for i, r in enumerate(replicas)}
+                v0, c0 = await varz(http, server), f.bus.snapshot()
+                cpu0, t0 = cpu_now(pids), time.time()
                 changes = await drive(f, rate, seconds, tick)
-                cpu1, t1 = _now()
+                cpu1, t1 = cpu_now(pids), time.time()
                 v1, c1 = await varz(http, server), f.bus.snapshot()
                 windows.append(Window(rate, want, t0, t1, changes, c0, c1, v0, v1, cpu0, cpu1))
                 progress.update(bar, completed=warmup + seconds)
@@ -470,16 +583,13 @@ async def measure_fleet(
     finally:
         for r in replicas:
             await r.kill()
-    rows = [summarize(w, owners, results, floor_p99) for w in windows]
+    rows = [summarize(w, owners, results, floor_p99, sent, pauses.pauses) for w in windows]
     if profile is not None:
         prof = workdir / f"r1-{owners}.prof"
         target = profile.with_name(f"{profile.stem}-{owners}{profile.suffix or '.prof'}")
+        target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(prof, target)
     return rows
-
-
-def _now() -> tuple[float, float]:
-    return time.process_time(), time.time()
 
 
 @dataclass
@@ -496,13 +606,17 @@ class Report:
 async def measure(args: argparse.Namespace, progress: Progress) -> Report:
     size = batch_size()
     with tempfile.TemporaryDirectory(prefix="souk-bench-") as tmp:
-        workdir = Path(tmp)
+        workdir = Path(tmp) if args.keep is None else args.keep
+        workdir.mkdir(parents=True, exist_ok=True)
         async with nats_server(workdir) as server:
             task = progress.add_task(f"bare NATS, {size} B messages", total=FLOOR_SAMPLES)
             floor = await bare_floor(
                 server.url, size, FLOOR_SAMPLES, lambda: progress.advance(task)
             )
             floor_p99 = pct(floor, 99)
+            sent: list[tuple[float, float]] = []  # (commit, handed to NATS), at the owners
+            stamp_batches(owner_module, "encode", sent)
+            pauses = GcPauses()
             rows: list[Row] = []
             phases = [(rate, 1) for rate in args.rates]
             if args.second_replica:
@@ -518,6 +632,8 @@ async def measure(args: argparse.Namespace, progress: Progress) -> Report:
                     workdir,
                     args.profile_replica,
                     progress,
+                    sent,
+                    pauses,
                 )
     return Report(
         machine_info(),
@@ -580,6 +696,8 @@ def tables(report: Report) -> list[Table]:
         "replica CPU",
         "owners CPU",
         "nats-server CPU",
+        "rest of host CPU",
+        "steal",
     ):
         load.add_column(name, justify="right")
     for r in report.rows:
@@ -596,8 +714,48 @@ def tables(report: Report) -> list[Table]:
             f"{r.replica_cpu_pct:.0f}%",
             f"{r.owners_cpu_pct:.0f}%",
             f"{r.server_cpu_pct:.0f}%",
+            f"{r.others_cpu_pct:.0f}%",
+            f"{r.steal_pct:.0f}%",
         )
-    return [lat, load]
+    where = Table(title="where the time goes (first replica): commit → stage, ms")
+    for name in (
+        "owners",
+        "replicas",
+        "changes/s",
+        "sent p50",
+        "sent p99",
+        "received p50",
+        "received p99",
+        "visible p50",
+        "visible p99",
+        "replica GC max",
+        "replica GC ms/s",
+        "owners GC max",
+        "owners GC ms/s",
+    ):
+        where.add_column(name, justify="right")
+    for r in report.rows:
+        where.add_row(
+            f"{r.owners:,}",
+            str(r.replicas),
+            f"{r.actual_rate:,.0f}",
+            *(
+                f"{x:.1f}"
+                for x in (
+                    r.sent_p50_ms,
+                    r.sent_p99_ms,
+                    r.received_p50_ms,
+                    r.received_p99_ms,
+                    r.p50_ms,
+                    r.p99_ms,
+                    r.replica_gc_max_ms,
+                    r.replica_gc_ms_per_s,
+                    r.owners_gc_max_ms,
+                    r.owners_gc_ms_per_s,
+                )
+            ),
+        )
+    return [lat, load, where]
 
 
 def profile_summary(path: Path, console: Console) -> None:
@@ -627,6 +785,9 @@ def main() -> None:
         "--profile-replica",
         type=Path,
         help="cProfile the first replica (steady state) into FILE-<owners>.prof; slows it",
+    )
+    parser.add_argument(
+        "--keep", type=Path, help="keep the replicas' samples, databases and logs in this dir"
     )
     args = parser.parse_args()
     args.owners = [int(s) for s in args.owners.split(",")]
