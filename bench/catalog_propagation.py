@@ -204,7 +204,9 @@ def app_of(src: SimRows, slot: int) -> str:
 
 
 @contextlib.asynccontextmanager
-async def fleet(url: str, count: int, advance: Callable[[], None]) -> AsyncIterator[Fleet]:
+async def fleet(
+    url: str, count: int, advance: Callable[[], None], freeze: bool
+) -> AsyncIterator[Fleet]:
     """`count` owners on one connection, started over one second (their heartbeats spread as a
     real fleet's), each with MACHINES_PER_OWNER machines."""
     bus = CountingBus(await NatsBus.connect(url, name="bench-owners"))
@@ -221,11 +223,18 @@ async def fleet(url: str, count: int, advance: Callable[[], None]) -> AsyncItera
                 src.machine(app_of(src, slot), key=f"{src.owner}-m{slot}")
             advance()
             await asyncio.sleep(max(0.0, began + (i + 1) / count - time.perf_counter()))
+        if freeze:
+            # A real owner is one small process per host; here a thousand share one heap, whose
+            # full collections would stall them all together. Their long-lived state is moved
+            # out of the collector's reach, as a thousand small heaps would have it.
+            gc.collect()
+            gc.freeze()
         yield Fleet(bus, sources, owners)
     finally:
         for owner in owners:
             await owner.stop()
         await bus.close()
+        gc.unfreeze()
 
 
 async def drive(fleet: Fleet, rate: float, seconds: float, tick: Callable[[int], None]) -> int:
@@ -536,6 +545,7 @@ async def measure_fleet(
     progress: Progress,
     sent: list[tuple[float, float]],
     pauses: GcPauses,
+    freeze: bool,
 ) -> list[Row]:
     """One fleet of `owners`, then each (rate, replicas) phase in turn while heartbeats flow."""
     machines = owners * MACHINES_PER_OWNER
@@ -549,7 +559,7 @@ async def measure_fleet(
         )
         task = progress.add_task(f"{owners} owners: starting", total=owners)
         async with (
-            fleet(server.url, owners, lambda: progress.advance(task)) as f,
+            fleet(server.url, owners, lambda: progress.advance(task), freeze) as f,
             aiohttp.ClientSession() as http,
         ):
             await replicas[0].expect("converged", 120)
@@ -594,6 +604,7 @@ async def measure_fleet(
 
 @dataclass
 class Report:
+    command: str
     machine: str
     nats_server: str
     message_bytes: int
@@ -634,8 +645,10 @@ async def measure(args: argparse.Namespace, progress: Progress) -> Report:
                     progress,
                     sent,
                     pauses,
+                    args.freeze_owners,
                 )
     return Report(
+        " ".join(["bench/catalog_propagation.py", *sys.argv[1:]]),
         machine_info(),
         server.version,
         size,
@@ -778,6 +791,12 @@ def main() -> None:
         dest="second_replica",
         action="store_false",
         help="skip the phase with two replicas at the highest rate",
+    )
+    parser.add_argument(
+        "--no-freeze-owners",
+        dest="freeze_owners",
+        action="store_false",
+        help="leave the simulated owners' state to the garbage collector (one shared heap)",
     )
     parser.add_argument("--quick", action="store_true", help="a short run: 5 s phases")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
