@@ -255,7 +255,7 @@ async def drive(fleet: Fleet, rate: float, seconds: float, tick: Callable[[int],
 # --- a replica process -----------------------------------------------------------------------
 
 
-async def replica_process(url: str, workers: int, machines: int, out: Path, profile: bool) -> None:
+async def replica_process(url: str, workers: int, machines: int, profile: bool, out: Path) -> None:
     """Child process: a replica following every region; prints `ready` once subscribed and
     `converged` once it holds every owner's rows; on EOF on stdin writes its samples to `out`."""
     samples: list[tuple[float, float]] = []  # (commit, visible) wall-clock times
@@ -301,17 +301,15 @@ async def replica_process(url: str, workers: int, machines: int, out: Path, prof
     out.write_text(json.dumps(result | {"gc": pauses.pauses}))
 
 
-class ReplicaProc:
+class Child:
+    """This script again, as a replica or a sink: says `ready`, writes `out` at EOF on stdin."""
+
     def __init__(self, proc: asyncio.subprocess.Process, out: Path) -> None:
         self.proc, self.out = proc, out
-        self.result: dict[str, Any] = {}
 
     @classmethod
-    async def start(
-        cls, url: str, workers: int, machines: int, out: Path, profile: bool
-    ) -> ReplicaProc:
-        argv = [sys.executable, __file__, "--replica-process", url, str(workers), str(machines)]
-        argv += [str(out), "1" if profile else "0"]
+    async def start(cls, role: str, args: list[str], out: Path) -> Child:
+        argv = [sys.executable, __file__, role, *args, str(out)]
         proc = await asyncio.create_subprocess_exec(
             *argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE
         )
@@ -319,18 +317,24 @@ class ReplicaProc:
         await child.expect("ready", 30)
         return child
 
+    @classmethod
+    async def replica(
+        cls, url: str, workers: int, machines: int, out: Path, profile: bool
+    ) -> Child:
+        args = [url, str(workers), str(machines), "1" if profile else "0"]
+        return await cls.start("--replica-process", args, out)
+
     async def expect(self, word: str, timeout: float) -> None:
         assert self.proc.stdout is not None
         line = await asyncio.wait_for(self.proc.stdout.readline(), timeout)
         if line.decode().strip() != word:
-            raise SystemExit(f"replica process: expected {word!r}, got {line!r}")
+            raise SystemExit(f"child process: expected {word!r}, got {line!r}")
 
-    async def finish(self) -> dict[str, Any]:
+    async def finish(self) -> Any:
         assert self.proc.stdin is not None
         self.proc.stdin.close()
         await asyncio.wait_for(self.proc.wait(), 60)
-        self.result = json.loads(self.out.read_text())
-        return self.result
+        return json.loads(self.out.read_text())
 
     async def kill(self) -> None:
         if self.proc.returncode is None:
@@ -341,34 +345,111 @@ class ReplicaProc:
 # --- the floor: bare NATS ----------------------------------------------------------------------
 
 
-async def bare_floor(url: str, size: int, samples: int, advance: Callable[[], None]) -> list[float]:
+async def bare_floor(
+    url: str, size: int, samples: int, advance: Callable[[], None]
+) -> tuple[list[float], int]:
     """One message at a time from one nats-py connection to another (no flush, as NatsBus):
-    publish → received, in seconds."""
+    publish → received, in seconds; and how many never arrived within a second."""
     import nats
 
     pub = await nats.connect(url, name="bench-floor-pub")
     sub = await nats.connect(url, name="bench-floor-sub")
-    arrived: asyncio.Queue[float] = asyncio.Queue()
+    arrived: asyncio.Queue[tuple[int, float]] = asyncio.Queue()
 
     async def on_msg(msg: Any) -> None:
-        arrived.put_nowait(time.perf_counter())
+        arrived.put_nowait((int(msg.data[:12]), time.perf_counter()))
 
     await sub.subscribe("bench.floor", cb=on_msg)
     await sub.flush()
-    payload = b"x" * size
     latencies: list[float] = []
+    lost = 0
     try:
         for i in range(samples + 200):
             sent = time.perf_counter()
-            await pub.publish("bench.floor", payload)
-            got = await asyncio.wait_for(arrived.get(), 5)
+            await pub.publish("bench.floor", f"{i:012d}".encode().ljust(size, b"x"))
+            try:
+                while (got := await asyncio.wait_for(arrived.get(), 1))[0] != i:
+                    pass  # a late one, already counted lost
+            except TimeoutError:
+                lost += 1
+                continue
             if i >= 200:  # warm-up
-                latencies.append(got - sent)
+                latencies.append(got[1] - sent)
                 advance()
     finally:
         await pub.close()
         await sub.close()
-    return latencies
+    return latencies, lost
+
+
+async def sink_process(url: str, out: Path) -> None:
+    """Child process: notes (sent, received) wall-clock times of bare messages, stamped by the
+    sender, until EOF on stdin."""
+    import nats
+
+    got: list[tuple[float, float]] = []
+    nc = await nats.connect(url, name="bench-sink")
+
+    async def on_msg(msg: Any) -> None:
+        got.append((float(msg.data[:20]), time.time()))
+
+    await nc.subscribe("bench.sink", cb=on_msg)
+    await nc.flush()
+    print("ready", flush=True)
+    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
+    await nc.close()
+    out.write_text(json.dumps(got))
+
+
+@dataclass
+class BareRow:
+    """Bare NATS across processes at a steady rate: what the host and NATS alone cost."""
+
+    rate: int
+    actual_rate: float
+    messages: int
+    received_pct: float
+    p50_ms: float
+    p99_ms: float
+    max_ms: float
+    steal_pct: float
+
+
+async def bare_at_rate(
+    url: str, rate: int, seconds: float, size: int, workdir: Path, progress: Progress
+) -> BareRow:
+    """Messages of `size` bytes at `rate` per second from this process to a sink process."""
+    import nats
+
+    sink = await Child.start("--sink-process", [url], workdir / f"sink-{rate}.json")
+    nc = await nats.connect(url, name="bench-bare")
+    bar = progress.add_task(f"bare NATS across processes, {rate}/s", total=seconds)
+    try:
+        steal0, began, sent = host_seconds()[1], time.perf_counter(), 0
+        while (now := time.perf_counter() - began) < seconds:
+            while sent < int(rate * now):
+                await nc.publish("bench.sink", f"{time.time():20.6f}".encode().ljust(size, b"x"))
+                sent += 1
+            progress.update(bar, completed=now)
+            await asyncio.sleep(0.002)
+        elapsed, steal = time.perf_counter() - began, host_seconds()[1] - steal0
+        await nc.flush()
+        await asyncio.sleep(1)
+        got = await sink.finish()
+    finally:
+        await nc.close()
+        await sink.kill()
+    lat = sorted(b - a for a, b in got)
+    return BareRow(
+        rate,
+        sent / elapsed,
+        sent,
+        100 * len(lat) / max(sent, 1),
+        pct(lat, 50),
+        pct(lat, 99),
+        lat[-1] * 1000 if lat else 0.0,
+        100 * steal / elapsed,
+    )
 
 
 def batch_size() -> int:
@@ -549,11 +630,11 @@ async def measure_fleet(
 ) -> list[Row]:
     """One fleet of `owners`, then each (rate, replicas) phase in turn while heartbeats flow."""
     machines = owners * MACHINES_PER_OWNER
-    replicas: list[ReplicaProc] = []
+    replicas: list[Child] = []
     windows: list[Window] = []
     try:
         replicas.append(
-            await ReplicaProc.start(
+            await Child.replica(
                 server.url, owners, machines, workdir / f"r1-{owners}.json", profile is not None
             )
         )
@@ -567,9 +648,7 @@ async def measure_fleet(
             for rate, want in phases:
                 while len(replicas) < want:
                     out = workdir / f"r{len(replicas) + 1}-{owners}.json"
-                    replicas.append(
-                        await ReplicaProc.start(server.url, owners, machines, out, False)
-                    )
+                    replicas.append(await Child.replica(server.url, owners, machines, out, False))
                     await replicas[-1].expect("converged", 120)
                 label = f"{owners} owners, {rate}/s, {want} replica{'s' if want > 1 else ''}"
                 bar = progress.add_task(label, total=warmup + seconds)
@@ -611,6 +690,8 @@ class Report:
     floor_p50_ms: float
     floor_p99_ms: float
     floor_max_ms: float
+    floor_lost: int
+    bare: list[BareRow]
     rows: list[Row]
 
 
@@ -621,10 +702,14 @@ async def measure(args: argparse.Namespace, progress: Progress) -> Report:
         workdir.mkdir(parents=True, exist_ok=True)
         async with nats_server(workdir) as server:
             task = progress.add_task(f"bare NATS, {size} B messages", total=FLOOR_SAMPLES)
-            floor = await bare_floor(
+            floor, floor_lost = await bare_floor(
                 server.url, size, FLOOR_SAMPLES, lambda: progress.advance(task)
             )
             floor_p99 = pct(floor, 99)
+            bare = [
+                await bare_at_rate(server.url, rate, args.seconds, size, workdir, progress)
+                for rate in args.rates
+            ]
             sent: list[tuple[float, float]] = []  # (commit, handed to NATS), at the owners
             stamp_batches(owner_module, "encode", sent)
             pauses = GcPauses()
@@ -655,6 +740,8 @@ async def measure(args: argparse.Namespace, progress: Progress) -> Report:
         pct(floor, 50),
         floor_p99,
         max(floor) * 1000,
+        floor_lost,
+        bare,
         rows,
     )
 
@@ -673,8 +760,9 @@ def tables(report: Report) -> list[Table]:
     lat = Table(
         title=(
             f"commit → visible on a replica (goal: p99 < {GOAL_P99_MS:.0f} ms at 1,000 owners); "
-            f"bare NATS p50 {report.floor_p50_ms:.2f} ms, p99 {report.floor_p99_ms:.2f} ms "
-            f"({report.message_bytes} B)"
+            f"bare NATS, one at a time: p50 {report.floor_p50_ms:.2f} ms, "
+            f"p99 {report.floor_p99_ms:.2f} ms ({report.message_bytes} B"
+            f"{f', {report.floor_lost} lost' if report.floor_lost else ''})"
         )
     )
     names = ["owners", "replicas", "changes/s", "changes", "seen %", "p50 ms", "p99 ms", "max ms"]
@@ -768,7 +856,20 @@ def tables(report: Report) -> list[Table]:
                 )
             ),
         )
-    return [lat, load, where]
+    bare = Table(title="bare NATS across processes at the same rates (no catalog): host + NATS")
+    for name in ("msgs/s", "messages", "received %", "p50 ms", "p99 ms", "max ms", "steal"):
+        bare.add_column(name, justify="right")
+    for b in report.bare:
+        bare.add_row(
+            f"{b.actual_rate:,.0f}",
+            f"{b.messages:,}",
+            f"{b.received_pct:.1f}",
+            f"{b.p50_ms:.2f}",
+            f"{b.p99_ms:.2f}",
+            f"{b.max_ms:.1f}",
+            f"{b.steal_pct:.0f}%",
+        )
+    return [lat, load, where, bare]
 
 
 def profile_summary(path: Path, console: Console) -> None:
@@ -830,7 +931,10 @@ def main() -> None:
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--replica-process":
-        url, workers, machines, out, profile = sys.argv[2:7]
-        asyncio.run(replica_process(url, int(workers), int(machines), Path(out), profile == "1"))
+        url, workers, machines, profile, out = sys.argv[2:7]
+        asyncio.run(replica_process(url, int(workers), int(machines), profile == "1", Path(out)))
+        raise SystemExit(0)
+    if len(sys.argv) > 1 and sys.argv[1] == "--sink-process":
+        asyncio.run(sink_process(sys.argv[2], Path(sys.argv[3])))
         raise SystemExit(0)
     main()
