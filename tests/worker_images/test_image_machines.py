@@ -13,9 +13,11 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from souk.catalog.bus import InProcessBus
+from souk.catalog.replica import Replica
 from souk.models.machine import CreateMachine, MachineConfig
 from souk.worker import procfs
-from souk.worker.daemon import make_driver, running
+from souk.worker.daemon import make_driver, publishing, running
 from souk.worker.engine import Engine
 from souk.worker.oci.build import ImageSpec, Layer, busybox_layer, layer
 from souk.worker.oci.registry import RegistryClient
@@ -97,3 +99,32 @@ async def test_a_worker_without_an_image_registry_refuses_cleanly(tmp_path: Path
         assert ok, failed.state
         errors = [e for e in engine.events(machine.id) if e.type == "start.error"]
         assert errors
+
+
+async def test_the_catalog_learns_which_images_a_worker_caches(
+    registry: Registry, client: RegistryClient, web_layer: Layer, tmp_path: Path
+) -> None:
+    spec = ImageSpec([web_layer], cmd=["httpd", "-f", "-p", "8080", "-h", "/www"])
+    await push(client, registry, "cached:1", spec)
+    s = replace(settings(tmp_path), insecure_registries=(registry.host,))
+    image = f"{registry.host}/cached:1"
+    bus = InProcessBus()
+    replica = Replica(bus)
+    await replica.start(bootstrap=False)
+    async with (
+        running(Engine(s, make_driver("process", s))) as engine,
+        publishing(engine, bus, "http://w1.test"),
+    ):
+        assert not replica.image_cached("w1", image)
+        machine = await engine.create(CreateMachine(app="web", config=MachineConfig(image=image)))
+        assert (await engine.wait(machine.id, "started", 60, None))[0]
+        for _ in range(200):
+            if replica.image_cached("w1", image):
+                break
+            await asyncio.sleep(0.01)
+        assert replica.image_cached("w1", image)  # placement's cached-image bonus sees it
+        digest = engine.store.read.execute("SELECT digest FROM images").fetchone()[0]
+        assert replica.image_cached("w1", digest)
+        await engine.submit(machine.id, "destroy", {"force": True})
+        assert (await engine.wait(machine.id, "destroyed", 30, None))[0]
+    await replica.stop()
