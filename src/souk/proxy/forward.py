@@ -194,10 +194,11 @@ class Forwarder:
                 self.stats["retries"] += 1
             backend = await self._backend(app, frozenset(exclude), deadline)
             if isinstance(backend, web.Response):
-                if fresh and (late := await self._late(fresh[0], deadline)) is not None:
-                    backend = late
-                else:
+                late = await self._late(fresh, deadline)
+                if late is None:
                     return backend
+                fresh.remove(late)
+                backend = late
             outcome = await self._forward(request, body, backend, app)
             if isinstance(outcome, web.StreamResponse):
                 return outcome
@@ -215,12 +216,24 @@ class Forwarder:
         self.stats["bad_gateway"] += 1
         return json_error(502, "bad_gateway", f"no machine of {app} answered the request")
 
-    async def _late(self, backend: Backend, deadline: float) -> Backend | None:
-        """Waits for a just-started machine's port; counts the request against it."""
-        if not await port_open(backend.host, backend.port, deadline):
+    async def _late(self, fresh: list[Backend], deadline: float) -> Backend | None:
+        """The first of the just-started machines whose port accepts, with the request counted
+        against it; None if none does in time."""
+        if not fresh:
             return None
-        self.loads.acquire(backend.id)
-        return backend
+        polls = {asyncio.create_task(port_open(b.host, b.port, deadline)): b for b in fresh}
+        try:
+            pending = set(polls)
+            while pending:
+                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    if task.result():
+                        self.loads.acquire(polls[task].id)
+                        return polls[task]
+            return None
+        finally:
+            for task in polls:
+                task.cancel()
 
     async def _backend(
         self, app: str, exclude: frozenset[str], deadline: float
