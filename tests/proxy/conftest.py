@@ -12,7 +12,7 @@ import socket
 from collections.abc import AsyncIterator
 from typing import Any
 
-from souk.models.catalog import MachineRow, RowChange, WorkerRow
+from souk.models.catalog import AppRow, MachineRow, RowChange, WorkerRow
 from souk.models.machine import MachineState
 
 OLD = "2020-01-01T00:00:00+00:00"
@@ -22,6 +22,10 @@ class FakeView:
     def __init__(self) -> None:
         self.rows: dict[str, MachineRow] = {}
         self.worker_rows: dict[str, WorkerRow] = {}
+        self.app_rows: dict[str, AppRow] = {}
+
+    def add_app(self, name: str, deleted: bool = False) -> None:
+        self.app_rows[name] = AppRow(name=name, created_at=OLD, deleted=deleted)
 
     def add_worker(self, wid: str, region: str, unreachable: bool = False) -> None:
         self.worker_rows[wid] = WorkerRow(
@@ -93,6 +97,12 @@ class FakeView:
 
     def machine(self, machine_id: str) -> MachineRow | None:
         return self.rows.get(machine_id)
+
+    def apps(self) -> list[AppRow]:
+        return list(self.app_rows.values())
+
+    def app(self, name: str) -> AppRow | None:
+        return self.app_rows.get(name)
 
     def image_cached(self, worker_id: str, image: str) -> bool:
         return False

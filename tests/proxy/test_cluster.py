@@ -16,7 +16,7 @@ TWO_REGIONS = [("mad1", "mad"), ("mad2", "mad"), ("ams1", "ams")]
 
 
 async def test_requests_go_to_started_machines_and_unknown_apps_are_404(tmp_path: Path) -> None:
-    async with local_cluster(tmp_path, TWO_REGIONS, ["hello"]) as c:
+    async with local_cluster(tmp_path, TWO_REGIONS, ["hello", "empty"]) as c:
         a = await c.create("hello", "mad", hello_config(autostop=False))
         b = await c.create("hello", "ams", hello_config(autostop=False))
         for m in (a, b):
@@ -34,6 +34,8 @@ async def test_requests_go_to_started_machines_and_unknown_apps_are_404(tmp_path
             assert resp.status == 200
         status, _, body = await c.get("ghost")
         assert status == 404 and body["code"] == "app_not_found"
+        status, _, body = await c.get("empty")
+        assert status == 503 and body["code"] == "no_machines"
         assert c.proxy.waker.starts == 0
 
 

@@ -260,6 +260,13 @@ async def test_own_answers_and_unnamed_apps(http: aiohttp.ClientSession) -> None
         async with http.get(f"{url}/x", headers={"souk-app": "ghost"}) as resp:
             assert resp.status == 503
             assert (await resp.json())["code"] == "no_machines"
+        # Apps the catalog shows: deleted is 404; present without machines is 503.
+        view.add_app("gone", deleted=True)
+        view.add_app("empty")
+        async with http.get(f"{url}/x", headers={"souk-app": "gone"}) as resp:
+            assert resp.status == 404 and (await resp.json())["code"] == "app_not_found"
+        async with http.get(f"{url}/x", headers={"souk-app": "empty"}) as resp:
+            assert resp.status == 503 and (await resp.json())["code"] == "no_machines"
 
 
 async def test_a_refused_connection_is_retried_elsewhere_even_for_post(

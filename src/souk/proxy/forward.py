@@ -272,6 +272,11 @@ class Forwarder:
             self.waker.lost(row)
 
     async def _app_exists(self, app: str) -> bool:
+        """From the catalog's app rows; an app it does not show yet (it may lag the registry by
+        a moment) is asked of the broker, and the answer kept for a few seconds."""
+        row = self.router.view.app(app)
+        if row is not None:
+            return not row.deleted
         if self.router.known(app):
             return True
         cached = self._apps.get(app)
