@@ -124,7 +124,7 @@ async def test_marks_override_the_catalog_for_a_while() -> None:
     router, policies, _ = make_router(view)
     known(policies, view)
     assert router.choose("web").backend is None
-    router.marks.set("woken", "s", 5)
+    router.marks.woke(view.rows["s"])
     assert router.choose("web").backend is not None
     router.marks.set("stopping", "s", 5)
     assert router.choose("web").backend is None
@@ -192,3 +192,18 @@ async def test_autostop_only_where_enabled_and_unknown_means_off() -> None:
     policies.put("off", "i-off", ServicePolicy(autostop=False))
     assert [row.id for row in stop.due()] == ["on"]
     await policies.close()
+
+
+async def test_a_woken_mark_ends_when_the_catalog_shows_a_newer_row() -> None:
+    view = FakeView()
+    row = view.add("s", state="stopped")
+    router, policies, loads = make_router(view)
+    known(policies, view)
+    router.marks.woke(row)
+    view.rows["s"] = row.model_copy(update={"state": "starting", "updated_at": "2021-01-01"})
+    assert router.choose("web").backend is not None  # starting, and started by us
+    loads.release("s", "web")
+    view.rows["s"] = row.model_copy(update={"state": "stopped", "updated_at": "2022-01-01"})
+    assert router.choose("web").backend is None  # stopped since: the catalog wins
+    view.rows["s"] = row  # even the old row again (the mark is gone for good)
+    assert router.choose("web").backend is None

@@ -136,12 +136,36 @@ class Marks:
 
     def __init__(self) -> None:
         self._until: dict[str, dict[str, float]] = {"woken": {}, "stopping": {}, "failed": {}}
+        self.woken_from: dict[str, str] = {}  # machine id -> its row's updated_at before the start
 
     def set(self, kind: str, machine_id: str, seconds: float) -> None:
         self._until[kind][machine_id] = time.monotonic() + seconds
 
     def clear(self, kind: str, machine_id: str) -> None:
         self._until[kind].pop(machine_id, None)
+        if kind == "woken":
+            self.woken_from.pop(machine_id, None)
+
+    def woke(self, row: MachineRow, seconds: float = WOKEN_FOR) -> None:
+        """This proxy started the machine (from the row as it was): it takes traffic now,
+        whatever the catalog says, until the catalog shows a newer version of it."""
+        self.set("woken", row.id, seconds)
+        self.woken_from[row.id] = row.updated_at
+
+    def woken(self, row: MachineRow) -> bool:
+        """Started by this proxy and not yet shown otherwise by the catalog: the catalog still
+        holds the row from before the start, or shows it starting. Stopped again after the
+        start (a newer row), the mark is void."""
+        if not self.has("woken", row.id):
+            self.woken_from.pop(row.id, None)
+            return False
+        if row.state == "starting" or (
+            row.state in ("created", "stopped") and row.updated_at == self.woken_from.get(row.id)
+        ):
+            return True
+        if row.state != "started":
+            self.clear("woken", row.id)
+        return False
 
     def has(self, kind: str, machine_id: str) -> bool:
         until = self._until[kind].get(machine_id)
@@ -190,8 +214,7 @@ class Router:
         """Takes traffic now (or was just started by this proxy)."""
         if self.marks.has("stopping", row.id) or self.marks.has("failed", row.id):
             return False
-        woken = row.state in ("created", "starting", "stopped") and self.marks.has("woken", row.id)
-        if row.state != "started" and not woken:
+        if row.state != "started" and not self.marks.woken(row):
             return False
         return self.routable(row) and self.reachable(row)
 

@@ -25,7 +25,7 @@ from souk.catalog.view import CatalogView
 from souk.models.catalog import MachineRow
 from souk.proxy.broker import BrokerClient, BrokerError
 from souk.proxy.policy import Policies
-from souk.proxy.routing import WOKEN_FOR, Backend, Loads, Marks, Router, backend_of, is_standby
+from souk.proxy.routing import Backend, Loads, Marks, Router, backend_of, is_standby
 
 log = logging.getLogger("souk.proxy.wake")
 
@@ -143,7 +143,7 @@ class Waker:
             row
             for row in self.view.machines(app=app)
             if row.state in STARTABLE
-            and not self.marks.has("woken", row.id)
+            and not self.marks.woken(row)
             and self.router.routable(row)
             and self.router.reachable(row)
         ]
@@ -168,7 +168,7 @@ class Waker:
         if not await port_open(backend.host, backend.port, deadline):
             log.warning("%s of %s started but %s does not accept", row.id, row.app, backend.url)
             return None
-        self.marks.set("woken", row.id, WOKEN_FOR)
+        self.marks.woke(row)
         self.marks.clear("failed", row.id)
         self.loads.touch(row.id)
         return backend
