@@ -28,6 +28,9 @@ def run(
     start_timeout: float = typer.Option(
         10.0, min=0.1, help="Seconds a request waits for a stopped machine to start and accept."
     ),
+    autostop: bool = typer.Option(
+        True, help="Stop idle machines (with several proxies, let one of them do it)."
+    ),
     api: str | None = typer.Option(
         None, help="The broker's URL (default: SOUK_API, .souk-dev/api, 127.0.0.1:4280)."
     ),
@@ -53,6 +56,7 @@ def run(
         region=region,
         idle_timeout=idle_timeout,
         start_timeout=start_timeout,
+        autostop=autostop,
         nats=nats,
         catalog_dir=catalog_dir,
     )
