@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from dataclasses import dataclass
 
 from souk.models.catalog import MachineRow
@@ -20,6 +21,7 @@ from souk.proxy.broker import BrokerClient, BrokerError
 log = logging.getLogger("souk.proxy.policy")
 
 MAX_ENTRIES = 100_000
+RETRY_AFTER = 5.0  # seconds between background lookups of one app
 
 
 @dataclass(frozen=True)
@@ -56,6 +58,7 @@ class Policies:
         self.broker = broker
         self._known: dict[tuple[str, str], ServicePolicy] = {}
         self._loading: dict[str, asyncio.Task[None]] = {}
+        self._loaded: dict[str, float] = {}  # app -> when its last lookup ended
 
     def get(self, row: MachineRow) -> ServicePolicy | None:
         return self._known.get((row.id, row.instance_id))
@@ -74,8 +77,12 @@ class Policies:
         return known
 
     def refresh_soon(self, app: str) -> None:
-        if app not in self._loading:
-            self._loading[app] = asyncio.create_task(self._load(app))
+        """A background lookup, at most one per app every few seconds (a machine the broker
+        does not list, or a broker that cannot be reached, must not cost a call per request)."""
+        last = self._loaded.get(app)
+        if app in self._loading or (last is not None and time.monotonic() - last < RETRY_AFTER):
+            return
+        self._loading[app] = asyncio.create_task(self._load(app))
 
     async def load(self, app: str) -> None:
         """Every machine of the app, from one broker call (shared by concurrent callers)."""
@@ -98,6 +105,9 @@ class Policies:
             log.warning("could not read the service settings of %s: %s", app, exc)
         finally:
             self._loading.pop(app, None)
+            if len(self._loaded) >= MAX_ENTRIES:
+                self._loaded.clear()
+            self._loaded[app] = time.monotonic()
 
     async def close(self) -> None:
         for task in list(self._loading.values()):
