@@ -339,3 +339,21 @@ async def test_hard_limit_holds_requests_until_a_slot_frees(http: aiohttp.Client
             bs["one"].gate.set()
             assert await asyncio.gather(*calls) == [200] * 5
             assert bs["one"].peak == 2
+
+
+async def test_a_client_that_leaves_mid_response_frees_its_slot() -> None:
+    async with backends("one") as bs:
+        view = FakeView()
+        view.add("m1", port=bs["one"].port)
+        async with proxy_over(view) as (proxy, url):
+            async with aiohttp.ClientSession() as client:
+                resp = await client.get(f"{url}/drip", headers=APP)
+                assert await asyncio.wait_for(resp.content.readany(), 10) == b"first;"
+                assert proxy.loads.of("m1") == 1
+                resp.close()  # hang up with the response half read
+            bs["one"].gate.set()
+            for _ in range(500):
+                if proxy.loads.of("m1") == 0:
+                    break
+                await asyncio.sleep(0.01)
+            assert proxy.loads.of("m1") == 0

@@ -334,6 +334,8 @@ class Forwarder:
         try:
             async for chunk in upstream.content.iter_any():
                 await response.write(chunk)
+        except ConnectionResetError:
+            return response  # the client went away; closing the upstream response ends it
         except (aiohttp.ClientError, TimeoutError) as exc:
             log.info("%s broke off its response: %s", backend.id, exc)
             if request.transport is not None:
