@@ -142,3 +142,9 @@ def test_every_problem_is_listed_and_the_file_named(tmp_path: Path) -> None:
     assert any("guest.cpus:" in line for line in lines)
     with pytest.raises(ConfigError, match="cannot read"):
         load(tmp_path / "missing.toml")
+
+
+def test_dot_slash_arguments_are_files_beside_souk_toml(tmp_path: Path) -> None:
+    path = tmp_path / "souk.toml"
+    path.write_text('app = "x"\ncommand = ["python3", "./app.py", "-v"]\nregions = {mad = 1}\n')
+    assert load(path).command == ["python3", str(tmp_path.resolve() / "app.py"), "-v"]

@@ -1,5 +1,4 @@
-"""Running a broker: on its own (`souk broker`) or with a whole cluster in one process
-(`souk dev`)."""
+"""Running a broker (`souk broker`), with a catalog replica or a static list of workers."""
 
 from __future__ import annotations
 
@@ -19,17 +18,12 @@ from souk.broker.placement import policy_named
 from souk.broker.placer import DEFAULT_DEADLINE, Placer
 from souk.broker.registry import AppRegistry
 from souk.broker.server import make_app
-from souk.broker.tokens import mint, new_secret, read_secret
 from souk.broker.workers import WorkerClient
 from souk.catalog import http as catalog_http
-from souk.catalog.bus import Bus, InProcessBus, NatsBus
+from souk.catalog.bus import Bus, NatsBus
 from souk.catalog.owner import Owner
 from souk.catalog.replica import following
 from souk.web import Route
-from souk.worker.daemon import make_app as make_worker_app
-from souk.worker.daemon import make_driver, offering, publishing, running
-from souk.worker.engine import Engine
-from souk.worker.settings import WorkerSettings
 
 log = logging.getLogger("souk.broker")
 REFRESH_EVERY = 0.5
@@ -116,7 +110,7 @@ async def registry_owner(bus: Bus, registry: AppRegistry) -> AsyncIterator[Owner
         await owner.stop()
 
 
-async def _until_signalled() -> None:
+async def until_signalled() -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -127,70 +121,4 @@ async def _until_signalled() -> None:
 async def serve(opts: BrokerOptions) -> None:
     async with broker_site(opts) as url:
         print(f"souk broker ready on {url}", flush=True)
-        await _until_signalled()
-
-
-DEV_REGIONS = ("mad", "ams", "sin")
-
-
-@contextlib.asynccontextmanager
-async def dev_cluster(
-    data_dir: Path,
-    host: str = "127.0.0.1",
-    port: int = 4280,
-    driver: str = "process",
-    cpus: int = 4,
-    memory_mb: int = 4096,
-) -> AsyncIterator[tuple[str, str]]:
-    """Three regions of two workers each, and a broker, in this process. Yields the broker's
-    URL and an admin token."""
-    data_dir.mkdir(parents=True, exist_ok=True)
-    secret_path = data_dir / "secret"
-    if not secret_path.exists():
-        secret_path.write_bytes(new_secret() + b"\n")
-        secret_path.chmod(0o600)
-    secret = read_secret(secret_path)
-    async with contextlib.AsyncExitStack() as stack:
-        bus = InProcessBus()
-        stack.push_async_callback(bus.close)
-        urls = []
-        for region in DEV_REGIONS:
-            for n in (1, 2):
-                name = f"{region}{n}"
-                settings = WorkerSettings(
-                    name=name,
-                    region=region,
-                    data_dir=data_dir / "workers" / name,
-                    cpus=cpus,
-                    memory_mb=memory_mb,
-                    durable=False,
-                )
-                engine = await stack.enter_async_context(
-                    running(Engine(settings, make_driver(driver, settings)))
-                )
-                runner = web.AppRunner(make_worker_app(engine), access_log=None)
-                await runner.setup()
-                stack.push_async_callback(runner.cleanup)
-                await web.TCPSite(runner, host, 0).start()
-                urls.append(f"http://{host}:{runner.addresses[0][1]}")
-                await stack.enter_async_context(publishing(engine, bus, urls[-1]))
-                await stack.enter_async_context(offering(engine, bus))
-        opts = BrokerOptions(host, port, secret, urls, registry_dir=data_dir / "registry")
-        url = await stack.enter_async_context(broker_site(opts, bus))
-        token = mint(secret, operator=True)
-        (data_dir / "token").write_text(token + "\n")
-        yield url, token
-
-
-async def run_dev(data_dir: Path, host: str, port: int, driver: str) -> None:
-    async with dev_cluster(data_dir, host, port, driver) as (url, token):
-        (data_dir / "api").write_text(url + "\n")
-        print(f"souk dev: 3 regions ({', '.join(DEV_REGIONS)}) x 2 workers, broker on {url}")
-        print(f"export SOUK_API={url}")
-        print(f"export SOUK_TOKEN={token}")
-        print(
-            "then: souk apps create demo && souk machines run --app demo --region mad -- "
-            "python3 -m http.server 8080",
-            flush=True,
-        )
-        await _until_signalled()
+        await until_signalled()

@@ -62,9 +62,13 @@ def run(
 def dev(
     data_dir: Path = typer.Option(Path(".souk-dev"), help="Where every worker keeps its data."),
     listen: str = typer.Option("127.0.0.1:4280", help="HOST:PORT of the broker."),
+    proxy: str = typer.Option("127.0.0.1:4300", help="HOST:PORT of the proxy."),
     driver: str = typer.Option("process", help="process, or sim (runs nothing)."),
 ) -> None:
-    """A whole cluster in one process: 3 regions x 2 workers and a broker, on loopback."""
+    """A whole cluster in one process: 3 regions x 2 workers, a broker and a proxy, on loopback."""
+    from souk.dev import run_dev
+
     logging.basicConfig(level="WARNING", format="%(asctime)s %(name)s %(message)s")
     host, port = parse_listen(listen)
-    asyncio.run(runtime.run_dev(data_dir, host, port, driver))
+    _, proxy_port = parse_listen(proxy)
+    asyncio.run(run_dev(data_dir, host, port, proxy_port, driver))

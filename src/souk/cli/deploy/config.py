@@ -198,6 +198,16 @@ def load(path: Path) -> AppConfig:
     except OSError as exc:
         raise ConfigError(f"cannot read {path}: {exc.strerror or exc}") from None
     try:
-        return loads(text)
+        config = loads(text)
     except ConfigError as exc:
         raise ConfigError(f"{path}: {exc}") from None
+    return beside(config, path.resolve().parent)
+
+
+def beside(config: AppConfig, folder: Path) -> AppConfig:
+    """Command arguments written `./...` name files next to souk.toml: they are made absolute,
+    since a machine runs in a directory of its own on its worker."""
+    if not config.command:
+        return config
+    argv = [str(folder / a[2:]) if a.startswith("./") else a for a in config.command]
+    return config.model_copy(update={"command": argv})
