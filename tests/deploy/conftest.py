@@ -1,5 +1,5 @@
 """A real local cluster for the deploy tests: `souk dev` in a subprocess (three regions of two
-process-driver workers each and a broker), and the example app as real processes."""
+process-driver workers each, a broker and a proxy), and the example app as real processes."""
 
 from __future__ import annotations
 
@@ -36,6 +36,7 @@ def free_port() -> int:
 class Dev:
     url: str
     token: str
+    proxy: str = ""
 
     def env(self) -> dict[str, str]:
         return {"SOUK_API": self.url, "SOUK_TOKEN": self.token}
@@ -75,16 +76,17 @@ class Dev:
 @pytest.fixture(scope="session")
 def dev(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dev]:
     data = tmp_path_factory.mktemp("souk-dev")
-    port = free_port()
+    port, proxy = free_port(), free_port()
     log = (data / "dev.log").open("wb")
     argv = ["souk", "dev", "--data-dir", str(data), "--listen", f"127.0.0.1:{port}"]
+    argv += ["--proxy", f"127.0.0.1:{proxy}"]
     proc = subprocess.Popen(
         [sys.executable, "-m", *argv],
         stdout=log,
         stderr=subprocess.STDOUT,
         start_new_session=True,
     )
-    cluster = Dev(f"http://127.0.0.1:{port}", "")
+    cluster = Dev(f"http://127.0.0.1:{port}", "", f"http://127.0.0.1:{proxy}")
     deadline = time.monotonic() + 30
     while True:
         if proc.poll() is not None:

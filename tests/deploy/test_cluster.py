@@ -8,6 +8,8 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+import threading
+import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -253,3 +255,38 @@ def test_two_deploys_at_once_one_is_refused(app: App) -> None:
     assert {releases_of(m) for m in app.machines()} == {str(done[0].release)}
     # nothing is left held: the next deploy goes through
     assert app.deploy("v4")[0] == 0
+
+
+def test_a_rolling_deploy_under_load_through_the_proxy_fails_no_request(app: App) -> None:
+    code, _, err = app.deploy("v1")
+    assert code == 0, err
+    seen: list[str] = []
+    failures: list[str] = []
+    stop = threading.Event()
+
+    def hammer() -> None:
+        while not stop.is_set():
+            req = urllib.request.Request(app.dev.proxy + "/", headers={"souk-app": app.name})
+            try:
+                with urllib.request.urlopen(req, timeout=10) as resp:
+                    seen.append(json.loads(resp.read())["hello"])
+            except (OSError, ValueError) as exc:
+                failures.append(repr(exc))
+
+    clients = [threading.Thread(target=hammer) for _ in range(4)]
+    for t in clients:
+        t.start()
+    try:
+        while "v1" not in seen and not failures:
+            time.sleep(0.01)
+        code, _, err = app.deploy("v2")
+        assert code == 0, err
+        deadline = time.monotonic() + 10
+        while seen[-1] != "v2" and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        stop.set()
+        for t in clients:
+            t.join()
+    assert failures == []
+    assert seen[0] == "v1" and seen[-1] == "v2" and len(seen) > 20
