@@ -716,6 +716,8 @@ class Engine:
         kind = Drivers.kind_of(launch.config)
         driver = self._driver(kind)
         await driver.prepare(launch)
+        if kind == "image":  # prepared means pulled: the cache (and the catalog) has it now
+            await self.sync_images()
         handle = await driver.spawn(launch)
         await self._advance(
             m,
@@ -729,8 +731,6 @@ class Engine:
             exit_code=None,
         )
         self._monitor(m)
-        if kind == "image":
-            await self.sync_images()
         return i + 1
 
     async def sync_images(self) -> None:
