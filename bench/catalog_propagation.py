@@ -1,21 +1,25 @@
 """Catalog propagation: how long from an owner's commit until a replica in another process has
-applied it, over a real `nats-server`, with 100 and 1,000 owners; next to a bare NATS
-publish→receive between two nats-py connections, with the same message size, in the same run.
+applied it, over a real `nats-server`, with 100 and 1,000 owners; next to bare NATS between
+nats-py connections, with the same message size, in the same run.
 
 Owners are `SimRows` + `Owner` (heartbeat every second, as in production), all in this process
 on one NATS connection, started over one second so that their heartbeats are spread as a real
-fleet's would be; they are spread over a few regions. Each replica is `souk.catalog.replica`
-following every region, with its SQLite copy in a file, in its own process (this script again)
-on its own connection. A change is one machine row updated on a random owner: its `updated_at`
-carries the wall-clock time of the commit, and the replica notes when its subscription yields
-the row (same host, same clock), so the latency is commit → visible to a reader of the replica.
+fleet's would be, over a few regions. Each replica is `souk.catalog.replica` following every
+region, with its SQLite copy in a file, in its own process (this script again) on its own
+connection. A change is one machine row updated on a random owner: its `updated_at` carries the
+wall-clock time of the commit, and the replica notes when its subscription yields the row (same
+host, same clock): the latency is commit → visible to a reader of the replica. The owner's
+`encode` and the replica's `decode_batch` are wrapped (here, not in the catalog) to split it into
+commit → sent, → received, → visible.
 
-Per run it reports p50/p99/max latency at a steady total change rate, messages and bytes per
-change (counted at the owners, and at the server from its /varz), the heartbeat load, and the
-CPU of the replica, the owners' process and nats-server. Heartbeats keep flowing throughout.
+Per phase (fleet size, total change rate, replicas) it reports p50/p99/max latency, messages and
+bytes per change (counted at the owners, and at the server from its /varz), the heartbeat load,
+garbage-collector pauses, and the CPU of the replica, the owners, nats-server, the rest of the
+host and the hypervisor's steal. The floors: one message at a time between two connections, and
+a steady stream at each rate from this process to another (no catalog).
 
 Usage: .venv/bin/python bench/catalog_propagation.py [--owners 100,1000] [--rates 500,2000]
-       [--seconds 20] [--quick] [--json] [--profile-replica FILE]
+       [--seconds 20] [--quick] [--json] [--profile-replica FILE] [--keep DIR]
 """
 
 from __future__ import annotations
