@@ -62,6 +62,7 @@ TABLES: dict[str, type[Row]] = {
 }
 UNREACHABLE_AFTER = 3.0
 PULL_TIMEOUT = 2.0
+BEAT_GRACE = 0.25  # how long a heartbeat's news may run ahead of its batches before a pull
 SNAPSHOT_CHUNK = 1000
 _ids = itertools.count(1)
 
@@ -76,6 +77,7 @@ class OwnerState:
     heard_wall: float | None = None
     apps: list[str] = field(default_factory=list)
     pulling: bool = False
+    checking: bool = False  # a heartbeat's head is to be checked again shortly
 
 
 @dataclass(frozen=True)
@@ -197,8 +199,15 @@ class Replica:
         st.heard_wall = time.time()
         st.seen = max(st.seen, head)
 
-    def _apply(self, owner: str, region: str, changes: list[Change]) -> int:
-        """Applies what is newer than held; returns how many rows changed."""
+    def _apply(
+        self,
+        owner: str,
+        region: str,
+        changes: list[Change],
+        advance: tuple[OwnerState, int] | None = None,
+    ) -> int:
+        """Applies what is newer than held, and moves the owner's head to `advance` in the same
+        transaction; returns how many rows changed."""
         applied = 0
         fresh: list[RowChange] = []
         self.store.begin()
@@ -225,6 +234,8 @@ class Replica:
                     )
                 )
                 applied += 1
+            if advance is not None:
+                self._advance(owner, *advance)
         finally:
             self.store.commit()
         self.stats["applied"] += applied
@@ -299,12 +310,13 @@ class Replica:
             return
         self.stats["batches"] += 1
         self._heard(st, batch.head)
-        self._apply(batch.owner, batch.region, batch.changes)
-        if batch.prev <= st.head and not self.bootstrapping:
-            self._advance(batch.owner, st, batch.head)
-        else:
+        contiguous = batch.prev <= st.head and not self.bootstrapping
+        self._apply(
+            batch.owner, batch.region, batch.changes, (st, batch.head) if contiguous else None
+        )
+        if not contiguous:
             self.stats["gaps"] += 1
-        self._maybe_pull(batch.owner)
+            self._maybe_pull(batch.owner)
 
     def _advance(self, owner: str, st: OwnerState, head: int) -> None:
         if head > st.head:
@@ -323,7 +335,16 @@ class Replica:
             return
         self._heard(st, beat.head)
         st.apps = beat.apps
-        self._maybe_pull(beat.owner)
+        if st.seen > st.head and not st.checking:
+            # Batches travel on another subscription and may be just behind this heartbeat:
+            # pull only if they have not closed the distance after a moment.
+            st.checking = True
+            asyncio.get_running_loop().call_later(BEAT_GRACE, self._recheck, beat.owner, st)
+
+    def _recheck(self, owner: str, st: OwnerState) -> None:
+        st.checking = False
+        if self._subs:  # still running
+            self._maybe_pull(owner)
 
     def _maybe_pull(self, owner: str) -> None:
         st = self.owners.get(owner)
@@ -349,8 +370,7 @@ class Replica:
                 if current is None:
                     return
                 self._heard(current, reply.head)
-                self._apply(owner, reply.region, reply.changes)
-                self._advance(owner, current, reply.head)
+                self._apply(owner, reply.region, reply.changes, (current, reply.head))
                 if current is not st or not reply.more:
                     return
         finally:
@@ -399,9 +419,8 @@ class Replica:
             st = self._owner(owner, region, epoch)
             if st is None:
                 continue
-            self._apply(owner, region, by_owner.pop(owner, []))
             st.seen = max(st.seen, head)
-            self._advance(owner, st, head)
+            self._apply(owner, region, by_owner.pop(owner, []), (st, head))
         self.stats["snapshots_loaded"] += 1
         log.info("bootstrapped from %s: %d owners", chunks[0].replica, len(chunks[-1].heads))
 
