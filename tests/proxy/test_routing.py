@@ -156,7 +156,7 @@ def test_policy_from_service_config() -> None:
 
 def make_autostop(view: FakeView) -> tuple[Autostop, Policies, Loads]:
     router, policies, loads = make_router(view)
-    stop = Autostop(view, policies.broker, policies, router, loads, router.marks, idle_timeout=0)
+    stop = Autostop(router, policies.broker, idle_timeout=0)
     return stop, policies, loads
 
 

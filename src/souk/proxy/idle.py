@@ -18,32 +18,22 @@ import logging
 import time
 from collections import defaultdict
 
-from souk.catalog.view import CatalogView
 from souk.models.catalog import MachineRow
 from souk.proxy.broker import BrokerClient, BrokerError
-from souk.proxy.policy import Policies
-from souk.proxy.routing import STOPPING_FOR, Loads, Marks, Router, hidden
+from souk.proxy.routing import STOPPING_FOR, Router, hidden
 
 log = logging.getLogger("souk.proxy.idle")
 
 
 class Autostop:
-    def __init__(
-        self,
-        view: CatalogView,
-        broker: BrokerClient,
-        policies: Policies,
-        router: Router,
-        loads: Loads,
-        marks: Marks,
-        idle_timeout: float = 60.0,
-    ) -> None:
-        self.view = view
+    def __init__(self, router: Router, broker: BrokerClient, idle_timeout: float = 60.0) -> None:
+        """Shares the router's view of the fleet, its loads, marks and service settings."""
+        self.view = router.view
         self.broker = broker
-        self.policies = policies
+        self.policies = router.policies
         self.router = router
-        self.loads = loads
-        self.marks = marks
+        self.loads = router.loads
+        self.marks = router.marks
         self.idle_timeout = idle_timeout
         self.first_seen: dict[str, float] = {}  # started machine id -> when this proxy saw it
         self.stopped: list[str] = []  # machines this proxy stopped, for reporting and tests

@@ -61,24 +61,8 @@ class Proxy:
         self.loads = Loads()
         self.marks = Marks()
         self.router = Router(view, self.policies, self.loads, self.marks, opts.region)
-        self.waker = Waker(
-            view,
-            self.broker,
-            self.policies,
-            self.router,
-            self.loads,
-            self.marks,
-            opts.start_timeout,
-        )
-        self.autostop = Autostop(
-            view,
-            self.broker,
-            self.policies,
-            self.router,
-            self.loads,
-            self.marks,
-            opts.idle_timeout,
-        )
+        self.waker = Waker(self.router, self.broker, opts.start_timeout)
+        self.autostop = Autostop(self.router, self.broker, opts.idle_timeout)
         self.session = make_session()
         self.forwarder = Forwarder(
             self.router,

@@ -21,11 +21,9 @@ import time
 from collections.abc import Coroutine
 from typing import Any
 
-from souk.catalog.view import CatalogView
 from souk.models.catalog import MachineRow
 from souk.proxy.broker import BrokerClient, BrokerError
-from souk.proxy.policy import Policies
-from souk.proxy.routing import Backend, Loads, Marks, Router, backend_of, is_standby
+from souk.proxy.routing import Backend, Router, backend_of, is_standby
 
 log = logging.getLogger("souk.proxy.wake")
 
@@ -53,22 +51,14 @@ async def port_open(host: str, port: int, deadline: float) -> bool:
 
 
 class Waker:
-    def __init__(
-        self,
-        view: CatalogView,
-        broker: BrokerClient,
-        policies: Policies,
-        router: Router,
-        loads: Loads,
-        marks: Marks,
-        start_timeout: float = 10.0,
-    ) -> None:
-        self.view = view
+    def __init__(self, router: Router, broker: BrokerClient, start_timeout: float = 10.0) -> None:
+        """Shares the router's view of the fleet, its loads, marks and service settings."""
+        self.view = router.view
         self.broker = broker
-        self.policies = policies
+        self.policies = router.policies
         self.router = router
-        self.loads = loads
-        self.marks = marks
+        self.loads = router.loads
+        self.marks = router.marks
         self.start_timeout = start_timeout
         self._flights: dict[str, asyncio.Task[Backend | None]] = {}
         self._lost: dict[str, tuple[str, float]] = {}  # lost machine id -> (app, when seen)
