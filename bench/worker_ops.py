@@ -1,0 +1,346 @@
+"""Create+start of command machines through a real `souk worker` process, next to spawning the
+same command with bare `asyncio.create_subprocess_exec`, in one run.
+
+Each worker row sends POST /v1/machines (start: true) and then waits (GET .../wait) until the
+machine runs: the latency a client sees from asking to a running process, including the worker's
+SQLite commits (with fsync unless --no-fsync). The `process` driver really spawns `sleep 60`; the
+`sim` driver runs nothing, so its rows are the worker's own overhead apart from spawning. Each is
+measured one at a time (latency) and with --concurrency in flight (throughput). Every machine and
+process is destroyed afterwards.
+
+Usage: .venv/bin/python bench/worker_ops.py [--machines 200] [--concurrency 16] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import platform
+import signal
+import socket
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import aiohttp
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+)
+from rich.table import Table
+
+COMMAND = ["sleep", "60"]
+SOUK = Path(sys.executable).parent / "souk"
+CONFIG = {
+    "init": {"exec": COMMAND},
+    "guest": {"cpus": 1, "memory_mb": 16},
+    "restart": {"policy": "no"},
+}
+
+
+@dataclass
+class Row:
+    path: str
+    in_flight: int
+    ops: int
+    p50_ms: float
+    p99_ms: float
+    per_s: float
+    accept_p50_ms: float | None = None  # worker rows: until the create is acknowledged
+    vs_bare: float = 0.0  # p50 over the bare spawn's p50 at the same concurrency
+    rate_vs_bare: float = 0.0  # per second over the bare spawn's, at the same concurrency
+
+
+def pct(xs: list[float], q: int) -> float:
+    return statistics.quantiles(xs, n=100, method="inclusive")[q - 1] * 1000 if len(xs) > 1 else 0
+
+
+async def drive(
+    n: int, concurrency: int, one: Callable[[], Awaitable[float]], advance: Callable[[], None]
+) -> tuple[list[float], float]:
+    """`n` calls of `one` with `concurrency` in flight: their latencies and the wall time."""
+    latencies: list[float] = []
+    todo = iter(range(n))
+
+    async def runner() -> None:
+        for _ in todo:
+            latencies.append(await one())
+            advance()
+
+    began = time.perf_counter()
+    await asyncio.gather(*(runner() for _ in range(concurrency)))
+    return latencies, time.perf_counter() - began
+
+
+# --- the baseline: spawning the command bare -----------------------------------------------------
+
+
+async def bare_spawns(
+    n: int, concurrency: int, workdir: Path, advance: Callable[[], None]
+) -> tuple[list[float], float]:
+    """Spawns as the process driver does (own session, output to files), then kills them all."""
+    procs: list[asyncio.subprocess.Process] = []
+    workdir.mkdir(parents=True, exist_ok=True)
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8"}
+
+    async def one() -> float:
+        began = time.perf_counter()
+        with open(workdir / "stdout.log", "ab") as out, open(workdir / "stderr.log", "ab") as err:
+            proc = await asyncio.create_subprocess_exec(
+                *COMMAND,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=out,
+                stderr=err,
+                cwd=workdir,
+                env=env,
+                start_new_session=True,
+            )
+        took = time.perf_counter() - began
+        procs.append(proc)
+        return took
+
+    try:
+        return await drive(n, concurrency, one, advance)
+    finally:
+        for proc in procs:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+        await asyncio.gather(*(proc.wait() for proc in procs))
+
+
+# --- a real worker process -----------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextlib.asynccontextmanager
+async def worker(driver: str, data_dir: Path, fsync: bool) -> AsyncIterator[str]:
+    """A `souk worker` process; on the way out its machines are destroyed (so it reaps their
+    processes), it is stopped, and anything left carrying one of its machines' ids is killed."""
+    port = free_port()
+    argv = [str(SOUK), "worker", "--name", "bench", "--region", "bench"]
+    argv += ["--listen", f"127.0.0.1:{port}", "--data-dir", str(data_dir), "--driver", driver]
+    argv += ["--cpus", "100000", "--memory-mb", "100000000", "--log-level", "warning"]
+    if not fsync:
+        argv.append("--no-fsync")
+    log_path = data_dir.with_suffix(".log")
+    with open(log_path, "ab") as log:
+        proc = await asyncio.create_subprocess_exec(
+            *argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        async with aiohttp.ClientSession() as session:
+            for _ in range(1000):
+                if proc.returncode is not None:
+                    raise SystemExit(f"the worker exited: see {log_path}")
+                with contextlib.suppress(aiohttp.ClientError):
+                    async with session.get(url + "/v1/capacity") as resp:
+                        if resp.status == 200:
+                            break
+                await asyncio.sleep(0.02)
+        yield url
+        await destroy_all(url)
+    finally:
+        ids = machine_ids(data_dir)
+        if proc.returncode is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                await asyncio.wait_for(proc.wait(), 10)
+            except TimeoutError:
+                proc.kill()
+                await proc.wait()
+        kill_leftovers(ids)
+
+
+async def destroy_all(url: str) -> None:
+    connector = aiohttp.TCPConnector(limit=16)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        async with session.get(url + "/v1/machines") as resp:
+            machines = await resp.json()
+
+        async def destroy(machine_id: str) -> None:
+            async with session.delete(f"{url}/v1/machines/{machine_id}?force=true") as resp:
+                await resp.read()
+            wait = f"{url}/v1/machines/{machine_id}/wait?state=destroyed&timeout=30"
+            async with session.get(wait) as resp:
+                await resp.read()
+
+        await asyncio.gather(*(destroy(m["id"]) for m in machines))
+
+
+def machine_ids(data_dir: Path) -> set[str]:
+    try:
+        with sqlite3.connect(f"file:{data_dir / 'worker.db'}?mode=ro", uri=True) as conn:
+            return {row[0] for row in conn.execute("SELECT id FROM machines")}
+    except sqlite3.Error:
+        return set()
+
+
+def kill_leftovers(ids: set[str]) -> None:
+    wanted = {f"SOUK_MACHINE_ID={i}".encode() for i in ids}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            environ = Path(entry.path, "environ").read_bytes()
+        except OSError:
+            continue
+        if wanted.intersection(environ.split(b"\0")):
+            with contextlib.suppress(OSError):
+                os.kill(int(entry.name), signal.SIGKILL)
+
+
+async def create_starts(
+    url: str, n: int, concurrency: int, advance: Callable[[], None]
+) -> tuple[list[float], list[float], float]:
+    """`n` machines created with start: true, each timed until it runs; also the time until
+    each create was acknowledged."""
+    accepted: list[float] = []
+    body = {"app": "bench", "config": CONFIG}
+    connector = aiohttp.TCPConnector(limit=concurrency)
+    async with aiohttp.ClientSession(connector=connector) as session:
+
+        async def one() -> float:
+            began = time.perf_counter()
+            async with session.post(url + "/v1/machines", json=body) as resp:
+                machine = await resp.json()
+                if resp.status != 201:
+                    raise SystemExit(f"create failed: {resp.status} {machine}")
+            accepted.append(time.perf_counter() - began)
+            wait = f"{url}/v1/machines/{machine['id']}/wait?state=started&timeout=30"
+            async with session.get(wait) as resp:
+                if resp.status != 200:
+                    raise SystemExit(f"machine did not start: {await resp.text()}")
+                await resp.read()
+            return time.perf_counter() - began
+
+        latencies, elapsed = await drive(n, concurrency, one, advance)
+    return latencies, accepted, elapsed
+
+
+# --- the run -------------------------------------------------------------------------------------
+
+
+async def measure(n: int, concurrency: int, fsync: bool, progress: Progress) -> list[Row]:
+    rows: list[Row] = []
+    levels = [1, concurrency]
+    with tempfile.TemporaryDirectory(prefix="souk-bench-") as tmp:
+        work = Path(tmp)
+        for c in levels:  # each level's rows back to back, so that their ratios share a moment
+            task = progress.add_task(f"bare spawn, {c} in flight", total=n)
+            lat, elapsed = await bare_spawns(n, c, work / f"bare-{c}", advancer(progress, task))
+            rows.append(Row("bare spawn", c, n, pct(lat, 50), pct(lat, 99), n / elapsed))
+            for driver in ("process", "sim"):
+                data_dir = work / f"{driver}-{c}"
+                task = progress.add_task(f"worker ({driver}), {c} in flight", total=n)
+                async with worker(driver, data_dir, fsync) as url:
+                    lat, acc, elapsed = await create_starts(url, n, c, advancer(progress, task))
+                rows.append(
+                    Row(
+                        f"worker/{driver}",
+                        c,
+                        n,
+                        pct(lat, 50),
+                        pct(lat, 99),
+                        n / elapsed,
+                        accept_p50_ms=pct(acc, 50),
+                    )
+                )
+    bare = {row.in_flight: row for row in rows if row.path == "bare spawn"}
+    for row in rows:
+        base = bare[row.in_flight]
+        row.vs_bare = row.p50_ms / base.p50_ms if base.p50_ms else 0.0
+        row.rate_vs_bare = row.per_s / base.per_s if base.per_s else 0.0
+    return rows
+
+
+def advancer(progress: Progress, task: TaskID) -> Callable[[], None]:
+    return lambda: progress.advance(task)
+
+
+def machine_info() -> str:
+    model = platform.processor() or "?"
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    return f"{os.cpu_count()} cpus ({model}), Python {platform.python_version()}"
+
+
+def table(rows: list[Row], fsync: bool) -> Table:
+    out = Table(title=f"create+start of `{' '.join(COMMAND)}` (fsync {'on' if fsync else 'off'})")
+    for name in (
+        "path",
+        "in flight",
+        "ops",
+        "p50 ms",
+        "p99 ms",
+        "per s",
+        "accept p50 ms",
+        "p50 vs bare",
+        "per s vs bare",
+    ):
+        out.add_column(name, justify="left" if name == "path" else "right")
+    for row in rows:
+        out.add_row(
+            row.path,
+            str(row.in_flight),
+            str(row.ops),
+            f"{row.p50_ms:.2f}",
+            f"{row.p99_ms:.2f}",
+            f"{row.per_s:.0f}",
+            "" if row.accept_p50_ms is None else f"{row.accept_p50_ms:.2f}",
+            f"{row.vs_bare:.1f}",
+            f"{row.rate_vs_bare:.2f}",
+        )
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+    )
+    parser.add_argument("--machines", type=int, default=200, help="per row (default 200)")
+    parser.add_argument("--concurrency", type=int, default=16, help="in flight (default 16)")
+    parser.add_argument("--no-fsync", action="store_true", help="run the workers with --no-fsync")
+    parser.add_argument("--json", action="store_true", help="print the rows as JSON")
+    args = parser.parse_args()
+    err = Console(stderr=True)
+    columns = (
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+    )
+    with Progress(*columns, console=err, transient=args.json) as progress:
+        rows = asyncio.run(measure(args.machines, args.concurrency, not args.no_fsync, progress))
+    if args.json:
+        print(json.dumps({"machine": machine_info(), "rows": [asdict(r) for r in rows]}, indent=2))
+        return
+    console = Console() if sys.stdout.isatty() else Console(width=110)
+    console.print(machine_info())
+    console.print(table(rows, not args.no_fsync))
+
+
+if __name__ == "__main__":
+    main()
