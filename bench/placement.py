@@ -1,10 +1,25 @@
-"""Placement throughput and latency through the broker, against 10, 100 and 1,000 workers.
+"""Placement through the broker as it runs in a cluster, against 10, 100 and 1,000 workers.
 
-Workers are the real worker code with the `sim` driver (it runs nothing), many per process, in
-child processes; the broker runs in this process with the default policy. For each fleet size
-and strategy it sends REQUESTS creates at CONCURRENCY in flight and prints placements/s and
-p50/p99 create latency, next to raw reservations sent straight to one worker (no broker) in the
-same run. Usage: .venv/bin/python bench/placement.py [--sizes 10,100,1000] [--requests 600]
+A real `nats-server` on loopback carries the catalog and the offers. Workers are the real worker
+code with the `sim` driver (it runs nothing), many per child process; each child opens one NATS
+connection that its workers share, and every worker publishes its catalog rows (`publishing`) and
+answers the region's offer calls (`offering`), as `souk worker --nats` does. The broker runs in
+this process, assembled as `souk broker --nats` assembles it: a catalog replica on its own NATS
+connection, `CatalogFleet`, and a `Placer` that gathers offers with one scatter-gather message
+on the bus. The load comes from another child process, so the broker's event loop is its own.
+
+For each fleet size, once the broker's replica knows every worker, in one run:
+- raw reservations sent straight to one worker (no broker), one at a time and CONCURRENCY in
+  flight: the baseline;
+- for each strategy (offers, p2c, catalog) the same through the broker: create latency one at a
+  time, then placements/s and latency with CONCURRENCY in flight, with the broker's decision time
+  (from the start of `Placer.place` to the reservation request: offers gathered and ranked)
+  measured inside the broker both ways.
+`--http` runs the older mode instead: a `StaticFleet` read once over HTTP, offers as one HTTP
+request per worker, no NATS.
+
+    .venv/bin/python bench/placement.py            # about 4 minutes; --quick, --json
+    .venv/bin/python bench/placement.py --sizes 1000 --profile prof/   # cProfile of the broker
 """
 
 from __future__ import annotations
@@ -12,46 +27,184 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import cProfile
+import json
 import os
+import shutil
+import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import AsyncIterator
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 from aiohttp import web
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+)
+from rich.table import Table
 
 from souk.broker.api import Broker
-from souk.broker.fleet import StaticFleet
+from souk.broker.fleet import CatalogFleet, Fleet, StaticFleet
 from souk.broker.placer import Placer
 from souk.broker.registry import AppRegistry
+from souk.broker.runtime import registry_owner
 from souk.broker.server import make_app
 from souk.broker.tokens import mint
 from souk.broker.workers import WorkerClient
+from souk.catalog import http as catalog_http
+from souk.catalog.bus import NatsBus
+from souk.catalog.replica import following
+from souk.models.api import Strategy
 
 SECRET = b"bench-secret-0123456789abcdef"
-BODY = {
-    "region": "bench",
-    "config": {"init": {"exec": ["true"]}, "guest": {"cpus": 1, "memory_mb": 256}},
-}
+REGION = "bench"
+APP = "bench"
+CONFIG = {"init": {"exec": ["true"]}, "guest": {"cpus": 1, "memory_mb": 256}}
 HOSTS = 2  # child processes hosting workers
+STRATEGIES: tuple[Strategy, ...] = ("offers", "p2c", "catalog")
+GOAL_RATE = 3750.0  # placements/s: Nomad's million-container run on 5 servers
+GOAL_DECISION_P99_MS = 10.0  # at 1,000 workers in a region
 
 
-async def serve_workers(count: int, offset: int, data_dir: Path) -> None:
-    """Child process: `count` sim workers on loopback; prints one URL per line, then waits."""
+def pct(xs: list[float], q: int) -> float:
+    """The q-th percentile of seconds, in ms."""
+    if len(xs) < 2:
+        return xs[0] * 1000 if xs else 0.0
+    return statistics.quantiles(xs, n=100, method="inclusive")[q - 1] * 1000
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+# --- CPU accounting: ours against the host's -----------------------------------------------------
+
+
+def host_ticks() -> tuple[int, int, int]:
+    """(busy, steal, total) clock ticks of the whole host since boot."""
+    with open("/proc/stat") as f:
+        vals = [int(v) for v in f.readline().split()[1:]]
+    idle = vals[3] + vals[4]
+    steal = vals[7] if len(vals) > 7 else 0
+    total = sum(vals[:8])
+    return total - idle - steal, steal, total
+
+
+def proc_ticks(pids: list[int]) -> int:
+    """user + system clock ticks used by these processes (and their reaped children)."""
+    used = 0
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            used += sum(int(v) for v in fields[11:15])
+    return used
+
+
+@dataclass
+class CpuWindow:
+    """CPU over one phase, in % of one core: this benchmark's processes, everything else on the
+    host, and what the hypervisor took (steal)."""
+
+    pids: list[int]
+    start: tuple[tuple[int, int, int], int] = ((0, 0, 0), 0)
+
+    def __post_init__(self) -> None:
+        self.start = (host_ticks(), proc_ticks(self.pids))
+
+    def read(self) -> dict[str, float]:
+        (busy0, steal0, total0), ours0 = self.start
+        busy1, steal1, total1 = host_ticks()
+        ours1 = proc_ticks(self.pids)
+        cores = os.cpu_count() or 1
+        span = max(1, total1 - total0) / cores  # ticks of one core over the window
+        ours = (ours1 - ours0) / span * 100
+        return {
+            "ours": round(ours, 1),
+            "others": round(max(0.0, (busy1 - busy0) / span * 100 - ours), 1),
+            "steal": round((steal1 - steal0) / span * 100, 1),
+        }
+
+
+# --- nats-server ---------------------------------------------------------------------------------
+
+
+@contextlib.asynccontextmanager
+async def nats_server(workdir: Path) -> AsyncIterator[tuple[str, int]]:
+    """A `nats-server` on loopback for the whole run; yields (URL, pid)."""
+    binary = shutil.which("nats-server") or "/usr/sbin/nats-server"
+    if not Path(binary).exists():
+        raise SystemExit("nats-server is not installed (Debian: apt-get install nats-server)")
+    port = free_port()
+    with open(workdir / "nats-server.log", "wb") as log:
+        proc = await asyncio.create_subprocess_exec(
+            binary,
+            "-a",
+            "127.0.0.1",
+            "-p",
+            str(port),
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+        )
+    try:
+        for _ in range(500):
+            if proc.returncode is not None:
+                raise SystemExit(f"nats-server exited: see {workdir / 'nats-server.log'}")
+            with contextlib.suppress(OSError):
+                _, writer = await asyncio.open_connection("127.0.0.1", port)
+                writer.close()
+                break
+            await asyncio.sleep(0.02)
+        yield f"nats://127.0.0.1:{port}", proc.pid
+    finally:
+        if proc.returncode is None:
+            proc.terminate()
+            await proc.wait()
+
+
+def nats_version() -> str:
+    binary = shutil.which("nats-server") or "/usr/sbin/nats-server"
+    with contextlib.suppress(OSError):
+        out = subprocess.run([binary, "--version"], capture_output=True, text=True, check=False)
+        return out.stdout.strip().removeprefix("nats-server: ")
+    return "?"
+
+
+# --- workers: child processes --------------------------------------------------------------------
+
+
+async def serve_workers(count: int, offset: int, data_dir: Path, nats: str | None) -> None:
+    """Child process: `count` sim workers on loopback sharing one NATS connection (if any);
+    prints one URL per line, then `ready`, then waits for stdin to close."""
     from souk.worker.daemon import make_app as worker_app
-    from souk.worker.daemon import make_driver, running
+    from souk.worker.daemon import make_driver, offering, publishing, running
     from souk.worker.engine import Engine
     from souk.worker.settings import WorkerSettings
 
     async with contextlib.AsyncExitStack() as stack:
+        bus = None
+        if nats:
+            bus = await NatsBus.connect(nats, name=f"bench-workers-{offset}")
+            stack.push_async_callback(bus.close)
         for i in range(offset, offset + count):
             s = WorkerSettings(
                 name=f"w{i}",
-                region="bench",
+                region=REGION,
                 data_dir=data_dir / f"w{i}",
                 cpus=100_000,
                 memory_mb=100_000_000,
@@ -62,127 +215,426 @@ async def serve_workers(count: int, offset: int, data_dir: Path) -> None:
             await runner.setup()
             stack.push_async_callback(runner.cleanup)
             await web.TCPSite(runner, "127.0.0.1", 0, backlog=1024).start()
-            print(f"http://127.0.0.1:{runner.addresses[0][1]}", flush=True)
+            url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+            if bus is not None:
+                await stack.enter_async_context(publishing(engine, bus, url))
+                await stack.enter_async_context(offering(engine, bus))
+            print(url, flush=True)
         print("ready", flush=True)
         await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
 
 
-@contextlib.contextmanager
-def worker_hosts(total: int, data_dir: Path):  # type: ignore[no-untyped-def]
-    procs, urls = [], []
-    per = -(-total // HOSTS)
-    for h in range(HOSTS):
-        count = min(per, total - h * per)
-        if count <= 0:
-            continue
-        p = subprocess.Popen(
-            [sys.executable, __file__, "--serve", str(count), str(h * per), str(data_dir)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        procs.append(p)
-    try:
-        for p in procs:
-            assert p.stdout is not None
-            for line in p.stdout:
-                if line.strip() == "ready":
-                    break
-                urls.append(line.strip())
-        yield urls
-    finally:
-        for p in procs:
-            assert p.stdin is not None
-            p.stdin.close()
-            p.terminate()
-            p.wait(10)
+@dataclass
+class Hosts:
+    urls: list[str]
+    pids: list[int]
 
 
 @contextlib.asynccontextmanager
-async def broker(urls: list[str]) -> AsyncIterator[str]:
-    client = WorkerClient()
-    registry = AppRegistry()
-    registry.create("bench")
-    fleet = StaticFleet(urls, registry, client)
-    await fleet.refresh(machines=False)
-    b = Broker(fleet, client, Placer(fleet, client), registry=registry)
-    runner = web.AppRunner(make_app(b, SECRET), access_log=None)
+async def worker_hosts(
+    total: int, data_dir: Path, nats: str | None, progress: Progress, task: TaskID
+) -> AsyncIterator[Hosts]:
+    procs: list[asyncio.subprocess.Process] = []
+    per = -(-total // HOSTS)
+    for h in range(HOSTS):
+        count = min(per, total - h * per)
+        if count > 0:
+            argv = [__file__, "--serve", str(count), str(h * per), str(data_dir), nats or ""]
+            procs.append(
+                await asyncio.create_subprocess_exec(
+                    sys.executable, *argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE
+                )
+            )
+    hosts = Hosts([], [p.pid for p in procs])
+    try:
+
+        async def read(p: asyncio.subprocess.Process) -> None:
+            assert p.stdout is not None
+            while line := (await p.stdout.readline()).decode().strip():
+                if line == "ready":
+                    return
+                hosts.urls.append(line)
+                progress.advance(task)
+            raise SystemExit("a worker host exited before it was ready")
+
+        await asyncio.gather(*(read(p) for p in procs))
+        yield hosts
+    finally:
+        for p in procs:
+            if p.stdin is not None:
+                p.stdin.close()
+            with contextlib.suppress(ProcessLookupError):
+                p.terminate()
+        for p in procs:
+            await p.wait()
+
+
+# --- the broker, in this process -----------------------------------------------------------------
+
+
+@dataclass
+class BrokerUnderTest:
+    url: str
+    placer: Placer
+    fleet: Fleet
+    decisions: list[float] = field(default_factory=list)
+
+    def known(self) -> int:
+        return len(self.fleet.workers(region=REGION))
+
+
+@contextlib.asynccontextmanager
+async def serve_broker(
+    broker: Broker, placer: Placer, extra: list[Any] | None = None
+) -> AsyncIterator[BrokerUnderTest]:
+    runner = web.AppRunner(make_app(broker, SECRET, extra or []), access_log=None)
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", 0, backlog=1024).start()
+    b = BrokerUnderTest(f"http://127.0.0.1:{runner.addresses[0][1]}", placer, broker.fleet)
+    placer.on_decision = lambda strategy, seconds: b.decisions.append(seconds)
     try:
-        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
+        yield b
     finally:
         await runner.cleanup()
 
 
-async def load(
-    url: str, requests: int, concurrency: int, headers: dict[str, str], body: dict[str, object]
-) -> tuple[float, list[float], int]:
+@contextlib.asynccontextmanager
+async def catalog_broker(nats: str, data_dir: Path) -> AsyncIterator[BrokerUnderTest]:
+    """The broker as `broker_site` assembles it with `--nats` and a registry: a replica on its
+    own connection (bootstrapping, its SQLite copy in a file), `CatalogFleet`, the registry as
+    owner of the apps rows, and a `Placer` that asks for offers on the bus."""
+    async with contextlib.AsyncExitStack() as stack:
+        bus = await NatsBus.connect(nats, name="souk-broker")
+        stack.push_async_callback(bus.close)
+        data_dir.mkdir(parents=True, exist_ok=True)
+        replica = await stack.enter_async_context(following(bus, data_dir / "catalog.db"))
+        registry = AppRegistry(data_dir / "apps.db")
+        stack.callback(registry.close)
+        await stack.enter_async_context(registry_owner(bus, registry))
+        registry.create(APP)
+        fleet = CatalogFleet(replica, registry)
+        client = WorkerClient()
+        placer = Placer(fleet, client, bus=bus)
+        broker = Broker(fleet, client, placer, registry)
+        yield await stack.enter_async_context(
+            serve_broker(broker, placer, catalog_http.routes(replica))
+        )
+
+
+@contextlib.asynccontextmanager
+async def http_broker(urls: list[str]) -> AsyncIterator[BrokerUnderTest]:
+    """The older mode: a `StaticFleet` read once, offers as one HTTP request per worker."""
+    client = WorkerClient()
+    registry = AppRegistry()
+    registry.create(APP)
+    fleet = StaticFleet(urls, registry, client)
+    await fleet.refresh(machines=False)
+    placer = Placer(fleet, client)
+    async with serve_broker(Broker(fleet, client, placer, registry=registry), placer) as b:
+        yield b
+
+
+# --- load: a child process -----------------------------------------------------------------------
+
+
+async def load(spec: dict[str, Any]) -> None:
+    """Child process: `requests` POSTs at `concurrency` in flight; prints `n DONE` as it goes
+    and `result {json}` at the end."""
+    requests, concurrency = int(spec["requests"]), int(spec["concurrency"])
     latencies: list[float] = []
-    failures = 0
+    statuses: dict[str, int] = {}
     todo = iter(range(requests))
+    every = max(1, requests // 40)
     connector = aiohttp.TCPConnector(limit=concurrency)
-    async with aiohttp.ClientSession(connector=connector, headers=headers) as session:
+    async with aiohttp.ClientSession(connector=connector, headers=spec["headers"]) as session:
 
         async def one() -> None:
-            nonlocal failures
             for _ in todo:
                 t = time.perf_counter()
-                async with session.post(url, json=body) as resp:
+                async with session.post(spec["url"], json=spec["body"]) as resp:
                     await resp.read()
-                    if resp.status not in (200, 201):
-                        failures += 1
+                    statuses[str(resp.status)] = statuses.get(str(resp.status), 0) + 1
                 latencies.append(time.perf_counter() - t)
+                if len(latencies) % every == 0:
+                    print(f"n {len(latencies)}", flush=True)
 
         start = time.perf_counter()
         await asyncio.gather(*(one() for _ in range(concurrency)))
         elapsed = time.perf_counter() - start
-    return requests / elapsed, latencies, failures
+    result = {"elapsed": elapsed, "latencies": latencies, "statuses": statuses}
+    print("result " + json.dumps(result), flush=True)
 
 
-def pct(xs: list[float], q: float) -> float:
-    return statistics.quantiles(xs, n=100)[q - 1] * 1000 if len(xs) > 1 else 0.0
+@dataclass
+class LoadResult:
+    rate: float
+    latencies: list[float]
+    failed: int
+    cpu: dict[str, float]
 
 
-async def main(sizes: list[int], requests: int, concurrency: int) -> None:
-    headers = {"Authorization": f"Bearer {mint(SECRET)}"}
-    print(
-        f"{'workers':>8} {'strategy':>9} {'placements/s':>13} {'p50 ms':>8} {'p99 ms':>8}"
-        f" {'vs raw':>7} {'failed':>6}"
+async def run_load(
+    url: str,
+    requests: int,
+    concurrency: int,
+    body: dict[str, Any],
+    headers: dict[str, str],
+    pids: list[int],
+    progress: Progress,
+    task: TaskID,
+) -> LoadResult:
+    spec = {
+        "url": url,
+        "requests": requests,
+        "concurrency": concurrency,
+        "body": body,
+        "headers": headers,
+    }
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, __file__, "--load", json.dumps(spec), stdout=subprocess.PIPE
     )
-    for size in sizes:
-        with tempfile.TemporaryDirectory() as tmp, worker_hosts(size, Path(tmp)) as urls:
-            raw_rate, raw_lat, raw_fail = await load(
-                urls[0] + "/v1/machines",
-                requests,
-                concurrency,
-                {},
-                {"app": "bench", "config": BODY["config"]},
+    cpu = CpuWindow([*pids, proc.pid])
+    assert proc.stdout is not None
+    result: dict[str, Any] | None = None
+    while line := (await proc.stdout.readline()).decode():
+        if line.startswith("n "):
+            progress.update(task, completed=int(line.split()[1]))
+        elif line.startswith("result "):
+            result = json.loads(line.removeprefix("result "))
+    usage = cpu.read()
+    await proc.wait()
+    if result is None:
+        raise SystemExit("the load process failed")
+    progress.update(task, completed=requests)
+    ok = result["statuses"].get("200", 0) + result["statuses"].get("201", 0)
+    return LoadResult(requests / result["elapsed"], result["latencies"], requests - ok, usage)
+
+
+# --- the run -------------------------------------------------------------------------------------
+
+
+@dataclass
+class Row:
+    workers: int
+    strategy: str  # raw (straight to one worker) or a placement strategy
+    rate: float  # creates/s at `concurrency` in flight
+    vs_raw: float
+    p50_ms: float
+    p99_ms: float
+    alone_p50_ms: float  # one create at a time
+    alone_p99_ms: float
+    decision_alone_p50_ms: float | None  # inside the broker, one create at a time
+    decision_alone_p99_ms: float | None
+    decision_p50_ms: float | None  # inside the broker, `concurrency` in flight
+    decision_p99_ms: float | None
+    failed: int
+    cpu: dict[str, float]  # during the loaded phase, % of one core
+
+
+@dataclass
+class Report:
+    mode: str
+    cpus: int
+    python: str
+    nats_server: str
+    requests: int
+    sequential: int
+    concurrency: int
+    rows: list[Row] = field(default_factory=list)
+
+
+async def one_size(
+    size: int,
+    args: argparse.Namespace,
+    workdir: Path,
+    nats: tuple[str, int] | None,
+    progress: Progress,
+    report: Report,
+) -> None:
+    task = progress.add_task(f"{size:>5} workers: starting", total=size)
+    data = workdir / f"size-{size}"
+    headers = {"Authorization": f"Bearer {mint(SECRET)}"}
+    raw_body = {"app": APP, "config": CONFIG}
+    body = {"region": REGION, "config": CONFIG}
+    async with worker_hosts(size, data, nats[0] if nats else None, progress, task) as hosts:
+        pids = [os.getpid(), *hosts.pids, *([nats[1]] if nats else [])]
+        broker_cm = catalog_broker(nats[0], data / "broker") if nats else http_broker(hosts.urls)
+        progress.update(task, description=f"{size:>5} workers: broker catching up", completed=0)
+        async with broker_cm as b:
+            deadline = time.monotonic() + 120
+            while (known := b.known()) < size:
+                if time.monotonic() > deadline:
+                    raise SystemExit(f"the broker's catalog knows {known} of {size} workers")
+                progress.update(task, completed=known)
+                await asyncio.sleep(0.05)
+
+            async def phase(name: str, url: str, n: int, c: int, body: Any, hdr: Any) -> LoadResult:
+                progress.update(task, description=f"{size:>5} workers: {name}", total=n)
+                progress.reset(task, total=n)
+                b.decisions.clear()
+                return await run_load(url, n, c, body, hdr, pids, progress, task)
+
+            raw_url = hosts.urls[0] + "/v1/machines"
+            raw_alone = await phase("raw, one at a time", raw_url, args.sequential, 1, raw_body, {})
+            raw = await phase("raw, loaded", raw_url, args.requests, args.concurrency, raw_body, {})
+            report.rows.append(
+                Row(
+                    size,
+                    "raw",
+                    raw.rate,
+                    1.0,
+                    pct(raw.latencies, 50),
+                    pct(raw.latencies, 99),
+                    pct(raw_alone.latencies, 50),
+                    pct(raw_alone.latencies, 99),
+                    None,
+                    None,
+                    None,
+                    None,
+                    raw.failed + raw_alone.failed,
+                    raw.cpu,
+                )
             )
-            print(
-                f"{size:>8} {'raw':>9} {raw_rate:>13.0f} {pct(raw_lat, 50):>8.1f}"
-                f" {pct(raw_lat, 99):>8.1f} {1.0:>7.2f} {raw_fail:>6}",
-                flush=True,
-            )
-            async with broker(urls) as base:
-                for strategy in ("offers", "p2c", "catalog"):
-                    url = f"{base}/v1/apps/bench/machines?strategy={strategy}"
-                    rate, lat, fail = await load(url, requests, concurrency, headers, BODY)
-                    print(
-                        f"{size:>8} {strategy:>9} {rate:>13.0f} {pct(lat, 50):>8.1f}"
-                        f" {pct(lat, 99):>8.1f} {rate / raw_rate:>7.2f} {fail:>6}",
-                        flush=True,
+            for strategy in STRATEGIES:
+                url = f"{b.url}/v1/apps/{APP}/machines?strategy={strategy}"
+                alone = await phase(
+                    f"{strategy}, one at a time", url, args.sequential, 1, body, headers
+                )
+                alone_decisions = list(b.decisions)
+                profiler = cProfile.Profile() if args.profile else None
+                if profiler is not None:
+                    profiler.enable()
+                loaded = await phase(
+                    f"{strategy}, loaded", url, args.requests, args.concurrency, body, headers
+                )
+                if profiler is not None:
+                    profiler.disable()
+                    args.profile.mkdir(parents=True, exist_ok=True)
+                    profiler.dump_stats(args.profile / f"broker-{size}-{strategy}.prof")
+                report.rows.append(
+                    Row(
+                        size,
+                        strategy,
+                        loaded.rate,
+                        loaded.rate / raw.rate,
+                        pct(loaded.latencies, 50),
+                        pct(loaded.latencies, 99),
+                        pct(alone.latencies, 50),
+                        pct(alone.latencies, 99),
+                        pct(alone_decisions, 50),
+                        pct(alone_decisions, 99),
+                        pct(b.decisions, 50),
+                        pct(b.decisions, 99),
+                        loaded.failed + alone.failed,
+                        loaded.cpu,
                     )
+                )
+    progress.update(task, description=f"{size:>5} workers: done")
+
+
+async def measure(args: argparse.Namespace, progress: Progress) -> Report:
+    report = Report(
+        mode="http" if args.http else "catalog",
+        cpus=os.cpu_count() or 0,
+        python=sys.version.split()[0],
+        nats_server="" if args.http else nats_version(),
+        requests=args.requests,
+        sequential=args.sequential,
+        concurrency=args.concurrency,
+    )
+    with tempfile.TemporaryDirectory(prefix="souk-bench-") as tmp:
+        workdir = Path(tmp)
+        async with contextlib.AsyncExitStack() as stack:
+            nats = None if args.http else await stack.enter_async_context(nats_server(workdir))
+            for size in args.sizes:
+                await one_size(size, args, workdir, nats, progress, report)
+    return report
+
+
+def ms(v: float | None) -> str:
+    return "-" if v is None else f"{v:.1f}"
+
+
+def table(report: Report) -> Table:
+    t = Table(
+        title=f"placement through the broker ({report.mode} mode): {report.requests} creates at "
+        f"{report.concurrency} in flight, {report.sequential} one at a time"
+    )
+    for col in (
+        "workers", "strategy", "placements/s", "vs raw", "p50 ms", "p99 ms", "alone p50 ms",
+        "alone p99 ms", "decision alone p50/p99 ms", "decision loaded p50/p99 ms", "failed",
+        "CPU ours/others/steal %",
+    ):  # fmt: skip
+        t.add_column(col, justify="left" if col == "strategy" else "right")
+    for r in report.rows:
+        t.add_row(
+            f"{r.workers:,}",
+            "raw, one worker" if r.strategy == "raw" else r.strategy,
+            f"{r.rate:,.0f}",
+            f"{r.vs_raw:.2f}",
+            ms(r.p50_ms),
+            ms(r.p99_ms),
+            ms(r.alone_p50_ms),
+            ms(r.alone_p99_ms),
+            "-"
+            if r.decision_alone_p50_ms is None
+            else f"{ms(r.decision_alone_p50_ms)} / {ms(r.decision_alone_p99_ms)}",
+            "-"
+            if r.decision_p50_ms is None
+            else f"{ms(r.decision_p50_ms)} / {ms(r.decision_p99_ms)}",
+            str(r.failed),
+            f"{r.cpu['ours']:.0f} / {r.cpu['others']:.0f} / {r.cpu['steal']:.0f}",
+            end_section=r.strategy == STRATEGIES[-1],
+        )
+    return t
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--sizes", default="10,100,1000", help="workers in the region")
+    parser.add_argument("--requests", type=int, default=600, help="creates per loaded phase")
+    parser.add_argument("--sequential", type=int, default=200, help="creates one at a time")
+    parser.add_argument("--concurrency", type=int, default=32, help="creates in flight")
+    parser.add_argument("--quick", action="store_true", help="a short run (150 / 50 creates)")
+    parser.add_argument("--http", action="store_true", help="the older mode: no NATS")
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.add_argument("--profile", type=Path, help="write cProfile stats of the broker here")
+    args = parser.parse_args()
+    args.sizes = [int(s) for s in args.sizes.split(",")]
+    if args.quick:
+        args.requests, args.sequential = 150, 50
+    err = Console(stderr=True)
+    columns = (
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+    )
+    with Progress(*columns, console=err, transient=args.json) as progress:
+        report = asyncio.run(measure(args, progress))
+    if args.json:
+        print(json.dumps(asdict(report), indent=2))
+        return
+    out = Console()
+    out.print(
+        f"{report.cpus} cpus, Python {report.python}"
+        + (f", nats-server {report.nats_server}" if report.nats_server else "")
+    )
+    out.print(table(report))
+    out.print(
+        f"goals: {GOAL_RATE:,.0f} placements/s; decision p99 < {GOAL_DECISION_P99_MS:.0f} ms at "
+        "1,000 workers. CPU: during the loaded phase, % of one core; 'ours' is every process of "
+        "this benchmark (broker, workers, load, nats-server)."
+    )
 
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--serve":
-        asyncio.run(serve_workers(int(sys.argv[2]), int(sys.argv[3]), Path(sys.argv[4])))
-        raise SystemExit(0)
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--sizes", default="10,100,1000")
-    parser.add_argument("--requests", type=int, default=600)
-    parser.add_argument("--concurrency", type=int, default=32)
-    args = parser.parse_args()
-    print(f"cpus: {os.cpu_count()}, python {sys.version.split()[0]}")
-    asyncio.run(main([int(s) for s in args.sizes.split(",")], args.requests, args.concurrency))
+        nats_url = sys.argv[5] if len(sys.argv) > 5 else ""
+        asyncio.run(serve_workers(int(sys.argv[2]), int(sys.argv[3]), Path(sys.argv[4]), nats_url))
+    elif len(sys.argv) > 1 and sys.argv[1] == "--load":
+        asyncio.run(load(json.loads(sys.argv[2])))
+    else:
+        main()

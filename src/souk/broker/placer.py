@@ -22,6 +22,7 @@ import logging
 import random
 import secrets
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,6 +39,10 @@ log = logging.getLogger("souk.broker")
 
 DEFAULT_DEADLINE = 2.0
 OFFER_TIMEOUT = 0.5  # an offer slower than this is a worker we would not want anyway
+
+DecisionHook = Callable[[Strategy, float], None]
+"""Told the seconds from the start of `place()` to a ranked list about to be reserved on (the
+offers gathered and ranked): the decision time, which benchmarks measure apart."""
 
 
 @dataclass
@@ -79,8 +84,10 @@ class Placer:
         deadline: float = DEFAULT_DEADLINE,
         rng: random.Random | None = None,
         bus: Bus | None = None,
+        on_decision: DecisionHook | None = None,
     ) -> None:
         self.fleet = fleet
+        self.on_decision = on_decision
         self.bus = bus
         self.client = client
         self.policy = policy
@@ -96,6 +103,7 @@ class Placer:
         policy: Policy | None = None,
         avoid: frozenset[str] = frozenset(),
     ) -> Machine:
+        began = time.perf_counter()
         end = time.monotonic() + self.deadline
         guest, image = create.config.guest, create.config.image
         refusals: list[Refusal] = []
@@ -119,9 +127,9 @@ class Placer:
                 for r in rows
             ]
             asked += len(cands)
-            return await self._reserve(
-                rank(cands, guest, pol, self.rng), create, by_id, refusals, asked, end, region
-            )
+            ranked = rank(cands, guest, pol, self.rng)
+            self._decided(strategy, began, ranked)
+            return await self._reserve(ranked, create, by_id, refusals, asked, end, region)
         pool = list(rows)
         if strategy == "p2c":
             self.rng.shuffle(pool)
@@ -129,14 +137,20 @@ class Placer:
             batch, pool = (pool[:2], pool[2:]) if strategy == "p2c" else (pool, [])
             asked += len(batch)
             cands = await self._offers(batch, guest, image, refusals, end)
+            ranked = rank(cands, guest, pol, self.rng)
+            self._decided(strategy, began, ranked)
             try:
-                return await self._reserve(
-                    rank(cands, guest, pol, self.rng), create, by_id, refusals, asked, end, region
-                )
+                return await self._reserve(ranked, create, by_id, refusals, asked, end, region)
             except NoCapacity:
                 if time.monotonic() >= end:
                     break
         raise NoCapacity(region, asked, refusals)
+
+    def _decided(
+        self, strategy: Strategy, began: float, ranked: list[tuple[float, Candidate]]
+    ) -> None:
+        if self.on_decision is not None and ranked:
+            self.on_decision(strategy, time.perf_counter() - began)
 
     async def _offers(
         self,
