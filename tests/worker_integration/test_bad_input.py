@@ -43,6 +43,10 @@ CASES: list[tuple[str, str, Any, int, str]] = [
     ("POST", "/v1/machines", config(stop_config={"timeout": -1}), 400, "invalid"),
     ("POST", "/v1/machines", config(env={"1BAD": "x"}), 400, "invalid"),
     ("POST", "/v1/machines", config(init={"exec": []}), 400, "invalid"),
+    # A NUL cannot reach execve: refused up front, not a machine that fails to spawn.
+    ("POST", "/v1/machines", config(init={"exec": ["sleep", "6\u00000"]}), 400, "invalid"),
+    ("POST", "/v1/machines", config(init={"exec": ["true"], "cmd": ["a\u0000"]}), 400, "invalid"),
+    ("POST", "/v1/machines", config(env={"A": "x\u0000y"}), 400, "invalid"),
     ("POST", "/v1/machines", {**config(), "id": "NOT/AN/ID"}, 400, "invalid"),
     # Python's json reads these non-standard literals; a duration must still be finite.
     (

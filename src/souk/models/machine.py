@@ -53,6 +53,13 @@ class InitConfig(Strict):
     cmd: list[str] | None = None
     tty: bool = False
 
+    @field_validator("exec", "entrypoint", "cmd")
+    @classmethod
+    def _no_nul(cls, argv: list[str] | None) -> list[str] | None:
+        if argv and any("\0" in arg for arg in argv):
+            raise ValueError("an argument cannot contain a NUL character")
+        return argv
+
 
 class RestartConfig(Strict):
     policy: RestartPolicy = "on-failure"
@@ -122,6 +129,8 @@ class MachineConfig(Strict):
         for name in env:
             if not ENV_NAME.match(name):
                 raise ValueError(f"bad environment variable name {name!r}")
+            if "\0" in env[name]:
+                raise ValueError(f"environment variable {name} contains a NUL character")
         return env
 
     @model_validator(mode="after")
