@@ -178,7 +178,23 @@ class WorkerProcess:
         return ids
 
     def close(self) -> None:
-        """Kill the worker, then every process left running for its machines."""
+        """Kill the worker, then every process left running for its machines.
+
+        Running machines are destroyed over the API first, so that the worker reaps the
+        processes it spawned (nothing else on the host may: orphans would linger as zombies)."""
+        if self.proc is not None and self.proc.poll() is None:
+            try:
+                running = [
+                    m["id"]
+                    for m in self.call("GET", "/v1/machines", timeout=5).body
+                    if m["state"] in ("starting", "started", "stopping")
+                ]
+                for mid in running:
+                    self.call("DELETE", f"/v1/machines/{mid}?force=true", timeout=5)
+                for mid in running:
+                    self.call("GET", f"/v1/machines/{mid}/wait?state=destroyed&timeout=5")
+            except (OSError, TypeError, KeyError):
+                pass  # best effort: the sweep below gets whatever is left
         self.kill9()
         ids = self.known_ids()
         for _ in range(2):  # twice: a spawn may have been between fork and exec

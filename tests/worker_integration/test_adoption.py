@@ -8,7 +8,11 @@ import signal
 import time
 from typing import Any
 
+import pytest
+
 from tests.worker_integration.conftest import WorkerProcess, api_pid, is_running, live_pids
+
+pytestmark = pytest.mark.integration
 
 
 def sleeper(policy: str) -> dict[str, Any]:

@@ -9,6 +9,8 @@ import pytest
 
 from tests.worker_integration.conftest import WorkerProcess
 
+pytestmark = pytest.mark.integration
+
 JSON = {"Content-Type": "application/json"}
 GOOD = {"init": {"exec": ["sleep", "60"]}}
 

@@ -7,8 +7,11 @@ from collections import Counter
 from typing import Any
 
 import aiohttp
+import pytest
 
 from tests.worker_integration.conftest import WorkerFactory
+
+pytestmark = pytest.mark.integration
 
 ROOM = 50
 ASKED = 200

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
+import pytest
 
 from tests.worker_integration.conftest import (
     WorkerFactory,
@@ -25,6 +26,8 @@ from tests.worker_integration.conftest import (
     live_pids,
     machine_processes,
 )
+
+pytestmark = pytest.mark.integration
 
 SEED = 20251123
 ITERATIONS = 6

@@ -8,7 +8,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.worker_integration.conftest import WorkerProcess, api_pid, is_running, live_pids
+
+pytestmark = pytest.mark.integration
 
 LOOP = {
     "init": {"exec": [sys.executable, "-c", "import time\nwhile True: time.sleep(0.1)"]},
