@@ -103,14 +103,40 @@ class Placer:
         policy: Policy | None = None,
         avoid: frozenset[str] = frozenset(),
     ) -> Machine:
-        began = time.perf_counter()
-        end = time.monotonic() + self.deadline
+        began, end = time.perf_counter(), time.monotonic() + self.deadline
+        # Only the reachable workers on the way to a machine: a catalog view hands out a copy of
+        # each row, which at a thousand workers costs more than ranking them. The unreachable
+        # ones are looked up only to explain a refusal.
+        reachable = self.fleet.workers(region=region, reachable_only=True)
+        try:
+            return await self._place(region, create, strategy, policy, avoid, reachable, began, end)
+        except NoCapacity as exc:
+            known = {w.id for w in reachable}
+            gone = [
+                Refusal(worker=w.id, reason="unreachable")
+                for w in self.fleet.workers(region=region, reachable_only=False)
+                if w.id not in known
+            ]
+            exc.refusals[:0] = gone
+            exc.asked += len(gone)
+            raise
+
+    async def _place(
+        self,
+        region: str,
+        create: CreateMachine,
+        strategy: Strategy,
+        policy: Policy | None,
+        avoid: frozenset[str],
+        reachable: list[WorkerRow],
+        began: float,
+        end: float,
+    ) -> Machine:
         guest, image = create.config.guest, create.config.image
         refusals: list[Refusal] = []
         rows: list[WorkerRow] = []
-        reachable = {w.id for w in self.fleet.workers(region=region, reachable_only=True)}
-        for row in self.fleet.workers(region=region, reachable_only=False):
-            reason = "unreachable" if row.id not in reachable else why_not(row, guest)
+        for row in reachable:
+            reason = why_not(row, guest)
             if reason is None and row.id in avoid:
                 reason = "avoided by the request (avoid_workers)"
             if reason is None:
