@@ -3,7 +3,9 @@
 1. The region's reachable, uncordoned workers that fit the guest by the catalog's picture.
 2. Offers: `offers` asks every one of them at once: one message on the bus that every worker
    of the region hears (scatter-gather), or `POST /v1/offers` to each where there is no bus;
-   `p2c` asks two sampled at random (Sparrow's power of two choices), two more if both fail;
+   `p2c` asks two sampled at random (Sparrow's power of two choices), two more if both fail,
+   with one `POST /v1/offers` each: a message on the region's subject would cost every worker
+   of the region a decode for the two that answer;
    `catalog` asks none and ranks the replicated picture, letting a worker's refusal correct it.
 3. Rank with the policy (`souk.broker.placement`).
 4. Reserve on the best (`POST /v1/machines`); on refusal the next; until the deadline.
@@ -162,7 +164,7 @@ class Placer:
         while pool:
             batch, pool = (pool[:2], pool[2:]) if strategy == "p2c" else (pool, [])
             asked += len(batch)
-            cands = await self._offers(batch, guest, image, refusals, end)
+            cands = await self._offers(batch, guest, image, refusals, end, strategy == "offers")
             ranked = rank(cands, guest, pol, self.rng)
             self._decided(strategy, began, ranked)
             try:
@@ -185,11 +187,12 @@ class Placer:
         image: str | None,
         refusals: list[Refusal],
         end: float,
+        scatter: bool,
     ) -> list[Candidate]:
         timeout = min(OFFER_TIMEOUT, end - time.monotonic())
         req = OfferRequest(guest=guest, image=image)
         results: list[Offer | BaseException]
-        if self.bus is not None:
+        if scatter and self.bus is not None:
             results = await self._gather(self.bus, rows, req, timeout)
         else:
             results = await asyncio.gather(
