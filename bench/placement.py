@@ -57,8 +57,8 @@ from rich.table import Table
 
 from souk.broker.api import Broker
 from souk.broker.fleet import CatalogFleet, Fleet, StaticFleet
-from souk.broker.placement import Candidate, rank
-from souk.broker.placer import Placer, why_not
+from souk.broker.placement import rank
+from souk.broker.placer import Placer
 from souk.broker.registry import AppRegistry
 from souk.broker.runtime import registry_owner
 from souk.broker.server import make_app
@@ -461,16 +461,16 @@ def profiled(into: Path | None, name: str) -> Iterator[None]:
         profiler.dump_stats(into / f"{name}.prof")
 
 
-def decision_parts(size: int, fleet: Fleet, rounds: int = 50) -> dict[str, float]:
+def decision_parts(size: int, placer: Placer, rounds: int = 50) -> dict[str, float]:
     """The catalog strategy's decision taken apart, at rest, p50 ms of `rounds`: reading the
     region's rows from the fleet, filtering them into candidates, ranking them."""
     guest = GuestConfig.model_validate(CONFIG["guest"])
     read, build, ranking = [], [], []
     for _ in range(rounds):
         t0 = time.perf_counter()
-        rows = fleet.workers(region=REGION)
+        rows = placer.fleet.placeable(REGION)
         t1 = time.perf_counter()
-        cands = [Candidate.from_row(r) for r in rows if why_not(r, guest) is None]
+        _, cands, _ = placer.eligible(rows, guest)
         t2 = time.perf_counter()
         rank(cands, guest)
         t3 = time.perf_counter()
@@ -617,7 +617,7 @@ async def one_size(
                         list(b.decisions),
                     )
                 )
-            report.parts.append(decision_parts(size, b.fleet))
+            report.parts.append(decision_parts(size, b.placer))
     progress.update(task, description=f"{size:>5} workers: done")
 
 

@@ -60,3 +60,19 @@ async def test_a_worker_that_does_not_answer_its_offer_call_is_passed_over(
             await created(c, machine_body("mad"))
         counts = {w: c.engines[w].capacity().machines for w in ("m1", "m2")}
         assert sorted(counts.values()) == [0, 3]
+
+
+async def test_auto_asks_for_offers_in_a_small_region_and_reads_the_catalog_in_a_big_one(
+    make_cluster: ClusterFactory,
+) -> None:
+    bus = InProcessBus()
+    async with make_cluster([WorkerSpec("m1", "mad"), WorkerSpec("m2", "mad")], bus=bus) as c:
+        taken: list[str] = []
+        c.placer.on_decision = lambda strategy, _: taken.append(strategy)
+        await created(c, machine_body("mad"))
+        c.placer.offers_up_to = 1  # two eligible workers are now a big region
+        # nobody answers offer calls any more: only a catalog placement can succeed
+        for sub in [s for s in bus.subscriptions if s.pattern == "souk.offers.mad"]:
+            await sub.unsubscribe()
+        await created(c, machine_body("mad"))
+        assert taken == ["offers", "catalog"]

@@ -21,7 +21,7 @@ from souk.broker.workers import WorkerClient
 from tests.broker.conftest import SECRET, Cluster, ClusterFactory, WorkerSpec, machine_body
 
 M = "/v1/apps/demo/machines"
-STRATEGIES = ["offers", "p2c", "catalog"]
+STRATEGIES = ["auto", "offers", "p2c", "catalog"]
 
 
 async def place(c: Cluster, strategy: str, **kw: Any) -> Any:

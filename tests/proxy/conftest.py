@@ -85,6 +85,9 @@ class FakeView:
             if (region is None or w.region == region) and not (reachable_only and w.unreachable)
         ]
 
+    def placeable(self, region: str) -> list[WorkerRow]:
+        return self.workers(region)
+
     def worker(self, worker_id: str) -> WorkerRow | None:
         return self.worker_rows.get(worker_id)
 

@@ -304,9 +304,9 @@ def routes(b: Broker) -> list[Route]:
         return reply(out)
 
     def parse_strategy(request: web.Request) -> Strategy:
-        strategy = request.query.get("strategy", "offers")
+        strategy = request.query.get("strategy", "auto")
         if strategy not in get_args(Strategy):
-            raise ApiError(400, "invalid", "strategy: offers, p2c or catalog")
+            raise ApiError(400, "invalid", "strategy: auto, offers, p2c or catalog")
         return cast(Strategy, strategy)
 
     async def create_machine(request: web.Request) -> web.Response:
@@ -319,8 +319,6 @@ def routes(b: Broker) -> list[Route]:
         b.require_app(app)
         if b.before_place is not None:
             await b.before_place()
-        if not b.fleet.workers(region=body.region, reachable_only=False):
-            raise ApiError(400, "invalid", f"region: no region {body.region!r} in this cluster")
         create = CreateMachine(
             app=app, config=body.config, name=body.name, start=not body.skip_launch
         )
@@ -333,6 +331,10 @@ def routes(b: Broker) -> list[Route]:
                 avoid=frozenset(body.avoid_workers),
             )
         except NoCapacity as exc:
+            if exc.asked == 0:  # not a worker in the region, reachable or not
+                raise ApiError(
+                    400, "invalid", f"region: no region {body.region!r} in this cluster"
+                ) from None
             raise ApiError(
                 412,
                 "insufficient_capacity",
@@ -680,7 +682,8 @@ def routes(b: Broker) -> list[Route]:
             PublicMachine,
             errors=(404, 412),
             query={
-                "strategy": "offers (default: ask every worker), p2c or catalog",
+                "strategy": "auto (default: offers in a small region, catalog in a big one),"
+                " offers, p2c or catalog",
                 "policy": "default, binpack or spread",
             },
         ),

@@ -26,6 +26,10 @@ class Fleet(Protocol):
         """Workers, optionally of one region, optionally only those heard from recently."""
         ...
 
+    def placeable(self, region: str) -> list[WorkerRow]:
+        """The region's reachable workers for placement (see `CatalogView.placeable`)."""
+        ...
+
     def worker(self, worker_id: str) -> WorkerRow | None: ...
 
     def machines(self, app: str | None = None, region: str | None = None) -> list[MachineRow]: ...
@@ -86,6 +90,9 @@ class StaticFleet:
             and (not reachable_only or w.id in self._reachable)
         ]
 
+    def placeable(self, region: str) -> list[WorkerRow]:
+        return self.workers(region)
+
     def worker(self, worker_id: str) -> WorkerRow | None:
         return self._workers.get(worker_id)
 
@@ -119,6 +126,9 @@ class CatalogFleet:
 
     def workers(self, region: str | None = None, reachable_only: bool = True) -> list[WorkerRow]:
         return self.view.workers(region, reachable_only)
+
+    def placeable(self, region: str) -> list[WorkerRow]:
+        return self.view.placeable(region)
 
     def worker(self, worker_id: str) -> WorkerRow | None:
         return self.view.worker(worker_id)

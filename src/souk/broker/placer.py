@@ -6,7 +6,10 @@
    `p2c` asks two sampled at random (Sparrow's power of two choices), two more if both fail,
    with one `POST /v1/offers` each: a message on the region's subject would cost every worker
    of the region a decode for the two that answer;
-   `catalog` asks none and ranks the replicated picture, letting a worker's refusal correct it.
+   `catalog` asks none and ranks the replicated picture, letting a worker's refusal correct it;
+   `auto` (the default) is `offers` up to `offers_up_to` eligible workers and `catalog` beyond:
+   an offer call costs every worker asked a decode and an answer per create, which a big
+   region cannot afford (see docs/benchmarks.md).
 3. Rank with the policy (`souk.broker.placement`).
 4. Reserve on the best (`POST /v1/machines`); on refusal the next; until the deadline.
 Then the machine, or `NoCapacity` with every worker's reason. Never a pending queue.
@@ -25,7 +28,7 @@ import random
 import secrets
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from souk.broker.fleet import Fleet
@@ -41,10 +44,15 @@ log = logging.getLogger("souk.broker")
 
 DEFAULT_DEADLINE = 2.0
 OFFER_TIMEOUT = 0.5  # an offer slower than this is a worker we would not want anyway
+OFFERS_UP_TO = (
+    32  # `auto` asks for offers up to this many eligible workers, reads the catalog beyond
+)
+MAX_CANDIDATES = 100_000  # workers whose candidate is kept between creates
 
 DecisionHook = Callable[[Strategy, float], None]
-"""Told the seconds from the start of `place()` to a ranked list about to be reserved on (the
-offers gathered and ranked): the decision time, which benchmarks measure apart."""
+"""Told the strategy taken (`auto` resolved) and the seconds from the start of `place()` to a
+ranked list about to be reserved on (offers gathered and ranked): the decision time, which
+benchmarks measure apart."""
 
 
 @dataclass
@@ -87,8 +95,10 @@ class Placer:
         rng: random.Random | None = None,
         bus: Bus | None = None,
         on_decision: DecisionHook | None = None,
+        offers_up_to: int = OFFERS_UP_TO,
     ) -> None:
         self.fleet = fleet
+        self.offers_up_to = offers_up_to
         self.on_decision = on_decision
         self.bus = bus
         self.client = client
@@ -96,23 +106,22 @@ class Placer:
         self.deadline = deadline
         self.rng = rng or random.Random()
         self._cleanups: set[asyncio.Task[None]] = set()
+        self._candidates: dict[str, tuple[WorkerRow, Candidate]] = {}
 
     async def place(
         self,
         region: str,
         create: CreateMachine,
-        strategy: Strategy = "offers",
+        strategy: Strategy = "auto",
         policy: Policy | None = None,
         avoid: frozenset[str] = frozenset(),
     ) -> Machine:
         began, end = time.perf_counter(), time.monotonic() + self.deadline
-        # Only the reachable workers on the way to a machine: a catalog view hands out a copy of
-        # each row, which at a thousand workers costs more than ranking them. The unreachable
-        # ones are looked up only to explain a refusal.
-        reachable = self.fleet.workers(region=region, reachable_only=True)
+        reachable = self.fleet.placeable(region)
         try:
             return await self._place(region, create, strategy, policy, avoid, reachable, began, end)
         except NoCapacity as exc:
+            # The unreachable workers are looked up only to explain a refusal.
             known = {w.id for w in reachable}
             gone = [
                 Refusal(worker=w.id, reason="unreachable")
@@ -135,29 +144,22 @@ class Placer:
         end: float,
     ) -> Machine:
         guest, image = create.config.guest, create.config.image
-        refusals: list[Refusal] = []
-        rows: list[WorkerRow] = []
-        for row in reachable:
-            reason = why_not(row, guest)
-            if reason is None and row.id in avoid:
-                reason = "avoided by the request (avoid_workers)"
-            if reason is None:
-                rows.append(row)
-            else:
-                refusals.append(Refusal(worker=row.id, reason=reason))
+        rows, cands, refusals = self.eligible(reachable, guest, avoid)
         asked = len(refusals)
-        by_id = {r.id: r for r in rows}
         pol = policy or self.policy
+        if strategy == "auto":
+            strategy = "offers" if len(rows) <= self.offers_up_to else "catalog"
 
         if strategy == "catalog":
-            cands = [
-                Candidate.from_row(r, image is not None and self.fleet.image_cached(r.id, image))
-                for r in rows
-            ]
+            if image is not None:
+                cached = self.fleet.image_cached
+                cands = [
+                    replace(c, image_cached=True) if cached(c.worker, image) else c for c in cands
+                ]
             asked += len(cands)
             ranked = rank(cands, guest, pol, self.rng)
             self._decided(strategy, began, ranked)
-            return await self._reserve(ranked, create, by_id, refusals, asked, end, region)
+            return await self._reserve(ranked, create, refusals, asked, end, region)
         pool = list(rows)
         if strategy == "p2c":
             self.rng.shuffle(pool)
@@ -168,11 +170,40 @@ class Placer:
             ranked = rank(cands, guest, pol, self.rng)
             self._decided(strategy, began, ranked)
             try:
-                return await self._reserve(ranked, create, by_id, refusals, asked, end, region)
+                return await self._reserve(ranked, create, refusals, asked, end, region)
             except NoCapacity:
                 if time.monotonic() >= end:
                     break
         raise NoCapacity(region, asked, refusals)
+
+    def eligible(
+        self, reachable: list[WorkerRow], guest: GuestConfig, avoid: frozenset[str] = frozenset()
+    ) -> tuple[list[WorkerRow], list[Candidate], list[Refusal]]:
+        """The workers that fit the guest by the catalog's picture, as rows and as candidates
+        (in the same order), and why each of the others does not."""
+        rows: list[WorkerRow] = []
+        cands: list[Candidate] = []
+        refusals: list[Refusal] = []
+        for row in reachable:
+            cand = self._candidate(row)
+            if cand.fits(guest) and not (row.cordoned or row.draining or row.id in avoid):
+                rows.append(row)
+                cands.append(cand)
+            else:
+                reason = why_not(row, guest) or "avoided by the request (avoid_workers)"
+                refusals.append(Refusal(worker=row.id, reason=reason))
+        return rows, cands, refusals
+
+    def _candidate(self, row: WorkerRow) -> Candidate:
+        """The row as placement sees it, built once per version of the row: a catalog hands out
+        the same row object until its owner changes it, and at a thousand workers building the
+        candidates anew for every create would cost more than ranking them."""
+        held = self._candidates.get(row.id)
+        if held is None or held[0] is not row:
+            if len(self._candidates) >= MAX_CANDIDATES:
+                self._candidates.clear()
+            held = self._candidates[row.id] = (row, Candidate.from_row(row))
+        return held[1]
 
     def _decided(
         self, strategy: Strategy, began: float, ranked: list[tuple[float, Candidate]]
@@ -257,7 +288,6 @@ class Placer:
         self,
         ranked: list[tuple[float, Candidate]],
         create: CreateMachine,
-        rows: dict[str, WorkerRow],
         refusals: list[Refusal],
         asked: int,
         end: float,

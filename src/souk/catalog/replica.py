@@ -470,6 +470,9 @@ class Replica:
             and (not reachable_only or self.reachable(w.id))
         ]
 
+    def placeable(self, region: str) -> list[WorkerRow]:
+        return [w for w in self._workers.values() if w.region == region and self.reachable(w.id)]
+
     def worker(self, worker_id: str) -> WorkerRow | None:
         row = self._workers.get(worker_id)
         return None if row is None else self._worker_view(row)

@@ -17,6 +17,12 @@ class CatalogView(Protocol):
         """Workers, optionally of one region; by default only those heard from recently."""
         ...
 
+    def placeable(self, region: str) -> list[WorkerRow]:
+        """The region's reachable workers, as held: shared rows, not to be modified, without the
+        liveness fields a `workers()` copy fills in. Placement reads a whole region per create,
+        and at a thousand workers copying the rows would cost more than ranking them."""
+        ...
+
     def worker(self, worker_id: str) -> WorkerRow | None:
         """One worker, reachable or not (see `WorkerRow.unreachable`)."""
         ...

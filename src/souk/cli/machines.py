@@ -48,7 +48,7 @@ def run(
     cpus: int = typer.Option(1, help="CPUs."),
     memory_mb: int = typer.Option(256, help="Memory in MB."),
     env: list[str] = typer.Option([], "--env", "-e", help="KEY=VALUE (repeatable)."),
-    strategy: str = typer.Option("offers", help="offers, p2c or catalog."),
+    strategy: str = typer.Option("auto", help="auto, offers, p2c or catalog."),
     api: str | None = API,
     token: str | None = TOKEN,
     as_json: bool = JSON,

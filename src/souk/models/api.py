@@ -17,7 +17,7 @@ from souk.models.machine import APP_NAME, Machine, MachineConfig
 NONCE_HEADER = "fly-machine-lease-nonce"
 
 REGION_NAME = re.compile(r"^[a-z][a-z0-9-]{1,31}$")
-Strategy = Literal["offers", "p2c", "catalog"]
+Strategy = Literal["auto", "offers", "p2c", "catalog"]
 
 
 class Strict(BaseModel):
