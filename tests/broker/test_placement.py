@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from souk.broker.fleet import StaticFleet
 from souk.broker.placement import (
     POLICIES,
     REFUSE,
@@ -17,6 +18,9 @@ from souk.broker.placement import (
     policy_named,
     rank,
 )
+from souk.broker.placer import Placer
+from souk.broker.registry import AppRegistry
+from souk.broker.workers import WorkerClient
 from souk.models.capacity import Capacity, Resources
 from souk.models.catalog import WorkerRow
 from souk.models.machine import GuestConfig
@@ -167,3 +171,28 @@ def test_candidates_from_catalog_rows_and_offers_agree() -> None:
     assert Candidate.from_row(row) == Candidate.from_capacity(cap, "http://w1")
     assert Candidate.from_row(row).fits(GuestConfig(cpus=5, memory_mb=7192))
     assert not Candidate.from_row(row).fits(GuestConfig(cpus=6, memory_mb=256))
+
+
+async def test_the_placer_sees_each_new_version_of_a_row_and_says_why_a_worker_is_out() -> None:
+    base = {
+        "region": "mad",
+        "address": "http://w",
+        "cpu_kinds": ["shared"],
+        "cpus_total": 4,
+        "memory_mb_total": 4096,
+        "cpus_reserved": 0,
+        "memory_mb_reserved": 0,
+        "epoch": "e",
+    }
+    w1, w2 = (WorkerRow.model_validate({**base, "id": i}) for i in ("w1", "w2"))
+    placer = Placer(StaticFleet([], AppRegistry()), WorkerClient())
+    rows, cands, refusals = placer.eligible([w1, w2], SMALL, avoid=frozenset({"w2"}))
+    assert [c.worker for c in cands] == [r.id for r in rows] == ["w1"]
+    assert [(r.worker, r.reason) for r in refusals] == [
+        ("w2", "avoided by the request (avoid_workers)")
+    ]
+    full = w1.model_copy(update={"cpus_reserved": 4})  # the owner's next version of the row
+    cordoned = w2.model_copy(update={"cordoned": True})
+    rows, cands, refusals = placer.eligible([full, cordoned], SMALL)
+    assert (rows, cands) == ([], [])
+    assert [r.reason for r in refusals] == ["not enough room: free 0 cpus, 4096 MB", "cordoned"]

@@ -156,13 +156,17 @@ async def test_a_silent_owner_is_unreachable_until_it_speaks_again() -> None:
     owner = await start_owner(bus, src)
     await eventually(lambda: converged(replica, [src]))
     assert [w.id for w in replica.workers()] == ["w1"]
+    assert [w.id for w in replica.placeable("mad")] == ["w1"]
+    assert replica.placeable("ams") == []
     bus.faults.down = True
     await eventually(lambda: replica.workers() == [])
+    assert replica.placeable("mad") == []
     row = replica.worker("w1")
     assert row is not None and row.unreachable  # kept, flagged
     assert replica.workers(reachable_only=False)[0].unreachable
     bus.faults.down = False
     await eventually(lambda: [w.id for w in replica.workers()] == ["w1"])
+    assert [w.id for w in replica.placeable("mad")] == ["w1"]
     await owner.stop()
     await replica.stop()
 
