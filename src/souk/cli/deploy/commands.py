@@ -81,7 +81,10 @@ def _strategy(value: str | None) -> StrategyName | None:
     return value  # type: ignore[return-value]
 
 
-def _report(outcome: Outcome, progress: Progress, as_json: bool) -> None:
+def _report(outcome: Outcome | DeployError, progress: Progress, as_json: bool) -> None:
+    if isinstance(outcome, DeployError):
+        _failed(outcome, progress, as_json)
+        return
     if as_json:
         print(json.dumps({**outcome.to_json(), "events": progress.events}, indent=2))
         return
@@ -159,9 +162,6 @@ def deploy_command(
         return
     progress = Progress(quiet=as_json)
     result = _run(_deploy(api, token, cfg, progress, _strategy(strategy), message), as_json)
-    if isinstance(result, DeployError):
-        _failed(result, progress, as_json)
-        return
     _report(result, progress, as_json)
 
 
@@ -189,11 +189,7 @@ def rollback(
             api, token, cfg, progress, _strategy(strategy), f"rollback to {target.version}"
         )
 
-    result = _run(go(), as_json)
-    if isinstance(result, DeployError):
-        _failed(result, progress, as_json)
-        return
-    _report(result, progress, as_json)
+    _report(_run(go(), as_json), progress, as_json)
 
 
 def releases_command(
@@ -264,11 +260,7 @@ def scale_count(
         counts[region] = count
         return await _deploy(api, token, cfg, progress, None, "", counts, cur)
 
-    result = _run(go(), as_json)
-    if isinstance(result, DeployError):
-        _failed(result, progress, as_json)
-        return
-    _report(result, progress, as_json)
+    _report(_run(go(), as_json), progress, as_json)
 
 
 def status(
