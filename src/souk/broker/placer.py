@@ -44,9 +44,7 @@ log = logging.getLogger("souk.broker")
 
 DEFAULT_DEADLINE = 2.0
 OFFER_TIMEOUT = 0.5  # an offer slower than this is a worker we would not want anyway
-OFFERS_UP_TO = (
-    32  # `auto` asks for offers up to this many eligible workers, reads the catalog beyond
-)
+OFFERS_UP_TO = 32  # eligible workers up to which `auto` asks for offers
 MAX_CANDIDATES = 100_000  # workers whose candidate is kept between creates
 
 DecisionHook = Callable[[Strategy, float], None]
