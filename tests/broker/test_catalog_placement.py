@@ -76,3 +76,18 @@ async def test_auto_asks_for_offers_in_a_small_region_and_reads_the_catalog_in_a
             await sub.unsubscribe()
         await created(c, machine_body("mad"))
         assert taken == ["offers", "catalog"]
+
+
+async def test_a_big_region_is_ranked_a_slice_at_a_time_until_a_worker_takes_it(
+    make_cluster: ClusterFactory,
+) -> None:
+    bus = InProcessBus()
+    specs = [WorkerSpec(f"m{i}", "mad", cpus=1) for i in range(5)]
+    async with make_cluster(specs, bus=bus) as c:
+        c.placer.offers_up_to, c.placer.sample = 0, 2  # a "big" region, ranked two at a time
+        made = [await created(c, machine_body("mad")) for _ in range(5)]
+        assert sorted(str(m["worker"]) for m in made) == [s.name for s in specs]  # each found
+        resp = await c.call("POST", "/v1/apps/demo/machines", json=machine_body("mad"))
+        assert resp.status == 412
+        refusals = (await resp.json())["details"]["refusals"]
+        assert sorted({r["worker"] for r in refusals}) == [s.name for s in specs]  # all seen

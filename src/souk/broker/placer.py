@@ -7,9 +7,10 @@
    with one `POST /v1/offers` each: a message on the region's subject would cost every worker
    of the region a decode for the two that answer;
    `catalog` asks none and ranks the replicated picture, letting a worker's refusal correct it;
-   `auto` (the default) is `offers` up to `offers_up_to` eligible workers and `catalog` beyond:
-   an offer call costs every worker asked a decode and an answer per create, which a big
-   region cannot afford (see docs/benchmarks.md).
+   in a region bigger than `sample` it ranks a random slice of that many workers at a time;
+   `auto` (the default) is `offers` in a region of up to `offers_up_to` reachable workers and
+   `catalog` beyond: an offer call costs every worker asked a decode and an answer per create,
+   which a big region cannot afford (see docs/benchmarks.md).
 3. Rank with the policy (`souk.broker.placement`).
 4. Reserve on the best (`POST /v1/machines`); on refusal the next; until the deadline.
 Then the machine, or `NoCapacity` with every worker's reason. Never a pending queue.
@@ -44,7 +45,8 @@ log = logging.getLogger("souk.broker")
 
 DEFAULT_DEADLINE = 2.0
 OFFER_TIMEOUT = 0.5  # an offer slower than this is a worker we would not want anyway
-OFFERS_UP_TO = 32  # eligible workers up to which `auto` asks for offers
+OFFERS_UP_TO = 32  # reachable workers up to which `auto` asks for offers
+SAMPLE = 64  # workers of a big region the catalog strategy ranks per slice
 MAX_CANDIDATES = 100_000  # workers whose candidate is kept between creates
 
 DecisionHook = Callable[[Strategy, float], None]
@@ -94,9 +96,11 @@ class Placer:
         bus: Bus | None = None,
         on_decision: DecisionHook | None = None,
         offers_up_to: int = OFFERS_UP_TO,
+        sample: int = SAMPLE,
     ) -> None:
         self.fleet = fleet
         self.offers_up_to = offers_up_to
+        self.sample = sample
         self.on_decision = on_decision
         self.bus = bus
         self.client = client
@@ -141,32 +145,66 @@ class Placer:
         began: float,
         end: float,
     ) -> Machine:
-        guest, image = create.config.guest, create.config.image
-        rows, cands, refusals = self.eligible(reachable, guest, avoid)
-        asked = len(refusals)
+        guest = create.config.guest
         pol = policy or self.policy
         if strategy == "auto":
-            strategy = "offers" if len(rows) <= self.offers_up_to else "catalog"
-
+            strategy = "offers" if len(reachable) <= self.offers_up_to else "catalog"
         if strategy == "catalog":
-            if image is not None:
-                cached = self.fleet.image_cached
-                cands = [
-                    replace(c, image_cached=True) if cached(c.worker, image) else c for c in cands
-                ]
-            asked += len(cands)
-            ranked = rank(cands, guest, pol, self.rng)
-            self._decided(strategy, began, ranked)
-            return await self._reserve(ranked, create, refusals, asked, end, region)
+            return await self._from_catalog(region, create, pol, avoid, reachable, began, end)
+        rows, _, refusals = self.eligible(reachable, guest, avoid)
+        asked = len(refusals)
         pool = list(rows)
         if strategy == "p2c":
             self.rng.shuffle(pool)
         while pool:
             batch, pool = (pool[:2], pool[2:]) if strategy == "p2c" else (pool, [])
             asked += len(batch)
-            cands = await self._offers(batch, guest, image, refusals, end, strategy == "offers")
+            cands = await self._offers(
+                batch, guest, create.config.image, refusals, end, strategy == "offers"
+            )
             ranked = rank(cands, guest, pol, self.rng)
             self._decided(strategy, began, ranked)
+            try:
+                return await self._reserve(ranked, create, refusals, asked, end, region)
+            except NoCapacity:
+                if time.monotonic() >= end:
+                    break
+        raise NoCapacity(region, asked, refusals)
+
+    async def _from_catalog(
+        self,
+        region: str,
+        create: CreateMachine,
+        policy: Policy,
+        avoid: frozenset[str],
+        reachable: list[WorkerRow],
+        began: float,
+        end: float,
+    ) -> Machine:
+        """Ranks the catalog's picture a random slice of `sample` workers at a time (Borg's
+        relaxed randomization): the best of a few dozen workers that fit is a good worker, and
+        ranking a whole region for every create is what would make the decision grow with the
+        region. A create that names an image ranks them all: the workers caching it must be
+        seen. If every worker of a slice refuses, the next slice, within the deadline."""
+        guest, image = create.config.guest, create.config.image
+        size = self.sample if image is None else max(1, len(reachable))
+        start = self.rng.randrange(len(reachable)) if reachable else 0
+        order = reachable[start:] + reachable[:start]
+        refusals: list[Refusal] = []
+        asked = 0
+        for i in range(0, len(order), size):
+            _, cands, refused = self.eligible(order[i : i + size], guest, avoid)
+            refusals += refused
+            asked += len(refused) + len(cands)
+            if image is not None:
+                cached = self.fleet.image_cached
+                cands = [
+                    replace(c, image_cached=True) if cached(c.worker, image) else c for c in cands
+                ]
+            ranked = rank(cands, guest, policy, self.rng)
+            if not ranked:
+                continue
+            self._decided("catalog", began, ranked)
             try:
                 return await self._reserve(ranked, create, refusals, asked, end, region)
             except NoCapacity:
