@@ -187,7 +187,7 @@ class Placer:
         region. A create that names an image ranks them all: the workers caching it must be
         seen. If every worker of a slice refuses, the next slice, within the deadline."""
         guest, image = create.config.guest, create.config.image
-        size = self.sample if image is None else max(1, len(reachable))
+        size = max(1, self.sample if image is None else len(reachable))
         start = self.rng.randrange(len(reachable)) if reachable else 0
         order = reachable[start:] + reachable[:start]
         refusals: list[Refusal] = []
