@@ -124,7 +124,10 @@ async def test_multi_platform_index(
 async def test_corrupt_blob_is_rejected_and_nothing_cached(
     registry: Registry, client: RegistryClient, make_cache: Make
 ) -> None:
-    good = layer(TarBuilder().file("a", b"a" * 1000).bytes())
+    big = TarBuilder()
+    for i in range(400):  # still downloading or unpacking when the small bad one fails
+        big.file(f"a{i}", os.urandom(20_000))
+    good = layer(big.bytes(), False)
     bad = layer(TarBuilder().file("b", b"b" * 1000).bytes())
     await push(client, registry, "corrupt:1", ImageSpec([good, bad]))
     registry.corrupt(bad.descriptor.digest)
@@ -133,6 +136,18 @@ async def test_corrupt_blob_is_rejected_and_nothing_cached(
         await cache.pull(f"{registry.host}/corrupt:1")
     assert stored(cache) == {"blobs/sha256": [], "layers": [], "images": [], "tmp": []}
     assert cache.cached() == []
+
+
+async def test_gc_clears_what_an_abandoned_pull_left(make_cache: Make) -> None:
+    cache = make_cache()
+    digest = "sha256:" + "ab" * 32
+    cache.store.tmp_path(digest).with_suffix(".partial").write_bytes(b"half")
+    cache.store.busy[digest] += 1  # a pull working on it: kept
+    await cache.gc()
+    assert stored(cache)["tmp"] == [f"{'ab' * 32}.partial"]
+    cache.store.busy[digest] -= 1
+    await cache.gc()
+    assert stored(cache)["tmp"] == []
 
 
 @pytest.mark.parametrize(

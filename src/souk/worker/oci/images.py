@@ -12,6 +12,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, TypeVar
 
 import aiohttp
 
@@ -22,6 +23,8 @@ from souk.worker.oci.registry import RegistryClient, Resolved
 from souk.worker.oci.rootfs import is_mounted, merge_copy, mount_overlay, overlay_supported, unmount
 from souk.worker.oci.store import BlobStore, ImageRecord
 from souk.worker.oci.unpack import unpack_layer
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -156,10 +159,10 @@ class ImageCache:
         async def unpack() -> None:
             if self.store.layer_size(digest) is not None:
                 return
-            tmp = self.store.root / "tmp" / f"layer-{uuid.uuid4().hex}"
+            tmp = self.store.tmp_path(digest).with_suffix(f".unpack-{uuid.uuid4().hex}")
             try:
                 blob = self.store.blob_path(digest)
-                size = await asyncio.to_thread(unpack_layer, blob, tmp, self.overlay)
+                size = await _thread_to_its_end(unpack_layer, blob, tmp, self.overlay)
                 final = self.store.layer_path(digest)
                 if final.exists():  # half unpacked before a crash
                     os.replace(final, self.store.root / "trash" / uuid.uuid4().hex)
@@ -245,3 +248,14 @@ class ImageCache:
         evicted = self.store.collect(budget)
         await asyncio.to_thread(self.store.empty_trash)
         return evicted
+
+
+async def _thread_to_its_end(fn: Callable[..., T], *args: Any) -> T:
+    """`asyncio.to_thread`, except that a cancelled caller waits for the thread before unwinding:
+    a thread cannot be stopped midway, and the cleanup that follows must not race it."""
+    work = asyncio.ensure_future(asyncio.to_thread(fn, *args))
+    try:
+        return await asyncio.shield(work)
+    except asyncio.CancelledError:
+        await asyncio.wait([work])
+        raise

@@ -222,6 +222,9 @@ class BlobStore:
         for digest in on_layers - layers:
             (self.root / "layers" / f"{_hex(digest)}.size").unlink(missing_ok=True)
             self._trash(self.layer_path(digest))
+        for path in (self.root / "tmp").iterdir():  # what a failed or abandoned pull left
+            if not self.busy[f"sha256:{path.name.partition('.')[0]}"]:
+                self._trash(path)
         return [r.digest for r in evicted]
 
     def _trash(self, path: Path) -> None:
