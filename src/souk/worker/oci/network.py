@@ -23,14 +23,28 @@ def names(machine_id: str) -> tuple[str, str]:
     return f"souk-{machine_id}", f"sk{short}"
 
 
-async def _ip(*args: str, check: bool = True) -> str:
+def _conf(veth: str) -> Path:
+    """The link's settings in this process's own network namespace (unlike /sys/class/net)."""
+    return Path("/proc/sys/net/ipv4/conf") / veth
+
+
+async def _ip(*args: str, batch: list[str] | None = None, check: bool = True) -> str:
+    """One `ip` run; with `batch`, all those commands in that one process (`ip -batch -`): a
+    machine's network is a dozen commands, and each process costs milliseconds."""
     ip = shutil.which("ip")
     if not ip:
         raise NetworkError("iproute2 (`ip`) is not installed")
+    if batch is not None:
+        args = (*args, "-batch", "-")
     proc = await asyncio.create_subprocess_exec(
-        ip, *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+        ip,
+        *args,
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
     )
-    out, err = await proc.communicate()
+    script = "".join(f"{line}\n" for line in batch or [])
+    out, err = await proc.communicate(script.encode())
     if check and proc.returncode != 0:
         raise NetworkError(f"ip {' '.join(args)}: {err.decode().strip()}")
     return out.decode()
@@ -45,22 +59,30 @@ async def setup(machine_id: str, address: str) -> Path:
         if f"inet {address}/32 " in shown:
             return path
     await teardown(machine_id)
-    await _ip("netns", "add", netns)
-    await _ip("link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", netns)
-    await _ip("-n", netns, "link", "set", "lo", "up")
-    await _ip("-n", netns, "addr", "add", f"{address}/32", "dev", "eth0")
-    await _ip("-n", netns, "link", "set", "eth0", "up")
-    await _ip("-n", netns, "route", "add", GATEWAY, "dev", "eth0")
-    await _ip("-n", netns, "route", "add", "default", "via", GATEWAY, "dev", "eth0")
-    Path(f"/proc/sys/net/ipv4/conf/{veth}/proxy_arp").write_text("1")
-    await _ip("addr", "add", f"{GATEWAY}/32", "dev", veth)  # answers the machine's ARP
-    await _ip("link", "set", veth, "up")
-    await _ip("route", "replace", f"{address}/32", "dev", veth)
+    host = [
+        f"netns add {netns}",
+        f"link add {veth} type veth peer name eth0 netns {netns}",
+        f"addr add {GATEWAY}/32 dev {veth}",  # answers the machine's ARP for its gateway
+        f"link set {veth} up",
+        f"route replace {address}/32 dev {veth}",
+    ]
+    await _ip(batch=host)
+    (_conf(veth) / "proxy_arp").write_text("1")
+    inside = [
+        "link set lo up",
+        f"addr add {address}/32 dev eth0",
+        "link set eth0 up",
+        f"route add {GATEWAY} dev eth0",
+        f"route add default via {GATEWAY} dev eth0",
+    ]
+    await _ip("-n", netns, batch=inside)
     return path
 
 
 async def teardown(machine_id: str) -> None:
     """Delete the namespace; its end of the veth pair, the host's end and the route go with it."""
     netns, veth = names(machine_id)
-    await _ip("link", "del", veth, check=False)
-    await _ip("netns", "del", netns, check=False)
+    if _conf(veth).exists():
+        await _ip("link", "del", veth, check=False)
+    if (NETNS_DIR / netns).exists():
+        await _ip("netns", "del", netns, check=False)

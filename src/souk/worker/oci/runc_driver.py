@@ -103,13 +103,12 @@ class RuncDriver:
         os.replace(tmp, bundle / "config.json")
 
     async def spawn(self, launch: Launch) -> Handle:
-        running = self.adopt(launch.machine_id, launch.marker, None)
-        if running is None:
-            running = await self._adopt(launch.machine_id, launch.marker)
-        if running is not None:
-            return running
         cid = self.container_id(launch.machine_id)
-        await self._runc("delete", "--force", cid, check=False)  # a stopped earlier run
+        if (self.state_dir / cid).exists():  # runc knows it: running (adopt) or an earlier run
+            running = await self._adopt(launch.machine_id, launch.marker)
+            if running is not None:
+                return running
+            await self._runc("delete", "--force", cid, check=False)
         if not (launch.rundir / "bundle" / "config.json").exists():
             await self.prepare(launch)
         exit_file, pid_file = launch.rundir / "exit_code", launch.rundir / "container.pid"
