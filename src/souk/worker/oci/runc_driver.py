@@ -23,6 +23,7 @@ from souk.worker.oci.images import ImageCache
 from souk.worker.oci.spec import runtime_spec
 
 POLL = 0.02
+STARTED_POLL = 0.002  # for the pid file runc writes: a start waits on it, so look often
 MARKER = "souk.marker"
 
 
@@ -136,7 +137,7 @@ class RuncDriver:
         while not pid_file.exists():  # runc writes it once the container's process started
             if exited.done() and not pid_file.exists():
                 raise RuncError(f"runc failed to start {cid}: see {launch.rundir}/stderr.log")
-            await asyncio.sleep(POLL)
+            await asyncio.sleep(STARTED_POLL)
         pid = int(pid_file.read_text().strip())
         handle = Handle(pid, procfs.start_time(pid) or "0")
         self._exits[launch.machine_id] = asyncio.ensure_future(
