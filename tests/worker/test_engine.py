@@ -6,6 +6,7 @@ import asyncio
 import os
 import signal
 import sqlite3
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,10 @@ import pytest
 from souk.models.machine import CreateMachine, MachineConfig
 from souk.web import ApiError
 from souk.worker import procfs
+from souk.worker.cgroups import Cgroups
 from souk.worker.daemon import make_driver, running
+from souk.worker.drivers.base import Launch
+from souk.worker.drivers.process import ProcessDriver
 from souk.worker.engine import Engine
 
 from .conftest import settings
@@ -241,6 +245,26 @@ async def test_a_restarted_worker_adopts_its_processes(tmp_path: Path) -> None:
         assert new != pid and alive(new)
         await again.submit(m.id, "destroy", {"force": True})
         assert (await again.wait(m.id, "destroyed", 10, None))[0]
+
+
+async def test_only_a_resumed_spawn_looks_for_a_copy_an_earlier_run_started(
+    tmp_path: Path,
+) -> None:
+    config = MachineConfig(init={"exec": ["sleep", "30"]})  # type: ignore[arg-type]
+    launch = Launch("m1", "demo", "mad", "i1", config, "m1.7", tmp_path / "m1", "127.0.0.1")
+    other = replace(launch, machine_id="m2", resumed=False)
+    first = await ProcessDriver(Cgroups("souk/t")).spawn(replace(launch, resumed=False))
+    later_run = ProcessDriver(Cgroups("souk/t"))  # a new worker run's driver, the step resumed
+    found = await later_run.spawn(launch)
+    fresh = await later_run.spawn(other)
+    try:
+        assert found == first
+        assert fresh.pid != first.pid and alive(fresh.pid)
+    finally:
+        for pid in (first.pid, fresh.pid):
+            os.killpg(pid, signal.SIGKILL)
+        for each in (launch, other):
+            await later_run.cleanup(each)
 
 
 async def test_a_command_that_cannot_run_fails_the_machine(engine: Engine) -> None:

@@ -69,6 +69,7 @@ class Engine:
         self.store = Store(settings.db_path, durable=settings.durable)
         self._runners: dict[str, asyncio.Task[None]] = {}
         self._monitors: dict[str, asyncio.Task[None]] = {}
+        self._marked_here: set[str] = set()  # spawn markers no earlier worker run can have used
         self._changed: dict[str, asyncio.Event] = {}
         self.checks = HealthChecks()
         self.store.listeners.append(self._wake_waiters)
@@ -673,15 +674,17 @@ class Engine:
         row = self.store.read.execute(
             "SELECT * FROM machines WHERE id = ?", (machine_id,)
         ).fetchone()
+        marker = row["marker"] or f"{machine_id}.{op_id}"
         return Launch(
             machine_id=machine_id,
             app=row["app"],
             region=self.settings.region,
             instance_id=row["instance_id"],
             config=MachineConfig.model_validate_json(row["config"]),
-            marker=row["marker"] or f"{machine_id}.{op_id}",
+            marker=marker,
             rundir=self.settings.rundir(machine_id),
             private_ip=row["private_ip"] or "127.0.0.1",
+            resumed=marker not in self._marked_here,
         )
 
     def _driver(self, kind: DriverKind | None) -> Driver:
@@ -709,10 +712,12 @@ class Engine:
                 return await self._skip(m, op_id, op, len(op.steps), "superseded")
             await asyncio.sleep(min(delay, 0.1))
         await self._advance(m, op_id, op, i, marker=f"{m}.{op_id}")
+        self._marked_here.add(f"{m}.{op_id}")
         return i + 1
 
     async def _step_spawn(self, m: str, op_id: int, op: Operation, i: int, p: Any) -> int:
         launch = self._launch(m, op_id)
+        self._marked_here.discard(launch.marker)
         kind = Drivers.kind_of(launch.config)
         driver = self._driver(kind)
         await driver.prepare(launch)

@@ -34,6 +34,9 @@ class Launch:
     marker: str  # unique per spawn; lets the driver find the process after a worker crash
     rundir: Path  # the machine's own directory: logs, root filesystem, scratch
     private_ip: str
+    # Whether an earlier worker run may have spawned this marker already: only then must a
+    # driver look for that copy (for the process driver, a scan of every process on the host).
+    resumed: bool = True
 
 
 class Driver(Protocol):

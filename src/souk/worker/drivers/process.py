@@ -51,8 +51,7 @@ class ProcessDriver:
         (launch.rundir / "work").mkdir(parents=True, exist_ok=True)
 
     async def spawn(self, launch: Launch) -> Handle:
-        running = self.adopt(launch.machine_id, launch.marker, None)
-        if running is not None:
+        if launch.resumed and (running := self.adopt(launch.machine_id, launch.marker, None)):
             return running
         workdir = launch.rundir / "work"
         workdir.mkdir(parents=True, exist_ok=True)
