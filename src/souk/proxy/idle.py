@@ -27,13 +27,9 @@ log = logging.getLogger("souk.proxy.idle")
 
 class Autostop:
     def __init__(self, router: Router, broker: BrokerClient, idle_timeout: float = 60.0) -> None:
-        """Shares the router's view of the fleet, its loads, marks and service settings."""
-        self.view = router.view
+        """Works on the router's view of the fleet, its loads, marks and service settings."""
         self.broker = broker
-        self.policies = router.policies
         self.router = router
-        self.loads = router.loads
-        self.marks = router.marks
         self.idle_timeout = idle_timeout
         self.first_seen: dict[str, float] = {}  # started machine id -> when this proxy saw it
         self.stopped: list[str] = []  # machines this proxy stopped, for reporting and tests
@@ -51,38 +47,38 @@ class Autostop:
                 log.exception("autostop sweep failed")
 
     def idle_since(self, row: MachineRow) -> float:
-        return max(self.loads.last_used.get(row.id, 0.0), self.first_seen.get(row.id, 0.0))
+        return max(self.router.loads.last_used.get(row.id, 0.0), self.first_seen.get(row.id, 0.0))
 
     def due(self) -> list[MachineRow]:
         """Machines to stop now, chosen without yielding (and marked so no request picks them)."""
         now = time.monotonic()
         started: dict[tuple[str, str], list[MachineRow]] = defaultdict(list)
         seen: set[str] = set()
-        for row in self.view.machines():
+        for row in self.router.view.machines():
             if row.state != "started" or hidden(row) or not self.router.reachable(row):
                 continue
             seen.add(row.id)
             self.first_seen.setdefault(row.id, now)
-            if not self.marks.has("stopping", row.id):
+            if not self.router.marks.has("stopping", row.id):
                 started[(row.app, row.region)].append(row)
         for mid in [m for m in self.first_seen if m not in seen]:
             del self.first_seen[mid]
-        self.loads.forget(seen)
+        self.router.loads.forget(seen)
         chosen: list[MachineRow] = []
         for rows in started.values():
-            policies = {row.id: self.policies.of(row) for row in rows}
+            policies = {row.id: self.router.policies.of(row) for row in rows}
             keep = max(p.min_machines_running for p in policies.values())
             idle = [
                 row
                 for row in rows
                 if policies[row.id].autostop
-                and self.loads.of(row.id) == 0
+                and self.router.loads.of(row.id) == 0
                 and now - self.idle_since(row) >= self.idle_timeout
             ]
             idle.sort(key=self.idle_since)  # the longest idle go first
             for row in idle[: max(0, len(rows) - keep)]:
-                self.marks.set("stopping", row.id, STOPPING_FOR)
-                self.marks.clear("woken", row.id)
+                self.router.marks.set("stopping", row.id, STOPPING_FOR)
+                self.router.marks.clear("woken", row.id)
                 chosen.append(row)
         return chosen
 
@@ -100,7 +96,7 @@ class Autostop:
             await self.broker.stop(row.app, row.id)
         except BrokerError as exc:
             log.warning("could not stop idle %s of %s: %s", row.id, row.app, exc)
-            self.marks.clear("stopping", row.id)
+            self.router.marks.clear("stopping", row.id)
             return False
         self.stopped.append(row.id)
         del self.stopped[:-1000]

@@ -52,13 +52,9 @@ async def port_open(host: str, port: int, deadline: float) -> bool:
 
 class Waker:
     def __init__(self, router: Router, broker: BrokerClient, start_timeout: float = 10.0) -> None:
-        """Shares the router's view of the fleet, its loads, marks and service settings."""
-        self.view = router.view
+        """Works on the router's view of the fleet, its loads, marks and service settings."""
         self.broker = broker
-        self.policies = router.policies
         self.router = router
-        self.loads = router.loads
-        self.marks = router.marks
         self.start_timeout = start_timeout
         self._flights: dict[str, asyncio.Task[Backend | None]] = {}
         self._lost: dict[str, tuple[str, float]] = {}  # lost machine id -> (app, when seen)
@@ -93,7 +89,7 @@ class Waker:
         await self._known_settings(candidates, deadline)
         lost = self.lost_ids(app)
         for row in candidates:
-            if not (self.policies.of(row).autostart or set(row.standby_for) & lost):
+            if not (self.router.policies.of(row).autostart or set(row.standby_for) & lost):
                 continue
             if time.monotonic() >= deadline:
                 break
@@ -105,13 +101,13 @@ class Waker:
     async def _known_settings(self, rows: list[MachineRow], deadline: float) -> None:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(
-                self.policies.ensure(rows), max(0.1, deadline - time.monotonic())
+                self.router.policies.ensure(rows), max(0.1, deadline - time.monotonic())
             )
 
     def candidates(self, app: str) -> list[MachineRow]:
         """Stopped machines that could serve once started, best first."""
         lost = self.lost_ids(app)
-        regions = self.view.regions_of_app(app)
+        regions = self.router.view.regions_of_app(app)
         own = self.router.region
 
         def rank(row: MachineRow) -> tuple[int, int, str]:
@@ -131,9 +127,9 @@ class Waker:
 
         rows = [
             row
-            for row in self.view.machines(app=app)
+            for row in self.router.view.machines(app=app)
             if row.state in STARTABLE
-            and not self.marks.woken(row)
+            and not self.router.marks.woken(row)
             and self.router.routable(row)
             and self.router.reachable(row)
         ]
@@ -145,7 +141,7 @@ class Waker:
             return None
         log.info("starting %s of %s in %s on demand", row.id, row.app, row.region)
         self.starts += 1
-        self.marks.clear("stopping", row.id)
+        self.router.marks.clear("stopping", row.id)
         try:
             await self.broker.start(row.app, row.id)
             left = deadline - time.monotonic()
@@ -158,9 +154,9 @@ class Waker:
         if not await port_open(backend.host, backend.port, deadline):
             log.warning("%s of %s started but %s does not accept", row.id, row.app, backend.url)
             return None
-        self.marks.woke(row)
-        self.marks.clear("failed", row.id)
-        self.loads.touch(row.id)
+        self.router.marks.woke(row)
+        self.router.marks.clear("failed", row.id)
+        self.router.loads.touch(row.id)
         return backend
 
     # --- failover ------------------------------------------------------------------------------
@@ -176,7 +172,7 @@ class Waker:
         self._lost[row.id] = (row.app, now)
         standbys = [
             m
-            for m in self.view.machines(app=row.app)
+            for m in self.router.view.machines(app=row.app)
             if row.id in m.standby_for
             and m.state in STARTABLE
             and self.router.reachable(m)
