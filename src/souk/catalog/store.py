@@ -6,12 +6,13 @@ It is a cache of what the owners hold, rebuilt from them if lost, so it commits 
 
 from __future__ import annotations
 
-import json
 import sqlite3
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+import orjson
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS rows (
@@ -56,15 +57,19 @@ class ReplicaStore:
         self.conn.execute("PRAGMA journal_mode=WAL")
         self.conn.execute("PRAGMA synchronous=OFF")
         self.conn.executescript(SCHEMA)
-        self._writes = 0
+        self.commits = 0  # transactions committed: batches applied together share one
 
     def begin(self) -> None:
-        self.conn.execute("BEGIN")
+        """Opens a transaction, or joins the one already open."""
+        if not self.conn.in_transaction:
+            self.conn.execute("BEGIN")
 
     def commit(self) -> None:
+        if not self.conn.in_transaction:
+            return
         self.conn.execute("COMMIT")
-        self._writes += 1
-        if self._writes % 1000 == 0:
+        self.commits += 1
+        if self.commits % 1000 == 0:
             self.conn.execute(
                 "DELETE FROM changes WHERE lseq <= (SELECT MAX(lseq) FROM changes) - ?",
                 (KEEP_CHANGES,),
@@ -72,7 +77,7 @@ class ReplicaStore:
 
     def put(self, owner: str, table: str, key: str, seq: int, row: dict[str, Any] | None) -> int:
         """Stores a row version and records it as a change; returns its local sequence."""
-        text = None if row is None else json.dumps(row, separators=(",", ":"))
+        text = None if row is None else orjson.dumps(row).decode()
         self.conn.execute(
             "INSERT OR REPLACE INTO rows VALUES (?, ?, ?, ?, ?)", (owner, table, key, seq, text)
         )
@@ -93,7 +98,7 @@ class ReplicaStore:
     def quarantine(self, owner: str, table: str, key: str, seq: int, row: Any, error: str) -> bool:
         cur = self.conn.execute(
             "INSERT OR IGNORE INTO quarantine VALUES (?, ?, ?, ?, ?, ?, ?)",
-            (owner, table, key, seq, json.dumps(row), error, time.time()),
+            (owner, table, key, seq, orjson.dumps(row).decode(), error, time.time()),
         )
         return cur.rowcount > 0
 
@@ -108,7 +113,7 @@ class ReplicaStore:
         for owner, table, key, seq, text in self.conn.execute(
             "SELECT owner, tbl, key, seq, row FROM rows"
         ):
-            yield owner, table, key, seq, None if text is None else json.loads(text)
+            yield owner, table, key, seq, None if text is None else orjson.loads(text)
 
     def owners(self) -> Iterator[tuple[str, str, str, int]]:
         yield from self.conn.execute("SELECT owner, region, epoch, head FROM owners")
@@ -122,7 +127,7 @@ class ReplicaStore:
             (lseq, limit),
         )
         return [
-            (lseq_, owner, tbl, key, seq, None if row is None else json.loads(row))
+            (lseq_, owner, tbl, key, seq, None if row is None else orjson.loads(row))
             for lseq_, owner, tbl, key, seq, row in cur
         ]
 
