@@ -4,6 +4,7 @@ subscriptions and reachability."""
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 from pathlib import Path
 
 from souk.catalog.bus import Faults, InProcessBus
@@ -192,6 +193,34 @@ async def test_a_subscription_resumes_without_missing_a_change(tmp_path: Path) -
     assert (await asyncio.wait_for(anext(resumed), 5)).key == "d"
     await resumed.aclose()
     await owner.stop()
+    await replica.stop()
+
+
+async def test_batches_arriving_together_share_a_commit_that_precedes_their_announcement(
+    tmp_path: Path,
+) -> None:
+    bus = InProcessBus()
+    replica = Replica(bus, tmp_path / "r.db")
+    await replica.start(bootstrap=False)
+    stream = replica.subscribe(frozenset({"machines"}))
+    next_one = asyncio.ensure_future(anext(stream))
+    await asyncio.sleep(0)  # the subscription listens
+    src = SimRows("w1", "mad")
+    changes = [src.machine("web", key=f"m{i}") for i in range(20)]
+    commits = replica.store.commits
+    for change in changes:  # one turn of the event loop: the bus delivers each at once
+        batch = Batch("w1", "mad", "e1", change.seq - 1, change.seq, [change])
+        await bus.publish(changes_subject("mad"), encode(batch))
+    other = sqlite3.connect(tmp_path / "r.db")  # what a restarted replica would read
+    for change in changes:
+        heard = await asyncio.wait_for(next_one, 5)
+        next_one = asyncio.ensure_future(anext(stream))
+        assert heard.key == change.key
+        stored = other.execute("SELECT seq FROM rows WHERE key = ?", (heard.key,)).fetchone()
+        assert stored == (change.seq,)
+    assert replica.store.commits - commits <= 2  # not one per batch
+    other.close()
+    next_one.cancel()
     await replica.stop()
 
 

@@ -112,6 +112,8 @@ class Replica:
         self._apps: dict[str, AppRow] = {}
         self._subs: list[Subscription] = []
         self._listeners: list[asyncio.Queue[RowChange]] = []
+        self._unflushed: list[RowChange] = []  # applied, to commit and announce at `_flush`
+        self._flush_at: asyncio.Handle | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self.bootstrapping = False
         self.ready = asyncio.Event()
@@ -159,6 +161,7 @@ class Replica:
         for task in list(self._tasks):
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        self._flush()
         self.store.close()
 
     def _spawn(self, coro: Any) -> None:
@@ -207,9 +210,9 @@ class Replica:
         advance: tuple[OwnerState, int] | None = None,
     ) -> int:
         """Applies what is newer than held, and moves the owner's head to `advance` in the same
-        transaction; returns how many rows changed."""
+        transaction (committed at `_flush`); returns how many rows changed."""
         applied = 0
-        fresh: list[RowChange] = []
+        fresh = self._unflushed
         self.store.begin()
         try:
             for change in changes:
@@ -237,12 +240,30 @@ class Replica:
             if advance is not None:
                 self._advance(owner, *advance)
         finally:
-            self.store.commit()
+            self._flush_soon()
         self.stats["applied"] += applied
+        return applied
+
+    def _flush_soon(self) -> None:
+        if self._flush_at is not None:
+            return
+        try:
+            self._flush_at = asyncio.get_running_loop().call_soon(self._flush)
+        except RuntimeError:  # no loop: nothing else can join the transaction
+            self._flush()
+
+    def _flush(self) -> None:
+        """Commits every batch applied in this turn of the event loop at once (a commit was the
+        largest part of a batch's cost), then tells subscribers: they only ever hear of a change
+        that is committed, so one they resume from is never lost."""
+        if self._flush_at is not None:
+            self._flush_at.cancel()
+            self._flush_at = None
+        self.store.commit()
+        fresh, self._unflushed = self._unflushed, []
         for rc in fresh:
             for queue in self._listeners:
                 queue.put_nowait(rc)
-        return applied
 
     def _validate(self, owner: str, region: str, change: Change) -> Row | bool | None:
         """The row as a model, None for a deletion, False if it was quarantined."""
