@@ -106,6 +106,7 @@ class Replica:
         self.owners: dict[str, OwnerState] = {}
         self.entries: dict[tuple[str, str, str], Entry] = {}
         self._workers: dict[str, WorkerRow] = {}
+        self._in_region: dict[str, dict[str, WorkerRow]] = defaultdict(dict)  # placement reads it
         self._machines: dict[str, MachineRow] = {}
         self._by_app: dict[str, set[str]] = defaultdict(set)
         self._images: dict[str, dict[str, ImageRow]] = defaultdict(dict)
@@ -293,10 +294,12 @@ class Replica:
             self.entries[(owner, table, key)] = entry
         row = entry.row if entry else None
         if table == "workers":
+            was = self._workers.pop(key, None)
+            if was is not None:
+                self._in_region[was.region].pop(key, None)
             if isinstance(row, WorkerRow):
                 self._workers[key] = row
-            else:
-                self._workers.pop(key, None)
+                self._in_region[row.region][key] = row
         elif table == "machines":
             old = self._machines.pop(key, None)
             if old is not None:
@@ -484,15 +487,21 @@ class Replica:
         )
 
     def workers(self, region: str | None = None, reachable_only: bool = True) -> list[WorkerRow]:
+        rows = self._workers if region is None else self._in_region.get(region, {})
         return [
             self._worker_view(w)
-            for w in self._workers.values()
-            if (region is None or w.region == region)
-            and (not reachable_only or self.reachable(w.id))
+            for w in rows.values()
+            if not reachable_only or self.reachable(w.id)
         ]
 
     def placeable(self, region: str) -> list[WorkerRow]:
-        return [w for w in self._workers.values() if w.region == region and self.reachable(w.id)]
+        heard_since = time.monotonic() - self.unreachable_after  # `reachable`, once per call
+        owners = self.owners
+        return [
+            w
+            for w in self._in_region.get(region, {}).values()
+            if (st := owners.get(w.id)) is not None and st.heard >= heard_since
+        ]
 
     def worker(self, worker_id: str) -> WorkerRow | None:
         row = self._workers.get(worker_id)
