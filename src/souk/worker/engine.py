@@ -674,7 +674,7 @@ class Engine:
         row = self.store.read.execute(
             "SELECT * FROM machines WHERE id = ?", (machine_id,)
         ).fetchone()
-        marker = row["marker"] or f"{machine_id}.{op_id}"
+        marker = row["marker"] or _spawn_marker(machine_id, op_id)
         return Launch(
             machine_id=machine_id,
             app=row["app"],
@@ -711,8 +711,9 @@ class Engine:
             if self._queued_after(m, op_id):  # a restart backing off yields to what came next
                 return await self._skip(m, op_id, op, len(op.steps), "superseded")
             await asyncio.sleep(min(delay, 0.1))
-        await self._advance(m, op_id, op, i, marker=f"{m}.{op_id}")
-        self._marked_here.add(f"{m}.{op_id}")
+        marker = _spawn_marker(m, op_id)
+        await self._advance(m, op_id, op, i, marker=marker)
+        self._marked_here.add(marker)
         return i + 1
 
     async def _step_spawn(self, m: str, op_id: int, op: Operation, i: int, p: Any) -> int:
@@ -904,6 +905,11 @@ class Engine:
 
 
 # --- helpers that run inside a transaction ------------------------------------------------------
+
+
+def _spawn_marker(machine_id: str, op_id: int) -> str:
+    """Unique per start operation: how a restarted worker tells that start's process apart."""
+    return f"{machine_id}.{op_id}"
 
 
 def _check_key(row: Any) -> tuple[str, int | None, str]:
