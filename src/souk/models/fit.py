@@ -1,0 +1,53 @@
+"""Does a guest fit a worker, and if not, why: the one rule.
+
+The worker applies it when it reserves (and its answer is final); the broker applies it to the
+catalog's picture and to offers, only to guess which workers are worth asking. Both must name a
+refusal the same way, so an operator reading "why not here" sees the same words from either.
+Checks run cheapest and most decisive first: a cordoned worker refuses whatever fits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from dataclasses import dataclass
+from typing import Literal
+
+from souk.models.machine import CpuKind
+
+MisfitKind = Literal["cordoned", "draining", "cpu_kind", "room"]
+
+
+@dataclass(frozen=True, slots=True)
+class Misfit:
+    """`kind` is for code (the worker answers 409 for a cordon, 412 for the rest); `reason` is
+    the sentence shown to people, identical wherever the check runs."""
+
+    kind: MisfitKind
+    reason: str
+
+
+def misfit(
+    cpu_kind: CpuKind,
+    cpus: int,
+    memory_mb: int,
+    *,
+    kinds: Collection[CpuKind],
+    cpus_free: int,
+    memory_mb_free: int,
+    cordoned: bool = False,
+    draining: bool = False,
+) -> Misfit | None:
+    """None if `cpus` of `cpu_kind` and `memory_mb` fit in what is free, else why not.
+
+    `cpus` and `memory_mb` are what is asked on top of what is reserved: a whole guest for a
+    create, the growth for a resize.
+    """
+    if cordoned:
+        return Misfit("cordoned", "cordoned")
+    if draining:
+        return Misfit("draining", "draining")
+    if cpu_kind not in kinds:
+        return Misfit("cpu_kind", f"no {cpu_kind} cpus")
+    if cpus > cpus_free or memory_mb > memory_mb_free:
+        return Misfit("room", f"not enough room: free {cpus_free} cpus, {memory_mb_free} MB")
+    return None
