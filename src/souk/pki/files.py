@@ -1,0 +1,141 @@
+"""Keys and certificates on disk. A key file is created 0600 and filled under a temporary name,
+then moved into place, so it is never readable by others nor seen half-written; certificates are
+0644, directories 0700. A part reloading its files sees the old ones or the new, nothing between."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from souk.pki.identity import PkiError, check_name, check_role
+from souk.pki.issue import CA_DAYS, NODE_DAYS, issue, new_ca, new_key
+
+KEY_MODE = 0o600
+CERT_MODE = 0o644
+DIR_MODE = 0o700
+CA_KEY = "ca.key"
+CA_CERT = "ca.crt"
+
+
+@dataclass(frozen=True)
+class NodeFiles:
+    """What a part is started with: its key and certificate, and the CA it trusts."""
+
+    cert: Path
+    key: Path
+    ca: Path
+
+    @classmethod
+    def in_dir(cls, directory: Path, name: str) -> NodeFiles:
+        return cls(directory / f"{name}.crt", directory / f"{name}.key", directory / CA_CERT)
+
+
+def make_dir(path: Path) -> None:
+    path.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
+
+
+def _write(path: Path, data: bytes, mode: int, replace: bool) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+    try:
+        os.fchmod(fd, mode)  # the umask may have narrowed it; the file is still empty
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        if replace:
+            os.replace(tmp, path)
+        else:
+            try:
+                os.link(tmp, path)  # fails if `path` exists, where a rename would replace it
+            except FileExistsError as exc:
+                raise PkiError(f"{path} exists; pass --force to replace it") from exc
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def save_key(path: Path, key: Ed25519PrivateKey, *, replace: bool = False) -> None:
+    pem = key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    )
+    _write(path, pem, KEY_MODE, replace)
+
+
+def save_cert(path: Path, cert: x509.Certificate) -> None:
+    _write(path, cert.public_bytes(serialization.Encoding.PEM), CERT_MODE, replace=True)
+
+
+def load_key(path: Path) -> Ed25519PrivateKey:
+    try:
+        key = serialization.load_pem_private_key(path.read_bytes(), password=None)
+    except (OSError, ValueError, TypeError) as exc:
+        raise PkiError(f"cannot read a private key from {path}: {exc}") from exc
+    if not isinstance(key, Ed25519PrivateKey):
+        raise PkiError(f"{path} holds a key that is not Ed25519")
+    return key
+
+
+def load_cert(path: Path) -> x509.Certificate:
+    try:
+        return x509.load_pem_x509_certificate(path.read_bytes())
+    except (OSError, ValueError) as exc:
+        raise PkiError(f"cannot read a certificate from {path}: {exc}") from exc
+
+
+def init_ca(
+    directory: Path,
+    common_name: str = "souk cluster CA",
+    days: int = CA_DAYS,
+    force: bool = False,
+    now: datetime | None = None,
+) -> x509.Certificate:
+    """A new CA in `directory`: ca.key (which signs every certificate of the cluster) and
+    ca.crt (which every part trusts)."""
+    make_dir(directory)
+    key = new_key()
+    cert = new_ca(key, common_name, days, now)
+    save_key(directory / CA_KEY, key, replace=force)
+    save_cert(directory / CA_CERT, cert)
+    return cert
+
+
+def issue_files(
+    ca_dir: Path,
+    out: Path,
+    role: str,
+    name: str,
+    sans: Sequence[str] = (),
+    days: int = NODE_DAYS,
+    force: bool = False,
+    reuse_key: bool = False,
+    now: datetime | None = None,
+) -> tuple[NodeFiles, x509.Certificate]:
+    """NAME.key, NAME.crt and a copy of ca.crt in `out`. With `reuse_key` the certificate is
+    renewed for the key already there, so what that key signed stays attributable."""
+    check_role(role)
+    check_name(name)
+    ca_key = load_key(ca_dir / CA_KEY)
+    ca_cert = load_cert(ca_dir / CA_CERT)
+    make_dir(out)
+    files = NodeFiles.in_dir(out, name)
+    if reuse_key:
+        key = load_key(files.key)
+    else:
+        if files.key.exists() and not force:
+            raise PkiError(f"{files.key} exists; pass --force for a new key or --reuse-key")
+        key = new_key()
+    cert = issue(ca_key, ca_cert, key, role, name, sans, days, now)
+    if not reuse_key:
+        save_key(files.key, key, replace=force)
+    save_cert(files.ca, ca_cert)
+    save_cert(files.cert, cert)
+    return files, cert

@@ -1,0 +1,176 @@
+"""The cluster CA and the node certificates it issues, all Ed25519."""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
+
+from cryptography import x509
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from souk.pki.identity import (
+    ORGANIZATION,
+    PkiError,
+    check_name,
+    check_role,
+    identity_uri,
+)
+
+CA_DAYS = 3650  # the CA is replaced by hand, rarely; node certificates are the short-lived ones
+NODE_DAYS = 30
+_WHEN = "%Y-%m-%d %H:%M UTC"
+CLOCK_SKEW = timedelta(minutes=5)  # a certificate is valid a little before it is made
+
+_NO_USAGE = {
+    "content_commitment": False,
+    "key_encipherment": False,
+    "data_encipherment": False,
+    "key_agreement": False,
+    "encipher_only": False,
+    "decipher_only": False,
+}
+
+
+def new_key() -> Ed25519PrivateKey:
+    return Ed25519PrivateKey.generate()
+
+
+def new_ca(
+    key: Ed25519PrivateKey,
+    common_name: str = "souk cluster CA",
+    days: int = CA_DAYS,
+    now: datetime | None = None,
+) -> x509.Certificate:
+    """A self-signed CA that may sign node certificates only, not other CAs."""
+    now = now or datetime.now(UTC)
+    name = x509.Name(
+        [
+            x509.NameAttribute(NameOID.ORGANIZATION_NAME, ORGANIZATION),
+            x509.NameAttribute(NameOID.COMMON_NAME, common_name),
+        ]
+    )
+    public = key.public_key()
+    return (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(public)
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - CLOCK_SKEW)
+        .not_valid_after(now + timedelta(days=days))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(
+            x509.KeyUsage(digital_signature=False, key_cert_sign=True, crl_sign=True, **_NO_USAGE),
+            critical=True,
+        )
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(public), critical=False)
+        .sign(key, None)
+    )
+
+
+def parse_san(value: str) -> x509.GeneralName:
+    """An IP address if it reads as one, else a DNS name."""
+    try:
+        return x509.IPAddress(ipaddress.ip_address(value))
+    except ValueError:
+        return x509.DNSName(check_name(value.lower()))
+
+
+def issue(
+    ca_key: Ed25519PrivateKey,
+    ca_cert: x509.Certificate,
+    node_key: Ed25519PrivateKey,
+    role: str,
+    name: str,
+    sans: Sequence[str] = (),
+    days: int = NODE_DAYS,
+    now: datetime | None = None,
+) -> x509.Certificate:
+    """A certificate saying `node_key` belongs to `name` acting as `role`: subject
+    O=souk, OU=role, CN=name; names souk://role/name and the DNS name `name`, then `sans`."""
+    check_role(role)
+    check_name(name)
+    if days < 1:
+        raise PkiError("a certificate must be valid for at least one day")
+    now = now or datetime.now(UTC)
+    not_after = now + timedelta(days=days)
+    if not_after > ca_cert.not_valid_after_utc:
+        raise PkiError(
+            f"the CA expires on {ca_cert.not_valid_after_utc:%Y-%m-%d}, before this certificate "
+            "would; issue a shorter one or make a new CA"
+        )
+    names: list[x509.GeneralName] = [
+        x509.UniformResourceIdentifier(identity_uri(role, name)),
+        x509.DNSName(name),
+    ]
+    for san in sans:
+        extra = parse_san(san)
+        if extra not in names:
+            names.append(extra)
+    public = node_key.public_key()
+    ca_public = ca_key.public_key()
+    return (
+        x509.CertificateBuilder()
+        .subject_name(
+            x509.Name(
+                [
+                    x509.NameAttribute(NameOID.ORGANIZATION_NAME, ORGANIZATION),
+                    x509.NameAttribute(NameOID.ORGANIZATIONAL_UNIT_NAME, role),
+                    x509.NameAttribute(NameOID.COMMON_NAME, name),
+                ]
+            )
+        )
+        .issuer_name(ca_cert.subject)
+        .public_key(public)
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - CLOCK_SKEW)
+        .not_valid_after(not_after)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(
+            x509.KeyUsage(digital_signature=True, key_cert_sign=False, crl_sign=False, **_NO_USAGE),
+            critical=True,
+        )
+        .add_extension(
+            x509.ExtendedKeyUsage(
+                [
+                    ExtendedKeyUsageOID.SERVER_AUTH,
+                    ExtendedKeyUsageOID.CLIENT_AUTH,
+                ]
+            ),
+            critical=False,
+        )
+        .add_extension(x509.SubjectAlternativeName(names), critical=False)
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(public), critical=False)
+        .add_extension(
+            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_public), critical=False
+        )
+        .sign(ca_key, None)
+    )
+
+
+def verify_issued_by(
+    cert: x509.Certificate, ca_cert: x509.Certificate, now: datetime | None = None
+) -> None:
+    """Raise PkiError unless `ca_cert` is a CA that signed `cert` and both are valid at `now`.
+    For certificates met outside a TLS handshake, e.g. one carried with a signed catalog row."""
+    now = now or datetime.now(UTC)
+    try:
+        constraints = ca_cert.extensions.get_extension_for_class(x509.BasicConstraints).value
+    except x509.ExtensionNotFound:
+        constraints = None
+    if constraints is None or not constraints.ca:
+        raise PkiError("the issuer given is not a CA certificate")
+    try:
+        cert.verify_directly_issued_by(ca_cert)
+    except InvalidSignature as exc:
+        raise PkiError("the certificate's signature is not the CA's") from exc
+    except (ValueError, TypeError) as exc:
+        raise PkiError(f"the certificate was not issued by this CA: {exc}") from exc
+    for what, c in (("CA certificate", ca_cert), ("certificate", cert)):
+        if now < c.not_valid_before_utc:
+            raise PkiError(f"the {what} is not valid before {c.not_valid_before_utc:{_WHEN}}")
+        if now > c.not_valid_after_utc:
+            raise PkiError(f"the {what} expired on {c.not_valid_after_utc:{_WHEN}}")
