@@ -172,7 +172,7 @@ async def test_a_certificate_that_expires_on_a_kept_alive_connection_stops_worki
         assert "expired" in body["error"]
 
 
-async def test_a_cluster_certificate_that_is_no_identity_gets_401(pki: Pki, tmp_path):
+async def test_a_cluster_certificate_that_is_no_identity_gets_401(pki: Pki):
     ca_key, ca_cert = load_key(pki.ca_dir / "ca.key"), load_cert(pki.ca_dir / "ca.crt")
     files = pki.node("broker", "b1")
     key = load_key(files.key)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import nats
 import pytest
+from nats.aio.client import Client
 from cryptography import x509
 from tests.catalog_integration.conftest import NATS, eventually, needs_nats
 from tests.pki.conftest import LOOPBACK, Pki
@@ -49,7 +50,7 @@ tls {{
         proc.wait()
 
 
-async def connect(port: int, files: NodeFiles, hostname: str = "nats-1") -> nats.NATS:
+async def connect(port: int, files: NodeFiles, hostname: str = "nats-1") -> Client:
     return await nats.connect(
         f"tls://{LOOPBACK}:{port}",
         tls=client_context(files),
