@@ -13,7 +13,6 @@ import aiohttp
 import pytest
 from aiohttp import web
 from cryptography.x509.oid import NameOID
-from tests.pki.conftest import LOOPBACK, Pki, forged, serving
 
 from souk.models.errors import ErrorBody
 from souk.pki import (
@@ -29,6 +28,7 @@ from souk.pki import (
     server_context,
 )
 from souk.web import error_middleware
+from tests.pki.conftest import LOOPBACK, Pki, forged, serving
 
 RULES: dict[str, set[str]] = {
     "GET /v1/capacity": {"broker", "operator"},

@@ -13,7 +13,6 @@ from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric.ec import SECP256R1, generate_private_key
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
-from tests.pki.conftest import forged
 
 from souk.pki import (
     ROLES,
@@ -25,6 +24,7 @@ from souk.pki import (
     verify_issued_by,
 )
 from souk.pki.identity import check_name
+from tests.pki.conftest import forged
 
 NOW = datetime(2030, 6, 1, 12, 0, tzinfo=UTC)
 

@@ -7,11 +7,11 @@ import stat
 from pathlib import Path
 
 import pytest
-from tests.pki.conftest import Pki
 
 from souk.pki import PkiError, identity_of, init_ca, issue_files, load_cert, load_key
 from souk.pki.files import save_key
 from souk.pki.issue import new_key
+from tests.pki.conftest import Pki
 
 
 def mode(path: Path) -> int:

@@ -11,13 +11,13 @@ from pathlib import Path
 
 import nats
 import pytest
-from nats.aio.client import Client
 from cryptography import x509
+from nats.aio.client import Client
+
+from souk.pki import NodeFiles, client_context, identity_of
 from tests.catalog_integration.conftest import NATS, eventually, needs_nats
 from tests.pki.conftest import LOOPBACK, Pki
 from tests.worker_integration.conftest import free_port
-
-from souk.pki import NodeFiles, client_context, identity_of
 
 pytestmark = [pytest.mark.integration, needs_nats]
 

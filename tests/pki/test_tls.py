@@ -15,7 +15,6 @@ import pytest
 from aiohttp import web
 from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
-from tests.pki.conftest import LOOPBACK, Pki, serving
 
 from souk.pki import (
     NodeFiles,
@@ -29,6 +28,7 @@ from souk.pki import (
 )
 from souk.pki.files import save_key
 from souk.pki.issue import new_key
+from tests.pki.conftest import LOOPBACK, Pki, serving
 
 
 async def whoami(request: web.Request) -> web.Response:
