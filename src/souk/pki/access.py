@@ -101,7 +101,8 @@ def role_middleware(table: AccessTable, clock: Callable[[], datetime] = _utcnow)
         if peer is None:
             return _deny(401, "this route needs a client certificate from the cluster CA")
         if peer.not_after < clock():
-            return _deny(401, f"the client certificate expired on {peer.not_after:%Y-%m-%d %H:%M}Z")
+            when = f"{peer.not_after:%Y-%m-%d %H:%M} UTC"
+            return _deny(401, f"the client certificate expired on {when}")
         if resource is None:
             return await handler(request)
         if peer.role not in roles:
