@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from tests.broker.conftest import Cluster, machine_body
+from tests.support.broker_cluster import Cluster, machine_body
 
 M = "/v1/apps/demo/machines"
 

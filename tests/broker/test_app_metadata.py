@@ -15,7 +15,7 @@ from souk.broker.api import Broker
 from souk.broker.registry import MAX_KEYS, MAX_VALUE_BYTES, AppRegistry
 from souk.broker.server import make_app as make_broker_app
 from souk.broker.workers import WorkerClient
-from tests.broker.conftest import SECRET, Cluster, ClusterFactory, WorkerSpec
+from tests.support.broker_cluster import SECRET, Cluster, ClusterFactory, WorkerSpec
 
 META = "/v1/apps/demo/metadata"
 RELEASE = json.dumps({"version": 7, "image": "registry.example/demo:7", "strategy": "rolling"})

@@ -18,7 +18,7 @@ from souk.broker.placer import Placer
 from souk.broker.registry import AppRegistry
 from souk.broker.server import make_app
 from souk.broker.workers import WorkerClient
-from tests.broker.conftest import SECRET, Cluster, ClusterFactory, WorkerSpec, machine_body
+from tests.support.broker_cluster import SECRET, Cluster, ClusterFactory, WorkerSpec, machine_body
 
 M = "/v1/apps/demo/machines"
 STRATEGIES = ["auto", "offers", "p2c", "catalog"]

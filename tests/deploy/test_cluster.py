@@ -20,7 +20,8 @@ import pytest
 from souk.cli.deploy.client import Api
 from souk.cli.deploy.config import loads
 from souk.cli.deploy.strategies import DeployInProgress, Outcome, Progress, deploy
-from tests.deploy.conftest import HELLO, Dev
+from tests.support.dev import Dev
+from tests.support.hello import HELLO
 
 pytestmark = pytest.mark.integration
 

@@ -15,7 +15,7 @@ from souk.models.machine import Check, CreateMachine
 from souk.worker.checks import HealthChecks
 from souk.worker.daemon import make_driver, running
 from souk.worker.engine import Engine
-from tests.worker.conftest import settings
+from tests.support.engines import settings
 
 Client = TestClient  # type: ignore[type-arg]
 Checks = dict[str, dict[str, Any]]
