@@ -33,7 +33,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from worker_ops import machine_info, worker
+from _harness import machine_info, worker
 
 SUPERVISORD = Path(sys.executable).parent / "supervisord"
 POLL = 0.005
