@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import json
 import os
 import signal
@@ -175,7 +176,7 @@ async def measure(crashes: int, progress: Progress) -> list[Row]:
             work.mkdir()
             files = [work / f"starts-{i}" for i in range(crashes)]
             task = progress.add_task(name, total=crashes)
-            took = await run(files, lambda task=task: progress.advance(task))
+            took = await run(files, functools.partial(progress.advance, task))
             rows.append(Row(name, crashes, ms(took, 50), ms(took, 99), max(took) * 1000))
     base = next(row for row in rows if row.supervisor == "supervisord")
     for row in rows:

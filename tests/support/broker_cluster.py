@@ -23,9 +23,9 @@ from souk.catalog.replica import following
 from souk.worker.daemon import make_app, make_driver, offering, publishing, running
 from souk.worker.engine import Engine
 from souk.worker.settings import WorkerSettings
+from tests.support.clients import Client
 
 SECRET = b"test-secret-0123456789abcdef"
-Client = TestClient  # type: ignore[type-arg]
 
 
 @dataclass

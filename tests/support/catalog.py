@@ -3,6 +3,7 @@ when a replica holds exactly what its owners have."""
 
 from __future__ import annotations
 
+from souk.catalog.bus import Bus
 from souk.catalog.owner import Owner
 from souk.catalog.replica import Replica
 from souk.catalog.sim import SimRows
@@ -24,8 +25,8 @@ def converged(replica: Replica, owners: list[SimRows]) -> bool:
     return True
 
 
-async def start_owner(bus: object, src: SimRows, beat: float = BEAT) -> Owner:
-    owner = Owner(bus, src, heartbeat_every=beat)  # type: ignore[arg-type]
+async def start_owner(bus: Bus, src: SimRows, beat: float = BEAT) -> Owner:
+    owner = Owner(bus, src, heartbeat_every=beat)
     src.publisher = owner
     await owner.start()
     return owner

@@ -8,8 +8,11 @@ from collections.abc import Callable
 from typing import Any
 
 
-async def eventually(check: Callable[[], Any], timeout: float = 15.0, every: float = 0.02) -> Any:
-    """Polls a sync or async check until it returns something truthy, and returns that."""
+async def eventually(check: Callable[..., Any], timeout: float = 15.0, every: float = 0.02) -> Any:
+    """Polls a sync or async check until it returns something truthy, and returns that.
+
+    The check is called without arguments; `...` lets it be a lambda binding a loop variable
+    as a default (`lambda mid=mid: ...`), which mypy cannot match to a no-argument callable."""
     deadline = time.monotonic() + timeout
     while True:
         value = check()
@@ -22,7 +25,7 @@ async def eventually(check: Callable[[], Any], timeout: float = 15.0, every: flo
         await asyncio.sleep(every)
 
 
-def wait_until(check: Callable[[], bool], timeout: float = 15.0, what: str = "") -> None:
+def wait_until(check: Callable[..., bool], timeout: float = 15.0, what: str = "") -> None:
     """The blocking `eventually`, for tests that drive processes from a plain function."""
     deadline = time.monotonic() + timeout
     while not check():

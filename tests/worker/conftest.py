@@ -10,6 +10,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from souk.worker.daemon import make_app
 from souk.worker.engine import Engine
+from tests.support.clients import Client
 from tests.support.engines import engine as started_engine
 
 
@@ -26,6 +27,6 @@ async def sim_engine(tmp_path: Path) -> AsyncIterator[Engine]:
 
 
 @pytest.fixture
-async def client(engine: Engine) -> AsyncIterator[TestClient]:  # type: ignore[type-arg]
+async def client(engine: Engine) -> AsyncIterator[Client]:
     async with TestClient(TestServer(make_app(engine))) as c:
         yield c
