@@ -31,12 +31,9 @@ import cProfile
 import gc
 import json
 import os
-import platform
 import pstats
 import random
 import shutil
-import socket
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -51,6 +48,8 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from _harness import machine_info, pct
+
 from souk.catalog import owner as owner_module
 from souk.catalog import replica as replica_module
 from souk.catalog.bus import NatsBus
@@ -58,25 +57,14 @@ from souk.catalog.owner import Owner
 from souk.catalog.protocol import PREFIX, Batch, encode
 from souk.catalog.replica import following
 from souk.catalog.sim import SimRows
+from tests.support.nats import NatsServer, nats_version
+from tests.support.ports import free_port
 
 REGIONS = ["mad", "ams", "ord", "nrt"]
 MACHINES_PER_OWNER = 4
 APPS = 20
 GOAL_P99_MS = 100.0
 FLOOR_SAMPLES = 2000
-
-
-def pct(xs: Sequence[float], q: int) -> float:
-    """The q-th percentile in ms."""
-    if len(xs) < 2:
-        return xs[0] * 1000 if xs else 0.0
-    return statistics.quantiles(xs, n=100, method="inclusive")[q - 1] * 1000
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 # --- instruments ---------------------------------------------------------------------------------
@@ -119,49 +107,7 @@ class GcPauses:
 # --- nats-server -----------------------------------------------------------------------------
 
 
-@dataclass
-class Server:
-    url: str
-    monitor: str
-    version: str
-    pid: int
-
-
-@contextlib.asynccontextmanager
-async def nats_server(workdir: Path) -> AsyncIterator[Server]:
-    binary = shutil.which("nats-server")
-    if binary is None:
-        raise SystemExit("nats-server is not installed (Debian: apt-get install nats-server)")
-    port, mport = free_port(), free_port()
-    argv = [binary, "-a", "127.0.0.1", "-p", str(port), "-m", str(mport)]
-    with open(workdir / "nats-server.log", "wb") as log:
-        proc = await asyncio.create_subprocess_exec(
-            *argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log
-        )
-    monitor = f"http://127.0.0.1:{mport}"
-    try:
-        version = "?"
-        async with aiohttp.ClientSession() as session:
-            for _ in range(500):
-                if proc.returncode is not None:
-                    raise SystemExit(f"nats-server exited: see {workdir / 'nats-server.log'}")
-                with contextlib.suppress(aiohttp.ClientError):
-                    async with session.get(monitor + "/varz") as resp:
-                        version = str((await resp.json())["version"])
-                        break
-                await asyncio.sleep(0.02)
-        yield Server(f"nats://127.0.0.1:{port}", monitor, version, proc.pid)
-    finally:
-        if proc.returncode is None:
-            proc.terminate()
-            try:
-                await asyncio.wait_for(proc.wait(), 5)
-            except TimeoutError:
-                proc.kill()
-                await proc.wait()
-
-
-async def varz(session: aiohttp.ClientSession, server: Server) -> dict[str, Any]:
+async def varz(session: aiohttp.ClientSession, server: NatsServer) -> dict[str, Any]:
     async with session.get(server.monitor + "/varz") as resp:
         data: dict[str, Any] = await resp.json()
         return data
@@ -619,7 +565,7 @@ def summarize(
 
 
 async def measure_fleet(
-    server: Server,
+    server: NatsServer,
     owners: int,
     phases: list[tuple[int, int]],
     seconds: float,
@@ -704,7 +650,8 @@ async def measure(args: argparse.Namespace, progress: Progress) -> Report:
     with tempfile.TemporaryDirectory(prefix="souk-bench-") as tmp:
         workdir = Path(tmp) if args.keep is None else args.keep
         workdir.mkdir(parents=True, exist_ok=True)
-        async with nats_server(workdir) as server:
+        log = workdir / "nats-server.log"
+        with NatsServer(monitor_port=free_port(), log_path=log) as server:
             task = progress.add_task(f"bare NATS, {size} B messages", total=FLOOR_SAMPLES)
             floor, floor_lost = await bare_floor(
                 server.url, size, FLOOR_SAMPLES, lambda: progress.advance(task)
@@ -739,7 +686,7 @@ async def measure(args: argparse.Namespace, progress: Progress) -> Report:
     return Report(
         " ".join(["bench/catalog_propagation.py", *sys.argv[1:]]),
         machine_info(),
-        server.version,
+        nats_version(),
         size,
         pct(floor, 50),
         floor_p99,
@@ -748,16 +695,6 @@ async def measure(args: argparse.Namespace, progress: Progress) -> Report:
         bare,
         rows,
     )
-
-
-def machine_info() -> str:
-    model = platform.processor() or "?"
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    return f"{os.cpu_count()} cpus ({model}), Python {platform.python_version()}"
 
 
 def tables(report: Report) -> list[Table]:

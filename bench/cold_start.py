@@ -12,91 +12,25 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import os
-import socket
 import statistics
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
-from typing import Any
 
 import aiohttp
-from aiohttp import web
 from rich.console import Console
 from rich.table import Table
 
-from souk.broker.runtime import BrokerOptions, broker_site
-from souk.broker.tokens import mint, new_secret
-from souk.catalog.bus import InProcessBus
-from souk.catalog.replica import Replica
-from souk.proxy.server import Proxy, ProxyOptions, proxy_site
-from souk.worker.daemon import make_app, make_driver, offering, publishing, running
-from souk.worker.engine import Engine
-from souk.worker.settings import WorkerSettings
+import _harness  # noqa: F401  (puts the repository root on the path, for tests.support)
 
-HELLO = Path(__file__).resolve().parents[1] / "examples" / "hello" / "app.py"
-PORT = 8080
+from tests.support.hello import HELLO, PORT, hello_config
+from tests.support.local_cluster import local_cluster
+from tests.support.ports import free_port
+from tests.support.waiting import eventually
+
 WARM_REQUESTS = 50
-
-
-def hello_config() -> dict[str, Any]:
-    return {
-        "init": {"exec": [sys.executable, str(HELLO)]},
-        "env": {"PORT": str(PORT)},
-        "restart": {"policy": "no"},
-        "services": [{"internal_port": PORT, "autostop": "stop"}],
-    }
-
-
-@contextlib.asynccontextmanager
-async def cluster(tmp: Path) -> AsyncIterator[tuple[str, str, Proxy, str, Replica]]:
-    """Broker URL, token, the proxy, its URL and its replica."""
-    secret = new_secret()
-    async with contextlib.AsyncExitStack() as stack:
-        bus = InProcessBus()
-        stack.push_async_callback(bus.close)
-        urls: list[str] = []
-        engines: list[Engine] = []
-        for n in (1, 2):
-            settings = WorkerSettings(
-                name=f"mad{n}",
-                region="mad",
-                data_dir=tmp / f"mad{n}",
-                cpus=4,
-                memory_mb=4096,
-                durable=False,
-            )
-            engine = await stack.enter_async_context(
-                running(Engine(settings, make_driver("process", settings)))
-            )
-            engines.append(engine)
-            runner = web.AppRunner(make_app(engine), access_log=None)
-            await runner.setup()
-            stack.push_async_callback(runner.cleanup)
-            await web.TCPSite(runner, "127.0.0.1", 0).start()
-            urls.append(f"http://127.0.0.1:{runner.addresses[0][1]}")
-            await stack.enter_async_context(publishing(engine, bus, urls[-1]))
-            await stack.enter_async_context(offering(engine, bus))
-        opts = BrokerOptions("127.0.0.1", 0, secret, urls, registry_dir=tmp / "registry")
-        broker = await stack.enter_async_context(broker_site(opts, bus))
-        token = mint(secret, operator=True)
-        replica = Replica(bus)
-        await replica.start(bootstrap=False)
-        stack.push_async_callback(replica.stop)
-        popts = ProxyOptions(port=0, api=broker, token=token, region="mad", idle_timeout=3600)
-        proxy, url = await stack.enter_async_context(proxy_site(replica, popts))
-        yield broker, token, proxy, url, replica
-
-
-async def until(check: Callable[[], Awaitable[bool]], timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not await check():
-        if time.monotonic() > deadline:
-            raise RuntimeError("condition not reached in time")
-        await asyncio.sleep(0.01)
 
 
 async def answers(http: aiohttp.ClientSession, url: str) -> bool:
@@ -106,12 +40,6 @@ async def answers(http: aiohttp.ClientSession, url: str) -> bool:
             return resp.status == 200
     except aiohttp.ClientError:
         return False
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def by_hand(http: aiohttp.ClientSession) -> float:
@@ -152,24 +80,11 @@ async def run(runs: int) -> dict[str, list[float]]:
         "warm": [],
         "direct": [],
     }
+    workers = [("mad1", "mad"), ("mad2", "mad")]
     with tempfile.TemporaryDirectory() as tmpdir:
-        async with (
-            cluster(Path(tmpdir)) as (broker, token, proxy, url, replica),
-            aiohttp.ClientSession() as http,
-        ):
-            auth = {"Authorization": f"Bearer {token}"}
-
-            async def api(method: str, path: str, **kw: Any) -> Any:
-                async with http.request(method, broker + path, headers=auth, **kw) as resp:
-                    assert resp.status in (200, 201), await resp.text()
-                    return await resp.json()
-
-            await api("POST", "/v1/apps", json={"name": "hello"})
-            m = await api(
-                "POST",
-                "/v1/apps/hello/machines",
-                json={"region": "mad", "config": hello_config(), "skip_launch": True},
-            )
+        async with local_cluster(Path(tmpdir), workers, ["hello"], idle_timeout=3600) as c:
+            http, url, proxy, replica, api = c.http, c.proxy_url, c.proxy, c.replica, c.api
+            m = await c.create("hello", "mad", hello_config(), skip_launch=True)
             mid, direct = m["id"], f"http://{m['private_ip']}:{PORT}/"
             app = {"souk-app": "hello"}
             machine = f"/v1/apps/hello/machines/{mid}"
@@ -179,7 +94,7 @@ async def run(runs: int) -> dict[str, list[float]]:
                 return row is not None and row.state in ("created", "stopped")
 
             for _ in range(runs):
-                await until(stopped)
+                await eventually(stopped, 20, every=0.01)
                 results["cold"].append(await timed_get(http, url + "/", app))
                 for _ in range(WARM_REQUESTS):
                     results["warm"].append(await timed_get(http, url + "/", app))
@@ -191,7 +106,7 @@ async def run(runs: int) -> dict[str, list[float]]:
                 t0 = time.perf_counter()
                 await api("POST", machine + "/start")
                 await api("GET", machine + "/wait", params={"state": "started", "timeout": "20"})
-                await until(lambda: answers(http, direct))
+                await eventually(lambda: answers(http, direct), 20, every=0.01)
                 results["broker"].append(time.perf_counter() - t0)
                 await api("POST", machine + "/stop", json={})
                 await api("GET", machine + "/wait", params={"state": "stopped", "timeout": "20"})

@@ -7,50 +7,26 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import shutil
-import socket
 import statistics
 import subprocess
 import tempfile
 import time
-import urllib.error
-import urllib.request
 import uuid
 from pathlib import Path
 
+import _harness  # noqa: F401  (puts the repository root on the path, for tests.support)
+
 from souk.models.machine import InitConfig, MachineConfig
 from souk.worker.drivers.base import Launch
-from souk.worker.oci.build import ImageSpec, busybox_layer, layer, push_image
 from souk.worker.oci.images import ImageCache
 from souk.worker.oci.reference import ImageRef
-from souk.worker.oci.registry import RegistryClient, RegistryConfig
+from souk.worker.oci.registry import RegistryClient
 from souk.worker.oci.runc_driver import RuncDriver
 from souk.worker.oci.spec import runtime_spec
+from tests.support.images import ImageSpec, busybox_layer, layer, push_image
+from tests.support.registry import running_registry
 
 SLEEP = ["/bin/sleep", "60"]
-
-
-def start_registry(root: Path) -> tuple[subprocess.Popen[bytes], str]:
-    binary = shutil.which("docker-registry") or shutil.which("registry")
-    if not binary:
-        raise SystemExit("docker-registry is not installed")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        host = f"127.0.0.1:{s.getsockname()[1]}"
-    config = root / "config.yml"
-    config.write_text(
-        "version: 0.1\nlog: {level: error, accesslog: {disabled: true}}\n"
-        f"storage: {{filesystem: {{rootdirectory: {root / 'data'}}}}}\n"
-        f"http: {{addr: '{host}', secret: bench}}\n"
-    )
-    proc = subprocess.Popen([binary, "serve", str(config)], stderr=subprocess.DEVNULL)
-    for _ in range(500):
-        try:
-            urllib.request.urlopen(f"http://{host}/v2/", timeout=1)
-            break
-        except (urllib.error.URLError, OSError):
-            time.sleep(0.01)
-    return proc, host
 
 
 async def start_machine(driver: RuncDriver, work: Path, image: str, n: int) -> float:
@@ -82,10 +58,8 @@ def bare_run(runc: str, state: Path, bundle: Path) -> float:
 async def main(runs: int) -> None:
     with tempfile.TemporaryDirectory(prefix="souk-bench-") as tmp:
         work = Path(tmp)
-        (work / "registry").mkdir()
-        registry, host = start_registry(work / "registry")
-        try:
-            config = RegistryConfig(insecure=frozenset({host}))
+        with running_registry(work / "registry", access_log=False) as registry:
+            host, config = registry.host, registry.config()
             async with RegistryClient(config) as client:
                 spec = ImageSpec([layer(busybox_layer().bytes())], cmd=SLEEP)
                 await push_image(client, ImageRef(host, "bench", "1"), spec)
@@ -115,9 +89,6 @@ async def main(runs: int) -> None:
                 bare.append(bare_run(driver.runc, work / "runc-bare", bundle))
                 await cache.release_rootfs(bundle / "image")
                 await cache.client.close()
-        finally:
-            registry.terminate()
-            registry.wait()
     base = statistics.median(bare)
     print(f"{'':>6} {'median ms':>10} {'x bare runc run':>16}")
     for name, values in (("cold", cold), ("warm", warm), ("bare", bare)):

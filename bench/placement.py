@@ -30,9 +30,6 @@ import contextlib
 import cProfile
 import json
 import os
-import shutil
-import socket
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -55,6 +52,8 @@ from rich.progress import (
 )
 from rich.table import Table
 
+from _harness import pct
+
 from souk.broker.api import Broker
 from souk.broker.fleet import CatalogFleet, Fleet, StaticFleet
 from souk.broker.placement import rank
@@ -69,6 +68,7 @@ from souk.catalog.bus import NatsBus
 from souk.catalog.replica import following
 from souk.models.api import Strategy
 from souk.models.machine import GuestConfig
+from tests.support.nats import NatsServer, nats_version
 
 SECRET = b"bench-secret-0123456789abcdef"
 REGION = "bench"
@@ -78,19 +78,6 @@ HOSTS = 2  # child processes hosting workers
 STRATEGIES: tuple[Strategy, ...] = ("offers", "p2c", "catalog")
 GOAL_RATE = 3750.0  # placements/s: Nomad's million-container run on 5 servers
 GOAL_DECISION_P99_MS = 10.0  # at 1,000 workers in a region
-
-
-def pct(xs: list[float], q: int) -> float:
-    """The q-th percentile of seconds, in ms."""
-    if len(xs) < 2:
-        return xs[0] * 1000 if xs else 0.0
-    return statistics.quantiles(xs, n=100, method="inclusive")[q - 1] * 1000
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 # --- CPU accounting: ours against the host's -----------------------------------------------------
@@ -146,51 +133,6 @@ class CpuWindow:
             "others_pct": round(max(0.0, (busy1 - busy0) / span * 100 - ours), 1),
             "steal_pct": round((steal1 - steal0) / span * 100, 1),
         }
-
-
-# --- nats-server ---------------------------------------------------------------------------------
-
-
-@contextlib.asynccontextmanager
-async def nats_server(workdir: Path) -> AsyncIterator[tuple[str, int]]:
-    """A `nats-server` on loopback for the whole run; yields (URL, pid)."""
-    binary = shutil.which("nats-server") or "/usr/sbin/nats-server"
-    if not Path(binary).exists():
-        raise SystemExit("nats-server is not installed (Debian: apt-get install nats-server)")
-    port = free_port()
-    with open(workdir / "nats-server.log", "wb") as log:
-        proc = await asyncio.create_subprocess_exec(
-            binary,
-            "-a",
-            "127.0.0.1",
-            "-p",
-            str(port),
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=log,
-        )
-    try:
-        for _ in range(500):
-            if proc.returncode is not None:
-                raise SystemExit(f"nats-server exited: see {workdir / 'nats-server.log'}")
-            with contextlib.suppress(OSError):
-                _, writer = await asyncio.open_connection("127.0.0.1", port)
-                writer.close()
-                break
-            await asyncio.sleep(0.02)
-        yield f"nats://127.0.0.1:{port}", proc.pid
-    finally:
-        if proc.returncode is None:
-            proc.terminate()
-            await proc.wait()
-
-
-def nats_version() -> str:
-    binary = shutil.which("nats-server") or "/usr/sbin/nats-server"
-    with contextlib.suppress(OSError):
-        out = subprocess.run([binary, "--version"], capture_output=True, text=True, check=False)
-        return out.stdout.strip().removeprefix("nats-server: ")
-    return "?"
 
 
 # --- workers: child processes --------------------------------------------------------------------
@@ -634,7 +576,10 @@ async def measure(args: argparse.Namespace, progress: Progress) -> Report:
     with tempfile.TemporaryDirectory(prefix="souk-bench-") as tmp:
         workdir = Path(tmp)
         async with contextlib.AsyncExitStack() as stack:
-            nats = None if args.http else await stack.enter_async_context(nats_server(workdir))
+            nats = None
+            if not args.http:
+                server = stack.enter_context(NatsServer(log_path=workdir / "nats-server.log"))
+                nats = (server.url, server.pid)
             for size in args.sizes:
                 await one_size(size, args, workdir, nats, progress, report)
     return report

@@ -16,10 +16,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import json
 import os
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -33,7 +33,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from worker_ops import machine_info, worker
+from _harness import machine_info, pct, worker
 
 SUPERVISORD = Path(sys.executable).parent / "supervisord"
 POLL = 0.005
@@ -163,10 +163,6 @@ SUPERVISORS: dict[str, Run] = {"bare loop": bare, "supervisord": supervisord, "s
 # --- the run -----------------------------------------------------------------------------------
 
 
-def ms(xs: list[float], q: int) -> float:
-    return statistics.quantiles(xs, n=100, method="inclusive")[q - 1] * 1000
-
-
 async def measure(crashes: int, progress: Progress) -> list[Row]:
     rows = []
     with tempfile.TemporaryDirectory(prefix="souk-bench-") as tmp:
@@ -175,8 +171,8 @@ async def measure(crashes: int, progress: Progress) -> list[Row]:
             work.mkdir()
             files = [work / f"starts-{i}" for i in range(crashes)]
             task = progress.add_task(name, total=crashes)
-            took = await run(files, lambda task=task: progress.advance(task))
-            rows.append(Row(name, crashes, ms(took, 50), ms(took, 99), max(took) * 1000))
+            took = await run(files, functools.partial(progress.advance, task))
+            rows.append(Row(name, crashes, pct(took, 50), pct(took, 99), max(took) * 1000))
     base = next(row for row in rows if row.supervisor == "supervisord")
     for row in rows:
         row.faster = base.p50_ms / row.p50_ms

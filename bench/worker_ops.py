@@ -18,16 +18,10 @@ import asyncio
 import contextlib
 import json
 import os
-import platform
-import signal
-import socket
-import sqlite3
-import statistics
-import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -43,8 +37,9 @@ from rich.progress import (
 )
 from rich.table import Table
 
+from _harness import machine_info, pct, worker
+
 COMMAND = ["sleep", "60"]
-SOUK = Path(sys.executable).parent / "souk"
 CONFIG = {
     "init": {"exec": COMMAND},
     "guest": {"cpus": 1, "memory_mb": 16},
@@ -63,10 +58,6 @@ class Row:
     accept_p50_ms: float | None = None  # worker rows: until the create is acknowledged
     vs_bare: float = 0.0  # p50 over the bare spawn's p50 at the same concurrency
     rate_vs_bare: float = 0.0  # per second over the bare spawn's, at the same concurrency
-
-
-def pct(xs: list[float], q: int) -> float:
-    return statistics.quantiles(xs, n=100, method="inclusive")[q - 1] * 1000 if len(xs) > 1 else 0
 
 
 async def drive(
@@ -120,93 +111,6 @@ async def bare_spawns(
             with contextlib.suppress(ProcessLookupError):
                 proc.kill()
         await asyncio.gather(*(proc.wait() for proc in procs))
-
-
-# --- a real worker process -----------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@contextlib.asynccontextmanager
-async def worker(driver: str, data_dir: Path, fsync: bool) -> AsyncIterator[str]:
-    """A `souk worker` process; on the way out its machines are destroyed (so it reaps their
-    processes), it is stopped, and anything left carrying one of its machines' ids is killed."""
-    port = free_port()
-    argv = [str(SOUK), "worker", "--name", "bench", "--region", "bench"]
-    argv += ["--listen", f"127.0.0.1:{port}", "--data-dir", str(data_dir), "--driver", driver]
-    argv += ["--cpus", "100000", "--memory-mb", "100000000", "--log-level", "warning"]
-    if not fsync:
-        argv.append("--no-fsync")
-    log_path = data_dir.with_suffix(".log")
-    with open(log_path, "ab") as log:
-        proc = await asyncio.create_subprocess_exec(
-            *argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log
-        )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        async with aiohttp.ClientSession() as session:
-            for _ in range(1000):
-                if proc.returncode is not None:
-                    raise SystemExit(f"the worker exited: see {log_path}")
-                with contextlib.suppress(aiohttp.ClientError):
-                    async with session.get(url + "/v1/capacity") as resp:
-                        if resp.status == 200:
-                            break
-                await asyncio.sleep(0.02)
-        yield url
-        await destroy_all(url)
-    finally:
-        ids = machine_ids(data_dir)
-        if proc.returncode is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                await asyncio.wait_for(proc.wait(), 10)
-            except TimeoutError:
-                proc.kill()
-                await proc.wait()
-        kill_leftovers(ids)
-
-
-async def destroy_all(url: str) -> None:
-    connector = aiohttp.TCPConnector(limit=16)
-    async with aiohttp.ClientSession(connector=connector) as session:
-        async with session.get(url + "/v1/machines") as resp:
-            machines = await resp.json()
-
-        async def destroy(machine_id: str) -> None:
-            async with session.delete(f"{url}/v1/machines/{machine_id}?force=true") as resp:
-                await resp.read()
-            wait = f"{url}/v1/machines/{machine_id}/wait?state=destroyed&timeout=30"
-            async with session.get(wait) as resp:
-                await resp.read()
-
-        await asyncio.gather(*(destroy(m["id"]) for m in machines))
-
-
-def machine_ids(data_dir: Path) -> set[str]:
-    try:
-        with sqlite3.connect(f"file:{data_dir / 'worker.db'}?mode=ro", uri=True) as conn:
-            return {row[0] for row in conn.execute("SELECT id FROM machines")}
-    except sqlite3.Error:
-        return set()
-
-
-def kill_leftovers(ids: set[str]) -> None:
-    wanted = {f"SOUK_MACHINE_ID={i}".encode() for i in ids}
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            environ = Path(entry.path, "environ").read_bytes()
-        except OSError:
-            continue
-        if wanted.intersection(environ.split(b"\0")):
-            with contextlib.suppress(OSError):
-                os.kill(int(entry.name), signal.SIGKILL)
 
 
 async def create_starts(
@@ -275,16 +179,6 @@ async def measure(n: int, concurrency: int, fsync: bool, progress: Progress) -> 
 
 def advancer(progress: Progress, task: TaskID) -> Callable[[], None]:
     return lambda: progress.advance(task)
-
-
-def machine_info() -> str:
-    model = platform.processor() or "?"
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    return f"{os.cpu_count()} cpus ({model}), Python {platform.python_version()}"
 
 
 def table(rows: list[Row], fsync: bool) -> Table:

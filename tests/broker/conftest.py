@@ -1,116 +1,15 @@
-"""A small real cluster in one process: sim-driver workers behind real loopback HTTP servers, a
-broker in front of them, and tokens minted from a test secret."""
+"""The broker's fixtures: clusters of in-process sim workers behind a real broker."""
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
 import pytest
-from aiohttp.test_utils import TestClient, TestServer
 
-from souk.broker.api import Broker
-from souk.broker.fleet import CatalogFleet, Fleet, StaticFleet
-from souk.broker.placer import Placer
-from souk.broker.registry import AppRegistry
-from souk.broker.server import make_app as make_broker_app
-from souk.broker.tokens import mint
-from souk.broker.workers import WorkerClient
 from souk.catalog.bus import InProcessBus
-from souk.catalog.replica import following
-from souk.worker.daemon import make_app, make_driver, offering, publishing, running
-from souk.worker.engine import Engine
-from souk.worker.settings import WorkerSettings
-
-SECRET = b"test-secret-0123456789abcdef"
-Client = TestClient  # type: ignore[type-arg]
-
-
-@dataclass
-class WorkerSpec:
-    name: str
-    region: str
-    cpus: int = 4
-    memory_mb: int = 4096
-    driver: str = "sim"
-
-
-@dataclass
-class Cluster:
-    broker: Client
-    fleet: Fleet
-    engines: dict[str, Engine]
-    urls: dict[str, str]
-    placer: Placer
-    tokens: dict[str, str] = field(default_factory=dict)
-
-    def auth(self, token: str | None = None) -> dict[str, str]:
-        return {"Authorization": f"Bearer {token or self.tokens['admin']}"}
-
-    async def call(self, method: str, path: str, token: str | None = None, **kw: Any) -> Any:
-        headers = {**self.auth(token), **kw.pop("headers", {})}
-        return await self.broker.request(method, path, headers=headers, **kw)
-
-
-@contextlib.asynccontextmanager
-async def cluster(
-    tmp_path: Path, specs: list[WorkerSpec], deadline: float = 2.0, bus: InProcessBus | None = None
-) -> AsyncIterator[Cluster]:
-    """With a bus, workers publish to the catalog and answer offers on it, and the broker places
-    from a replica; without, it polls the workers (`StaticFleet`)."""
-    async with contextlib.AsyncExitStack() as stack:
-        engines: dict[str, Engine] = {}
-        urls: dict[str, str] = {}
-        for spec in specs:
-            settings = WorkerSettings(
-                name=spec.name,
-                region=spec.region,
-                data_dir=tmp_path / spec.name,
-                cpus=spec.cpus,
-                memory_mb=spec.memory_mb,
-                durable=False,
-            )
-            engine = await stack.enter_async_context(
-                running(Engine(settings, make_driver(spec.driver, settings)))
-            )
-            server = TestServer(make_app(engine), host="127.0.0.1")
-            await stack.enter_async_context(server)
-            engines[spec.name] = engine
-            urls[spec.name] = str(server.make_url("")).rstrip("/")
-            if bus is not None:
-                await stack.enter_async_context(publishing(engine, bus, urls[spec.name]))
-                await stack.enter_async_context(offering(engine, bus))
-        client = WorkerClient()
-        registry = AppRegistry(tmp_path / "registry.db")
-        fleet: Fleet
-        if bus is None:
-            static = StaticFleet(list(urls.values()), registry, client)
-            await static.refresh()
-            fleet, before_place = static, (lambda: static.refresh(machines=False))
-        else:
-            replica = await stack.enter_async_context(following(bus, bootstrap=False))
-            fleet, before_place = CatalogFleet(replica, registry), None
-        placer = Placer(fleet, client, deadline=deadline, bus=bus)
-        broker = Broker(fleet, client, placer, registry=registry, before_place=before_place)
-        broker_client = TestClient(TestServer(make_broker_app(broker, SECRET), host="127.0.0.1"))
-        await stack.enter_async_context(broker_client)
-        c = Cluster(broker_client, fleet, engines, urls, placer)
-        c.tokens = {
-            "admin": mint(SECRET),
-            "operator": mint(SECRET, operator=True),
-            "demo": mint(SECRET, apps=["demo"]),
-            "demo-read": mint(SECRET, apps=["demo"], read_only=True),
-            "other": mint(SECRET, apps=["other"]),
-        }
-        resp = await c.call("POST", "/v1/apps", json={"name": "demo"})
-        assert resp.status == 201, await resp.text()
-        yield c
-
-
-ClusterFactory = Callable[..., contextlib.AbstractAsyncContextManager[Cluster]]
+from tests.support.broker_cluster import Cluster, ClusterFactory, WorkerSpec, cluster
 
 
 @pytest.fixture
@@ -129,16 +28,3 @@ async def small(make_cluster: ClusterFactory) -> AsyncIterator[Cluster]:
     specs = [WorkerSpec("m1", "mad"), WorkerSpec("m2", "mad"), WorkerSpec("a1", "ams")]
     async with make_cluster(specs) as c:
         yield c
-
-
-def machine_body(
-    region: str = "mad", cpus: int = 1, memory_mb: int = 256, **config: Any
-) -> dict[str, Any]:
-    return {
-        "region": region,
-        "config": {
-            "init": {"exec": ["sleep", "60"]},
-            "guest": {"cpus": cpus, "memory_mb": memory_mb},
-            **config,
-        },
-    }

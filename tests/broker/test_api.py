@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from tests.broker.conftest import Cluster, machine_body
+from souk.broker.fleet import StaticFleet
+from tests.support.broker_cluster import Cluster, machine_body
 
 M = "/v1/apps/demo/machines"
 
@@ -214,6 +215,7 @@ async def test_apps(small: Cluster) -> None:
     assert listed["total_apps"] == 2
     m = await create(c)
     assert (await ok(await c.call("GET", "/v1/apps/demo")))["machine_count"] >= 0
+    assert isinstance(c.fleet, StaticFleet)
     await c.fleet.refresh()
     body = await err(await c.call("DELETE", "/v1/apps/demo"), 409)
     assert m["id"] in body["details"]["machines"]

@@ -12,10 +12,11 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from souk.broker.api import Broker
+from souk.broker.fleet import StaticFleet
 from souk.broker.registry import MAX_KEYS, MAX_VALUE_BYTES, AppRegistry
 from souk.broker.server import make_app as make_broker_app
 from souk.broker.workers import WorkerClient
-from tests.broker.conftest import SECRET, Cluster, ClusterFactory, WorkerSpec
+from tests.support.broker_cluster import SECRET, Cluster, ClusterFactory, WorkerSpec
 
 META = "/v1/apps/demo/metadata"
 RELEASE = json.dumps({"version": 7, "image": "registry.example/demo:7", "strategy": "rolling"})
@@ -41,7 +42,7 @@ async def refused(resp: Any, status: int, code: str) -> str:
 
 async def test_set_read_and_delete_keys(one: Cluster) -> None:
     assert await ok(await one.call("GET", META)) == {}
-    patch = {"set": {"release.7": RELEASE, "release.current": "7"}}
+    patch: dict[str, Any] = {"set": {"release.7": RELEASE, "release.current": "7"}}
     got = await ok(await one.call("PATCH", META, json=patch))
     assert got == {"release.7": RELEASE, "release.current": "7"}
     patch = {"set": {"release.8": "{}", "release.current": "8"}, "delete": ["release.7", "nope"]}
@@ -54,6 +55,7 @@ async def test_set_read_and_delete_keys(one: Cluster) -> None:
 
 
 async def test_the_registry_row_carries_the_metadata_for_replicas(one: Cluster) -> None:
+    assert isinstance(one.fleet, StaticFleet)
     registry = one.fleet.registry
     seq = registry.head()
     await ok(await one.call("PATCH", META, json={"set": {"release.1": RELEASE}}))
@@ -129,6 +131,7 @@ async def test_a_broker_without_the_registry_forwards_to_it(one: Cluster) -> Non
         await refused(resp, 400, "invalid")
         resp = await client.get(META, headers={"Authorization": "Bearer nope"})
         assert resp.status == 401
+    assert isinstance(one.fleet, StaticFleet)
     assert one.fleet.registry.metadata("demo") == {"release.2": RELEASE}
 
 

@@ -7,7 +7,7 @@ import asyncio
 import time
 
 from souk.catalog.bus import InProcessBus
-from tests.broker.conftest import Cluster, ClusterFactory, WorkerSpec, machine_body
+from tests.support.broker_cluster import Cluster, ClusterFactory, WorkerSpec, machine_body
 
 
 async def created(c: Cluster, body: dict[str, object]) -> dict[str, object]:

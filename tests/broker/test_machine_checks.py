@@ -6,7 +6,7 @@ import asyncio
 import sys
 import time
 
-from tests.broker.conftest import ClusterFactory, WorkerSpec
+from tests.support.broker_cluster import ClusterFactory, WorkerSpec
 
 M = "/v1/apps/demo/machines"
 

@@ -18,7 +18,7 @@ from souk.broker.placer import Placer
 from souk.broker.registry import AppRegistry
 from souk.broker.server import make_app
 from souk.broker.workers import WorkerClient
-from tests.broker.conftest import SECRET, Cluster, ClusterFactory, WorkerSpec, machine_body
+from tests.support.broker_cluster import SECRET, Cluster, ClusterFactory, WorkerSpec, machine_body
 
 M = "/v1/apps/demo/machines"
 STRATEGIES = ["auto", "offers", "p2c", "catalog"]
@@ -86,6 +86,7 @@ async def test_a_region_with_no_room_answers_412_within_the_deadline(
             row = c.fleet.workers()[0].model_copy(
                 update={"id": "silent", "address": f"http://{host}:{port}"}
             )
+            assert isinstance(c.fleet, StaticFleet)
             c.fleet._workers["silent"] = row  # a worker the catalog still lists
             c.fleet._reachable.add("silent")
             c.fleet.addresses = [c.urls["w0"]]

@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 from souk.catalog.bus import Faults, InProcessBus
 from souk.catalog.replica import Replica
 from souk.catalog.sim import SimRows
-from tests.catalog.conftest import converged, eventually, start_owner
+from tests.support.catalog import converged, start_owner
+from tests.support.waiting import eventually
 
 op = st.tuples(
     st.integers(0, 2),  # owner

@@ -11,7 +11,8 @@ from souk.catalog.bus import Faults, InProcessBus
 from souk.catalog.protocol import Batch, Change, changes_subject, encode
 from souk.catalog.replica import Replica
 from souk.catalog.sim import SimRows
-from tests.catalog.conftest import converged, eventually, start_owner
+from tests.support.catalog import converged, start_owner
+from tests.support.waiting import eventually
 
 
 async def test_a_commit_reaches_a_replica_and_is_queryable() -> None:

@@ -9,8 +9,8 @@ from souk.catalog.replica import Replica
 from souk.models.machine import CreateMachine, MachineConfig
 from souk.worker.daemon import make_driver, publishing, running
 from souk.worker.engine import Engine
-from tests.catalog.conftest import eventually
-from tests.worker.conftest import settings
+from tests.support.engines import settings
+from tests.support.waiting import eventually
 
 
 def machine_states(replica: Replica) -> dict[str, str]:

@@ -13,8 +13,10 @@ from typing import Any
 from souk.broker.tokens import mint, new_secret, read_secret
 from souk.catalog.bus import NatsBus
 from souk.catalog.protocol import Batch, Change, changes_subject, encode
-from tests.catalog_integration.conftest import Cluster, ReplicaProcess, eventually
-from tests.worker_integration.conftest import SOUK, free_port
+from tests.support.catalog_cluster import Cluster, ReplicaProcess
+from tests.support.ports import free_port
+from tests.support.waiting import wait_until as eventually
+from tests.support.worker_process import SOUK
 
 SLEEPER = {"init": {"exec": ["sleep", "600"]}, "restart": {"policy": "no"}}
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.broker.conftest import WorkerSpec, cluster, machine_body
+from tests.support.broker_cluster import WorkerSpec, cluster, machine_body
 
 M = "/v1/apps/demo/machines"
 

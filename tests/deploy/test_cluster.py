@@ -20,7 +20,8 @@ import pytest
 from souk.cli.deploy.client import Api
 from souk.cli.deploy.config import loads
 from souk.cli.deploy.strategies import DeployInProgress, Outcome, Progress, deploy
-from tests.deploy.conftest import HELLO, Dev
+from tests.support.dev import Dev
+from tests.support.hello import HELLO
 
 pytestmark = pytest.mark.integration
 
@@ -237,7 +238,7 @@ def test_canary_immediate_scale_status_and_logs(app: App) -> None:
 def test_two_deploys_at_once_one_is_refused(app: App) -> None:
     assert app.deploy("v1")[0] == 0
 
-    async def both() -> list[Outcome | BaseException]:
+    async def both() -> tuple[Outcome | BaseException, Outcome | BaseException]:
         async def one(greeting: str) -> Outcome:
             cfg = loads(toml(app.name, greeting))
             async with Api(app.dev.url, app.dev.token) as api:

@@ -10,14 +10,13 @@ from pathlib import Path
 import pytest
 
 from souk.models.machine import InitConfig
-from souk.worker.oci.build import ImageSpec, Layer, TarBuilder, layer, push_image, push_index
 from souk.worker.oci.images import ImageCache
 from souk.worker.oci.manifest import Platform, host_platform
 from souk.worker.oci.registry import DigestMismatch, RegistryClient
 from souk.worker.oci.rootfs import is_mounted, overlay_supported
 from souk.worker.oci.unpack import UnsafeLayer
-
-from .conftest import Registry, push
+from tests.support.images import ImageSpec, Layer, TarBuilder, layer, push_image, push_index
+from tests.support.registry import Registry, push
 
 Make = Callable[..., ImageCache]
 

@@ -8,12 +8,11 @@ from pathlib import Path
 import pytest
 
 from souk.worker.oci.auth import AuthError, Credentials
-from souk.worker.oci.build import ImageSpec, Layer, TarBuilder, layer, push_image, push_index
 from souk.worker.oci.manifest import OCI_MANIFEST, ManifestError, Platform, host_platform
 from souk.worker.oci.reference import ImageRef
 from souk.worker.oci.registry import DigestMismatch, NotFound, RegistryClient
-
-from .conftest import Registry, push
+from tests.support.images import ImageSpec, Layer, TarBuilder, layer, push_image, push_index
+from tests.support.registry import Registry, push
 
 
 def small_layer(text: str) -> Layer:

@@ -14,12 +14,11 @@ import pytest
 from souk.models.machine import InitConfig, MachineConfig
 from souk.worker import procfs
 from souk.worker.drivers.base import Launch
-from souk.worker.oci.build import ImageSpec, Layer, busybox_layer, layer
 from souk.worker.oci.images import ImageCache
 from souk.worker.oci.registry import RegistryClient
 from souk.worker.oci.runc_driver import RuncDriver
-
-from .conftest import Registry, push
+from tests.support.images import ImageSpec, Layer, busybox_layer, layer
+from tests.support.registry import Registry, push
 
 pytestmark = pytest.mark.skipif(shutil.which("runc") is None, reason="runc is not installed")
 

@@ -16,9 +16,10 @@ from typing import Any
 import pytest
 
 from souk.broker.tokens import mint, new_secret
-from tests.catalog_integration.conftest import CatalogWorker, NatsServer, needs_nats
-from tests.proxy.cluster import hello_config
-from tests.worker_integration.conftest import SOUK, free_port
+from tests.support.hello import hello_config
+from tests.support.nats import NatsServer, needs_nats
+from tests.support.ports import free_port
+from tests.support.worker_process import SOUK, CatalogWorker
 
 pytestmark = [pytest.mark.integration, needs_nats]
 

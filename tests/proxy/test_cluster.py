@@ -8,7 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.proxy.cluster import eventually, hello_config, local_cluster
+from tests.support.hello import hello_config
+from tests.support.local_cluster import local_cluster
+from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.integration
 

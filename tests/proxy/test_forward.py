@@ -18,7 +18,8 @@ from aiohttp.test_utils import TestServer
 
 from souk.proxy.policy import ServicePolicy
 from souk.proxy.server import Proxy, ProxyOptions, proxy_site
-from tests.proxy.conftest import FakeView, closed_port
+from tests.support.catalog_view import FakeView
+from tests.support.ports import closed_port
 
 DEAD_BROKER = "http://127.0.0.1:9"
 MIB = 1024 * 1024

@@ -11,7 +11,7 @@ from souk.proxy.broker import BrokerClient
 from souk.proxy.idle import Autostop
 from souk.proxy.policy import Policies, ServicePolicy, policy_of
 from souk.proxy.routing import Loads, Marks, Router, app_of
-from tests.proxy.conftest import FakeView
+from tests.support.catalog_view import FakeView
 
 DEAD_BROKER = "http://127.0.0.1:9"
 

@@ -4,11 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from aiohttp.test_utils import TestClient
+from tests.support.clients import Client
 
-Client = TestClient  # type: ignore[type-arg]
-
-SLEEP = {"app": "demo", "config": {"init": {"exec": ["sleep", "30"]}}}
+SLEEP: dict[str, Any] = {"app": "demo", "config": {"init": {"exec": ["sleep", "30"]}}}
 
 
 async def error_of(resp: Any, status: int) -> dict[str, Any]:

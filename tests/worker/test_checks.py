@@ -9,15 +9,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from aiohttp.test_utils import TestClient
-
 from souk.models.machine import Check, CreateMachine
 from souk.worker.checks import HealthChecks
 from souk.worker.daemon import make_driver, running
 from souk.worker.engine import Engine
-from tests.worker.conftest import settings
+from tests.support.clients import Client
+from tests.support.engines import settings
 
-Client = TestClient  # type: ignore[type-arg]
 Checks = dict[str, dict[str, Any]]
 SERVE = [sys.executable, "-m", "http.server", "8080"]
 

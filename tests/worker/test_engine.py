@@ -19,8 +19,7 @@ from souk.worker.daemon import make_driver, running
 from souk.worker.drivers.base import Launch
 from souk.worker.drivers.process import ProcessDriver
 from souk.worker.engine import Engine
-
-from .conftest import settings
+from tests.support.engines import settings
 
 
 def request(argv: list[str], **config: object) -> CreateMachine:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,7 @@ async def test_a_failing_write_rolls_back_alone_within_a_shared_commit(tmp_path:
     commits: list[Commit] = []
     store.listeners.append(commits.append)
 
-    def good(n: int) -> object:
+    def good(n: int) -> Callable[[Tx], int]:
         def write(tx: Tx) -> int:
             return tx.log("machine", f"m{n}", "create", "reserve", "created")
 

@@ -1,1 +1,25 @@
-from tests.oci.conftest import busybox_base, client, make_cache, registry  # noqa: F401
+"""Image machines' fixtures: a real registry on loopback and a client pushing to it."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from souk.worker.oci.registry import RegistryClient
+from tests.support.registry import REGISTRY, Registry, running_registry
+
+
+@pytest.fixture
+def registry(tmp_path: Path) -> Iterator[Registry]:
+    if REGISTRY is None:
+        pytest.skip("docker-registry is not installed")
+    with running_registry(tmp_path / "registry") as found:
+        yield found
+
+
+@pytest.fixture
+async def client(registry: Registry) -> AsyncIterator[RegistryClient]:
+    async with registry.client() as c:
+        yield c

@@ -19,10 +19,10 @@ from souk.models.machine import CreateMachine, MachineConfig
 from souk.worker import procfs
 from souk.worker.daemon import make_driver, publishing, running
 from souk.worker.engine import Engine
-from souk.worker.oci.build import ImageSpec, Layer, busybox_layer, layer
 from souk.worker.oci.registry import RegistryClient
-from tests.oci.conftest import Registry, push
-from tests.worker.conftest import settings
+from tests.support.engines import settings
+from tests.support.images import ImageSpec, Layer, busybox_layer, layer
+from tests.support.registry import Registry, push
 
 pytestmark = [
     pytest.mark.integration,

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from tests.worker_integration.conftest import WorkerProcess
+from tests.support.worker_process import WorkerProcess
 
 pytestmark = pytest.mark.integration
 

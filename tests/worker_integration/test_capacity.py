@@ -9,7 +9,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from tests.worker_integration.conftest import WorkerFactory
+from tests.support.worker_process import WorkerFactory
 
 pytestmark = pytest.mark.integration
 

@@ -18,14 +18,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from tests.worker_integration.conftest import (
-    WorkerFactory,
-    WorkerProcess,
-    api_pid,
-    integrity,
-    live_pids,
-    machine_processes,
-)
+from tests.support.machines import api_pid, integrity, live_pids, machine_processes
+from tests.support.worker_process import WorkerFactory, WorkerProcess
 
 pytestmark = pytest.mark.integration
 

@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from tests.worker_integration.conftest import WorkerProcess, api_pid, is_running, live_pids
+from tests.support.machines import api_pid, is_running, live_pids
+from tests.support.worker_process import WorkerProcess
 
 pytestmark = pytest.mark.integration
 

@@ -4,13 +4,11 @@ real processes running the example app (`examples/hello/app.py`)."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import os
 import signal
-import sys
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,41 +27,11 @@ from souk.worker.daemon import make_app, make_driver, offering, running
 from souk.worker.engine import Engine
 from souk.worker.rows import WorkerRows
 from souk.worker.settings import WorkerSettings
+from tests.support.hello import PORT
+from tests.support.waiting import eventually
 
 SECRET = b"proxy-test-secret-0123456789"
-HELLO = Path(__file__).resolve().parents[2] / "examples" / "hello" / "app.py"
-PORT = 8080
 BEAT = 0.2
-
-
-async def eventually(check: Callable[[], Any], timeout: float = 15.0, every: float = 0.05) -> Any:
-    """Polls a sync or async check until it returns something truthy."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if asyncio.iscoroutine(value):
-            value = await value
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        await asyncio.sleep(every)
-
-
-def hello_config(autostop: bool = True, min_running: int = 0, **extra: Any) -> dict[str, Any]:
-    return {
-        "init": {"exec": [sys.executable, str(HELLO)]},
-        "env": {"PORT": str(PORT)},
-        "restart": {"policy": "no"},
-        "services": [
-            {
-                "internal_port": PORT,
-                "autostop": "stop" if autostop else "off",
-                "min_machines_running": min_running,
-            }
-        ],
-        **extra,
-    }
 
 
 @dataclass

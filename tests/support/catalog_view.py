@@ -1,14 +1,12 @@
-"""A hand-written catalog view for the proxy's own logic, and real loopback backends.
+"""A hand-written catalog view for the proxy's own logic.
 
 The view is a plain in-memory `CatalogView` (no replication): it lets a test say exactly which
 machines exist, in which state, on which worker, so routing decisions can be checked one by one.
-Forwarding is always tested against real HTTP servers on loopback.
 """
 
 from __future__ import annotations
 
 import asyncio
-import socket
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -118,10 +116,3 @@ class FakeView:
     ) -> AsyncIterator[RowChange]:
         await asyncio.Event().wait()
         yield  # type: ignore[misc]
-
-
-def closed_port() -> int:
-    """A loopback port nothing listens on (connections are refused)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])

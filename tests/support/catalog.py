@@ -1,24 +1,14 @@
-"""Owners and replicas on an in-process bus, with helpers to wait for convergence."""
+"""Owners and replicas on an in-process bus: starting an owner over simulated rows, and telling
+when a replica holds exactly what its owners have."""
 
 from __future__ import annotations
 
-import asyncio
-import time
-from collections.abc import Callable
-
+from souk.catalog.bus import Bus
 from souk.catalog.owner import Owner
 from souk.catalog.replica import Replica
 from souk.catalog.sim import SimRows
 
 BEAT = 0.05
-
-
-async def eventually(check: Callable[[], bool], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        await asyncio.sleep(0.01)
 
 
 def converged(replica: Replica, owners: list[SimRows]) -> bool:
@@ -35,8 +25,8 @@ def converged(replica: Replica, owners: list[SimRows]) -> bool:
     return True
 
 
-async def start_owner(bus: object, src: SimRows, beat: float = BEAT) -> Owner:
-    owner = Owner(bus, src, heartbeat_every=beat)  # type: ignore[arg-type]
+async def start_owner(bus: Bus, src: SimRows, beat: float = BEAT) -> Owner:
+    owner = Owner(bus, src, heartbeat_every=beat)
     src.publisher = owner
     await owner.start()
     return owner

@@ -1,0 +1,103 @@
+"""What the benchmarks share: percentiles, the machine a run came from, and a real `souk worker`
+process to measure against.
+
+Benchmarks run as scripts (`python bench/NAME.py`), so only this directory is on the import path;
+the repository root is added here, for the processes, registries and images of `tests.support`.
+Import this module before anything from `tests`."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import platform
+import signal
+import statistics
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+
+import aiohttp
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(1, str(ROOT))
+
+from tests.support.machines import kill_machine_processes, recorded_ids  # noqa: E402
+from tests.support.ports import free_port  # noqa: E402
+from tests.support.worker_process import SOUK  # noqa: E402
+
+
+def pct(xs: Sequence[float], q: int) -> float:
+    """The q-th percentile of seconds, in ms."""
+    if len(xs) < 2:
+        return xs[0] * 1000 if xs else 0.0
+    return statistics.quantiles(xs, n=100, method="inclusive")[q - 1] * 1000
+
+
+def machine_info() -> str:
+    model = platform.processor() or "?"
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    return f"{os.cpu_count()} cpus ({model}), Python {platform.python_version()}"
+
+
+@contextlib.asynccontextmanager
+async def worker(driver: str, data_dir: Path, fsync: bool) -> AsyncIterator[str]:
+    """A `souk worker` process; on the way out its machines are destroyed (so it reaps their
+    processes), it is stopped, and anything left carrying one of its machines' ids is killed."""
+    port = free_port()
+    argv = [str(SOUK), "worker", "--name", "bench", "--region", "bench"]
+    argv += ["--listen", f"127.0.0.1:{port}", "--data-dir", str(data_dir), "--driver", driver]
+    argv += ["--cpus", "100000", "--memory-mb", "100000000", "--log-level", "warning"]
+    if not fsync:
+        argv.append("--no-fsync")
+    log_path = data_dir.with_suffix(".log")
+    with open(log_path, "ab") as log:
+        proc = await asyncio.create_subprocess_exec(
+            *argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        async with aiohttp.ClientSession() as session:
+            for _ in range(1000):
+                if proc.returncode is not None:
+                    raise SystemExit(f"the worker exited: see {log_path}")
+                with contextlib.suppress(aiohttp.ClientError):
+                    async with session.get(url + "/v1/capacity") as resp:
+                        if resp.status == 200:
+                            break
+                await asyncio.sleep(0.02)
+        yield url
+        await destroy_all(url)
+    finally:
+        ids = recorded_ids(data_dir / "worker.db")
+        if proc.returncode is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                await asyncio.wait_for(proc.wait(), 10)
+            except TimeoutError:
+                proc.kill()
+                await proc.wait()
+        kill_machine_processes(ids)
+
+
+async def destroy_all(url: str) -> None:
+    """Destroys every machine of the worker at `url`, sixteen at a time, waiting for each."""
+    connector = aiohttp.TCPConnector(limit=16)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        async with session.get(url + "/v1/machines") as resp:
+            machines = await resp.json()
+
+        async def destroy(machine_id: str) -> None:
+            async with session.delete(f"{url}/v1/machines/{machine_id}?force=true") as resp:
+                await resp.read()
+            wait = f"{url}/v1/machines/{machine_id}/wait?state=destroyed&timeout=30"
+            async with session.get(wait) as resp:
+                await resp.read()
+
+        await asyncio.gather(*(destroy(m["id"]) for m in machines))

@@ -1,0 +1,29 @@
+"""In-process workers: a real engine and store on a temporary directory."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+from souk.worker.daemon import make_driver, running
+from souk.worker.engine import Engine
+from souk.worker.settings import WorkerSettings
+
+
+def settings(tmp_path: Path, **overrides: Any) -> WorkerSettings:
+    """A small worker (w1 in mad, 4 cpus, 4 GiB) without fsync; `overrides` replace fields."""
+    base = WorkerSettings(
+        name="w1", region="mad", data_dir=tmp_path / "w1", cpus=4, memory_mb=4096, durable=False
+    )
+    return dataclasses.replace(base, **overrides)
+
+
+@contextlib.asynccontextmanager
+async def engine(tmp_path: Path, driver: str = "process") -> AsyncIterator[Engine]:
+    """A started engine with the default `settings`, stopped on the way out."""
+    s = settings(tmp_path)
+    async with running(Engine(s, make_driver(driver, s))) as e:
+        yield e
