@@ -8,6 +8,7 @@ import subprocess
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import nats
 import pytest
@@ -15,9 +16,10 @@ from cryptography import x509
 from nats.aio.client import Client
 
 from souk.pki import NodeFiles, client_context, identity_of
-from tests.catalog_integration.conftest import NATS, eventually, needs_nats
 from tests.pki.conftest import LOOPBACK, Pki
-from tests.worker_integration.conftest import free_port
+from tests.support.nats import NATS, needs_nats
+from tests.support.ports import free_port
+from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.integration, needs_nats]
 
@@ -43,7 +45,7 @@ tls {{
     log = tmp_path / "nats.log"
     proc = subprocess.Popen([NATS, "-c", str(config), "-l", str(log)])
     try:
-        eventually(lambda: log.exists() and "Server is ready" in log.read_text(), 10, "nats ready")
+        wait_until(lambda: log.exists() and "Server is ready" in log.read_text(), 10, "nats ready")
         yield port, files
     finally:
         proc.kill()
@@ -72,7 +74,8 @@ async def test_a_round_trip_over_mutual_tls(pki: Pki, bus: tuple[int, NodeFiles]
         msg = await sub.next_msg(timeout=5)
         assert msg.data == b"hello"
         # nats-py keeps no public handle on its TLS stream; reach in once to see what was agreed.
-        conn = worker._transport._io_writer.get_extra_info("ssl_object")
+        transport: Any = worker._transport
+        conn = transport._io_writer.get_extra_info("ssl_object")
         assert conn.version() == "TLSv1.3"
         served = x509.load_der_x509_certificate(conn.getpeercert(binary_form=True))
         assert identity_of(served).uri == "souk://bus/nats-1"
