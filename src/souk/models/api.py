@@ -170,3 +170,15 @@ class WorkerInfo(BaseModel):
     cordoned: bool
     reachable: bool
 
+
+class TokenInfo(BaseModel):
+    """What the token presented allows: each list the intersection of its caveats, None for
+    no limit on that dimension."""
+
+    id: str = Field(description="Revoking this id revokes every token attenuated from it.")
+    operator: bool
+    actions: list[str]
+    apps: list[str] | None
+    machines: list[str] | None
+    regions: list[str] | None
+    expires: int | None = Field(description="Unix seconds; None: it does not expire.")
