@@ -11,12 +11,6 @@ from tests.web.conftest import Servers, raw, request_bytes
 DEEP = b"[" * 100_000
 
 
-def test_every_error_status_has_a_reason() -> None:
-    from souk.web.errors import _STATUS_REASONS
-
-    assert {404, 405, 413, 414, 431} <= _STATUS_REASONS.keys()
-
-
 @pytest.mark.parametrize("side", ["worker", "broker"])
 async def test_oversized_headers_are_a_json_431_that_echoes_nothing(
     servers: Servers, side: str
