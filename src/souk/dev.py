@@ -19,6 +19,8 @@ from souk.broker.tokens import mint, new_secret, read_secret
 from souk.catalog.bus import InProcessBus
 from souk.catalog.replica import following
 from souk.proxy.server import ProxyOptions, proxy_site
+from souk.secret_files import write_secret
+from souk.web import runner as web_runner
 from souk.worker.daemon import make_app as make_worker_app
 from souk.worker.daemon import make_driver, offering, publishing, running
 from souk.worker.engine import Engine
@@ -37,9 +39,8 @@ class DevCluster:
 
 def _secret(data_dir: Path) -> bytes:
     path = data_dir / "secret"
-    if not path.exists():
-        path.write_bytes(new_secret() + b"\n")
-        path.chmod(0o600)
+    with contextlib.suppress(FileExistsError):  # kept across runs: its tokens stay valid
+        write_secret(path, new_secret() + b"\n", replace=False)
     return read_secret(path)
 
 
@@ -74,7 +75,7 @@ async def dev_cluster(
                 engine = await stack.enter_async_context(
                     running(Engine(settings, make_driver(driver, settings)))
                 )
-                runner = web.AppRunner(make_worker_app(engine), access_log=None)
+                runner = web_runner(make_worker_app(engine))
                 await runner.setup()
                 stack.push_async_callback(runner.cleanup)
                 await web.TCPSite(runner, host, 0).start()
@@ -89,7 +90,7 @@ async def dev_cluster(
             host=host, port=proxy_port, api=api, token=token, idle_timeout=idle_timeout
         )
         _, proxy = await stack.enter_async_context(proxy_site(replica, proxy_opts))
-        (data_dir / "token").write_text(token + "\n")
+        write_secret(data_dir / "token", token + "\n")  # an operator token: 0600
         (data_dir / "api").write_text(api + "\n")
         yield DevCluster(api, token, proxy, proxy_opts.domain)
 

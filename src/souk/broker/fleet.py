@@ -40,6 +40,10 @@ class Fleet(Protocol):
 
     def app(self, name: str) -> AppRow | None: ...
 
+    def revoked(self, token_id: str) -> bool:
+        """Whether the token id is revoked (see `AppRegistry.revoke`)."""
+        ...
+
     def image_cached(self, worker_id: str, image: str) -> bool: ...
 
 
@@ -112,6 +116,9 @@ class StaticFleet:
     def app(self, name: str) -> AppRow | None:
         return self.registry.get(name)
 
+    def revoked(self, token_id: str) -> bool:
+        return self.registry.revoked(token_id)
+
     def image_cached(self, worker_id: str, image: str) -> bool:
         return False
 
@@ -148,6 +155,11 @@ class CatalogFleet:
         if self.registry is not None:
             return self.registry.get(name)
         return self.view.app(name)
+
+    def revoked(self, token_id: str) -> bool:
+        if self.registry is not None:
+            return self.registry.revoked(token_id)
+        return self.view.revoked(token_id)
 
     def image_cached(self, worker_id: str, image: str) -> bool:
         return self.view.image_cached(worker_id, image)

@@ -11,10 +11,15 @@ be created or deleted, while machines of existing apps keep being placed everywh
 Apps also carry metadata, string keys to string values (deploys keep their releases there, as
 JSON strings under `release.N`). The registry is its one writer too, so a patch is one
 transaction here, and the row it publishes carries the whole map.
+
+It also keeps the list of revoked token ids (`revocations` rows, on the same sequence as apps):
+tokens are checked by every broker alone, so a revocation must reach every broker, and the
+catalog already takes the registry's rows everywhere.
 """
 
 from __future__ import annotations
 
+import builtins
 import json
 import re
 import secrets
@@ -26,9 +31,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from souk.catalog.protocol import GLOBAL_REGION, REGISTRY_OWNER, Change
-from souk.models.catalog import AppRow
+from souk.models.catalog import AppRow, RevocationRow
 
-METADATA_KEY = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:/@+-]{0,127}$")
+METADATA_KEY = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:/@+-]{0,127}\Z")
 MAX_VALUE_BYTES = 64 << 10
 MAX_KEYS = 1000
 MAX_METADATA_BYTES = 1 << 20  # the whole map, keys and values: it travels in every app row
@@ -110,6 +115,8 @@ class AppRegistry:
             " created_at TEXT NOT NULL, deleted INTEGER NOT NULL DEFAULT 0, seq INTEGER NOT NULL,"
             " metadata TEXT NOT NULL DEFAULT '{}');"
             "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);"
+            "CREATE TABLE IF NOT EXISTS revocations (id TEXT PRIMARY KEY,"
+            " revoked_at TEXT NOT NULL, seq INTEGER NOT NULL);"
         )
         columns = {row["name"] for row in self._db.execute("PRAGMA table_info(apps)")}
         if "metadata" not in columns:  # a registry from before app metadata
@@ -118,16 +125,30 @@ class AppRegistry:
         self._db.execute("INSERT OR IGNORE INTO meta VALUES ('epoch', ?)", (epoch,))
         self.epoch: str = self._db.execute("SELECT value FROM meta WHERE key='epoch'").fetchone()[0]
         self.listeners: list[Callable[[int, list[Change]], None]] = []
+        # Every request checks it: held in memory, and only ever grows.
+        self._revoked = {r[0] for r in self._db.execute("SELECT id FROM revocations")}
 
     def head(self) -> int:
-        return int(self._db.execute("SELECT COALESCE(MAX(seq), 0) FROM apps").fetchone()[0])
+        return int(
+            self._db.execute(
+                "SELECT MAX((SELECT COALESCE(MAX(seq), 0) FROM apps),"
+                " (SELECT COALESCE(MAX(seq), 0) FROM revocations))"
+            ).fetchone()[0]
+        )
 
     def changes_since(self, since: int, limit: int) -> tuple[list[Change], int, bool]:
-        rows = self._db.execute(
+        apps = self._db.execute(
             "SELECT * FROM apps WHERE seq > ? ORDER BY seq LIMIT ?", (since, limit + 1)
         ).fetchall()
-        changes = [self._change(r) for r in rows[:limit]]
-        if len(rows) > limit:
+        revoked = self._db.execute(
+            "SELECT * FROM revocations WHERE seq > ? ORDER BY seq LIMIT ?", (since, limit + 1)
+        ).fetchall()
+        both = sorted(
+            [*map(self._change, apps), *map(self._revocation_change, revoked)],
+            key=lambda c: c.seq,
+        )
+        changes = both[:limit]
+        if len(both) > limit:
             return changes, changes[-1].seq, True
         return changes, self.head(), False
 
@@ -205,6 +226,41 @@ class AppRegistry:
             )
         self._publish(name)
         return after
+
+    # --- revoked tokens -----------------------------------------------------------------
+
+    def revoke(self, token_id: str) -> RevocationRow:
+        """Revoke a token id (and so every token attenuated from it); idempotent."""
+        with self._lock, self._db:
+            self._db.execute("BEGIN IMMEDIATE")
+            row = self._db.execute("SELECT * FROM revocations WHERE id = ?", (token_id,)).fetchone()
+            if row is not None:
+                return self._revocation(row)
+            self._db.execute(
+                "INSERT INTO revocations (id, revoked_at, seq) VALUES (?, ?, ?)",
+                (token_id, now_iso(), self.head() + 1),
+            )
+        self._revoked.add(token_id)
+        row = self._db.execute("SELECT * FROM revocations WHERE id = ?", (token_id,)).fetchone()
+        change = self._revocation_change(row)
+        for listener in self.listeners:
+            listener(change.seq, [change])
+        return self._revocation(row)
+
+    def revoked(self, token_id: str) -> bool:
+        return token_id in self._revoked
+
+    def revocations(self) -> builtins.list[RevocationRow]:
+        rows = self._db.execute("SELECT * FROM revocations ORDER BY seq").fetchall()
+        return [self._revocation(r) for r in rows]
+
+    @staticmethod
+    def _revocation(row: sqlite3.Row) -> RevocationRow:
+        return RevocationRow(id=row["id"], revoked_at=row["revoked_at"])
+
+    def _revocation_change(self, row: sqlite3.Row) -> Change:
+        revocation = self._revocation(row)
+        return Change("revocations", revocation.id, int(row["seq"]), revocation.model_dump())
 
     def close(self) -> None:
         self._db.close()

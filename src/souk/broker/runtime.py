@@ -24,6 +24,7 @@ from souk.catalog.bus import Bus, NatsBus
 from souk.catalog.owner import Owner
 from souk.catalog.replica import following
 from souk.web import Route
+from souk.web import runner as web_runner
 
 log = logging.getLogger("souk.broker")
 REFRESH_EVERY = 0.5
@@ -89,7 +90,7 @@ async def broker_site(opts: BrokerOptions, bus: Bus | None = None) -> AsyncItera
 
         placer = Placer(fleet, client, policy_named(opts.policy), opts.deadline, bus=bus)
         broker = Broker(fleet, client, placer, registry, opts.registry_url, before_place)
-        runner = web.AppRunner(make_app(broker, opts.secret, extra), access_log=None)
+        runner = web_runner(make_app(broker, opts.secret, extra))
         await runner.setup()
         stack.push_async_callback(runner.cleanup)
         site = web.TCPSite(runner, opts.host, opts.port, backlog=1024)

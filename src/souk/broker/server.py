@@ -7,19 +7,37 @@ from collections.abc import Sequence
 from aiohttp import web
 
 from souk import __version__
-from souk.broker import api
-from souk.broker.auth import make_auth
-from souk.web import Route, add_routes, error_middleware
+from souk.broker import api, token_api
+from souk.broker.auth import MachineRegion, make_auth
+from souk.web import ApiError, Route, add_routes, error_middleware
 
 MAX_BODY = 1 << 20
 
 
+def machine_region(broker: api.Broker) -> MachineRegion:
+    """Where a machine runs, for tokens limited to regions: the catalog's row, else the worker
+    the broker just placed it on (the catalog may not show it for a few milliseconds)."""
+
+    def region(app: str, machine_id: str) -> str | None:
+        row = broker.fleet.machine(machine_id)
+        if row is not None and row.app == app:
+            return row.region
+        try:
+            worker_id, _ = broker.locate(app, machine_id)
+        except ApiError:
+            return None
+        worker = broker.fleet.worker(worker_id)
+        return worker.region if worker is not None else None
+
+    return region
+
+
 def make_app(broker: api.Broker, secret: bytes, extra: Sequence[Route] = ()) -> web.Application:
     """The broker's app; `extra` routes (the catalog's, when it runs a replica) share its auth."""
-    app = web.Application(
-        middlewares=[error_middleware, make_auth(secret)], client_max_size=MAX_BODY
-    )
-    add_routes(app, [*api.routes(broker), *extra], "souk Machines API", __version__)
+    auth = make_auth(secret, broker.fleet.revoked, machine_region(broker))
+    app = web.Application(middlewares=[error_middleware, auth], client_max_size=MAX_BODY)
+    routes = [*api.routes(broker), *token_api.routes(broker), *extra]
+    add_routes(app, routes, "souk Machines API", __version__)
 
     async def close(_: web.Application) -> None:
         await broker.client.close()

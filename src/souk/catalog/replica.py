@@ -50,7 +50,15 @@ from souk.catalog.protocol import (
     pull_subject,
 )
 from souk.catalog.store import ReplicaStore
-from souk.models.catalog import AppRow, ImageRow, MachineRow, Row, RowChange, WorkerRow
+from souk.models.catalog import (
+    AppRow,
+    ImageRow,
+    MachineRow,
+    RevocationRow,
+    Row,
+    RowChange,
+    WorkerRow,
+)
 
 log = logging.getLogger("souk.catalog.replica")
 
@@ -59,6 +67,7 @@ TABLES: dict[str, type[Row]] = {
     "machines": MachineRow,
     "images": ImageRow,
     "apps": AppRow,
+    "revocations": RevocationRow,
 }
 UNREACHABLE_AFTER = 3.0
 PULL_TIMEOUT = 2.0
@@ -111,6 +120,7 @@ class Replica:
         self._by_app: dict[str, set[str]] = defaultdict(set)
         self._images: dict[str, dict[str, ImageRow]] = defaultdict(dict)
         self._apps: dict[str, AppRow] = {}
+        self._revoked: set[str] = set()
         self._subs: list[Subscription] = []
         self._listeners: list[asyncio.Queue[RowChange]] = []
         self._unflushed: list[RowChange] = []  # applied, to commit and announce at `_flush`
@@ -317,6 +327,11 @@ class Replica:
                 self._apps[key] = row
             else:
                 self._apps.pop(key, None)
+        elif table == "revocations":
+            if isinstance(row, RevocationRow):
+                self._revoked.add(key)
+            else:
+                self._revoked.discard(key)
 
     # --- messages ------------------------------------------------------------------------------
 
@@ -531,6 +546,9 @@ class Replica:
     def app(self, name: str) -> AppRow | None:
         return self._apps.get(name)
 
+    def revoked(self, token_id: str) -> bool:
+        return token_id in self._revoked
+
     def head(self, owner: str) -> int:
         st = self.owners.get(owner)
         return st.head if st else 0
@@ -629,6 +647,8 @@ def _ownership_error(owner: str, region: str, key: str, row: Row) -> str | None:
         return f"image row {row.digest!r} of {row.worker_id!r} published by {owner!r}"
     if isinstance(row, AppRow) and (owner != REGISTRY_OWNER or row.name != key):
         return f"app row {row.name!r} published by {owner!r}, not the app registry"
+    if isinstance(row, RevocationRow) and (owner != REGISTRY_OWNER or row.id != key):
+        return f"revocation {row.id!r} published by {owner!r}, not the app registry"
     return None
 
 

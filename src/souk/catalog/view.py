@@ -40,6 +40,10 @@ class CatalogView(Protocol):
 
     def app(self, name: str) -> AppRow | None: ...
 
+    def revoked(self, token_id: str) -> bool:
+        """Whether the app registry has revoked this token id."""
+        ...
+
     def image_cached(self, worker_id: str, image: str) -> bool:
         """Whether the worker holds the image (by digest, or by the reference it was pulled as)."""
         ...

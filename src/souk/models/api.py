@@ -12,11 +12,11 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from souk.models.machine import APP_NAME, Machine, MachineConfig
+from souk.models.machine import APP_NAME, Machine, MachineConfig, check_metadata_size_in_model
 
 NONCE_HEADER = "fly-machine-lease-nonce"
 
-REGION_NAME = re.compile(r"^[a-z][a-z0-9-]{1,31}$")
+REGION_NAME = re.compile(r"^[a-z][a-z0-9-]{1,31}\Z")
 Strategy = Literal["auto", "offers", "p2c", "catalog"]
 
 
@@ -138,6 +138,12 @@ class MetadataPatch(Strict):
     metadata: dict[str, str | None]
     machine_version: str | None = None
 
+    @field_validator("metadata")
+    @classmethod
+    def _size(cls, metadata: dict[str, str | None]) -> dict[str, str | None]:
+        check_metadata_size_in_model(metadata)  # a patch over the limit can never fit
+        return metadata
+
 
 class OkResponse(BaseModel):
     ok: bool = True
@@ -163,3 +169,16 @@ class WorkerInfo(BaseModel):
     machines: int
     cordoned: bool
     reachable: bool
+
+
+class TokenInfo(BaseModel):
+    """What the token presented allows: each list the intersection of its caveats, None for
+    no limit on that dimension."""
+
+    id: str = Field(description="Revoking this id revokes every token attenuated from it.")
+    operator: bool
+    actions: list[str]
+    apps: list[str] | None
+    machines: list[str] | None
+    regions: list[str] | None
+    expires: int | None = Field(description="Unix seconds; None: it does not expire.")

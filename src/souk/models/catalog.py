@@ -3,7 +3,7 @@ owner's operation-log sequence number at the commit that last changed it."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -76,6 +76,13 @@ class AppRow(Row):
     metadata: dict[str, Any] = {}
 
 
+class RevocationRow(Row):
+    """A revoked token id, written by the app registry; every broker refuses the token."""
+
+    id: str = Field(pattern=r"^[0-9a-f]{16}$")
+    revoked_at: str
+
+
 def worker_row(cap: Capacity, address: str, epoch: str = "static") -> WorkerRow:
     return WorkerRow(
         id=cap.worker,
@@ -116,13 +123,14 @@ def machine_row(m: Machine) -> MachineRow:
     )
 
 
-Table = Literal["workers", "machines", "images", "apps"]
-TABLE_NAMES = frozenset({"workers", "machines", "images", "apps"})  # what the catalog replicates
+Table = Literal["workers", "machines", "images", "apps", "revocations"]
+TABLE_NAMES = frozenset(get_args(Table))  # what the catalog replicates
 ROW_MODELS: dict[str, type[Row]] = {
     "workers": WorkerRow,
     "machines": MachineRow,
     "images": ImageRow,
     "apps": AppRow,
+    "revocations": RevocationRow,
 }
 
 

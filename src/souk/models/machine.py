@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
 from souk.models.duration import Duration
 
@@ -15,8 +17,10 @@ MachineState = Literal[
 CpuKind = Literal["shared", "performance"]
 RestartPolicy = Literal["no", "always", "on-failure"]
 
-APP_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
-ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+APP_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}\Z")
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
+MACHINE_ID = re.compile(r"^[0-9a-z]{6,32}\Z")
+MAX_METADATA_BYTES = 64 << 10  # a machine's metadata, keys and values: it travels in every row
 SIGNALS = {
     "SIGABRT",
     "SIGALRM",
@@ -33,6 +37,51 @@ SIGNALS = {
     "SIGUSR1",
     "SIGUSR2",
 }
+
+
+def normalize_signal(value: str) -> str:
+    """A signal's name as the drivers send it: `SIGTERM`, `TERM` and `sigterm` all name SIGTERM.
+
+    Numbers are refused rather than mapped: they differ between architectures (SIGUSR1 is 10 on
+    x86 and arm64, 30 on others), and Fly's API takes names."""
+    name = value.upper()
+    name = name if name.startswith("SIG") else f"SIG{name}"
+    if name not in SIGNALS:
+        hint = "; use a name, not a number" if value.strip().isdecimal() else ""
+        raise ValueError(
+            f"unknown signal {value[:32]!r}{hint}: one of {', '.join(sorted(SIGNALS))}"
+        )
+    return name
+
+
+class MetadataTooLarge(ValueError):
+    """A machine's metadata over `MAX_METADATA_BYTES`; an API answers it with a 413."""
+
+    reason = "metadata_too_large"
+
+
+def metadata_size(metadata: Mapping[str, str | None]) -> int:
+    """Bytes of keys and values (UTF-8), as `check_metadata_size` counts them."""
+    return sum(len(k.encode()) + len((v or "").encode()) for k, v in metadata.items())
+
+
+def check_metadata_size(metadata: Mapping[str, str | None]) -> None:
+    """The one limit on a machine's metadata, wherever it is set: a create, an update, or a
+    patch once merged with what the machine already has."""
+    size = metadata_size(metadata)
+    if size > MAX_METADATA_BYTES:
+        raise MetadataTooLarge(
+            f"a machine's metadata is at most {MAX_METADATA_BYTES >> 10} KiB of keys and values;"
+            f" this is {size} bytes"
+        )
+
+
+def check_metadata_size_in_model(metadata: Mapping[str, str | None]) -> None:
+    """`check_metadata_size` inside a model: an error type the web layer answers with a 413."""
+    try:
+        check_metadata_size(metadata)
+    except MetadataTooLarge as exc:
+        raise PydanticCustomError(MetadataTooLarge.reason, str(exc)) from None
 
 
 class Strict(BaseModel):
@@ -73,11 +122,7 @@ class StopConfig(Strict):
     @field_validator("signal")
     @classmethod
     def _known_signal(cls, value: str) -> str:
-        name = value.upper()
-        name = name if name.startswith("SIG") else f"SIG{name}"
-        if name not in SIGNALS:
-            raise ValueError(f"unknown signal {value!r}")
-        return name
+        return normalize_signal(value)
 
 
 class ServicePort(Strict):
@@ -132,6 +177,12 @@ class MachineConfig(Strict):
             if "\0" in env[name]:
                 raise ValueError(f"environment variable {name} contains a NUL character")
         return env
+
+    @field_validator("metadata")
+    @classmethod
+    def _metadata_size(cls, metadata: dict[str, str]) -> dict[str, str]:
+        check_metadata_size_in_model(metadata)
+        return metadata
 
     @model_validator(mode="after")
     def _runnable(self) -> MachineConfig:
@@ -216,8 +267,15 @@ class MetadataChange(Strict):
 
 
 class StopRequest(Strict):
+    """A stop's overrides of the machine's stop_config; the signal follows the same rule."""
+
     signal: str | None = None
     timeout: Duration | None = None
+
+    @field_validator("signal")
+    @classmethod
+    def _known_signal(cls, value: str | None) -> str | None:
+        return None if value is None else normalize_signal(value)
 
 
 class WaitResult(BaseModel):

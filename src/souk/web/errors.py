@@ -21,6 +21,7 @@ _STATUS_REASONS = {
     404: "not_found",
     405: "method_not_allowed",
     408: "timeout",
+    414: "uri_too_long",
     409: "conflict",
     411: "length_required",
     412: "precondition_failed",
@@ -28,6 +29,7 @@ _STATUS_REASONS = {
     415: "unsupported_media_type",
     422: "invalid",
     429: "too_many_requests",
+    431: "headers_too_large",
     503: "unavailable",
 }
 
@@ -61,8 +63,27 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
-        reason = _STATUS_REASONS.get(exc.status, "error")
-        return json_error(exc.status, reason, exc.reason if exc.text is None else exc.text)
+        return _http_exception(request, exc)
     except Exception:
         log.exception("unhandled error on %s %s", request.method, request.path)
         return json_error(500, "internal_error", "internal error; see the server's log")
+
+
+def _http_exception(request: web.Request, exc: web.HTTPException) -> web.Response:
+    """aiohttp's own errors (no route, wrong method, body too large) in the JSON shape."""
+    reason = _STATUS_REASONS.get(exc.status, "error")
+    path = request.path[:200]
+    if isinstance(exc, web.HTTPMethodNotAllowed):
+        allowed = sorted(exc.allowed_methods)
+        response = json_error(
+            405,
+            reason,
+            f"{request.method} is not allowed on {path}; allowed: {', '.join(allowed)}",
+            {"allowed": allowed},
+        )
+        response.headers["Allow"] = ", ".join(allowed)
+        return response
+    default = exc.text is None or exc.text == f"{exc.status}: {exc.reason}"
+    if isinstance(exc, web.HTTPNotFound) and default:
+        return json_error(404, reason, f"no such path: {path}")
+    return json_error(exc.status, reason, exc.reason if exc.text is None else exc.text)

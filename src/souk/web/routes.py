@@ -6,15 +6,13 @@ import json
 import re
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
 from aiohttp import web
-from pydantic import BaseModel, TypeAdapter, ValidationError
+from pydantic import BaseModel, TypeAdapter
 
 from souk.models.errors import ErrorBody
-from souk.web.errors import ApiError
 
-M = TypeVar("M", bound=BaseModel)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -40,40 +38,6 @@ def add_routes(app: web.Application, routes: Sequence[Route], title: str, versio
         return web.json_response(document)
 
     app.router.add_get("/openapi.json", serve_openapi)
-
-
-async def read_json(request: web.Request) -> Any:
-    if not request.can_read_body:
-        return {}
-    if request.content_type not in ("application/json", "application/octet-stream", ""):
-        raise ApiError(415, "unsupported_media_type", "send the body as application/json")
-    try:
-        raw = await request.read()
-    except web.HTTPRequestEntityTooLarge as exc:
-        raise ApiError(413, "body_too_large", f"body too large: {exc.text}") from exc
-    if not raw.strip():
-        return {}
-    try:
-        return json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise ApiError(400, "invalid_json", f"body is not valid JSON: {exc}") from exc
-
-
-def validation_error(exc: ValidationError) -> ApiError:
-    problems = [
-        {"field": ".".join(str(p) for p in err["loc"]) or "(body)", "message": err["msg"]}
-        for err in exc.errors(include_url=False)
-    ]
-    first = problems[0]
-    return ApiError(400, "invalid", f"{first['field']}: {first['message']}", {"problems": problems})
-
-
-async def read_model(request: web.Request, model: type[M]) -> M:
-    data = await read_json(request)
-    try:
-        return model.model_validate(data)
-    except ValidationError as exc:
-        raise validation_error(exc) from exc
 
 
 def reply(value: Any, status: int = 200) -> web.Response:

@@ -17,6 +17,7 @@ from souk.catalog.bus import Bus, Message, NatsBus
 from souk.catalog.owner import Owner
 from souk.models.capacity import OfferCall, offers_subject
 from souk.web import add_routes, error_middleware
+from souk.web import runner as web_runner
 from souk.worker import api, logs
 from souk.worker.cgroups import Cgroups
 from souk.worker.drivers.base import Drivers
@@ -124,7 +125,7 @@ async def serve(
             stack.push_async_callback(bus.close)
             await stack.enter_async_context(publishing(engine, bus))
             await stack.enter_async_context(offering(engine, bus))
-        runner = web.AppRunner(make_app(engine), access_log=None)
+        runner = web_runner(make_app(engine))
         await runner.setup()
         site = web.TCPSite(runner, host, port, backlog=1024)
         await site.start()

@@ -1,0 +1,49 @@
+"""Files that hold secrets (the cluster secret, tokens) are written one way: mode 0600 from the
+moment they exist, and atomically, so no reader ever sees one world-readable or half-written."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from pathlib import Path
+
+SECRET_MODE = 0o600
+
+
+def write_secret(path: Path, data: bytes | str, *, replace: bool = True) -> None:
+    """Write `data` to `path` with mode 0600, atomically. With `replace=False` an existing file
+    is left alone and FileExistsError raised (no window between the check and the create)."""
+    payload = data.encode() if isinstance(data, str) else data
+    fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    tmp = Path(tmp_name)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            os.fchmod(handle.fileno(), SECRET_MODE)  # mkstemp's 0600 already; said, not assumed
+            handle.write(payload)
+            handle.flush()
+            os.fsync(handle.fileno())
+        if replace:
+            os.replace(tmp, path)
+        else:
+            os.link(tmp, path)
+            tmp.unlink()
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+        raise
+    _sync_dir(path.parent)
+
+
+def _sync_dir(directory: Path) -> None:
+    """The rename itself survives a crash once the directory is synced."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
