@@ -22,8 +22,8 @@ from souk.broker.runtime import BrokerOptions, broker_site
 from souk.broker.tokens import attenuate, mint
 from souk.catalog.bus import InProcessBus
 from souk.cli.main import app as cli
-from tests.broker.conftest import SECRET, Cluster, machine_body
 from tests.broker.test_api import err, ok
+from tests.support.broker_cluster import SECRET, Cluster, machine_body
 
 M = "/v1/apps/demo/machines"
 

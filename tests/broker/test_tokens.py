@@ -218,8 +218,8 @@ def test_each_kind_of_caveat_narrows_its_own_dimension() -> None:
         ["apps=a,b", "apps=b,c", "actions=read,write", "machines=m00001,m00002", "regions=mad"],
     )
     grant = verify(token, SECRET)
-    assert grant.apps == {"b"} and grant.actions == {"read", "write"}
-    assert grant.machines == {"m00001", "m00002"} and grant.regions == {"mad"}
+    assert grant.apps == frozenset({"b"}) and grant.actions == frozenset({"read", "write"})
+    assert grant.machines == frozenset({"m00001", "m00002"}) and grant.regions == frozenset({"mad"})
     ok = Scope("write", app="b", machine="m00001", region="mad")
     assert grant.permits(ok)
     assert not grant.permits(Scope("deploy", app="b", machine="m00001", region="mad"))
@@ -327,8 +327,12 @@ def test_cli_create_attenuate_inspect(tmp_path: Path) -> None:
     narrowed = runner.invoke(cli, ["tokens", "attenuate", token, *narrow, "--expires", "1h"])
     assert narrowed.exit_code == 0, narrowed.output
     grant = verify(narrowed.output.strip(), SECRET)
-    assert grant.apps == {"b"} and grant.actions == {"read"} and grant.regions == {"mad"}
-    assert grant.machines == {"m00001"} and grant.expires is not None
+    assert (
+        grant.apps == frozenset({"b"})
+        and grant.actions == frozenset({"read"})
+        and grant.regions == frozenset({"mad"})
+    )
+    assert grant.machines == frozenset({"m00001"}) and grant.expires is not None
     shown = runner.invoke(cli, ["tokens", "inspect", narrowed.output.strip()])
     assert json.loads(shown.output)["id"] == tk.inspect(token)[0]
     for bad in (["--action", "admin"], ["--app", "Not An App"], ["--expires", "soon"], []):

@@ -108,6 +108,9 @@ class FakeView:
     def image_cached(self, worker_id: str, image: str) -> bool:
         return False
 
+    def revoked(self, token_id: str) -> bool:
+        return False
+
     def regions_of_app(self, app: str) -> list[str]:
         return sorted({m.region for m in self.machines(app=app) if m.state != "destroyed"})
 
