@@ -13,8 +13,8 @@ from aiohttp import web
 
 from souk.broker.auth import grant_of
 from souk.broker.fleet import Fleet
-from souk.broker.placement import POLICIES
-from souk.broker.placer import NoCapacity, Placer
+from souk.broker.placement.pipeline import NoCapacity, Placer
+from souk.broker.placement.policies import POLICIES
 from souk.broker.registry import AppExists, AppNotFound, AppRegistry, MetadataRefused
 from souk.broker.workers import WorkerClient, WorkerError
 from souk.models.api import (
