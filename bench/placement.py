@@ -55,7 +55,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from souk.broker.api import Broker
+from souk.broker.api.state import Broker
 from souk.broker.fleet import CatalogFleet, Fleet, StaticFleet
 from souk.broker.placement.pipeline import Placer
 from souk.broker.placement.stages import rank

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import socket
 from typing import Any
 
+from souk.broker.fleet import StaticFleet
 from tests.broker.conftest import Cluster, machine_body
 
 M = "/v1/apps/demo/machines"
@@ -239,3 +241,29 @@ async def test_openapi_lists_the_public_paths(small: Cluster) -> None:
     doc = await ok(await small.broker.get("/openapi.json"))
     assert "/v1/apps/{app}/machines/{id}/wait" in doc["paths"]
     assert "CreateMachineRequest" in doc["components"]["schemas"]
+
+
+async def test_a_worker_that_cannot_be_reached_is_a_503_on_every_call(small: Cluster) -> None:
+    """Worker errors are stated once for every handler: here the machine's worker moved to an
+    address where nothing listens."""
+    mid = (await create(small))["id"]
+    assert isinstance(small.fleet, StaticFleet)
+    await small.fleet.refresh()  # the fleet now knows the machine, and finds it by its worker
+    wid = small.fleet.machine(mid).worker_id  # type: ignore[union-attr]
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        host, port = closed.getsockname()
+    moved = small.fleet._workers[wid].model_copy(update={"address": f"http://{host}:{port}"})
+    small.fleet._workers[wid] = moved
+    calls = [
+        ("GET", f"{M}/{mid}", None),
+        ("POST", f"{M}/{mid}/stop", {}),
+        ("GET", f"{M}/{mid}/wait", None),
+        ("GET", f"{M}/{mid}/lease", None),
+        ("POST", f"{M}/{mid}/cordon", None),
+    ]
+    for method, path, body in calls:
+        resp = await small.call(method, path, json=body)
+        assert (await err(resp, 503))["status"] == "worker_unreachable", (method, path)
+    resp = await small.call("POST", f"/v1/workers/{wid}/cordon", small.tokens["operator"])
+    assert (await err(resp, 503))["status"] == "worker_unreachable"
