@@ -54,10 +54,10 @@ from rich.table import Table
 
 from _harness import pct
 
-from souk.broker.api import Broker
+from souk.broker.api.state import Broker
 from souk.broker.fleet import CatalogFleet, Fleet, StaticFleet
-from souk.broker.placement import rank
-from souk.broker.placer import Placer
+from souk.broker.placement.pipeline import Placer
+from souk.broker.placement.stages import rank
 from souk.broker.registry import AppRegistry
 from souk.broker.runtime import registry_owner
 from souk.broker.server import make_app

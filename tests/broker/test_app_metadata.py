@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from souk.broker.api import Broker
+from souk.broker.api.state import Broker
 from souk.broker.fleet import StaticFleet
 from souk.broker.registry import MAX_KEYS, MAX_VALUE_BYTES, AppRegistry
 from souk.broker.server import make_app as make_broker_app

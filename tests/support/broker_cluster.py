@@ -11,9 +11,9 @@ from typing import Any
 
 from aiohttp.test_utils import TestClient, TestServer
 
-from souk.broker.api import Broker
+from souk.broker.api.state import Broker
 from souk.broker.fleet import CatalogFleet, Fleet, StaticFleet
-from souk.broker.placer import Placer
+from souk.broker.placement.pipeline import Placer
 from souk.broker.registry import AppRegistry
 from souk.broker.server import make_app as make_broker_app
 from souk.broker.tokens import mint

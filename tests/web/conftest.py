@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from souk.broker.api import Broker
+from souk.broker.api.state import Broker
 from souk.broker.fleet import StaticFleet
-from souk.broker.placer import Placer
+from souk.broker.placement.pipeline import Placer
 from souk.broker.registry import AppRegistry
 from souk.broker.server import make_app as make_broker_app
 from souk.broker.tokens import mint

@@ -36,9 +36,13 @@ class Fleet(Protocol):
 
     def machine(self, machine_id: str) -> MachineRow | None: ...
 
-    def apps(self) -> list[AppRow]: ...
+    def apps(self) -> list[AppRow]:
+        """Every live app (never a deleted one's tombstone)."""
+        ...
 
-    def app(self, name: str) -> AppRow | None: ...
+    def app(self, name: str) -> AppRow | None:
+        """The app if it is live, else None."""
+        ...
 
     def revoked(self, token_id: str) -> bool:
         """Whether the token id is revoked (see `AppRegistry.revoke`)."""
@@ -125,7 +129,8 @@ class StaticFleet:
 
 class CatalogFleet:
     """Everything from a catalog replica (fresh within milliseconds of each commit), except
-    apps on the broker that hosts the registry: it reads its own writes."""
+    apps on the broker that hosts the registry: it reads its own writes. This is the one place
+    that chooses between the registry and the replica for apps."""
 
     def __init__(self, view: CatalogView, registry: AppRegistry | None) -> None:
         self.view = view
@@ -154,7 +159,8 @@ class CatalogFleet:
     def app(self, name: str) -> AppRow | None:
         if self.registry is not None:
             return self.registry.get(name)
-        return self.view.app(name)
+        row = self.view.app(name)
+        return row if row is not None and not row.deleted else None
 
     def revoked(self, token_id: str) -> bool:
         if self.registry is not None:

@@ -12,10 +12,10 @@ from pathlib import Path
 
 from aiohttp import web
 
-from souk.broker.api import Broker
+from souk.broker.api.state import Broker
 from souk.broker.fleet import CatalogFleet, Fleet, StaticFleet
-from souk.broker.placement import policy_named
-from souk.broker.placer import DEFAULT_DEADLINE, Placer
+from souk.broker.placement.pipeline import DEFAULT_DEADLINE, Placer
+from souk.broker.placement.policies import policy_named
 from souk.broker.registry import AppRegistry
 from souk.broker.server import make_app
 from souk.broker.workers import WorkerClient

@@ -7,14 +7,16 @@ from collections.abc import Sequence
 from aiohttp import web
 
 from souk import __version__
-from souk.broker import api, token_api
+from souk.broker.api.errors import worker_errors
+from souk.broker.api.routes import ROUTES
+from souk.broker.api.state import BROKER, Broker
 from souk.broker.auth import MachineRegion, make_auth
 from souk.web import ApiError, Route, add_routes, error_middleware
 
 MAX_BODY = 1 << 20
 
 
-def machine_region(broker: api.Broker) -> MachineRegion:
+def machine_region(broker: Broker) -> MachineRegion:
     """Where a machine runs, for tokens limited to regions: the catalog's row, else the worker
     the broker just placed it on (the catalog may not show it for a few milliseconds)."""
 
@@ -32,12 +34,14 @@ def machine_region(broker: api.Broker) -> MachineRegion:
     return region
 
 
-def make_app(broker: api.Broker, secret: bytes, extra: Sequence[Route] = ()) -> web.Application:
+def make_app(broker: Broker, secret: bytes, extra: Sequence[Route] = ()) -> web.Application:
     """The broker's app; `extra` routes (the catalog's, when it runs a replica) share its auth."""
     auth = make_auth(secret, broker.fleet.revoked, machine_region(broker))
-    app = web.Application(middlewares=[error_middleware, auth], client_max_size=MAX_BODY)
-    routes = [*api.routes(broker), *token_api.routes(broker), *extra]
-    add_routes(app, routes, "souk Machines API", __version__)
+    app = web.Application(
+        middlewares=[error_middleware, auth, worker_errors], client_max_size=MAX_BODY
+    )
+    app[BROKER] = broker
+    add_routes(app, [*ROUTES, *extra], "souk Machines API", __version__)
 
     async def close(_: web.Application) -> None:
         await broker.client.close()

@@ -1,4 +1,4 @@
-"""Placement ranking: curves, the named policies, the image bonus and custom policies."""
+"""Scoring candidates: curves, the named policies, the image bonus and custom policies."""
 
 from __future__ import annotations
 
@@ -8,41 +8,18 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from souk.broker.fleet import StaticFleet
-from souk.broker.placement import (
+from souk.broker.placement.candidates import Candidate
+from souk.broker.placement.policies import (
+    CURVES,
     POLICIES,
     REFUSE,
-    Candidate,
     Curve,
     curve_policy,
     policy_named,
-    rank,
 )
-from souk.broker.placer import Placer
-from souk.broker.registry import AppRegistry
-from souk.broker.workers import WorkerClient
-from souk.models.capacity import Capacity, Resources
-from souk.models.catalog import WorkerRow
-from souk.models.machine import GuestConfig
-
-SMALL = GuestConfig(cpus=1, memory_mb=256)
-
-
-def worker(
-    name: str, cpus_free: int, mem_free: int, cached: bool = False, **kw: object
-) -> Candidate:
-    values: dict[str, object] = {
-        "worker": name,
-        "address": f"http://{name}",
-        "cpu_kinds": ("shared",),
-        "cpus_total": 8,
-        "memory_mb_total": 8192,
-        "cpus_free": cpus_free,
-        "memory_mb_free": mem_free,
-        "image_cached": cached,
-    }
-    values.update(kw)
-    return Candidate(**values)  # type: ignore[arg-type]
+from souk.broker.placement.stages import rank
+from souk.models.machine import CpuKind, GuestConfig
+from tests.broker.placement_data import SMALL, worker
 
 
 def order(cands: list[Candidate], policy: str = "default", guest: GuestConfig = SMALL) -> list[str]:
@@ -116,12 +93,6 @@ def test_a_cached_image_wins_a_tie_every_time() -> None:
             assert order(cands, policy)[0] == "cached"
 
 
-def test_ties_are_broken_at_random_not_by_input_order() -> None:
-    cands = [worker(f"w{i}", 4, 4096) for i in range(4)]
-    firsts = {rank(cands, SMALL, rng=random.Random(seed))[0][1].worker for seed in range(40)}
-    assert len(firsts) > 1
-
-
 def test_weights_make_one_resource_decide() -> None:
     cands = [worker("cpu-busy", 1, 8000), worker("mem-busy", 7, 600)]
     cpu_only = curve_policy([(0, 0), (1, 1)], cpu_weight=1, memory_weight=0)
@@ -147,52 +118,39 @@ def test_unknown_policy_names_are_refused() -> None:
         policy_named("tetris")
 
 
-def test_candidates_from_catalog_rows_and_offers_agree() -> None:
-    row = WorkerRow(
-        id="w1",
-        region="mad",
-        address="http://w1",
-        cpu_kinds=["shared"],
-        cpus_total=8,
-        memory_mb_total=8192,
-        cpus_reserved=3,
-        memory_mb_reserved=1000,
-        epoch="e",
-    )
-    cap = Capacity(
-        worker="w1",
-        region="mad",
-        cpu_kinds=["shared"],
-        total=Resources(cpus=8, memory_mb=8192),
-        reserved=Resources(cpus=3, memory_mb=1000),
-        free=Resources(cpus=5, memory_mb=7192),
-        machines=2,
-    )
-    assert Candidate.from_row(row) == Candidate.from_capacity(cap, "http://w1")
-    assert Candidate.from_row(row).fits(GuestConfig(cpus=5, memory_mb=7192))
-    assert not Candidate.from_row(row).fits(GuestConfig(cpus=6, memory_mb=256))
+KINDS: st.SearchStrategy[CpuKind] = st.sampled_from(["shared", "performance"])
 
 
-async def test_the_placer_sees_each_new_version_of_a_row_and_says_why_a_worker_is_out() -> None:
-    base = {
-        "region": "mad",
-        "address": "http://w",
-        "cpu_kinds": ["shared"],
-        "cpus_total": 4,
-        "memory_mb_total": 4096,
-        "cpus_reserved": 0,
-        "memory_mb_reserved": 0,
-        "epoch": "e",
-    }
-    w1, w2 = (WorkerRow.model_validate({**base, "id": i}) for i in ("w1", "w2"))
-    placer = Placer(StaticFleet([], AppRegistry()), WorkerClient())
-    rows, cands, refusals = placer.eligible([w1, w2], SMALL, avoid=frozenset({"w2"}))
-    assert [c.worker for c in cands] == [r.id for r in rows] == ["w1"]
-    assert [(r.worker, r.reason) for r in refusals] == [
-        ("w2", "avoided by the request (avoid_workers)")
+@given(
+    st.builds(
+        Candidate,
+        worker=st.just("w"),
+        address=st.just("http://w"),
+        cpu_kinds=st.lists(KINDS, unique=True, max_size=2).map(tuple),
+        cpus_total=st.integers(1, 64),
+        memory_mb_total=st.integers(16, 1 << 16),
+        cpus_free=st.integers(-8, 64),
+        memory_mb_free=st.integers(-4096, 1 << 16),
+        image_cached=st.booleans(),
+    ),
+    st.builds(
+        GuestConfig,
+        cpu_kind=KINDS,
+        cpus=st.integers(1, 96),
+        memory_mb=st.integers(16, 1 << 17),
+    ),
+    st.sampled_from(sorted(POLICIES)),
+    st.floats(0, 4),
+)
+def test_the_inline_fit_check_of_curve_policies_is_the_rule(
+    cand: Candidate, guest: GuestConfig, name: str, memory_weight: float
+) -> None:
+    """`curve_policy` copies the fit check into its score for speed: it refuses exactly the
+    guests that `souk.models.fit.misfit` says do not fit, whatever the curve and weights."""
+    policies = [
+        POLICIES[name],
+        curve_policy(CURVES[name], cpu_weight=1, memory_weight=memory_weight),
     ]
-    full = w1.model_copy(update={"cpus_reserved": 4})  # the owner's next version of the row
-    cordoned = w2.model_copy(update={"cordoned": True})
-    rows, cands, refusals = placer.eligible([full, cordoned], SMALL)
-    assert (rows, cands) == ([], [])
-    assert [r.reason for r in refusals] == ["not enough room: free 0 cpus, 4096 MB", "cordoned"]
+    for policy in policies:
+        assert (policy(cand, guest) == REFUSE) == (cand.misfit(guest) is not None)
+        assert (policy(cand, guest) == REFUSE) == (not cand.fits(guest))

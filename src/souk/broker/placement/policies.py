@@ -1,8 +1,9 @@
-"""Ranking workers for a new machine: plain functions an operator can replace.
+"""Scoring workers for a new machine: plain functions an operator can replace.
 
 A *policy* is any function `(candidate, guest) -> float`: higher is better, `-inf` (or any value
-at or below `REFUSE`) means "never here". The broker calls it once per candidate worker that fits
-the guest, sorts by score and reserves on the best, falling back to the next on refusal.
+at or below `REFUSE`) means "never here". The ranked stage (`stages.rank`) calls it once per
+feasible candidate and sorts by score; the placer reserves on the best, falling back to the next
+on refusal.
 
 The built-in policies score each resource by a piecewise-linear *curve* of that resource's
 utilisation after placement, average the resources and add a bonus when the worker already caches
@@ -19,64 +20,13 @@ from __future__ import annotations
 
 import itertools
 import math
-import random
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
 
-from souk.models.capacity import Capacity
-from souk.models.catalog import WorkerRow
-from souk.models.machine import CpuKind, GuestConfig
+from souk.broker.placement.candidates import Candidate
+from souk.models.machine import GuestConfig
 
 REFUSE = -math.inf
-
-
-@dataclass(frozen=True, slots=True)
-class Candidate:
-    """One worker as placement sees it: totals, what is free now, and whether the image is
-    already there. Built from a catalog row (possibly stale) or a fresh offer."""
-
-    worker: str
-    address: str
-    cpu_kinds: tuple[CpuKind, ...]
-    cpus_total: int
-    memory_mb_total: int
-    cpus_free: int
-    memory_mb_free: int
-    image_cached: bool = False
-
-    @classmethod
-    def from_row(cls, row: WorkerRow, image_cached: bool = False) -> Candidate:
-        return cls(
-            worker=row.id,
-            address=row.address,
-            cpu_kinds=tuple(row.cpu_kinds),
-            cpus_total=row.cpus_total,
-            memory_mb_total=row.memory_mb_total,
-            cpus_free=row.cpus_total - row.cpus_reserved,
-            memory_mb_free=row.memory_mb_total - row.memory_mb_reserved,
-            image_cached=image_cached,
-        )
-
-    @classmethod
-    def from_capacity(cls, cap: Capacity, address: str, image_cached: bool = False) -> Candidate:
-        return cls(
-            worker=cap.worker,
-            address=address,
-            cpu_kinds=tuple(cap.cpu_kinds),
-            cpus_total=cap.total.cpus,
-            memory_mb_total=cap.total.memory_mb,
-            cpus_free=cap.free.cpus,
-            memory_mb_free=cap.free.memory_mb,
-            image_cached=image_cached,
-        )
-
-    def fits(self, guest: GuestConfig) -> bool:
-        return (
-            guest.cpu_kind in self.cpu_kinds
-            and guest.cpus <= self.cpus_free
-            and guest.memory_mb <= self.memory_mb_free
-        )
 
 
 Policy = Callable[[Candidate, GuestConfig], float]
@@ -150,7 +100,9 @@ def curve_policy(
     xs, x_at, y_at, slope_at = f.xs, f.x_at, f.y_at, f.slope_at
 
     def score(c: Candidate, guest: GuestConfig) -> float:
-        # The curve is inlined twice: this runs once per worker on every create.
+        # The curve is inlined twice: this runs once per worker on every create. So is the fit
+        # check, a copy of `Candidate.misfit` without the cordon and drain (the feasible stage
+        # has dropped those workers); a property test holds the two to the same answers.
         gc, gm = guest.cpus, guest.memory_mb
         cf, mf = c.cpus_free, c.memory_mb_free
         if gc > cf or gm > mf or guest.cpu_kind not in c.cpu_kinds:
@@ -174,31 +126,3 @@ def policy_named(name: str) -> Policy:
         return POLICIES[name]
     except KeyError:
         raise ValueError(f"unknown placement policy {name!r}: {', '.join(POLICIES)}") from None
-
-
-def rank(
-    candidates: Iterable[Candidate],
-    guest: GuestConfig,
-    policy: Policy = POLICIES["default"],
-    rng: random.Random | None = None,
-) -> list[tuple[float, Candidate]]:
-    """Candidates the policy accepts, best first, with their scores. Each score carries a jitter
-    below 1e-9 so equal scores come out in random order: brokers ranking the same picture then
-    do not all race for the same worker."""
-    draw = (rng or _rng).random
-    scored: list[tuple[float, Candidate]] = []
-    append = scored.append
-    for c in candidates:
-        s = policy(c, guest)
-        if s > REFUSE:
-            append((s + draw() * TIE_JITTER, c))
-    scored.sort(key=_score, reverse=True)
-    return scored
-
-
-TIE_JITTER = 1e-9
-_rng = random.Random()
-
-
-def _score(item: tuple[float, Candidate]) -> float:
-    return item[0]

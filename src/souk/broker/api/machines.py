@@ -1,0 +1,237 @@
+"""Machines: placed by the placer, then driven on the worker that holds each one, the
+machine's only writer."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import get_args
+
+import aiohttp
+from aiohttp import web
+
+from souk.broker.api import leases
+from souk.broker.api.params import flag, lease_nonce, machine_ids, policy, strategy
+from souk.broker.api.state import broker_of
+from souk.broker.auth import grant_of
+from souk.broker.placement.pipeline import NoCapacity
+from souk.broker.workers import WorkerError
+from souk.models.api import (
+    CreateMachineRequest,
+    OkResponse,
+    PublicMachine,
+    UpdateMachineRequest,
+    WorkerLeaseRequest,
+)
+from souk.models.machine import CreateMachine, Machine, MachineState, StopRequest, UpdateMachine
+from souk.web import ApiError, read_model, reply
+
+MAX_WAIT = 60
+
+
+def public(machine: Machine, nonce: str | None = None) -> PublicMachine:
+    return PublicMachine(**machine.model_dump(), nonce=nonce)
+
+
+async def list_machines(request: web.Request) -> web.Response:
+    b = broker_of(request)
+    app = request.match_info["app"]
+    b.require_app(app)
+    region = request.query.get("region") or None
+    states = {s for s in request.query.get("state", "").split(",") if s}
+    unknown = states - set(get_args(MachineState))
+    if unknown:
+        raise ApiError(400, "invalid", f"state: unknown state {sorted(unknown)[0]!r}")
+    include = flag(request, "include_deleted")
+    meta = {k[len("metadata.") :]: v for k, v in request.query.items() if k.startswith("metadata.")}
+    workers = b.app_workers(app, region)
+    results = await asyncio.gather(
+        *(b.client.machines(w, a, app, include) for w, a in workers.items()),
+        return_exceptions=True,
+    )
+    out: list[PublicMachine] = []
+    for result in results:
+        if isinstance(result, BaseException):
+            continue  # an unreachable worker: its machines show up again when it does
+        for m in result:
+            if region and m.region != region:
+                continue
+            if states and m.state not in states:
+                continue
+            if any(m.config.metadata.get(k) != v for k, v in meta.items()):
+                continue
+            out.append(public(m))
+    out.sort(key=lambda m: (m.created_at, m.id))
+    return reply(out)
+
+
+async def create_machine(request: web.Request) -> web.Response:
+    b = broker_of(request)
+    app = request.match_info["app"]
+    body = await read_model(request, CreateMachineRequest)
+    chosen_strategy, chosen_policy = strategy(request), policy(request)
+    b.require_app(app)
+    if b.before_place is not None:
+        await b.before_place()
+    create = CreateMachine(app=app, config=body.config, name=body.name, start=not body.skip_launch)
+    try:
+        machine = await b.placer.place(
+            body.region,
+            create,
+            chosen_strategy,
+            chosen_policy,
+            avoid=frozenset(body.avoid_workers),
+        )
+    except NoCapacity as exc:
+        if exc.asked == 0:  # not a worker in the region, reachable or not
+            raise ApiError(
+                400, "invalid", f"region: no region {body.region!r} in this cluster"
+            ) from None
+        raise ApiError(
+            412,
+            "insufficient_capacity",
+            exc.message(),
+            {
+                "region": exc.region,
+                "workers_asked": exc.asked,
+                "refusals": [r.model_dump() for r in exc.refusals],
+            },
+        ) from None
+    worker = b.fleet.worker(machine.worker)
+    address = worker.address if worker else ""
+    if not address:
+        for row in b.fleet.workers(region=body.region, reachable_only=False):
+            if row.id == machine.worker:
+                address = row.address
+    b.hint(machine, address)
+    nonce = None
+    if body.lease_ttl:
+        lease = WorkerLeaseRequest(ttl=body.lease_ttl, owner=grant_of(request).token_id)
+        nonce = (await leases.take(b, app, machine.id, lease)).nonce
+    return reply(public(machine, nonce))
+
+
+async def get_machine(request: web.Request) -> web.Response:
+    return reply(public(await broker_of(request).machine(*machine_ids(request))))
+
+
+async def update_machine(request: web.Request) -> web.Response:
+    b = broker_of(request)
+    app, mid = machine_ids(request)
+    body = await read_model(request, UpdateMachineRequest)
+    current = await b.machine(app, mid)
+    if body.region is not None and body.region != current.region:
+        raise ApiError(
+            400,
+            "invalid",
+            f"region: machine {mid} is in {current.region};"
+            " souk does not move machines between regions",
+        )
+    if body.current_version is not None and body.current_version != current.instance_id:
+        raise ApiError(
+            412, "precondition_failed", f"current_version: machine is at {current.instance_id}"
+        )
+    update = UpdateMachine(config=body.config, start=False if body.skip_launch else None)
+    try:
+        machine = await b.call(app, mid, "PUT", "", update, nonce=lease_nonce(request))
+    except WorkerError as exc:
+        if exc.http_status != 412:
+            raise
+        details = {**exc.details, "region": current.region, "worker": current.worker}
+        raise ApiError(
+            412,
+            "insufficient_capacity",
+            f"{exc.message} (updates happen in place, on the same worker)",
+            details,
+        ) from None
+    return reply(public(machine))
+
+
+async def destroy_machine(request: web.Request) -> web.Response:
+    app, mid = machine_ids(request)
+    params = {"force": "true"} if flag(request, "force") else None
+    machine = await broker_of(request).call(
+        app, mid, "DELETE", "", None, params, lease_nonce(request)
+    )
+    return reply(public(machine))
+
+
+async def start_machine(request: web.Request) -> web.Response:
+    return await _action(request, "/start")
+
+
+async def stop_machine(request: web.Request) -> web.Response:
+    body = await read_model(request, StopRequest)
+    return await _action(request, "/stop", body)
+
+
+async def restart_machine(request: web.Request) -> web.Response:
+    return await _action(request, "/restart")
+
+
+async def _action(request: web.Request, path: str, body: StopRequest | None = None) -> web.Response:
+    app, mid = machine_ids(request)
+    machine = await broker_of(request).call(
+        app, mid, "POST", path, body, nonce=lease_nonce(request)
+    )
+    return reply(public(machine))
+
+
+async def wait_machine(request: web.Request) -> web.Response:
+    b = broker_of(request)
+    app, mid = machine_ids(request)
+    state = request.query.get("state", "started")
+    if state not in get_args(MachineState):
+        raise ApiError(400, "invalid", f"state: unknown state {state!r}")
+    try:
+        timeout = float(request.query.get("timeout", str(MAX_WAIT)))
+    except ValueError:
+        raise ApiError(400, "invalid", "timeout: a number of seconds") from None
+    if not 0 <= timeout <= MAX_WAIT:
+        raise ApiError(400, "invalid", f"timeout: between 0 and {MAX_WAIT} seconds")
+    params = {"state": state, "timeout": f"{timeout:g}"}
+    if request.query.get("instance_id"):
+        params["instance_id"] = request.query["instance_id"]
+    worker, address = b.locate(app, mid)
+    ok, result = await b.client.wait(worker, address, mid, params, timeout)
+    if ok:
+        return reply(OkResponse())
+    return web.json_response(
+        {
+            "error": f"machine {mid} did not reach {state} within {timeout:g}s",
+            "status": "timeout",
+            "state": result.state,
+            "instance_id": result.instance_id,
+        },
+        status=408,
+    )
+
+
+async def machine_events(request: web.Request) -> web.Response:
+    b = broker_of(request)
+    app, mid = machine_ids(request)
+    await b.machine(app, mid)
+    worker, address = b.locate(app, mid)
+    return reply(await b.client.events(worker, address, mid))
+
+
+async def machine_logs(request: web.Request) -> web.StreamResponse:
+    b = broker_of(request)
+    app, mid = machine_ids(request)
+    await b.machine(app, mid)
+    _worker, address = b.locate(app, mid)
+    params = {k: v for k, v in request.query.items() if k in ("stream", "follow")}
+    upstream = await b.client.session.get(
+        f"{address}/v1/machines/{mid}/logs",
+        params=params,
+        timeout=aiohttp.ClientTimeout(total=None, sock_connect=5),
+    )
+    try:
+        if upstream.status != 200:
+            raise ApiError(upstream.status, "error", (await upstream.text())[:500])
+        response = web.StreamResponse(headers={"Content-Type": "text/plain"})
+        await response.prepare(request)
+        async for chunk in upstream.content.iter_any():
+            await response.write(chunk)
+        return response
+    finally:
+        upstream.release()

@@ -1,0 +1,212 @@
+"""Market placement, immediate or cancel, as a pipeline within one deadline:
+
+    candidates -> feasible -> ranked -> picked -> reserved
+
+1. candidates (`stages.candidates`): the region's reachable workers as the catalog shows them,
+   a slice at a time: the whole region for `offers` and `p2c`, a random slice of `sample` rows
+   for `catalog`.
+2. feasible (`stages.feasible`, then `offers`): first by the catalog's picture (cordon, drain,
+   cpu kind, room, `avoid_workers`), then, for `offers` and `p2c`, by the workers' own offers:
+   `offers` asks them all at once, `p2c` two at random and two more if neither takes it.
+3. ranked (`stages.rank`): the policy's score (`policies`), ties broken at random.
+4. picked (`stages.picked`): best first, while the deadline leaves time.
+5. reserved (`reservation.Reserver`): `POST /v1/machines` on the worker; on refusal the next
+   pick, then the next offer round or slice. The machine, or `NoCapacity` with every worker's
+   reason. Never a pending queue.
+
+Why this order: each stage costs more per worker than the one before it, so each runs on what
+the cheaper ones left. Reading rows and checking fit happen in memory, in microseconds, and drop
+every worker that cannot take the machine before anyone is asked or scored. An offer costs a
+round trip, and every worker asked a decode and an answer, so only workers that fit by the
+picture are asked. A reservation is the one step with a final answer and the one that changes
+anything, so it comes last and goes to one worker at a time.
+
+The random slice bounds a create's work in a big region (the best of a few dozen workers that
+fit is a good worker, as in Borg's relaxed randomization and Nomad's shuffled, limited source),
+so the decision stops growing with the region, and brokers looking at the same picture start
+from different workers instead of racing for one.
+
+Offers or catalog: an offer is fresh but costs every worker asked, per create; the catalog is
+free to read but may be milliseconds stale, and a worker's refusal at reservation corrects it.
+`auto` (the default) takes `offers` in a region of up to `offers_up_to` reachable workers and
+`catalog` beyond, which a big region needs (see docs/benchmarks.md).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import time
+from collections.abc import AsyncGenerator, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from souk.broker.fleet import Fleet
+from souk.broker.placement import offers
+from souk.broker.placement.candidates import Candidate, CandidateCache
+from souk.broker.placement.policies import POLICIES, Policy
+from souk.broker.placement.reservation import Reserver
+from souk.broker.placement.stages import (
+    Feasible,
+    Ranked,
+    candidates,
+    feasible,
+    offer_rounds,
+    picked,
+    rank,
+    with_cached_image,
+)
+from souk.broker.workers import WorkerClient
+from souk.catalog.bus import Bus
+from souk.models.api import Refusal, Strategy
+from souk.models.capacity import OfferRequest
+from souk.models.catalog import WorkerRow
+from souk.models.machine import CreateMachine, GuestConfig, Machine
+
+DEFAULT_DEADLINE = 2.0
+OFFERS_UP_TO = 32  # reachable workers up to which `auto` asks for offers
+SAMPLE = 64  # workers of a big region the catalog strategy ranks per slice
+
+DecisionHook = Callable[[Strategy, float], None]
+"""Told the strategy taken (`auto` resolved) and the seconds from the start of `place()` to a
+ranked list about to be reserved on (offers gathered and ranked): the decision time, which
+benchmarks measure apart."""
+
+
+@dataclass
+class NoCapacity(Exception):
+    """Nothing took the machine: filled in as the pipeline goes, raised at its end."""
+
+    region: str
+    asked: int
+    refusals: list[Refusal] = field(default_factory=list)
+
+    def message(self) -> str:
+        return (
+            f"no worker in region {self.region} could take this machine"
+            f" ({self.asked} workers asked)"
+        )
+
+
+class Placer:
+    def __init__(
+        self,
+        fleet: Fleet,
+        client: WorkerClient,
+        policy: Policy = POLICIES["default"],
+        deadline: float = DEFAULT_DEADLINE,
+        rng: random.Random | None = None,
+        bus: Bus | None = None,
+        on_decision: DecisionHook | None = None,
+        offers_up_to: int = OFFERS_UP_TO,
+        sample: int = SAMPLE,
+    ) -> None:
+        self.fleet = fleet
+        self.client = client
+        self.policy = policy
+        self.deadline = deadline
+        self.rng = rng or random.Random()
+        self.bus = bus
+        self.on_decision = on_decision
+        self.offers_up_to = offers_up_to
+        self.sample = sample
+        self.cache = CandidateCache()
+        self.reserver = Reserver(client)
+
+    async def place(
+        self,
+        region: str,
+        create: CreateMachine,
+        strategy: Strategy = "auto",
+        policy: Policy | None = None,
+        avoid: frozenset[str] = frozenset(),
+    ) -> Machine:
+        began, end = time.perf_counter(), time.monotonic() + self.deadline
+        reachable = self.fleet.placeable(region)
+        if strategy == "auto":
+            strategy = "offers" if len(reachable) <= self.offers_up_to else "catalog"
+        refused = NoCapacity(region, 0)
+        guest = create.config.guest
+        feasible_rounds = self._feasible(reachable, strategy, create, avoid, end, refused)
+        async with contextlib.aclosing(feasible_rounds) as rounds:  # 1. candidates, 2. feasible
+            async for cands in rounds:
+                ranked = rank(cands, guest, policy or self.policy, self.rng)  # 3. ranked
+                self._decided(strategy, began, ranked)
+                for cand, remaining in picked(ranked, end, refused.refusals):  # 4. picked
+                    machine = await self.reserver.reserve(  # 5. reserved
+                        cand, create, remaining, refused.refusals
+                    )
+                    if machine is not None:
+                        return machine
+                if time.monotonic() >= end:
+                    break
+        self._unreachable(region, reachable, refused)
+        raise refused
+
+    async def _feasible(
+        self,
+        reachable: list[WorkerRow],
+        strategy: Strategy,
+        create: CreateMachine,
+        avoid: frozenset[str],
+        end: float,
+        refused: NoCapacity,
+    ) -> AsyncGenerator[list[Candidate], None]:
+        """Stages 1 and 2: the feasible candidates, a round at a time, each round asked for
+        only once the one before it has been tried; every worker looked at counts as asked."""
+        guest, image = create.config.guest, create.config.image
+        for rows in candidates(reachable, strategy, self.sample, image, self.rng):
+            fit = self.eligible(rows, guest, avoid)
+            refused.refusals += fit.refusals
+            refused.asked += len(fit.refusals)
+            if strategy == "catalog":
+                refused.asked += len(fit.candidates)
+                yield with_cached_image(fit.candidates, image, self.fleet.image_cached)
+                continue
+            for asked in offer_rounds(fit.rows, strategy, self.rng):
+                refused.asked += len(asked)
+                yield await self._offers(asked, guest, image, end, strategy, refused.refusals)
+
+    def eligible(
+        self, rows: list[WorkerRow], guest: GuestConfig, avoid: frozenset[str] = frozenset()
+    ) -> Feasible:
+        """The feasible stage by the catalog's picture, with this placer's candidate cache: a
+        method of its own so that a benchmark can time it apart."""
+        return feasible(rows, guest, avoid, self.cache)
+
+    async def _offers(
+        self,
+        rows: list[WorkerRow],
+        guest: GuestConfig,
+        image: str | None,
+        end: float,
+        strategy: Strategy,
+        refusals: list[Refusal],
+    ) -> list[Candidate]:
+        """The feasible stage by the workers' own offers. `p2c` asks over HTTP even with a bus:
+        a message on the region's subject would cost every worker of the region a decode for
+        the two that answer."""
+        timeout = min(offers.OFFER_TIMEOUT, end - time.monotonic())
+        req = OfferRequest(guest=guest, image=image)
+        bus = self.bus if strategy == "offers" else None
+        answers = await offers.ask(self.client, bus, rows, req, timeout)
+        return offers.offered(rows, answers, guest, refusals)
+
+    def _decided(self, strategy: Strategy, began: float, ranked: Ranked) -> None:
+        if self.on_decision is not None and ranked:
+            self.on_decision(strategy, time.perf_counter() - began)
+
+    def _unreachable(self, region: str, reachable: list[WorkerRow], refused: NoCapacity) -> None:
+        """The region's unreachable workers, first among the refusals. Looked up only to
+        explain a refusal: placement never reads them."""
+        known = {w.id for w in reachable}
+        gone = [
+            Refusal(worker=w.id, reason="unreachable")
+            for w in self.fleet.workers(region=region, reachable_only=False)
+            if w.id not in known
+        ]
+        refused.refusals[:0] = gone
+        refused.asked += len(gone)
+
+    def stats(self) -> dict[str, Any]:
+        return {"cleanups_pending": self.reserver.pending}

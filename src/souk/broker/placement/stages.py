@@ -1,0 +1,159 @@
+"""The stages of placement that need no I/O, each a plain function (see `pipeline` for their
+order and why): which rows to look at, which of them fit, their ranking, the picks in order.
+
+They take everything they use as arguments, the random source included, so each is tested on
+its own and a seeded `random.Random` replays a decision exactly.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import replace
+from typing import NamedTuple
+
+from souk.broker.placement.candidates import Candidate, CandidateCache
+from souk.broker.placement.policies import POLICIES, REFUSE, Policy
+from souk.models.api import Refusal, Strategy
+from souk.models.catalog import WorkerRow
+from souk.models.fit import misfit
+from souk.models.machine import GuestConfig
+
+AVOIDED = "avoided by the request (avoid_workers)"
+DEADLINE_PASSED = "deadline passed"
+TIE_JITTER = 1e-9
+_rng = random.Random()
+
+Ranked = list[tuple[float, Candidate]]
+
+
+def candidates(
+    reachable: list[WorkerRow],
+    strategy: Strategy,
+    sample: int,
+    image: str | None,
+    rng: random.Random,
+) -> Iterator[list[WorkerRow]]:
+    """The region's rows, a slice at a time. `offers` and `p2c` take the whole region in one
+    slice: they ask workers anyway, and whom is for `offer_rounds` to say. `catalog` takes
+    slices of `sample` rows from a random start (Borg's relaxed randomization): the best of a
+    few dozen workers that fit is a good worker, and ranking a whole region for every create is
+    what would make the decision grow with the region; the random start spreads brokers that
+    see the same picture over different slices. A create that names an image takes them all:
+    the workers caching it must be seen."""
+    if strategy != "catalog":
+        yield reachable
+        return
+    size = max(1, sample if image is None else len(reachable))
+    start = rng.randrange(len(reachable)) if reachable else 0
+    order = reachable[start:] + reachable[:start]
+    for i in range(0, len(order), size):
+        yield order[i : i + size]
+
+
+class Feasible(NamedTuple):
+    """The rows that fit, as rows and as candidates (in the same order), and why the others
+    do not."""
+
+    rows: list[WorkerRow]
+    candidates: list[Candidate]
+    refusals: list[Refusal]
+
+
+def feasible(
+    rows: Iterable[WorkerRow],
+    guest: GuestConfig,
+    avoid: frozenset[str],
+    cache: CandidateCache,
+) -> Feasible:
+    """The workers that fit the guest by the catalog's picture, by the worker's own rule
+    (`souk.models.fit.misfit`: cordon, drain, cpu kind, room), minus those the request avoids.
+    The guest's fields are read once, not per row: this runs for every row of a slice."""
+    out = Feasible([], [], [])
+    kind, cpus, memory_mb = guest.cpu_kind, guest.cpus, guest.memory_mb
+    for row in rows:
+        cand = cache(row)
+        why = misfit(
+            kind,
+            cpus,
+            memory_mb,
+            kinds=cand.cpu_kinds,
+            cpus_free=cand.cpus_free,
+            memory_mb_free=cand.memory_mb_free,
+            cordoned=row.cordoned,
+            draining=row.draining,
+        )
+        if why is not None:
+            out.refusals.append(Refusal(worker=row.id, reason=why.reason))
+        elif row.id in avoid:
+            out.refusals.append(Refusal(worker=row.id, reason=AVOIDED))
+        else:
+            out.rows.append(row)
+            out.candidates.append(cand)
+    return out
+
+
+def offer_rounds(
+    rows: list[WorkerRow], strategy: Strategy, rng: random.Random
+) -> Iterator[list[WorkerRow]]:
+    """Whom to ask for offers, a round at a time: `offers` asks them all at once; `p2c` asks
+    two sampled at random, then two more if neither takes the machine (Sparrow's power of two
+    choices)."""
+    if not rows:
+        return
+    if strategy != "p2c":
+        yield rows
+        return
+    pool = list(rows)
+    rng.shuffle(pool)
+    for i in range(0, len(pool), 2):
+        yield pool[i : i + 2]
+
+
+def with_cached_image(
+    cands: list[Candidate], image: str | None, cached: Callable[[str, str], bool]
+) -> list[Candidate]:
+    """The candidates, marked where the catalog says the image is already there (an offer says
+    so itself)."""
+    if image is None:
+        return cands
+    return [replace(c, image_cached=True) if cached(c.worker, image) else c for c in cands]
+
+
+def rank(
+    candidates: Iterable[Candidate],
+    guest: GuestConfig,
+    policy: Policy = POLICIES["default"],
+    rng: random.Random | None = None,
+) -> Ranked:
+    """Candidates the policy accepts, best first, with their scores. Each score carries a jitter
+    below 1e-9 so equal scores come out in random order: brokers ranking the same picture then
+    do not all race for the same worker."""
+    draw = (rng or _rng).random
+    scored: Ranked = []
+    append = scored.append
+    for c in candidates:
+        s = policy(c, guest)
+        if s > REFUSE:
+            append((s + draw() * TIE_JITTER, c))
+    scored.sort(key=_score, reverse=True)
+    return scored
+
+
+def _score(item: tuple[float, Candidate]) -> float:
+    return item[0]
+
+
+def picked(
+    ranked: Ranked, end: float, refusals: list[Refusal]
+) -> Iterator[tuple[Candidate, float]]:
+    """The ranked candidates best first, each with the seconds left to reserve on it, read as
+    each is taken (a reservation in between spends them). At the deadline, a refusal for the
+    one not tried and no more."""
+    for _, cand in ranked:
+        remaining = end - time.monotonic()
+        if remaining <= 0:
+            refusals.append(Refusal(worker=cand.worker, reason=DEADLINE_PASSED))
+            return
+        yield cand, remaining

@@ -1,0 +1,130 @@
+"""The stages of placement that need no I/O, one by one: candidates, feasible, offer rounds,
+ranked, picked."""
+
+from __future__ import annotations
+
+import random
+import time
+
+from souk.broker.fleet import StaticFleet
+from souk.broker.placement.candidates import CandidateCache
+from souk.broker.placement.pipeline import Placer
+from souk.broker.placement.stages import (
+    AVOIDED,
+    candidates,
+    feasible,
+    offer_rounds,
+    picked,
+    rank,
+    with_cached_image,
+)
+from souk.broker.registry import AppRegistry
+from souk.broker.workers import WorkerClient
+from souk.models.api import Refusal
+from souk.models.catalog import WorkerRow
+from souk.models.machine import GuestConfig
+from tests.broker.placement_data import SMALL, row, worker
+
+REGION = [row(f"w{i}") for i in range(10)]
+
+
+def ids(rows: list[WorkerRow]) -> list[str]:
+    return [r.id for r in rows]
+
+
+def test_offer_strategies_take_the_whole_region_as_one_slice() -> None:
+    for strategy in ("offers", "p2c"):
+        assert list(candidates(REGION, strategy, 3, None, random.Random(1))) == [REGION]
+
+
+def test_the_catalog_takes_slices_from_a_random_start_and_sees_every_row_once() -> None:
+    starts = set()
+    for seed in range(20):
+        slices = list(candidates(REGION, "catalog", 3, None, random.Random(seed)))
+        assert [len(s) for s in slices] == [3, 3, 3, 1]
+        seen = [r.id for s in slices for r in s]
+        assert sorted(seen) == sorted(ids(REGION))
+        start = ids(REGION).index(seen[0])
+        assert seen == ids(REGION[start:] + REGION[:start])  # the region's order, rotated
+        starts.add(start)
+    assert len(starts) > 1
+
+
+def test_the_catalog_takes_the_whole_region_for_a_named_image() -> None:
+    slices = list(candidates(REGION, "catalog", 3, "img", random.Random(1)))
+    assert [len(s) for s in slices] == [10]
+    assert list(candidates([], "catalog", 3, None, random.Random(1))) == []
+
+
+def test_feasible_keeps_the_workers_that_fit_and_says_why_not_for_each_other() -> None:
+    rows = [
+        row("ok"),
+        row("cordoned", cordoned=True),
+        row("draining", draining=True),
+        row("perf", cpu_kinds=["performance"]),
+        row("full", memory_mb_reserved=4000),
+        row("avoided"),
+    ]
+    fit = feasible(rows, SMALL, frozenset({"avoided"}), CandidateCache())
+    assert ids(fit.rows) == [c.worker for c in fit.candidates] == ["ok"]
+    assert [(r.worker, r.reason) for r in fit.refusals] == [
+        ("cordoned", "cordoned"),
+        ("draining", "draining"),
+        ("perf", "no shared cpus"),
+        ("full", "not enough room: free 4 cpus, 96 MB"),
+        ("avoided", AVOIDED),
+    ]
+
+
+async def test_the_placer_sees_each_new_version_of_a_row_and_says_why_a_worker_is_out() -> None:
+    w1, w2 = row("w1"), row("w2")
+    placer = Placer(StaticFleet([], AppRegistry()), WorkerClient())
+    rows, cands, refusals = placer.eligible([w1, w2], SMALL, avoid=frozenset({"w2"}))
+    assert [c.worker for c in cands] == [r.id for r in rows] == ["w1"]
+    assert [(r.worker, r.reason) for r in refusals] == [
+        ("w2", "avoided by the request (avoid_workers)")
+    ]
+    full = w1.model_copy(update={"cpus_reserved": 4})  # the owner's next version of the row
+    cordoned = w2.model_copy(update={"cordoned": True})
+    rows, cands, refusals = placer.eligible([full, cordoned], SMALL)
+    assert (rows, cands) == ([], [])
+    assert [r.reason for r in refusals] == ["not enough room: free 0 cpus, 4096 MB", "cordoned"]
+
+
+def test_offers_asks_everyone_at_once_and_p2c_two_at_random() -> None:
+    assert list(offer_rounds(REGION, "offers", random.Random(1))) == [REGION]
+    assert list(offer_rounds([], "offers", random.Random(1))) == []
+    rounds = list(offer_rounds(REGION, "p2c", random.Random(1)))
+    assert [len(r) for r in rounds] == [2] * 5
+    assert sorted(r.id for batch in rounds for r in batch) == sorted(ids(REGION))
+    firsts = {ids(next(offer_rounds(REGION, "p2c", random.Random(s))))[0] for s in range(20)}
+    assert len(firsts) > 1
+
+
+def test_the_catalog_marks_the_workers_that_cache_the_image() -> None:
+    cands = [worker("a", 4, 4096), worker("b", 4, 4096)]
+    marked = with_cached_image(cands, "img", lambda w, image: (w, image) == ("b", "img"))
+    assert [c.image_cached for c in marked] == [False, True]
+    assert with_cached_image(cands, None, lambda w, image: True) is cands
+
+
+def test_ties_are_broken_at_random_not_by_input_order() -> None:
+    cands = [worker(f"w{i}", 4, 4096) for i in range(4)]
+    firsts = {rank(cands, SMALL, rng=random.Random(seed))[0][1].worker for seed in range(40)}
+    assert len(firsts) > 1
+
+
+def test_a_seeded_rank_replays_exactly() -> None:
+    cands = [worker(f"w{i}", 4, 4096) for i in range(6)]
+    once = [c.worker for _, c in rank(cands, SMALL, rng=random.Random(3))]
+    assert once == [c.worker for _, c in rank(cands, SMALL, rng=random.Random(3))]
+
+
+def test_picks_come_best_first_until_the_deadline() -> None:
+    ranked = rank([worker("best", 3, 3072), worker("next", 8, 8192)], GuestConfig(memory_mb=1024))
+    refusals: list[Refusal] = []
+    picks = [(c.worker, left) for c, left in picked(ranked, time.monotonic() + 60, refusals)]
+    assert [w for w, _ in picks] == ["best", "next"]
+    assert all(0 < left <= 60 for _, left in picks) and refusals == []
+    assert list(picked(ranked, time.monotonic() - 1, refusals)) == []
+    assert [(r.worker, r.reason) for r in refusals] == [("best", "deadline passed")]
