@@ -14,7 +14,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from souk.broker.api import Broker
 from souk.broker.registry import MAX_KEYS, MAX_VALUE_BYTES, AppRegistry
 from souk.broker.server import make_app as make_broker_app
-from souk.broker.workers import WorkerClient
+from souk.clients.workers import WorkerClient
 from tests.broker.conftest import SECRET, Cluster, ClusterFactory, WorkerSpec
 
 META = "/v1/apps/demo/metadata"

@@ -20,7 +20,7 @@ from souk.broker.placement import (
 )
 from souk.broker.placer import Placer
 from souk.broker.registry import AppRegistry
-from souk.broker.workers import WorkerClient
+from souk.clients.workers import WorkerClient
 from souk.models.capacity import Capacity, Resources
 from souk.models.catalog import WorkerRow
 from souk.models.machine import GuestConfig

@@ -16,7 +16,7 @@ from souk.broker.fleet import Fleet
 from souk.broker.placement import POLICIES
 from souk.broker.placer import NoCapacity, Placer
 from souk.broker.registry import AppExists, AppNotFound, AppRegistry, MetadataRefused
-from souk.broker.workers import WorkerClient, WorkerError
+from souk.clients.workers import WorkerClient, WorkerError
 from souk.models.api import (
     NONCE_HEADER,
     App,

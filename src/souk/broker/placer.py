@@ -34,8 +34,8 @@ from typing import Any
 
 from souk.broker.fleet import Fleet
 from souk.broker.placement import POLICIES, Candidate, Policy, rank
-from souk.broker.workers import WorkerClient, WorkerError
 from souk.catalog.bus import Bus, Message
+from souk.clients.workers import WorkerClient, WorkerError
 from souk.models.api import Refusal, Strategy
 from souk.models.capacity import Offer, OfferCall, OfferRequest, offers_subject
 from souk.models.catalog import WorkerRow
