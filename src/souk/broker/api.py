@@ -45,11 +45,11 @@ from souk.models.machine import (
     StopRequest,
     UpdateMachine,
 )
+from souk.models.wire import CORDON_KEY
 from souk.web import ApiError, Route, read_model, reply
 
 MAX_WAIT = 60
 HINTS = 100_000
-CORDON_KEY = "souk_cordoned"
 
 
 class Broker:
