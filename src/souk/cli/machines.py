@@ -162,7 +162,7 @@ def logs(
     stream = "stderr" if stderr else "stdout"
 
     async def copy(client: MachinesClient) -> None:
-        async for chunk in client.follow_logs(app, machine_id, stream, follow):
+        async for chunk in client.stream_logs(app, machine_id, stream, follow):
             sys.stdout.buffer.write(chunk)
             sys.stdout.buffer.flush()
 

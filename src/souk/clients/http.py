@@ -37,7 +37,7 @@ E = TypeVar("E", bound=ClientError)
 Failure = Callable[[int, str, str, dict[str, Any] | None], E]
 
 
-def refusal(payload: bytes) -> tuple[str, str, dict[str, Any] | None]:
+def _refusal(payload: bytes) -> tuple[str, str, dict[str, Any] | None]:
     """The reason, message and details of an error answer. A body that is not souk's error body
     (a load balancer's page, say) is kept, shortened, as the message."""
     try:
@@ -121,9 +121,9 @@ class HttpClient:
         except (TimeoutError, asyncio.TimeoutError):  # noqa: UP041
             raise fail(0, "timeout", f"no answer from {url} within {timeout:.3g}s", None) from None
         except aiohttp.ClientError as exc:
-            raise unreachable(fail, url, exc) from None
+            raise _unreachable(fail, url, exc) from None
         if status >= 400 and status not in accept:
-            raise fail(status, *refusal(payload))
+            raise fail(status, *_refusal(payload))
         return payload
 
     @contextlib.asynccontextmanager
@@ -136,16 +136,16 @@ class HttpClient:
         try:
             resp = await self.session.get(url, params=params, timeout=timeout)
         except aiohttp.ClientError as exc:
-            raise unreachable(fail, url, exc) from None
+            raise _unreachable(fail, url, exc) from None
         try:
             if resp.status >= 400:
-                raise fail(resp.status, *refusal(await resp.read()))
+                raise fail(resp.status, *_refusal(await resp.read()))
             yield _chunks(resp, fail, url)
         finally:
             resp.release()
 
 
-def unreachable(fail: Failure[E], url: str, exc: Exception) -> E:
+def _unreachable(fail: Failure[E], url: str, exc: Exception) -> E:
     return fail(0, "unreachable", f"cannot reach {url}: {exc}", None)
 
 
@@ -155,4 +155,4 @@ async def _chunks(resp: aiohttp.ClientResponse, fail: Failure[E], url: str) -> A
         async for chunk in resp.content.iter_any():
             yield chunk
     except aiohttp.ClientError as exc:
-        raise unreachable(fail, url, exc) from None
+        raise _unreachable(fail, url, exc) from None

@@ -223,10 +223,10 @@ class MachinesClient(HttpClient):
         payload = await self._call("GET", path, params={"stream": stream})
         return payload.decode(errors="replace")
 
-    async def follow_logs(
+    async def stream_logs(
         self, app: str, machine_id: str, stream: str = "stdout", follow: bool = True
     ) -> AsyncIterator[bytes]:
-        """The machine's output as it arrives, for as long as the broker sends it."""
+        """The machine's output as it arrives; with `follow`, for as long as it runs."""
         params = {"stream": stream, **({"follow": "true"} if follow else {})}
         url = self.base_url + _machine_path(app, machine_id, "logs")
         async with self.stream(MachinesApiError, url, params) as chunks:

@@ -271,7 +271,7 @@ def logs(
 
 async def _follow(client: MachinesClient, app: str, mid: str, prefix: str, stream: str) -> None:
     pending = b""
-    async for chunk in client.follow_logs(app, mid, stream):
+    async for chunk in client.stream_logs(app, mid, stream):
         pending += chunk
         *done, pending = pending.split(b"\n")
         for line in done:
