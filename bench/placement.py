@@ -62,10 +62,10 @@ from souk.broker.registry import AppRegistry
 from souk.broker.runtime import registry_owner
 from souk.broker.server import make_app
 from souk.broker.tokens import mint
-from souk.broker.workers import WorkerClient
 from souk.catalog import http as catalog_http
 from souk.catalog.bus import NatsBus
 from souk.catalog.replica import following
+from souk.clients.workers import WorkerClient
 from souk.models.api import Strategy
 from souk.models.machine import GuestConfig
 from tests.support.nats import NatsServer, nats_version

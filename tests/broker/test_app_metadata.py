@@ -15,7 +15,7 @@ from souk.broker.api.state import Broker
 from souk.broker.fleet import StaticFleet
 from souk.broker.registry import MAX_KEYS, MAX_VALUE_BYTES, AppRegistry
 from souk.broker.server import make_app as make_broker_app
-from souk.broker.workers import WorkerClient
+from souk.clients.workers import WorkerClient
 from tests.support.broker_cluster import SECRET, Cluster, ClusterFactory, WorkerSpec
 
 META = "/v1/apps/demo/metadata"

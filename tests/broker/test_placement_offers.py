@@ -4,7 +4,7 @@ rule as the catalog's for each other one."""
 from __future__ import annotations
 
 from souk.broker.placement.offers import DECLINED, offered
-from souk.broker.workers import WorkerError
+from souk.clients.workers import WorkerError
 from souk.models.api import Refusal
 from souk.models.capacity import Capacity, Offer, Resources
 from souk.models.machine import GuestConfig

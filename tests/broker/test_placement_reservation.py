@@ -10,7 +10,7 @@ import pytest
 
 from souk.broker.placement.candidates import Candidate
 from souk.broker.placement.reservation import Reserver
-from souk.broker.workers import WorkerClient, WorkerError
+from souk.clients.workers import WorkerClient, WorkerError
 from souk.models.api import Refusal
 from souk.models.machine import CreateMachine
 from tests.support.broker_cluster import Cluster, ClusterFactory, WorkerSpec

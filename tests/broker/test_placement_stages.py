@@ -19,7 +19,7 @@ from souk.broker.placement.stages import (
     with_cached_image,
 )
 from souk.broker.registry import AppRegistry
-from souk.broker.workers import WorkerClient
+from souk.clients.workers import WorkerClient
 from souk.models.api import Refusal
 from souk.models.catalog import WorkerRow
 from souk.models.machine import GuestConfig

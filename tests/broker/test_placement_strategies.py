@@ -17,7 +17,7 @@ from souk.broker.fleet import StaticFleet
 from souk.broker.placement.pipeline import Placer
 from souk.broker.registry import AppRegistry
 from souk.broker.server import make_app
-from souk.broker.workers import WorkerClient
+from souk.clients.workers import WorkerClient
 from tests.support.broker_cluster import SECRET, Cluster, ClusterFactory, WorkerSpec, machine_body
 
 M = "/v1/apps/demo/machines"

@@ -17,9 +17,12 @@ from typing import Any
 
 import pytest
 
-from souk.cli.deploy.client import Api
 from souk.cli.deploy.config import loads
-from souk.cli.deploy.strategies import DeployInProgress, Outcome, Progress, deploy
+from souk.cli.deploy.errors import DeployInProgress
+from souk.cli.deploy.output import Outcome
+from souk.cli.deploy.progress import Progress
+from souk.cli.deploy.run import deploy
+from souk.clients.machines import MachinesClient
 from tests.support.dev import Dev
 from tests.support.hello import HELLO
 
@@ -241,7 +244,7 @@ def test_two_deploys_at_once_one_is_refused(app: App) -> None:
     async def both() -> tuple[Outcome | BaseException, Outcome | BaseException]:
         async def one(greeting: str) -> Outcome:
             cfg = loads(toml(app.name, greeting))
-            async with Api(app.dev.url, app.dev.token) as api:
+            async with MachinesClient(app.dev.url, app.dev.token) as api:
                 return await deploy(api, cfg, Progress(quiet=True))
 
         return await asyncio.gather(one("v2"), one("v3"), return_exceptions=True)

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from souk.cli.deploy.config import HIDDEN, RELEASE, ROLE, ConfigError, load, loads
+from souk.cli.deploy.config import ConfigError, load, loads
+from souk.models.wire import HIDDEN_KEY, RELEASE_KEY, ROLE_KEY
 
 FULL = """
 app = "shop"
@@ -69,7 +70,7 @@ def test_a_full_file_becomes_the_machine_config() -> None:
     assert config.checks["alive"].interval == 5.0
     assert config.restart.policy == "always"
     assert config.standbys == ["abc"]
-    assert config.metadata == {ROLE: "standby", RELEASE: "7", HIDDEN: "true"}
+    assert config.metadata == {ROLE_KEY: "standby", RELEASE_KEY: "7", HIDDEN_KEY: "true"}
 
 
 def test_defaults_and_region_lists() -> None:
@@ -79,7 +80,7 @@ def test_defaults_and_region_lists() -> None:
     assert cfg.deploy.batch_size(10) == 1
     config = cfg.machine_config(1, "primary")
     assert config.image == "reg:5000/a:1" and config.init.exec is None
-    assert config.metadata == {ROLE: "primary", RELEASE: "1"}
+    assert config.metadata == {ROLE_KEY: "primary", RELEASE_KEY: "1"}
     assert config.standbys == []
 
 

@@ -21,6 +21,7 @@ from souk.cli.deploy.releases import (
     rollback_target,
     stale_releases,
 )
+from souk.models.wire import Role
 
 
 def cfg(greeting: str = "v1", **extra: Any) -> AppConfig:
@@ -40,7 +41,7 @@ _seq = iter(range(10_000))
 
 def machine(
     region: str = "mad",
-    role: str | None = "primary",
+    role: Role | None = "primary",
     release: int = 1,
     greeting: str = "v1",
     standby_for: str | None = None,

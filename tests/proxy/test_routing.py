@@ -6,8 +6,8 @@ import random
 
 import pytest
 
+from souk.clients.machines import MachinesClient
 from souk.models.machine import MachineConfig
-from souk.proxy.broker import BrokerClient
 from souk.proxy.idle import Autostop
 from souk.proxy.policy import Policies, ServicePolicy, policy_of
 from souk.proxy.routing import Loads, Marks, Router, app_of
@@ -37,7 +37,7 @@ def test_app_of(host: str | None, header: str | None, app: str | None) -> None:
 
 
 def make_router(view: FakeView, region: str | None = "mad") -> tuple[Router, Policies, Loads]:
-    policies = Policies(BrokerClient(DEAD_BROKER, "t"))
+    policies = Policies(MachinesClient(DEAD_BROKER, "t"))
     loads = Loads()
     return Router(view, policies, loads, Marks(), region, random.Random(7)), policies, loads
 

@@ -17,9 +17,9 @@ from souk.broker.placement.pipeline import Placer
 from souk.broker.registry import AppRegistry
 from souk.broker.server import make_app as make_broker_app
 from souk.broker.tokens import mint
-from souk.broker.workers import WorkerClient
 from souk.catalog.bus import InProcessBus
 from souk.catalog.replica import following
+from souk.clients.workers import WorkerClient
 from souk.worker.daemon import make_app, make_driver, offering, publishing, running
 from souk.worker.engine import Engine
 from souk.worker.settings import WorkerSettings

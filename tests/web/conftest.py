@@ -20,7 +20,7 @@ from souk.broker.placement.pipeline import Placer
 from souk.broker.registry import AppRegistry
 from souk.broker.server import make_app as make_broker_app
 from souk.broker.tokens import mint
-from souk.broker.workers import WorkerClient
+from souk.clients.workers import WorkerClient
 from souk.web import runner
 from souk.worker.daemon import make_app as make_worker_app
 from souk.worker.daemon import make_driver, running

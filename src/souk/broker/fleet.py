@@ -14,8 +14,8 @@ import asyncio
 from typing import Protocol
 
 from souk.broker.registry import AppRegistry
-from souk.broker.workers import WorkerClient, WorkerError
 from souk.catalog.view import CatalogView
+from souk.clients.workers import WorkerClient, WorkerError
 from souk.models.capacity import Capacity
 from souk.models.catalog import AppRow, MachineRow, WorkerRow, machine_row, worker_row
 from souk.models.machine import Machine

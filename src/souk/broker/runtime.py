@@ -18,11 +18,11 @@ from souk.broker.placement.pipeline import DEFAULT_DEADLINE, Placer
 from souk.broker.placement.policies import policy_named
 from souk.broker.registry import AppRegistry
 from souk.broker.server import make_app
-from souk.broker.workers import WorkerClient
 from souk.catalog import http as catalog_http
 from souk.catalog.bus import Bus, NatsBus
 from souk.catalog.owner import Owner
 from souk.catalog.replica import following
+from souk.clients.workers import WorkerClient
 from souk.web import Route
 from souk.web import runner as web_runner
 

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-import logging
 from pathlib import Path
 
 import typer
 
 from souk.broker import runtime
 from souk.broker.tokens import read_secret
-from souk.cli.worker import parse_listen
+from souk.cli.serving import LOG_LEVEL, log_to_stderr, parse_listen
 
 
 def run(
@@ -33,10 +32,10 @@ def run(
     ),
     deadline: float = typer.Option(2.0, help="Seconds a placement may take before 412."),
     policy: str = typer.Option("default", help="Placement policy: default, binpack, spread."),
-    log_level: str = typer.Option("info", help="debug, info, warning or error."),
+    log_level: str = LOG_LEVEL,
 ) -> None:
     """Serve the public Machines API and place machines on workers."""
-    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(message)s")
+    log_to_stderr(log_level)
     host, port = parse_listen(listen)
     try:
         secret = read_secret(secret_file)
@@ -68,7 +67,7 @@ def dev(
     """A whole cluster in one process: 3 regions x 2 workers, a broker and a proxy, on loopback."""
     from souk.dev import run_dev
 
-    logging.basicConfig(level="WARNING", format="%(asctime)s %(name)s %(message)s")
+    log_to_stderr("warning")
     host, port = parse_listen(listen)
     _, proxy_port = parse_listen(proxy)
     asyncio.run(run_dev(data_dir, host, port, proxy_port, driver))

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import logging
 import signal
 from pathlib import Path
 from typing import Any
@@ -19,8 +18,9 @@ from souk import __version__
 from souk.catalog import http as catalog_http
 from souk.catalog.bus import NatsBus
 from souk.catalog.replica import following
-from souk.cli.client import call
-from souk.cli.worker import parse_listen
+from souk.cli.client import connect
+from souk.cli.command import run
+from souk.cli.serving import LOG_LEVEL, log_to_stderr, parse_listen
 from souk.web import add_routes, error_middleware
 
 app = typer.Typer(help="The catalog: every worker's rows, replicated.", no_args_is_help=True)
@@ -33,10 +33,10 @@ def serve(
     data_dir: Path | None = typer.Option(None, help="Keep its SQLite copy here (else memory)."),
     region: list[str] = typer.Option([], help="Follow only this region (repeatable)."),
     unreachable_after: float = typer.Option(3.0, help="Seconds of silence before unreachable."),
-    log_level: str = typer.Option("info", help="debug, info, warning or error."),
+    log_level: str = LOG_LEVEL,
 ) -> None:
     """Follow the catalog and serve it over HTTP (read-only; bind it to a private address)."""
-    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(message)s")
+    log_to_stderr(log_level)
     host, port = parse_listen(listen)
     asyncio.run(_serve(nats, host, port, data_dir, region or None, unreachable_after))
 
@@ -79,7 +79,12 @@ def status(
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """Per-owner heads and lag, unreachable workers and quarantined rows."""
-    data: dict[str, Any] = call("GET", "/v1/catalog/status", api, token, optional_token=True)
+
+    async def go() -> dict[str, Any]:
+        async with connect(api, token, optional_token=True) as client:
+            return await client.catalog_status()
+
+    data = run(go())
     if as_json:
         print(json.dumps(data, indent=2))
         return

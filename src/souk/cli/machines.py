@@ -4,43 +4,57 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 import typer
+from pydantic import ValidationError
 
-from souk.cli.client import call, show
+from souk.cli.client import API, TOKEN, connect
+from souk.cli.command import problems, run, show
+from souk.clients.machines import MachinesClient
+from souk.models.api import CreateAppRequest, CreateMachineRequest, PublicMachine
+from souk.models.machine import GuestConfig, InitConfig, MachineConfig
 
 machines = typer.Typer(help="Run and manage machines.", no_args_is_help=True)
 apps = typer.Typer(help="Create, list and delete apps.", no_args_is_help=True)
 
-API = typer.Option(None, "--api", help="Broker URL (default: $SOUK_API, or souk dev's).")
-TOKEN = typer.Option(None, "--token", help="Bearer token (default: $SOUK_TOKEN, or souk dev's).")
 JSON = typer.Option(False, "--json", help="Print JSON instead of a table.")
 APP = typer.Option("demo", "--app", "-a", help="The app.")
 COLUMNS = ["id", "name", "state", "region", "worker", "cpus", "memory_mb", "command"]
+APP_COLUMNS = ["name", "machine_count", "created_at"]
+
+T = TypeVar("T")
 
 
-def _flat(m: dict[str, Any]) -> dict[str, Any]:
-    config = m.get("config", {})
-    guest = config.get("guest", {})
-    argv = (config.get("init") or {}).get("exec") or []
+def _call(api: str | None, token: str | None, call: Callable[[MachinesClient], Awaitable[T]]) -> T:
+    """One call with a client of its own, errors reported the CLI's way."""
+
+    async def go() -> T:
+        async with connect(api, token) as client:
+            return await call(client)
+
+    return run(go())
+
+
+def _flat(m: PublicMachine) -> dict[str, Any]:
     return {
-        **m,
-        "cpus": guest.get("cpus"),
-        "memory_mb": guest.get("memory_mb"),
-        "command": " ".join(argv),
+        **m.model_dump(mode="json"),
+        "cpus": m.config.guest.cpus,
+        "memory_mb": m.config.guest.memory_mb,
+        "command": " ".join(m.config.init.exec or []),
     }
 
 
-def _one(m: dict[str, Any], as_json: bool) -> None:
+def _one(m: PublicMachine, as_json: bool) -> None:
     if as_json:
-        print(json.dumps(m, indent=2))
+        print(json.dumps(m.model_dump(mode="json"), indent=2))
     else:
         show([_flat(m)], COLUMNS, False)
 
 
 @machines.command("run")
-def run(
+def run_machine(
     command: list[str] = typer.Argument(..., help="The command, after --."),
     region: str = typer.Option(..., "--region", "-r", help="The one region to place it in."),
     app: str = APP,
@@ -54,18 +68,19 @@ def run(
     as_json: bool = JSON,
 ) -> None:
     """Place and start a machine running COMMAND: `souk machines run -r mad -- sleep 60`."""
-    body: dict[str, Any] = {
-        "region": region,
-        "config": {
-            "init": {"exec": command},
-            "guest": {"cpus": cpus, "memory_mb": memory_mb},
-            "env": dict(e.split("=", 1) for e in env if "=" in e),
-        },
-    }
-    if name:
-        body["name"] = name
-    path = f"/v1/apps/{app}/machines"
-    _one(call("POST", path, api, token, body, {"strategy": strategy}), as_json)
+    try:
+        req = CreateMachineRequest(
+            region=region,
+            name=name,
+            config=MachineConfig(
+                init=InitConfig(exec=command),
+                guest=GuestConfig(cpus=cpus, memory_mb=memory_mb),
+                env=dict(e.split("=", 1) for e in env if "=" in e),
+            ),
+        )
+    except ValidationError as exc:
+        raise typer.BadParameter(problems(exc)) from None
+    _one(_call(api, token, lambda c: c.create(app, req, strategy)), as_json)
 
 
 @machines.command("list")
@@ -79,10 +94,8 @@ def list_(
     as_json: bool = JSON,
 ) -> None:
     """List an app's machines."""
-    params = {k: v for k, v in {"region": region, "state": state}.items() if v}
-    if all_:
-        params["include_deleted"] = "true"
-    rows = call("GET", f"/v1/apps/{app}/machines", api, token, params=params)
+    states = [s for s in (state or "").split(",") if s]
+    rows = _call(api, token, lambda c: c.machines(app, region, states, all_))
     show([_flat(m) for m in rows], COLUMNS, as_json, title=f"machines of {app}")
 
 
@@ -95,45 +108,32 @@ def status(
     as_json: bool = JSON,
 ) -> None:
     """One machine."""
-    _one(call("GET", f"/v1/apps/{app}/machines/{machine_id}", api, token), as_json)
+    _one(_call(api, token, lambda c: c.machine(app, machine_id)), as_json)
 
 
-def _action(
-    verb: str,
-    machine_id: str,
-    app: str,
-    api: str | None,
-    token: str | None,
-    as_json: bool,
-    method: str = "POST",
-    params: dict[str, str] | None = None,
-) -> None:
-    path = f"/v1/apps/{app}/machines/{machine_id}" + (f"/{verb}" if verb else "")
-    _one(call(method, path, api, token, {} if method == "POST" else None, params), as_json)
+Action = Callable[[MachinesClient, str, str], Awaitable[PublicMachine]]
 
 
-@machines.command("start")
-def start(
-    machine_id: str,
-    app: str = APP,
-    api: str | None = API,
-    token: str | None = TOKEN,
-    as_json: bool = JSON,
-) -> None:
-    """Start a stopped machine."""
-    _action("start", machine_id, app, api, token, as_json)
+def _verb(verb: str, act: Action, doc: str) -> None:
+    """`souk machines start|stop ID`: one command for each verb."""
+
+    def command(
+        machine_id: str,
+        app: str = APP,
+        api: str | None = API,
+        token: str | None = TOKEN,
+        as_json: bool = JSON,
+    ) -> None:
+        _one(_call(api, token, lambda c: act(c, app, machine_id)), as_json)
+
+    command.__doc__ = doc
+    machines.command(verb)(command)
 
 
-@machines.command("stop")
-def stop(
-    machine_id: str,
-    app: str = APP,
-    api: str | None = API,
-    token: str | None = TOKEN,
-    as_json: bool = JSON,
-) -> None:
-    """Stop a machine (its stop signal, then SIGKILL after its timeout)."""
-    _action("stop", machine_id, app, api, token, as_json)
+_verb("start", MachinesClient.start, "Start a stopped machine.")
+_verb(
+    "stop", MachinesClient.stop, "Stop a machine (its stop signal, then SIGKILL after its timeout)."
+)
 
 
 @machines.command("destroy")
@@ -146,8 +146,7 @@ def destroy(
     as_json: bool = JSON,
 ) -> None:
     """Destroy a machine and release its reservation."""
-    params = {"force": "true"} if force else None
-    _action("", machine_id, app, api, token, as_json, "DELETE", params)
+    _one(_call(api, token, lambda c: c.destroy(app, machine_id, force=force)), as_json)
 
 
 @machines.command("logs")
@@ -160,13 +159,14 @@ def logs(
     token: str | None = TOKEN,
 ) -> None:
     """A machine's output."""
-    params = {"stream": "stderr" if stderr else "stdout"}
-    if follow:
-        params["follow"] = "true"
-    data = call(
-        "GET", f"/v1/apps/{app}/machines/{machine_id}/logs", api, token, params=params, raw=True
-    )
-    sys.stdout.buffer.write(data)
+    stream = "stderr" if stderr else "stdout"
+
+    async def copy(client: MachinesClient) -> None:
+        async for chunk in client.stream_logs(app, machine_id, stream, follow):
+            sys.stdout.buffer.write(chunk)
+            sys.stdout.buffer.flush()
+
+    _call(api, token, copy)
 
 
 @apps.command("create")
@@ -178,15 +178,20 @@ def create_app(
     as_json: bool = JSON,
 ) -> None:
     """Create an app."""
-    app = call("POST", "/v1/apps", api, token, {"name": name, "org_slug": org})
-    show([app], ["name", "machine_count", "created_at"], as_json)
+    try:
+        req = CreateAppRequest(name=name, org_slug=org)
+    except ValidationError as exc:
+        raise typer.BadParameter(problems(exc)) from None
+    app = _call(api, token, lambda c: c.create_app(req))
+    show([app.model_dump(mode="json")], APP_COLUMNS, as_json)
 
 
 @apps.command("list")
 def list_apps(api: str | None = API, token: str | None = TOKEN, as_json: bool = JSON) -> None:
     """Apps this token can see."""
-    data = call("GET", "/v1/apps", api, token)
-    show(data["apps"], ["name", "machine_count", "created_at"], as_json, title="apps")
+    data = _call(api, token, lambda c: c.apps())
+    rows = [a.model_dump(mode="json") for a in data.apps]
+    show(rows, APP_COLUMNS, as_json, title="apps")
 
 
 @apps.command("destroy")
@@ -194,7 +199,7 @@ def destroy_app(
     name: str, api: str | None = API, token: str | None = TOKEN, as_json: bool = JSON
 ) -> None:
     """Delete an app that has no machines left."""
-    call("DELETE", f"/v1/apps/{name}", api, token)
+    _call(api, token, lambda c: c.delete_app(name))
     if as_json:
         print(json.dumps({"deleted": name}))
     else:

@@ -4,13 +4,12 @@ demand and stops idle ones, reading the fleet from a catalog replica."""
 from __future__ import annotations
 
 import asyncio
-import logging
 from pathlib import Path
 
 import typer
 
 from souk.cli.client import api_token, api_url
-from souk.cli.worker import parse_listen
+from souk.cli.serving import LOG_LEVEL, log_to_stderr, parse_listen
 
 
 def run(
@@ -40,12 +39,12 @@ def run(
     catalog_dir: Path | None = typer.Option(
         None, help="Keep the catalog replica's SQLite copy here (default: in memory)."
     ),
-    log_level: str = typer.Option("info", help="debug, info, warning or error."),
+    log_level: str = LOG_LEVEL,
 ) -> None:
     """Serve HTTP for every app: route to started machines, scale from zero, stop idle ones."""
     from souk.proxy.server import ProxyOptions, serve
 
-    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(message)s")
+    log_to_stderr(log_level)
     host, port = parse_listen(listen)
     opts = ProxyOptions(
         host=host,

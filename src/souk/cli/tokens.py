@@ -9,7 +9,9 @@ from pathlib import Path
 import typer
 
 from souk.broker import tokens as tk
-from souk.cli.client import call
+from souk.cli.client import API, TOKEN, connect
+from souk.cli.command import run
+from souk.models.catalog import RevocationRow
 from souk.models.duration import parse_duration
 from souk.secret_files import write_secret
 
@@ -141,14 +143,20 @@ def inspect(
 @app.command("revoke")
 def revoke(
     token_id: str = typer.Argument(..., help="The token id (souk tokens inspect shows it)."),
-    api: str | None = typer.Option(None, help="The Machines API (default: SOUK_API)."),
-    token: str | None = typer.Option(None, help="An operator token (default: SOUK_TOKEN)."),
+    api: str | None = API,
+    token: str | None = TOKEN,
 ) -> None:
-    """Revoke a token id, and so every token attenuated from it, on every broker."""
+    """Revoke a token id, and so every token attenuated from it, on every broker (an operator
+    token)."""
     if not tk.TOKEN_ID.fullmatch(token_id):
         raise typer.BadParameter("a token id is 16 hex digits; souk tokens inspect shows it")
-    row = call("DELETE", f"/v1/tokens/{token_id}", api, token)
-    print(f"revoked {row['id']} at {row['revoked_at']}")
+
+    async def revoke_it() -> RevocationRow:
+        async with connect(api, token) as client:
+            return await client.revoke_token(token_id)
+
+    row = run(revoke_it())
+    print(f"revoked {row.id} at {row.revoked_at}")
 
 
 @app.command("secret")

@@ -3,21 +3,14 @@
 from __future__ import annotations
 
 import asyncio
-import logging
 from pathlib import Path
 
 import typer
 
+from souk.cli.serving import LOG_LEVEL, log_to_stderr, parse_listen
 from souk.models.machine import CpuKind
 from souk.worker.daemon import serve
 from souk.worker.settings import WorkerSettings
-
-
-def parse_listen(listen: str) -> tuple[str, int]:
-    host, _, port = listen.rpartition(":")
-    if not host or not port.isdigit():
-        raise typer.BadParameter("use HOST:PORT, e.g. 127.0.0.1:7100")
-    return host, int(port)
 
 
 def run(
@@ -46,10 +39,10 @@ def run(
     nats: str | None = typer.Option(
         None, help="NATS server URL(s), comma-separated: publish this worker's catalog rows."
     ),
-    log_level: str = typer.Option("info", help="debug, info, warning or error."),
+    log_level: str = LOG_LEVEL,
 ) -> None:
     """Run a worker daemon: the source of truth for every machine on this host."""
-    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(message)s")
+    log_to_stderr(log_level)
     host, port = parse_listen(listen)
     kinds: list[CpuKind] = []
     for kind in cpu_kind:

@@ -25,7 +25,7 @@ import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict
 
-from souk.proxy.broker import BrokerClient, BrokerError
+from souk.clients.machines import MachinesApiError, MachinesClient
 from souk.proxy.routing import APP_HEADER, FAILED_FOR, Backend, Choice, Loads, Marks, Router
 from souk.proxy.wake import Waker, port_open
 from souk.web.errors import json_error
@@ -158,7 +158,7 @@ class Forwarder:
         waker: Waker,
         loads: Loads,
         marks: Marks,
-        broker: BrokerClient,
+        broker: MachinesClient,
         session: aiohttp.ClientSession,
         domain: str,
         start_timeout: float,
@@ -285,7 +285,7 @@ class Forwarder:
             return cached[0]
         try:
             exists = await self.broker.app_exists(app)
-        except BrokerError as exc:
+        except MachinesApiError as exc:
             log.warning("could not ask the broker about %s: %s", app, exc)
             exists = True  # unsure: say "no machines" rather than "no such app"
         if len(self._apps) > 10_000:

@@ -18,15 +18,15 @@ import logging
 import time
 from collections import defaultdict
 
+from souk.clients.machines import MachinesApiError, MachinesClient
 from souk.models.catalog import MachineRow
-from souk.proxy.broker import BrokerClient, BrokerError
 from souk.proxy.routing import STOPPING_FOR, Router, hidden
 
 log = logging.getLogger("souk.proxy.idle")
 
 
 class Autostop:
-    def __init__(self, router: Router, broker: BrokerClient, idle_timeout: float = 60.0) -> None:
+    def __init__(self, router: Router, broker: MachinesClient, idle_timeout: float = 60.0) -> None:
         """Works on the router's view of the fleet, its loads, marks and service settings."""
         self.broker = broker
         self.router = router
@@ -94,7 +94,7 @@ class Autostop:
         log.info("stopping %s of %s in %s: idle", row.id, row.app, row.region)
         try:
             await self.broker.stop(row.app, row.id)
-        except BrokerError as exc:
+        except MachinesApiError as exc:
             log.warning("could not stop idle %s of %s: %s", row.id, row.app, exc)
             self.router.marks.clear("stopping", row.id)
             return False

@@ -14,9 +14,9 @@ import logging
 import time
 from dataclasses import dataclass
 
+from souk.clients.machines import MachinesApiError, MachinesClient
 from souk.models.catalog import MachineRow
 from souk.models.machine import MachineConfig
-from souk.proxy.broker import BrokerClient, BrokerError
 
 log = logging.getLogger("souk.proxy.policy")
 
@@ -54,7 +54,7 @@ def policy_of(config: MachineConfig) -> ServicePolicy:
 class Policies:
     """Service settings per machine instance, read from the broker, one lookup per app at a time."""
 
-    def __init__(self, broker: BrokerClient) -> None:
+    def __init__(self, broker: MachinesClient) -> None:
         self.broker = broker
         self._known: dict[tuple[str, str], ServicePolicy] = {}
         self._loading: dict[str, asyncio.Task[None]] = {}
@@ -101,7 +101,7 @@ class Policies:
         try:
             for machine in await self.broker.machines(app):
                 self.put(machine.id, machine.instance_id, policy_of(machine.config))
-        except BrokerError as exc:
+        except MachinesApiError as exc:
             log.warning("could not read the service settings of %s: %s", app, exc)
         finally:
             self._loading.pop(app, None)

@@ -22,12 +22,10 @@ from dataclasses import dataclass, field
 
 from souk.catalog.view import CatalogView
 from souk.models.catalog import MachineRow
+from souk.models.wire import CORDON_KEY, HIDDEN_KEY, ROLE_KEY
 from souk.proxy.policy import Policies, ServicePolicy
 
 APP_HEADER = "souk-app"
-HIDDEN_KEY = "souk.hidden"
-ROLE_KEY = "souk.role"
-CORDON_KEY = "souk_cordoned"
 TRUE = frozenset({"true", "1", "yes"})
 
 WOKEN_FOR = (

@@ -21,7 +21,7 @@ from aiohttp import web
 from souk.catalog.bus import NatsBus
 from souk.catalog.replica import following
 from souk.catalog.view import CatalogView
-from souk.proxy.broker import BrokerClient
+from souk.clients.machines import MachinesClient
 from souk.proxy.forward import Forwarder, app_header, make_session
 from souk.proxy.idle import Autostop, stop_task
 from souk.proxy.policy import Policies
@@ -56,7 +56,7 @@ class Proxy:
     def __init__(self, view: CatalogView, opts: ProxyOptions) -> None:
         self.view = view
         self.opts = opts
-        self.broker = BrokerClient(opts.api, opts.token)
+        self.broker = MachinesClient(opts.api, opts.token, timeout=30.0)
         self.policies = Policies(self.broker)
         self.loads = Loads()
         self.marks = Marks()

@@ -21,8 +21,8 @@ import time
 from collections.abc import Coroutine
 from typing import Any
 
+from souk.clients.machines import MachinesApiError, MachinesClient
 from souk.models.catalog import MachineRow
-from souk.proxy.broker import BrokerClient, BrokerError
 from souk.proxy.routing import Backend, Router, backend_of, is_standby
 
 log = logging.getLogger("souk.proxy.wake")
@@ -51,7 +51,7 @@ async def port_open(host: str, port: int, deadline: float) -> bool:
 
 
 class Waker:
-    def __init__(self, router: Router, broker: BrokerClient, start_timeout: float = 10.0) -> None:
+    def __init__(self, router: Router, broker: MachinesClient, start_timeout: float = 10.0) -> None:
         """Works on the router's view of the fleet, its loads, marks and service settings."""
         self.broker = broker
         self.router = router
@@ -148,7 +148,7 @@ class Waker:
             if left <= 0 or not await self.broker.wait(row.app, row.id, "started", left):
                 log.warning("%s of %s did not start in time", row.id, row.app)
                 return None
-        except BrokerError as exc:
+        except MachinesApiError as exc:
             log.warning("could not start %s of %s: %s", row.id, row.app, exc)
             return None
         if not await port_open(backend.host, backend.port, deadline):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from souk.broker.workers import WorkerError
+from souk.clients.workers import WorkerError
 from souk.web import ApiError
 from souk.web.errors import Handler
 

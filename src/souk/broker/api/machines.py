@@ -14,7 +14,7 @@ from souk.broker.api.params import flag, lease_nonce, machine_ids, policy, strat
 from souk.broker.api.state import broker_of
 from souk.broker.auth import grant_of
 from souk.broker.placement.pipeline import NoCapacity
-from souk.broker.workers import WorkerError
+from souk.clients.workers import WorkerError
 from souk.models.api import (
     CreateMachineRequest,
     OkResponse,

@@ -9,9 +9,8 @@ from souk.broker.api.params import lease_nonce, machine_ids
 from souk.broker.api.state import broker_of
 from souk.models.api import MetadataPatch, MetadataValue, OkResponse
 from souk.models.machine import Machine, MetadataChange
+from souk.models.wire import CORDON_KEY
 from souk.web import ApiError, read_model, reply
-
-CORDON_KEY = "souk_cordoned"
 
 
 async def set_metadata(

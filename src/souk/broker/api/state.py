@@ -13,7 +13,7 @@ from pydantic import BaseModel
 from souk.broker.fleet import Fleet
 from souk.broker.placement.pipeline import Placer
 from souk.broker.registry import AppRegistry
-from souk.broker.workers import WorkerClient
+from souk.clients.workers import WorkerClient
 from souk.models.catalog import AppRow
 from souk.models.machine import Machine
 from souk.web import ApiError

@@ -11,8 +11,8 @@ import asyncio
 import contextlib
 
 from souk.broker.placement.candidates import Candidate
-from souk.broker.workers import WorkerClient, WorkerError
 from souk.catalog.bus import Bus, Message
+from souk.clients.workers import WorkerClient, WorkerError
 from souk.models.api import Refusal
 from souk.models.capacity import Offer, OfferCall, OfferRequest, offers_subject
 from souk.models.catalog import WorkerRow

@@ -56,8 +56,8 @@ from souk.broker.placement.stages import (
     rank,
     with_cached_image,
 )
-from souk.broker.workers import WorkerClient
 from souk.catalog.bus import Bus
+from souk.clients.workers import WorkerClient
 from souk.models.api import Refusal, Strategy
 from souk.models.capacity import OfferRequest
 from souk.models.catalog import WorkerRow

@@ -13,7 +13,7 @@ import logging
 import secrets
 
 from souk.broker.placement.candidates import Candidate
-from souk.broker.workers import WorkerClient, WorkerError
+from souk.clients.workers import WorkerClient, WorkerError
 from souk.models.api import Refusal
 from souk.models.machine import CreateMachine, Machine
 

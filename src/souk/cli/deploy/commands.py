@@ -6,62 +6,31 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
-from collections.abc import Coroutine
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, cast, get_args
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
+from souk.cli.client import API, TOKEN, connect
+from souk.cli.command import fail, run
 from souk.cli.deploy import config as cfgmod
-from souk.cli.deploy.client import Api, ApiError
 from souk.cli.deploy.config import AppConfig, ConfigError, StrategyName
+from souk.cli.deploy.errors import DeployError
+from souk.cli.deploy.output import Outcome, machine_row, report, table
 from souk.cli.deploy.plan import MachineView, sort_fleet
+from souk.cli.deploy.progress import Progress
 from souk.cli.deploy.releases import RollbackError, current, releases, rollback_target
-from souk.cli.deploy.strategies import (
-    DeployError,
-    MachineFailed,
-    Outcome,
-    Progress,
-    deploy,
-    describe,
-    machine_row,
-    views,
-)
+from souk.cli.deploy.run import deploy, views
+from souk.clients.machines import MachinesClient
 
-API = typer.Option(None, "--api", help="Broker URL (default: $SOUK_API, or souk dev's).")
-TOKEN = typer.Option(None, "--token", help="Bearer token (default: $SOUK_TOKEN, or souk dev's).")
 JSON = typer.Option(False, "--json", help="Machine-readable output.")
 CONFIG = typer.Option(Path("souk.toml"), "--config", "-c", help="The app's souk.toml.")
 APP = typer.Option(None, "--app", "-a", help="The app (default: souk.toml's).")
 STRATEGY = typer.Option(None, "--strategy", help="rolling, immediate, canary or bluegreen.")
 
 scale = typer.Typer(help="Change how many instances an app runs.", no_args_is_help=True)
-T = TypeVar("T")
-
-
-def _run(coro: Coroutine[Any, Any, T], as_json: bool) -> T:
-    """Run a command's coroutine; API and config errors become a message and exit 1."""
-    try:
-        return asyncio.run(coro)
-    except ConfigError as exc:
-        _fail(str(exc), as_json, code=2)
-    except ApiError as exc:
-        _fail(f"error {exc}", as_json)
-    except RollbackError as exc:
-        _fail(str(exc), as_json)
-    except KeyboardInterrupt:  # leases were released on the way out
-        _fail("interrupted", as_json, code=130)
-    raise AssertionError("unreachable")
-
-
-def _fail(message: str, as_json: bool, code: int = 1) -> None:
-    if as_json:
-        print(json.dumps({"ok": False, "error": message}, indent=2))
-    else:
-        typer.echo(message, err=True)
-    raise typer.Exit(code)
 
 
 def _app_name(app: str | None, config: Path) -> str:
@@ -76,44 +45,9 @@ def _app_name(app: str | None, config: Path) -> str:
 def _strategy(value: str | None) -> StrategyName | None:
     if value is None:
         return None
-    if value not in ("rolling", "immediate", "canary", "bluegreen"):
+    if value not in get_args(StrategyName):
         raise typer.BadParameter("rolling, immediate, canary or bluegreen", param_hint="--strategy")
-    return value  # type: ignore[return-value]
-
-
-def _report(outcome: Outcome | DeployError, progress: Progress, as_json: bool) -> None:
-    if isinstance(outcome, DeployError):
-        _failed(outcome, progress, as_json)
-        return
-    if as_json:
-        print(json.dumps({**outcome.to_json(), "events": progress.events}, indent=2))
-        return
-    _table(outcome.machines, f"{outcome.app}: release {outcome.release}")
-
-
-def _table(rows: list[dict[str, Any]], title: str) -> None:
-    columns = ["region", "id", "role", "release", "state", "health", "worker"]
-    table = Table(*columns, title=title)
-    for row in rows:
-        role = row["role"] + (" (hidden)" if row.get("hidden") else "")
-        table.add_row(*(str(row.get(c) if c != "role" else role) for c in columns))
-    Console().print(table)
-
-
-def _failed(exc: DeployError, progress: Progress, as_json: bool) -> None:
-    if as_json:
-        print(json.dumps({**describe(exc), "events": progress.events}, indent=2))
-        raise typer.Exit(1)
-    console = Console(stderr=True, highlight=False)
-    console.print(f"[bold red]deploy failed:[/bold red] {exc.message}")
-    if isinstance(exc, MachineFailed):
-        logs = exc.details.get("logs", {})
-        for stream in ("stdout", "stderr"):
-            if logs.get(stream):
-                console.print(f"[dim]--- last lines of {exc.details['machine']} {stream} ---[/dim]")
-                for line in logs[stream]:
-                    console.print(line, markup=False)
-    raise typer.Exit(1)
+    return cast(StrategyName, value)
 
 
 async def _deploy(
@@ -126,7 +60,7 @@ async def _deploy(
     counts: dict[str, int] | None = None,
     release: int | None = None,
 ) -> Outcome | DeployError:
-    async with Api(api_url, token) as api:
+    async with connect(api_url, token) as api:
         try:
             return await deploy(api, cfg, progress, strategy, description, counts, release)
         except DeployError as exc:
@@ -158,11 +92,10 @@ def deploy_command(
         if changes:
             cfg = cfgmod.parse({**cfg.model_dump(mode="json"), **changes})
     except ConfigError as exc:
-        _fail(str(exc), as_json, code=2)
-        return
+        fail(str(exc), as_json, exc.code)
     progress = Progress(quiet=as_json)
-    result = _run(_deploy(api, token, cfg, progress, _strategy(strategy), message), as_json)
-    _report(result, progress, as_json)
+    result = run(_deploy(api, token, cfg, progress, _strategy(strategy), message), as_json)
+    report(result, progress, as_json)
 
 
 def rollback(
@@ -181,7 +114,7 @@ def rollback(
     progress = Progress(quiet=as_json)
 
     async def go() -> Outcome | DeployError:
-        async with Api(api, token) as client:
+        async with connect(api, token) as client:
             target = rollback_target(await client.app_metadata(name), version)
         cfg = cfgmod.parse({**target.config, "app": name})
         progress.step(f"rolling back {name} to release {target.version} ({target.what()})")
@@ -189,7 +122,7 @@ def rollback(
             api, token, cfg, progress, _strategy(strategy), f"rollback to {target.version}"
         )
 
-    _report(_run(go(), as_json), progress, as_json)
+    report(run(go(), as_json), progress, as_json)
 
 
 def releases_command(
@@ -203,17 +136,17 @@ def releases_command(
     name = _app_name(app, config)
 
     async def go() -> dict[str, str]:
-        async with Api(api, token) as client:
+        async with connect(api, token) as client:
             return await client.app_metadata(name)
 
-    meta = _run(go(), as_json)
+    meta = run(go(), as_json)
     cur = current(meta)
     rows = releases(meta)
     if as_json:
         out = [{**r.model_dump(), "current": r.version == cur} for r in rows]
         print(json.dumps(out, indent=2))
         return
-    table = Table(
+    listing = Table(
         "version",
         "status",
         "strategy",
@@ -225,8 +158,8 @@ def releases_command(
     for r in rows:
         mark = " (current)" if r.version == cur else ""
         note = r.description + (f" [red]{r.error}[/red]" if r.error else "")
-        table.add_row(f"{r.version}{mark}", r.status, r.strategy, r.what(), r.created_at, note)
-    Console().print(table)
+        listing.add_row(f"{r.version}{mark}", r.status, r.strategy, r.what(), r.created_at, note)
+    Console().print(listing)
 
 
 @scale.command("count")
@@ -248,7 +181,7 @@ def scale_count(
     progress = Progress(quiet=as_json)
 
     async def go() -> Outcome | DeployError:
-        async with Api(api, token) as client:
+        async with connect(api, token) as client:
             meta = await client.app_metadata(name)
             cur = current(meta)
             if cur is None:
@@ -260,7 +193,7 @@ def scale_count(
         counts[region] = count
         return await _deploy(api, token, cfg, progress, None, "", counts, cur)
 
-    _report(_run(go(), as_json), progress, as_json)
+    report(run(go(), as_json), progress, as_json)
 
 
 def status(
@@ -274,10 +207,10 @@ def status(
     name = _app_name(app, config)
 
     async def go() -> tuple[dict[str, str], list[MachineView]]:
-        async with Api(api, token) as client:
+        async with connect(api, token) as client:
             return await asyncio.gather(client.app_metadata(name), views(client, name))
 
-    meta, machines = _run(go(), as_json)
+    meta, machines = run(go(), as_json)
     cur = current(meta)
     rows = sorted(
         (machine_row(m) for m in machines),
@@ -298,7 +231,7 @@ def status(
     console.print(f"[bold]{name}[/bold]: release {cur if cur is not None else '-'}")
     for region, states in sorted(regions.items()):
         console.print(f"  {region}: " + ", ".join(f"{n} {s}" for s, n in sorted(states.items())))
-    _table(rows, f"machines of {name}")
+    table(rows, f"machines of {name}")
 
 
 def logs(
@@ -316,7 +249,7 @@ def logs(
     stream = "stderr" if stderr else "stdout"
 
     async def go() -> None:
-        async with Api(api, token) as client:
+        async with connect(api, token) as client:
             if machine_id:
                 ids = [(machine_id, "")]
             else:
@@ -333,14 +266,12 @@ def logs(
                     sys.stdout.write(f"{prefix}{line}\n")
             sys.stdout.flush()
 
-    _run(go(), False)
+    run(go())
 
 
-async def _follow(client: Api, app: str, mid: str, prefix: str, stream: str) -> None:
+async def _follow(client: MachinesClient, app: str, mid: str, prefix: str, stream: str) -> None:
     pending = b""
-    async for chunk in client.stream(
-        f"/v1/apps/{app}/machines/{mid}/logs", {"stream": stream, "follow": "true"}
-    ):
+    async for chunk in client.stream_logs(app, mid, stream):
         pending += chunk
         *done, pending = pending.split(b"\n")
         for line in done:

@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from souk.cli.command import CommandError, problems
 from souk.models.api import REGION_NAME
 from souk.models.duration import Duration
 from souk.models.machine import (
@@ -27,17 +28,15 @@ from souk.models.machine import (
     Service,
     StopConfig,
 )
-
-# Metadata keys a deploy puts on every machine it manages (the proxy reads them too).
-ROLE = "souk.role"  # primary | standby | canary
-RELEASE = "souk.release"  # the release number the machine runs
-HIDDEN = "souk.hidden"  # "true": the proxy sends it no traffic (blue/green before the switch)
+from souk.models.wire import HIDDEN_KEY, RELEASE_KEY, ROLE_KEY, Role
 
 StrategyName = Literal["rolling", "immediate", "canary", "bluegreen"]
 
 
-class ConfigError(Exception):
+class ConfigError(CommandError):
     """souk.toml is unreadable or invalid; the message names every bad field."""
+
+    code = 2
 
 
 class Strict(BaseModel):
@@ -148,12 +147,12 @@ class AppConfig(Strict):
         return self
 
     def machine_config(
-        self, release: int, role: str, standby_for: str | None = None, hidden: bool = False
+        self, release: int, role: Role, standby_for: str | None = None, hidden: bool = False
     ) -> MachineConfig:
         """The Machines API config for one machine of this release."""
-        metadata = {ROLE: role, RELEASE: str(release)}
+        metadata = {ROLE_KEY: role, RELEASE_KEY: str(release)}
         if hidden:
-            metadata[HIDDEN] = "true"
+            metadata[HIDDEN_KEY] = "true"
         return MachineConfig(
             image=self.image,
             init=InitConfig(exec=self.command) if self.command else InitConfig(),
@@ -168,20 +167,11 @@ class AppConfig(Strict):
         )
 
 
-def _problem(err: Any) -> str:
-    where = ".".join(str(p) for p in err["loc"])
-    message = str(err["msg"]).removeprefix("Value error, ")
-    if err["type"] == "extra_forbidden":
-        message = "unknown field"
-    return f"{where}: {message}" if where else message
-
-
 def parse(data: dict[str, Any]) -> AppConfig:
     try:
         return AppConfig.model_validate(data)
     except ValidationError as exc:
-        problems = [_problem(e) for e in exc.errors()]
-        raise ConfigError("\n".join(problems)) from None
+        raise ConfigError(problems(exc)) from None
 
 
 def loads(text: str) -> AppConfig:

@@ -16,8 +16,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from souk.cli.deploy.config import HIDDEN, RELEASE, ROLE
+from souk.models.api import PublicMachine
 from souk.models.machine import MachineConfig
+from souk.models.wire import HIDDEN_KEY, RELEASE_KEY, ROLE_KEY
 
 RUNNING = ("started", "starting")
 
@@ -59,18 +60,22 @@ class MachineView(BaseModel):
     checks: list[CheckView] = []
     events: list[EventView] = []
 
+    @classmethod
+    def of(cls, machine: PublicMachine) -> MachineView:
+        return cls.model_validate(machine, from_attributes=True)
+
     @property
     def role(self) -> str | None:
-        return self.config.metadata.get(ROLE)
+        return self.config.metadata.get(ROLE_KEY)
 
     @property
     def release(self) -> int | None:
-        value = self.config.metadata.get(RELEASE, "")
+        value = self.config.metadata.get(RELEASE_KEY, "")
         return int(value) if value.isdigit() else None
 
     @property
     def hidden(self) -> bool:
-        return self.config.metadata.get(HIDDEN) == "true"
+        return self.config.metadata.get(HIDDEN_KEY) == "true"
 
     @property
     def standby_for(self) -> str | None:

@@ -19,6 +19,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ValidationError
 
+from souk.cli.command import CommandError
+
 PREFIX = "release."
 CURRENT = "release.current"
 LOCK = "deploy.lock"
@@ -93,8 +95,8 @@ def is_release_key(key: str) -> bool:
     return key.startswith(PREFIX) and key[len(PREFIX) :].isdigit()
 
 
-class RollbackError(Exception):
-    pass
+class RollbackError(CommandError):
+    """No release to go back to, or none to scale."""
 
 
 def rollback_target(meta: dict[str, str], version: int | None = None) -> Release:

@@ -1,0 +1,218 @@
+"""A worker's internal HTTP API, for the broker: one pooled client for every worker, and the
+only place the worker's paths are spelled.
+
+Worker errors come back as `WorkerError` carrying the worker's own status and body, so the
+broker can pass a 404 or a 409 through and turn a 412 into a placement refusal.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import orjson
+from pydantic import BaseModel, TypeAdapter
+
+from souk.clients.http import ClientError, HttpClient
+from souk.models.api import NONCE_HEADER, Lease, WorkerLeaseRequest
+from souk.models.capacity import Capacity, Offer, OfferRequest
+from souk.models.machine import (
+    CreateMachine,
+    Machine,
+    MachineEvent,
+    MetadataChange,
+    StopRequest,
+    UpdateMachine,
+    WaitResult,
+)
+
+DEFAULT_TIMEOUT = 10.0
+
+_MACHINES = TypeAdapter(list[Machine])
+_EVENTS = TypeAdapter(list[MachineEvent])
+
+
+class WorkerError(ClientError):
+    """A worker answered with an error, or could not be reached (`http_status` 0 then)."""
+
+    def __init__(
+        self,
+        worker: str,
+        http_status: int,
+        reason: str,
+        message: str,
+        details: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__(http_status, reason, message, details)
+        self.worker = worker
+
+    def __str__(self) -> str:
+        return f"worker {self.worker}: {self.message}"
+
+
+def _path(machine_id: str, verb: str = "") -> str:
+    return f"/v1/machines/{machine_id}" + (f"/{verb}" if verb else "")
+
+
+class WorkerClient(HttpClient):
+    """Typed calls to any worker, given its id (for errors) and base URL."""
+
+    def __init__(self, session: aiohttp.ClientSession | None = None) -> None:
+        super().__init__(session, limit=0, limit_per_host=64)
+
+    async def request(
+        self,
+        worker: str,
+        base: str,
+        method: str,
+        path: str,
+        body: BaseModel | None = None,
+        params: dict[str, str] | None = None,
+        timeout: float = DEFAULT_TIMEOUT,
+        nonce: str | None = None,
+        accept: tuple[int, ...] = (),
+    ) -> Any:
+        """The decoded JSON answer of a call (None for an empty one). The broker's call sites
+        that still pass a path use it; the methods below are the typed calls."""
+        headers = {NONCE_HEADER: nonce} if nonce else None
+        fail = functools.partial(WorkerError, worker)
+        url = base + path
+        payload = await self.send(fail, method, url, body, params, headers, timeout, accept)
+        return orjson.loads(payload) if payload else None
+
+    async def action(
+        self,
+        worker: str,
+        base: str,
+        method: str,
+        path: str,
+        body: BaseModel | None = None,
+        params: dict[str, str] | None = None,
+        nonce: str | None = None,
+        timeout: float = DEFAULT_TIMEOUT,
+    ) -> Machine:
+        """A call answered with the machine."""
+        data = await self.request(worker, base, method, path, body, params, timeout, nonce)
+        return Machine.model_validate(data)
+
+    # --- the worker --------------------------------------------------------------------
+
+    async def capacity(self, worker: str, base: str, timeout: float = DEFAULT_TIMEOUT) -> Capacity:
+        data = await self.request(worker, base, "GET", "/v1/capacity", timeout=timeout)
+        return Capacity.model_validate(data)
+
+    async def offer(self, worker: str, base: str, req: OfferRequest, timeout: float) -> Offer:
+        data = await self.request(worker, base, "POST", "/v1/offers", req, timeout=timeout)
+        return Offer.model_validate(data)
+
+    async def cordon(self, worker: str, base: str, cordoned: bool = True) -> Capacity:
+        path = "/v1/cordon" if cordoned else "/v1/uncordon"
+        data = await self.request(worker, base, "POST", path)
+        return Capacity.model_validate(data)
+
+    # --- machines ----------------------------------------------------------------------
+
+    async def create(self, worker: str, base: str, req: CreateMachine, timeout: float) -> Machine:
+        return await self.action(worker, base, "POST", "/v1/machines", req, timeout=timeout)
+
+    async def machine(self, worker: str, base: str, machine_id: str) -> Machine:
+        return await self.action(worker, base, "GET", _path(machine_id))
+
+    async def machines(
+        self, worker: str, base: str, app: str | None = None, include_deleted: bool = False
+    ) -> list[Machine]:
+        """The worker's machines (of one app, if given)."""
+        params = {"app": app} if app else {}
+        if include_deleted:
+            params["include_deleted"] = "true"
+        data = await self.request(worker, base, "GET", "/v1/machines", params=params)
+        return _MACHINES.validate_python(data)
+
+    async def update(
+        self, worker: str, base: str, machine_id: str, req: UpdateMachine, nonce: str | None
+    ) -> Machine:
+        return await self.action(worker, base, "PUT", _path(machine_id), req, nonce=nonce)
+
+    async def patch_metadata(
+        self, worker: str, base: str, machine_id: str, change: MetadataChange, nonce: str | None
+    ) -> Machine:
+        path = _path(machine_id, "metadata")
+        return await self.action(worker, base, "PATCH", path, change, nonce=nonce)
+
+    async def start(self, worker: str, base: str, machine_id: str, nonce: str | None) -> Machine:
+        return await self.action(worker, base, "POST", _path(machine_id, "start"), nonce=nonce)
+
+    async def stop(
+        self, worker: str, base: str, machine_id: str, req: StopRequest, nonce: str | None
+    ) -> Machine:
+        path = _path(machine_id, "stop")
+        return await self.action(worker, base, "POST", path, req, nonce=nonce)
+
+    async def restart(self, worker: str, base: str, machine_id: str, nonce: str | None) -> Machine:
+        path = _path(machine_id, "restart")
+        return await self.action(worker, base, "POST", path, nonce=nonce)
+
+    async def destroy(
+        self,
+        worker: str,
+        base: str,
+        machine_id: str,
+        force: bool = False,
+        nonce: str | None = None,
+        timeout: float = DEFAULT_TIMEOUT,
+    ) -> Machine:
+        params = {"force": "true"} if force else None
+        path = _path(machine_id)
+        return await self.action(worker, base, "DELETE", path, None, params, nonce, timeout)
+
+    async def wait(
+        self, worker: str, base: str, machine_id: str, params: dict[str, str], timeout: float
+    ) -> tuple[bool, WaitResult]:
+        """Whether the machine reached the state asked for in `params` (a 408 is a no, not an
+        error), and where it is."""
+        data = await self.request(
+            worker,
+            base,
+            "GET",
+            _path(machine_id, "wait"),
+            params=params,
+            timeout=timeout + 5.0,
+            accept=(408,),
+        )
+        result = WaitResult.model_validate(data)  # a 408 says ok: false
+        return result.ok, result
+
+    async def events(self, worker: str, base: str, machine_id: str) -> list[MachineEvent]:
+        data = await self.request(worker, base, "GET", _path(machine_id, "events"))
+        return _EVENTS.validate_python(data)
+
+    @contextlib.asynccontextmanager
+    async def logs(
+        self, worker: str, base: str, machine_id: str, params: dict[str, str]
+    ) -> AsyncIterator[AsyncIterator[bytes]]:
+        """The machine's output as it arrives (`stream`, `follow` in `params`); an error answer
+        is raised on entry."""
+        fail = functools.partial(WorkerError, worker)
+        async with self.stream(fail, base + _path(machine_id, "logs"), params) as chunks:
+            yield chunks
+
+    # --- leases --------------------------------------------------------------------------
+
+    async def lease(self, worker: str, base: str, machine_id: str) -> Lease:
+        data = await self.request(worker, base, "GET", _path(machine_id, "lease"))
+        return Lease.model_validate(data)
+
+    async def acquire_lease(
+        self, worker: str, base: str, machine_id: str, req: WorkerLeaseRequest, nonce: str | None
+    ) -> Lease:
+        path = _path(machine_id, "lease")
+        data = await self.request(worker, base, "POST", path, req, nonce=nonce)
+        return Lease.model_validate(data)
+
+    async def release_lease(
+        self, worker: str, base: str, machine_id: str, nonce: str | None
+    ) -> None:
+        await self.request(worker, base, "DELETE", _path(machine_id, "lease"), nonce=nonce)

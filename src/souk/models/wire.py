@@ -1,0 +1,14 @@
+"""Metadata keys and values more than one part reads or writes: a deploy marks machines, the
+broker cordons them, the proxy routes by those marks. Spelled here only, so that a writer and
+its readers cannot drift apart."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+ROLE_KEY = "souk.role"  # a deploy's machine: its part in its instance (see Role)
+RELEASE_KEY = "souk.release"  # a deploy's machine: the release number it runs
+HIDDEN_KEY = "souk.hidden"  # "true": the proxy sends it no traffic (blue/green before the switch)
+CORDON_KEY = "souk_cordoned"  # "true": a machine cordon, out of the proxy's rotation
+
+Role = Literal["primary", "standby", "canary"]
