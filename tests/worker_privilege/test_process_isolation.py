@@ -6,6 +6,7 @@ import json
 import os
 import secrets
 import stat
+import subprocess
 import sys
 from pathlib import Path
 
@@ -174,3 +175,51 @@ def _uid(pid: int) -> int | None:
         return None
     line = next(x for x in status.splitlines() if x.startswith("Uid:"))
     return int(line.split()[1])
+
+
+NOT_ROOT = r"""
+import asyncio, json, os, sys
+from pathlib import Path
+from souk.models.machine import CreateMachine, MachineConfig
+from souk.worker.daemon import make_driver, running
+from souk.worker.engine import Engine
+from souk.worker.settings import WorkerSettings
+
+async def main():
+    s = WorkerSettings("w1", "mad", Path(sys.argv[1]), 1, 256, durable=False)
+    async with running(Engine(s, make_driver("process", s))) as engine:
+        config = MachineConfig(init={"exec": ["sh", "-c", "id -u; pwd"]}, restart={"policy": "no"})
+        m = await engine.create(CreateMachine(app="alpha", config=config))
+        ok, _ = await engine.wait(m.id, "stopped", 15, None)
+        users = engine.store.read.execute(
+            "SELECT name FROM sqlite_master WHERE name = 'app_users'"
+        ).fetchall()
+        log = (s.rundir(m.id) / "stdout.log").read_text().split()
+        print(json.dumps({"ok": ok, "log": log, "table": len(users), "id": m.id}))
+
+asyncio.run(main())
+"""
+
+
+def test_a_worker_that_is_not_root_runs_machines_as_itself(tmp_path: Path) -> None:
+    nobody = 65534
+    data = tmp_path / "w1"
+    data.mkdir()
+    os.chown(data, nobody, nobody)
+    src = Path(app_users.__file__).parents[2]
+    proc = subprocess.run(
+        [sys.executable, "-c", NOT_ROOT, str(data)],
+        user=nobody,
+        group=nobody,
+        extra_groups=[],
+        env={"PYTHONPATH": str(src), "PATH": os.environ["PATH"]},
+        cwd=data,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    seen = json.loads(proc.stdout.splitlines()[-1])
+    assert seen["ok"]
+    assert seen["log"] == [str(nobody), str(app_users.home(data, "alpha", seen["id"]))]
+    assert seen["table"] == 0  # no ids given out: there are none to give

@@ -40,6 +40,7 @@ BASE = 200_000
 SPAN = 65_536  # a container's ids 0..65535: every id an image's files normally use
 LAST_ID = 2**32 - 2  # (uid_t) -1 means "leave unchanged" to chown and setresuid
 APPS = "apps"
+_swept: dict[Path, tuple[int, int, int]] = {}  # data dirs as they were when last swept
 
 TABLE = """
 CREATE TABLE IF NOT EXISTS app_users (
@@ -96,16 +97,25 @@ def home(data_dir: Path, app: str, machine_id: str) -> Path:
 def secure(data_dir: Path) -> None:
     """Close the data directory to everyone but the worker, except the way to `apps/`.
 
-    Swept before every start rather than set once, so that whatever appeared at the top since
-    (a new cache directory, SQLite's side files) is closed before any machine runs again."""
-    _set_mode(data_dir, 0o711)
+    Checked before every start rather than set once, so that whatever appeared at the top since
+    (a new cache directory, SQLite's side files) is closed before any machine runs again; the
+    directory's mtime says whether anything did."""
+    st = os.lstat(data_dir)
+    if _swept.get(data_dir) == (st.st_ino, st.st_mtime_ns, stat.S_IMODE(st.st_mode)):
+        return
+    _set_mode(data_dir, 0o711, st)
     for entry in os.scandir(data_dir):
         if entry.name == APPS or entry.is_symlink():
             continue
-        mode = stat.S_IMODE(entry.stat(follow_symlinks=False).st_mode)
-        if mode & 0o077:
-            os.chmod(entry.path, mode & 0o700)
-    _make_dir(data_dir / APPS, 0o711, 0, 0)
+        try:
+            mode = stat.S_IMODE(entry.stat(follow_symlinks=False).st_mode)
+            if mode & 0o077:
+                os.chmod(entry.path, mode & 0o700)
+        except FileNotFoundError:  # gone meanwhile (a journal SQLite removed)
+            continue
+    _make_dir(data_dir / APPS, 0o711, os.geteuid(), os.getegid())
+    # As it was before the sweep: anything added meanwhile makes the next start look again.
+    _swept[data_dir] = (st.st_ino, st.st_mtime_ns, 0o711)
 
 
 async def assign(store: Store, data_dir: Path, launch: Launch) -> Launch:
