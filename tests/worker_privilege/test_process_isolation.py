@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from souk.worker import app_users
+from souk.worker.cgroups import detect
 from souk.worker.daemon import make_driver, running
 from souk.worker.engine import Engine
 from souk.worker.settings import WorkerSettings
@@ -135,6 +136,9 @@ async def test_the_data_directory_is_closed_but_the_way_to_each_app(
     assert mode(worker_settings.rundir(m.id) / "stdout.log") == (0o600, 0, 0)
     status = Path(f"/proc/{pid}/status").read_text()
     assert f"Uid:\t{uid}\t{uid}\t{uid}\t{uid}" in status
+    assert os.getpgid(pid) == pid  # still its own process group, which stop signals
+    if detect() != "none":  # and in its cgroup, which the worker placed it in
+        assert f"/souk/{worker_settings.name}/{m.id}" in Path(f"/proc/{pid}/cgroup").read_text()
 
 
 async def test_a_restarted_worker_gives_each_app_the_same_ids(
