@@ -3,8 +3,52 @@
 from __future__ import annotations
 
 import logging
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
+
+_private_temp: list[Path] = []
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config: pytest.Config) -> None:
+    # A root worker runs machines as their apps' own users, in directories below its data dir:
+    # those users must be able to pass through (not list) the temporary directories above. Every
+    # pytest run makes its shared /tmp/pytest-of-root private again, so a root run gets a
+    # temporary root of its own instead (removed when the run passes).
+    if os.geteuid() == 0 and config.option.basetemp is None:
+        root = Path(tempfile.mkdtemp(prefix="souk-tests-"))
+        root.chmod(0o711)
+        config.option.basetemp = str(root / "run")
+        _private_temp.append(root)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if exitstatus == 0:
+        for root in _private_temp:
+            shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _temp_dirs_reachable(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Every temporary directory open to others for passing through (pytest makes them 0700)."""
+
+    def reachable(path: Path) -> Path:
+        path.chmod(path.stat().st_mode | 0o001)
+        return path
+
+    reachable(tmp_path_factory.getbasetemp())
+    mktemp = tmp_path_factory.mktemp
+
+    def mktemp_reachable(basename: str, numbered: bool = True) -> Path:
+        return reachable(mktemp(basename, numbered))
+
+    tmp_path_factory.mktemp = mktemp_reachable  # type: ignore[method-assign]
+    yield
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

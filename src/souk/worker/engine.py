@@ -33,6 +33,7 @@ from souk.models.machine import (
     MetadataChange,
 )
 from souk.web import ApiError
+from souk.worker import app_users
 from souk.worker.checks import HealthChecks
 from souk.worker.drivers.base import Driver, DriverKind, Drivers, Handle, Launch
 from souk.worker.fsm import OPERATIONS, TRANSITIONS, Operation, Step, check_transition
@@ -685,6 +686,7 @@ class Engine:
             rundir=self.settings.rundir(machine_id),
             private_ip=row["private_ip"] or "127.0.0.1",
             resumed=marker not in self._marked_here,
+            home=app_users.home(self.settings.data_dir, row["app"], machine_id),
         )
 
     def _driver(self, kind: DriverKind | None) -> Driver:
@@ -717,7 +719,7 @@ class Engine:
         return i + 1
 
     async def _step_spawn(self, m: str, op_id: int, op: Operation, i: int, p: Any) -> int:
-        launch = self._launch(m, op_id)
+        launch = await app_users.assign(self.store, self.settings.data_dir, self._launch(m, op_id))
         self._marked_here.discard(launch.marker)
         kind = Drivers.kind_of(launch.config)
         driver = self._driver(kind)

@@ -25,6 +25,16 @@ class Handle:
 
 
 @dataclass(frozen=True)
+class HostUser:
+    """The host identity an app's machines run as: `uid`/`gid` for host commands, and the `span`
+    of ids from there that a container's user namespace maps (its root is `uid` on the host)."""
+
+    uid: int
+    gid: int
+    span: int
+
+
+@dataclass(frozen=True)
 class Launch:
     machine_id: str
     app: str
@@ -37,6 +47,10 @@ class Launch:
     # Whether an earlier worker run may have spawned this marker already: only then must a
     # driver look for that copy (for the process driver, a scan of every process on the host).
     resumed: bool = True
+    # The app's own directory for this machine (a host command's home, a container's root
+    # filesystem), and the identity that owns it; None: the machine runs as the worker does.
+    home: Path | None = None
+    user: HostUser | None = None
 
 
 class Driver(Protocol):

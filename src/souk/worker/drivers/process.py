@@ -4,17 +4,24 @@ Processes are started in a new session so they outlive a crash of the worker; ea
 marker in its environment, so a restarted worker finds (adopts) it instead of starting a second
 copy. Output goes straight to files in the machine's directory (no pipe to the worker that would
 break if the worker died); `logs.py` keeps those files within their size budget.
+
+A root worker runs each app's processes as the app's own host user (`app_users.py`), with no
+supplementary groups, in the machine's own home directory; the worker keeps the process group,
+the cgroup and the log files, which stay root's.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import signal as signals
+from pathlib import Path
+from typing import IO, Any
 
 from souk.worker import procfs
 from souk.worker.cgroups import Cgroups
-from souk.worker.drivers.base import Handle, Launch
+from souk.worker.drivers.base import Handle, HostUser, Launch
 
 POLL = 0.05
 
@@ -23,7 +30,7 @@ def machine_env(launch: Launch) -> dict[str, str]:
     """What a machine sees: its config's env plus who and where it is."""
     env = {
         "PATH": os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin"),
-        "HOME": str(launch.rundir),
+        "HOME": str(launch.home or launch.rundir),
         "LANG": "C.UTF-8",
     }
     env.update(launch.config.env)
@@ -48,26 +55,34 @@ class ProcessDriver:
         self._exits: dict[str, asyncio.Future[int | None]] = {}
 
     async def prepare(self, launch: Launch) -> None:
-        (launch.rundir / "work").mkdir(parents=True, exist_ok=True)
+        _workdir(launch).mkdir(parents=True, exist_ok=True)
 
     async def spawn(self, launch: Launch) -> Handle:
         if launch.resumed and (running := self.adopt(launch.machine_id, launch.marker, None)):
             return running
-        workdir = launch.rundir / "work"
+        workdir = _workdir(launch)
         workdir.mkdir(parents=True, exist_ok=True)
-        with (
-            open(launch.rundir / "stdout.log", "ab") as out,
-            open(launch.rundir / "stderr.log", "ab") as err,
-        ):
-            proc = await asyncio.create_subprocess_exec(
-                *launch.config.argv(),
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=out,
-                stderr=err,
-                cwd=workdir,
-                env=machine_env(launch),
-                start_new_session=True,
-            )
+        argv = launch.config.argv()
+        with _log(launch.rundir / "stdout.log") as out, _log(launch.rundir / "stderr.log") as err:
+            try:
+                proc = await asyncio.create_subprocess_exec(
+                    *argv,
+                    stdin=asyncio.subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=err,
+                    cwd=workdir,
+                    env=machine_env(launch),
+                    start_new_session=True,
+                    **_identity(launch.user),
+                )
+            except PermissionError as exc:
+                if launch.user is None:
+                    raise
+                raise PermissionError(
+                    exc.errno,
+                    f"the app's host user (uid {launch.user.uid}) may not run {argv[0]}: it and"
+                    " every directory above it must be open to others",
+                ) from exc
         guest = launch.config.guest
         self.cgroups.limit(launch.machine_id, proc.pid, guest.cpus, guest.memory_mb)
         started = procfs.start_time(proc.pid) or "0"
@@ -147,6 +162,25 @@ class ProcessDriver:
     async def cleanup(self, launch: Launch) -> None:
         self._exits.pop(launch.machine_id, None)
         self.cgroups.remove(launch.machine_id)
+        if launch.home is not None:
+            await asyncio.to_thread(shutil.rmtree, launch.home, True)
+
+
+def _workdir(launch: Launch) -> Path:
+    return launch.home or launch.rundir / "work"
+
+
+def _identity(user: HostUser | None) -> dict[str, Any]:
+    """What subprocess needs to start the process as the app's user; nothing to drop unless the
+    worker is root."""
+    if user is None or os.geteuid() != 0:
+        return {}
+    return {"user": user.uid, "group": user.gid, "extra_groups": []}
+
+
+def _log(path: Path) -> IO[bytes]:
+    """The worker's own file for the machine's output: the machine only gets its descriptor."""
+    return open(path, "ab", opener=lambda name, flags: os.open(name, flags, 0o600))
 
 
 def _killpg(pid: int, sig: int) -> None:

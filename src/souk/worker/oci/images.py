@@ -16,11 +16,20 @@ from typing import Any, TypeVar
 
 import aiohttp
 
+from souk.worker.drivers.base import HostUser
 from souk.worker.oci.config import ImageConfig
 from souk.worker.oci.manifest import Descriptor
 from souk.worker.oci.reference import ImageRef
 from souk.worker.oci.registry import RegistryClient, Resolved
-from souk.worker.oci.rootfs import is_mounted, merge_copy, mount_overlay, overlay_supported, unmount
+from souk.worker.oci.rootfs import (
+    idmap_supported,
+    is_mounted,
+    merge_copy,
+    mount_overlay,
+    overlay_supported,
+    unmount,
+    unmount_layers,
+)
 from souk.worker.oci.store import BlobStore, ImageRecord
 from souk.worker.oci.unpack import unpack_layer
 
@@ -64,6 +73,7 @@ class ImageCache:
         self.store = BlobStore(root, budget, in_use)
         self.parallel = parallel
         self.overlay = overlay_supported(root / "tmp") if overlay is None else overlay
+        self._idmap: bool | None = None
         self.downloads = 0  # blobs fetched from a registry, for tests and metrics
         self._check_layer_format(root)
 
@@ -183,28 +193,39 @@ class ImageCache:
 
     # -- root filesystems ------------------------------------------------------------------
 
-    async def prepare_rootfs(self, image: Image, workdir: Path) -> Path:
+    async def idmap(self) -> bool:
+        """Whether overlayfs takes idmapped layers here (probed on first use: only containers
+        in a user namespace need them); if not, such a container gets a shifted copy."""
+        if self._idmap is None:
+            scratch = self.store.root / "tmp"
+            self._idmap = self.overlay and await asyncio.to_thread(idmap_supported, scratch)
+        return self._idmap
+
+    async def prepare_rootfs(
+        self, image: Image, workdir: Path, user: HostUser | None = None
+    ) -> Path:
         """A writable root filesystem of `image` for one machine, in `workdir` (the machine's
-        own directory for it); idempotent, and pins the image until `release_rootfs`."""
+        own directory for it); idempotent, and pins the image until `release_rootfs`. With
+        `user`, it is owned by that user's range (for a container in a user namespace)."""
         self.store.pin(image.digest, str(workdir))
         rootfs = workdir / "rootfs"
         layers = [self.store.layer_path(d) for d in image.layers]
         missing = [d for d in image.layers if self.store.layer_size(d) is None]
         if missing:
             raise FileNotFoundError(f"layers of {image.name} are not unpacked: {missing}")
-        if self.overlay:
+        if self.overlay and (user is None or await self.idmap()):
             if not is_mounted(rootfs):
                 empty = self.store.root / "empty"
                 empty.mkdir(exist_ok=True)
                 lowers = list(reversed(layers)) or [empty]
                 upper, work = workdir / "upper", workdir / "work"
-                await asyncio.to_thread(mount_overlay, lowers, upper, work, rootfs)
+                await asyncio.to_thread(mount_overlay, lowers, upper, work, rootfs, user)
         else:
             done = workdir / "rootfs.done"
             if not done.exists():
                 if rootfs.exists():
                     await asyncio.to_thread(shutil.rmtree, rootfs)
-                await asyncio.to_thread(merge_copy, layers, rootfs)
+                await asyncio.to_thread(merge_copy, layers, rootfs, user)
                 done.touch()
         record = self.store.image(image.digest)
         if record is not None:
@@ -217,6 +238,7 @@ class ImageCache:
         rootfs = workdir / "rootfs"
         if is_mounted(rootfs):
             await asyncio.to_thread(unmount, rootfs)
+        await asyncio.to_thread(unmount_layers, workdir / "layers")
         for name in ("rootfs", "upper", "work"):
             await asyncio.to_thread(shutil.rmtree, workdir / name, True)
         for name in ("rootfs.done", "image.json"):

@@ -14,7 +14,7 @@ import shlex
 import shutil
 import signal as signals
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from souk.worker import procfs
 from souk.worker.drivers.base import Handle, Launch
@@ -78,7 +78,7 @@ class RuncDriver:
         if not launch.config.image:
             raise RuncError("the runc driver runs images; this machine names none")
         image = await self.images.pull(launch.config.image)
-        rootfs = await self.images.prepare_rootfs(image, launch.rundir / "image")
+        rootfs = await self.images.prepare_rootfs(image, _image_dir(launch), launch.user)
         netns = await network.setup(launch.machine_id, launch.private_ip)
         env = {
             "SOUK_MACHINE_ID": launch.machine_id,
@@ -96,9 +96,10 @@ class RuncDriver:
             netns=netns,
             cgroup=f"/{self.cgroup_parent}/{launch.machine_id}",
             annotations={MARKER: launch.marker, "souk.image": image.digest},
+            user=launch.user,
         )
         bundle = launch.rundir / "bundle"
-        bundle.mkdir(parents=True, exist_ok=True)
+        bundle.mkdir(mode=0o700, parents=True, exist_ok=True)
         tmp = bundle / "config.json.tmp"
         tmp.write_text(json.dumps(spec, indent=1))
         os.replace(tmp, bundle / "config.json")
@@ -115,14 +116,11 @@ class RuncDriver:
         exit_file, pid_file = launch.rundir / "exit_code", launch.rundir / "container.pid"
         exit_file.unlink(missing_ok=True)
         pid_file.unlink(missing_ok=True)
-        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         run = [self.runc, "--root", str(self.state_dir), "run", "--bundle", "bundle"]
         run += ["--pid-file", pid_file.name, cid]
         script = f"{shlex.join(run)}; echo $? > exit_code.tmp; mv -f exit_code.tmp exit_code"
-        with (
-            open(launch.rundir / "stdout.log", "ab") as out,
-            open(launch.rundir / "stderr.log", "ab") as err,
-        ):
+        with _log(launch.rundir / "stdout.log") as out, _log(launch.rundir / "stderr.log") as err:
             shim = await asyncio.create_subprocess_exec(
                 shutil.which("sh") or "sh",
                 "-c",
@@ -214,12 +212,8 @@ class RuncDriver:
         return await self._exit_code(done, rundir / "exit_code")
 
     def _rundir_of(self, machine_id: str) -> Path | None:
-        path = self.state_dir / self.container_id(machine_id) / "state.json"
-        try:
-            bundle = json.loads(path.read_text())["config"]["rootfs"]
-        except (OSError, ValueError, KeyError):
-            return None
-        return Path(bundle).parents[1]  # <rundir>/image/rootfs
+        bundle = self._annotations(machine_id).get("bundle")  # runc's label: <rundir>/bundle
+        return Path(bundle).parent if bundle else None
 
     async def wait(self, machine_id: str) -> int | None:
         pending = self._exits.get(machine_id)
@@ -253,7 +247,19 @@ class RuncDriver:
         self._exits.pop(launch.machine_id, None)
         await self._runc("delete", "--force", self.container_id(launch.machine_id), check=False)
         await network.teardown(launch.machine_id)
-        await self.images.release_rootfs(launch.rundir / "image")
+        await self.images.release_rootfs(_image_dir(launch))
+        if launch.home is not None:
+            await asyncio.to_thread(shutil.rmtree, launch.home, True)
+
+
+def _image_dir(launch: Launch) -> Path:
+    """Where the root filesystem goes: below the app's directory, which the container's root
+    must be able to walk to in a user namespace."""
+    return (launch.home or launch.rundir) / "image"
+
+
+def _log(path: Path) -> IO[bytes]:
+    return open(path, "ab", opener=lambda name, flags: os.open(name, flags, 0o600))
 
 
 def _resolve(future: asyncio.Future[None]) -> None:

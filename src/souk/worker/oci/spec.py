@@ -1,31 +1,105 @@
 """The OCI runtime spec (`config.json`) runc runs a machine from: the image config's process,
-overridden by the machine config, its guest limits as cgroup limits, and its own namespaces."""
+overridden by the machine config, its guest limits as cgroup limits, and its own namespaces.
+
+What a container may do is cut down as runc's own `runc spec` does (its short capability list,
+no new privileges, masked and read-only kernel files), plus a seccomp filter that refuses the
+system calls a service never needs and the kernel's riskiest surfaces (docs/oci.md says which and
+why); given the app's host ids, its root is root only inside a user namespace of its own.
+"""
 
 from __future__ import annotations
 
+import errno
+import platform
 from pathlib import Path
 from typing import Any
 
 from souk.models.machine import MachineConfig
+from souk.worker.drivers.base import HostUser
 from souk.worker.oci.config import ImageConfig
 
 CPU_PERIOD = 100_000
-CAPABILITIES = [
-    "CAP_CHOWN",
-    "CAP_DAC_OVERRIDE",
-    "CAP_FOWNER",
-    "CAP_FSETID",
-    "CAP_KILL",
-    "CAP_SETGID",
-    "CAP_SETUID",
-    "CAP_SETPCAP",
-    "CAP_NET_BIND_SERVICE",
-    "CAP_NET_RAW",
-    "CAP_SYS_CHROOT",
-    "CAP_MKNOD",
-    "CAP_AUDIT_WRITE",
-    "CAP_SETFCAP",
+CAPABILITIES = ["CAP_AUDIT_WRITE", "CAP_KILL", "CAP_NET_BIND_SERVICE"]
+MASKED_PATHS = [
+    "/proc/acpi",
+    "/proc/asound",
+    "/proc/kcore",
+    "/proc/keys",
+    "/proc/latency_stats",
+    "/proc/timer_list",
+    "/proc/timer_stats",
+    "/proc/sched_debug",
+    "/sys/firmware",
+    "/proc/scsi",
+    "/sys/devices/virtual/tpm",
 ]
+READONLY_PATHS = ["/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger"]
+DENIED_SYSCALLS = [
+    # the kernel keyring is not namespaced: keys of the host and of other containers
+    "add_key",
+    "keyctl",
+    "request_key",
+    # the filesystem view: a container gets the mounts runc made, and no others
+    "mount",
+    "umount2",
+    "pivot_root",
+    "open_tree",
+    "move_mount",
+    "fsopen",
+    "fsconfig",
+    "fsmount",
+    "fspick",
+    "mount_setattr",
+    # the kernel itself: what runs in it, and whether it runs at all
+    "kexec_load",
+    "kexec_file_load",
+    "init_module",
+    "finit_module",
+    "delete_module",
+    "reboot",
+    "swapon",
+    "swapoff",
+    "acct",
+    # large attack surfaces a service does not need
+    "bpf",
+    "perf_event_open",
+    "userfaultfd",
+    "open_by_handle_at",  # opens any file of a filesystem by its handle, past the mounts
+    # joining namespaces (and, below, making user namespaces)
+    "setns",
+]
+CLONE_NEWUSER = 0x10000000
+ARCHITECTURES = {
+    "x86_64": ["SCMP_ARCH_X86_64", "SCMP_ARCH_X86", "SCMP_ARCH_X32"],
+    "aarch64": ["SCMP_ARCH_AARCH64", "SCMP_ARCH_ARM"],
+}
+
+
+def seccomp_profile() -> dict[str, Any]:
+    """Allow by default, refuse the calls above with EPERM. A user namespace would give its
+    maker every capability inside it, and with them kernel code meant for root: `unshare` and
+    `clone` may not make one, and `clone3` (whose flags a filter cannot read) says it does not
+    exist, so that libc falls back to `clone`."""
+    new_user_ns = {
+        "index": 0,
+        "value": CLONE_NEWUSER,
+        "valueTwo": CLONE_NEWUSER,
+        "op": "SCMP_CMP_MASKED_EQ",
+    }
+    return {
+        "defaultAction": "SCMP_ACT_ALLOW",
+        "architectures": ARCHITECTURES.get(platform.machine(), []),
+        "syscalls": [
+            {"names": DENIED_SYSCALLS, "action": "SCMP_ACT_ERRNO", "errnoRet": errno.EPERM},
+            {
+                "names": ["unshare", "clone"],
+                "action": "SCMP_ACT_ERRNO",
+                "errnoRet": errno.EPERM,
+                "args": [new_user_ns],
+            },
+            {"names": ["clone3"], "action": "SCMP_ACT_ERRNO", "errnoRet": errno.ENOSYS},
+        ],
+    }
 
 
 def resolve_user(user: str, rootfs: Path) -> tuple[int, int]:
@@ -62,7 +136,10 @@ def runtime_spec(
     netns: Path | None,
     cgroup: str,
     annotations: dict[str, str],
+    user: HostUser | None = None,
 ) -> dict[str, Any]:
+    """With `user`, the container runs in a user namespace mapping its ids 0.. to the user's
+    range: its root is root inside, and an unprivileged id of the app's on the host."""
     argv = image.argv(config.init)
     if not argv:
         raise ValueError("the image names no command and the machine config gives none")
@@ -74,6 +151,28 @@ def runtime_spec(
     namespaces.append({"type": "network", "path": str(netns)} if netns else {"type": "network"})
     guest = config.guest
     memory = guest.memory_mb << 20
+    sysfs: dict[str, Any] = {
+        "destination": "/sys",
+        "type": "sysfs",
+        "source": "sysfs",
+        "options": ["nosuid", "noexec", "nodev", "ro"],
+    }
+    ids: dict[str, Any] = {}
+    if user is not None:
+        namespaces.append({"type": "user"})
+        ids = {
+            "uidMappings": [{"containerID": 0, "hostID": user.uid, "size": user.span}],
+            "gidMappings": [{"containerID": 0, "hostID": user.gid, "size": user.span}],
+        }
+        if netns is not None:
+            # sysfs may only be mounted by the user namespace that owns the network namespace,
+            # and the worker made that one: the host's, read-only, as rootless runc does.
+            sysfs = {
+                "destination": "/sys",
+                "type": "none",
+                "source": "/sys",
+                "options": ["rbind", "nosuid", "noexec", "nodev", "ro"],
+            }
     return {
         "ociVersion": "1.0.2",
         "hostname": hostname,
@@ -108,16 +207,17 @@ def runtime_spec(
                 "source": "shm",
                 "options": ["nosuid", "noexec", "nodev", "mode=1777", "size=65536k"],
             },
-            {"destination": "/dev/mqueue", "type": "mqueue", "source": "mqueue"},
             {
-                "destination": "/sys",
-                "type": "sysfs",
-                "source": "sysfs",
-                "options": ["nosuid", "noexec", "nodev", "ro"],
+                "destination": "/dev/mqueue",
+                "type": "mqueue",
+                "source": "mqueue",
+                "options": ["nosuid", "noexec", "nodev"],
             },
+            sysfs,
         ],
         "linux": {
             "namespaces": namespaces,
+            **ids,
             "cgroupsPath": cgroup,
             "resources": {
                 "devices": [{"allow": False, "access": "rwm"}],
@@ -125,7 +225,8 @@ def runtime_spec(
                 "cpu": {"quota": guest.cpus * CPU_PERIOD, "period": CPU_PERIOD},
                 "pids": {"limit": 4096},
             },
-            "maskedPaths": ["/proc/kcore", "/proc/keys", "/proc/timer_list", "/sys/firmware"],
-            "readonlyPaths": ["/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys"],
+            "maskedPaths": MASKED_PATHS,
+            "readonlyPaths": READONLY_PATHS,
+            "seccomp": seccomp_profile(),
         },
     }

@@ -1,0 +1,53 @@
+"""Workers that run as root, as on a real host: their machines run as their apps' own users."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from souk.models.machine import CreateMachine, MachineConfig
+from souk.worker.daemon import make_driver, running
+from souk.worker.engine import Engine
+from souk.worker.settings import WorkerSettings
+from tests.oci.conftest import client, registry  # noqa: F401
+from tests.worker.conftest import settings
+
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="only a root worker has ids to give")
+
+
+def machine(app: str, argv: list[str], **config: object) -> CreateMachine:
+    values: dict[str, object] = {"init": {"exec": argv}, "restart": {"policy": "no"}}
+    values.update(config)
+    return CreateMachine(app=app, config=MachineConfig.model_validate(values))
+
+
+async def pid_of(engine: Engine, machine_id: str) -> int:
+    ok, found = await engine.wait(machine_id, "started", 15, None)
+    assert ok, found.state
+    row = engine.store.read.execute("SELECT pid FROM machines WHERE id = ?", (machine_id,))
+    return int(row.fetchone()["pid"])
+
+
+async def destroy_all(engine: Engine) -> None:
+    """Machines outlive their worker: take them down with it."""
+    for found in engine.machines():
+        await engine.submit(found.id, "destroy", {"force": True})
+    for found in engine.machines():
+        await engine.wait(found.id, "destroyed", 15, None)
+
+
+@pytest.fixture
+def worker_settings(tmp_path: Path) -> WorkerSettings:
+    return settings(tmp_path)
+
+
+@pytest.fixture
+async def engine(worker_settings: WorkerSettings) -> AsyncIterator[Engine]:
+    async with running(Engine(worker_settings, make_driver("process", worker_settings))) as e:
+        try:
+            yield e
+        finally:
+            await destroy_all(e)
