@@ -20,11 +20,11 @@ from pathlib import Path
 
 from souk.models.machine import InitConfig, MachineConfig
 from souk.worker.drivers.base import Launch
+from souk.worker.drivers.runc import RuncDriver
 from souk.worker.oci.build import ImageSpec, busybox_layer, layer, push_image
 from souk.worker.oci.images import ImageCache
 from souk.worker.oci.reference import ImageRef
 from souk.worker.oci.registry import RegistryClient, RegistryConfig
-from souk.worker.oci.runc_driver import RuncDriver
 from souk.worker.oci.spec import runtime_spec
 
 SLEEP = ["/bin/sleep", "60"]
