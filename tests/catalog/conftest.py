@@ -8,6 +8,7 @@ from collections.abc import Callable
 
 from souk.catalog.owner import Owner
 from souk.catalog.replica import Replica
+from souk.catalog.signing import Signer
 from souk.catalog.sim import SimRows
 
 BEAT = 0.05
@@ -35,8 +36,10 @@ def converged(replica: Replica, owners: list[SimRows]) -> bool:
     return True
 
 
-async def start_owner(bus: object, src: SimRows, beat: float = BEAT) -> Owner:
-    owner = Owner(bus, src, heartbeat_every=beat)  # type: ignore[arg-type]
+async def start_owner(
+    bus: object, src: SimRows, beat: float = BEAT, signer: Signer | None = None
+) -> Owner:
+    owner = Owner(bus, src, heartbeat_every=beat, signer=signer)  # type: ignore[arg-type]
     src.publisher = owner
     await owner.start()
     return owner

@@ -101,6 +101,7 @@ class ReplicaProcess:
             str(self.unreachable_after),
             "--log-level",
             "warning",
+            "--insecure",
         ]
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log)
