@@ -39,6 +39,7 @@ def get(url: str) -> Any:
 class NatsServer:
     port: int = field(default_factory=free_port)
     proc: subprocess.Popen[bytes] | None = None
+    config: Path | None = None  # a configuration file (with this port), else plain on loopback
 
     @property
     def url(self) -> str:
@@ -46,8 +47,9 @@ class NatsServer:
 
     def start(self) -> None:
         assert NATS is not None
+        argv = [NATS, "-a", "127.0.0.1", "-p", str(self.port)]
         self.proc = subprocess.Popen(
-            [NATS, "-a", "127.0.0.1", "-p", str(self.port)],
+            argv if self.config is None else [NATS, "-c", str(self.config)],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
@@ -83,6 +85,7 @@ class ReplicaProcess:
     unreachable_after: float = 2.0
     port: int = field(default_factory=free_port)
     proc: subprocess.Popen[bytes] | None = None
+    security: list[str] = field(default_factory=lambda: ["--insecure"])  # or --ca, --cert ...
 
     @property
     def url(self) -> str:
@@ -101,7 +104,7 @@ class ReplicaProcess:
             str(self.unreachable_after),
             "--log-level",
             "warning",
-            "--insecure",
+            *self.security,
         ]
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log)
