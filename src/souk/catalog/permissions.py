@@ -152,10 +152,12 @@ def render(
     routes: Sequence[str] = (),
     cluster_port: int = 6222,
     cluster_name: str = "souk",
+    extra_users: Sequence[dict[str, Any]] = (),
 ) -> str:
     """The whole configuration file. With `routes`, the server joins a cluster whose route
     connections use the same TLS and accept only peers whose certificate names one of the
-    routes' hosts (`verify_cert_and_check_known_urls`)."""
+    routes' hosts (`verify_cert_and_check_known_urls`). `extra_users`: users with permissions
+    of their own, as nats-server reads them (a benchmark speaking for a thousand owners)."""
     if not nodes:
         raise ConfigError("no nodes: give at least one --node ROLE:NAME")
     users = [n.user for n in nodes]
@@ -170,7 +172,10 @@ def render(
         "listen": f"{host}:{port}",
         "tls": {**tls, "verify_and_map": True},
         "authorization": {
-            "users": [{"user": n.user, "permissions": permissions(n)} for n in nodes]
+            "users": [
+                *({"user": n.user, "permissions": permissions(n)} for n in nodes),
+                *extra_users,
+            ]
         },
     }
     if routes:

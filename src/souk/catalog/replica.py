@@ -134,6 +134,7 @@ class Replica:
         self.stats: dict[str, int] = defaultdict(int)
         self.guard = Guard(trust, self._want_cert, self.store.save_cert)
         self._cert_asked: dict[str, float] = {}
+        self._hello_at = -CERT_RETRY
         self._load()
 
     # --- lifecycle -------------------------------------------------------------------------
@@ -160,6 +161,7 @@ class Replica:
         self.ready.set()
         for owner in list(self.owners):
             self._maybe_pull(owner)
+        self._hello_at = time.monotonic()
         await self.bus.publish(HELLO, b"{}")
 
     async def caught_up(self, timeout: float) -> bool:
@@ -498,9 +500,12 @@ class Replica:
     # --- certificates ---------------------------------------------------------------------
 
     def _want_cert(self, owner: str) -> None:
-        """An owner signed with a certificate we do not know: ask it for it (not too often)."""
+        """An owner signed with a certificate we do not know: ask it for it (not too often, and
+        not right after our hello, which every owner answers with its certificate)."""
         now = time.monotonic()
         if now - self._cert_asked.get(owner, -CERT_RETRY) < CERT_RETRY or not self._subs:
+            return
+        if now - self._hello_at < CERT_RETRY:
             return
         self._cert_asked[owner] = now
         self._spawn(self._fetch_cert(owner))
