@@ -415,7 +415,7 @@ async def replica_process(
     ("-" for none)."""
     samples: list[tuple[float, float]] = []  # (commit, visible) wall-clock times
     received: list[tuple[float, float]] = []  # (commit, decoded here)
-    counters: list[tuple[float, int, int]] = []  # (wall, gaps, pulls)
+    counters: list[tuple[float, int, int, int]] = []  # (wall, gaps, pulls, refused)
     stamp_batches(replica_module, "decode_batch", received)
     pauses = GcPauses()
     profiler = cProfile.Profile() if profile else None
@@ -432,7 +432,10 @@ async def replica_process(
 
         async def sample() -> None:
             while True:
-                counters.append((time.time(), replica.stats["gaps"], replica.stats["pulls"]))
+                refused = sum(replica.guard.refused.values())
+                counters.append(
+                    (time.time(), replica.stats["gaps"], replica.stats["pulls"], refused)
+                )
                 await asyncio.sleep(0.1)
 
         async def announce() -> None:
@@ -453,7 +456,7 @@ async def replica_process(
             profiler.dump_stats(out.with_suffix(".prof"))
         for task in tasks:
             task.cancel()
-        stats = dict(replica.stats) | {"refused": sum(replica.guard.refused.values())}
+        stats = dict(replica.stats) | dict(replica.guard.refused)
     await bus.close()
     result = {"samples": samples, "received": received, "counters": counters, "stats": stats}
     out.write_text(json.dumps(result | {"gc": pauses.pauses}))
@@ -660,7 +663,7 @@ class Row:
     replica_gc_ms_per_s: float
     owners_gc_max_ms: float
     owners_gc_ms_per_s: float
-    refused: int = 0  # messages the first replica refused (none is forged here)
+    refused: int = 0  # messages the first replica refused in the window (none is forged here)
     replica_p99_ms: list[float] = field(default_factory=list)  # per replica
 
 
@@ -703,12 +706,14 @@ def cpu_now(pids: dict[str, int]) -> dict[str, float]:
     return times
 
 
-def counted(samples: list[list[float]], t0: float, t1: float) -> tuple[int, int]:
-    """From a replica's (wall, gaps, pulls) samples: the gaps and pulls it had within t0..t1."""
+def counted(samples: list[list[float]], t0: float, t1: float) -> tuple[int, int, int]:
+    """From a replica's (wall, gaps, pulls, refused) samples: how many of each it had within
+    t0..t1."""
     inside = [s for s in samples if t0 <= s[0] <= t1]
     if len(inside) < 2:
-        return 0, 0
-    return int(inside[-1][1] - inside[0][1]), int(inside[-1][2] - inside[0][2])
+        return 0, 0, 0
+    first, last = inside[0], inside[-1]
+    return int(last[1] - first[1]), int(last[2] - first[2]), int(last[3] - first[3])
 
 
 def stage(stamps: Sequence[Sequence[float]], t0: float, t1: float) -> list[float]:
@@ -742,7 +747,7 @@ def summarize(
     ch = [b - a for a, b in zip(w.counts0["ch"], w.counts1["ch"], strict=True)]
     hb = [b - a for a, b in zip(w.counts0["hb"], w.counts1["hb"], strict=True)]
     p99 = pct(first, 99)
-    gaps, pulls = counted(results[0]["counters"], w.t0, w.t1)
+    gaps, pulls, refused = counted(results[0]["counters"], w.t0, w.t1)
     cpu = {k: 100 * (w.cpu1[k] - w.cpu0[k]) / seconds for k in w.cpu0}
     ours = cpu["owners"] + cpu["nats"] + sum(v for k, v in cpu.items() if k.startswith("replica"))
     return Row(
@@ -778,7 +783,7 @@ def summarize(
         replica_gc_ms_per_s=replica_gc[1],
         owners_gc_max_ms=owners_gc[0],
         owners_gc_ms_per_s=owners_gc[1],
-        refused=int(results[0]["stats"].get("refused", 0)),
+        refused=refused,
         replica_p99_ms=[pct(lat, 99) for lat in per_replica],
     )
 

@@ -428,8 +428,10 @@ async def test_a_certificate_learnt_late_is_asked_for() -> None:
     bus, ca = InProcessBus(), Ca()
     replica = await secure_replica(bus, ca)
     src = SimRows("w1", "mad")
-    bus.faults.down = True  # the first beat, the one with the certificate, is lost
+    bus.faults.down = True  # the first beat and batch, the ones with the certificate, are lost
     owner = await start_owner(bus, src, signer=ca.node("worker", "w1").signer())
+    src.machine("web")
+    await asyncio.sleep(0.05)
     bus.faults.down = False
     src.machine("web")
     await eventually(lambda: converged(replica, [src]))

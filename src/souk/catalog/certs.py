@@ -16,6 +16,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from cryptography.x509.oid import NameOID
 
+from souk.catalog.permissions import inbox_prefix
 from souk.catalog.signing import Ed25519Signer
 
 
@@ -104,7 +105,5 @@ def client_tls(ca: Path, cert: Path, key: Path) -> ssl.SSLContext:
 def bus_options(ca: Path, cert: Path, key: Path) -> dict[str, Any]:
     """`NatsBus.connect` options for a node on an authenticated bus: mutual TLS with its
     certificate, and replies in the inbox only it may read."""
-    from souk.catalog.permissions import inbox_prefix
-
     role, name = role_and_name(cert)
     return {"tls": client_tls(ca, cert, key), "inbox_prefix": inbox_prefix(role, name)}

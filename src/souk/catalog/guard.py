@@ -123,8 +123,14 @@ class Guard:
         changes: list[Change],
         fp: str,
         sig: str,
+        cert: str = "",
     ) -> Signed:
         """A batch or pull reply, checked against its owner's key; raises Refused."""
+        if cert:
+            try:
+                self.learn(cert)
+            except Refused as exc:
+                self.refuse(exc, f"the certificate on a {kind} of {owner!r}")
         key = self._key(owner, fp)
         signature = self._sig(sig)
         rows = [(c.table, c.key, c.seq, c.row) for c in changes]

@@ -77,6 +77,8 @@ class Owner:
         self.heartbeat_every = heartbeat_every
         self.signer = signer
         self.chain = TickChain() if signer is not None else None
+        # The next batch carries the certificate: it may overtake the heartbeat that does.
+        self._cert_due = signer is not None
         self.published = source.head()
         self._pending: list[_Pending] = []
         self._wake = asyncio.Event()
@@ -135,6 +137,8 @@ class Owner:
             )
             if self.signer is not None:
                 batch.fp, batch.sig = self._sign("batch", batch.prev, head, False, batch.changes)
+                if self._cert_due:
+                    batch.cert, self._cert_due = b64(self.signer.certificate), False
             self.published = head
             self.batches += 1
             await self.bus.publish(changes_subject(src.region, src.owner), encode(batch))
@@ -172,6 +176,7 @@ class Owner:
                 log.exception("heartbeat failed")
 
     async def _on_hello(self, _: Message) -> None:
+        self._cert_due = self.signer is not None
         await self.heartbeat(with_cert=True)
 
     async def _on_cert(self, msg: Message) -> None:

@@ -88,6 +88,7 @@ class Batch:
     changes: list[Change]
     fp: str = ""  # the signing certificate's fingerprint, empty on an unsigned catalog
     sig: str = ""
+    cert: str = ""  # the certificate, on the first batch after a start or a hello
 
 
 @dataclass
@@ -190,6 +191,7 @@ def decode_batch(data: bytes) -> Batch:
             _changes(d["changes"]),
             str(d.get("fp") or ""),
             str(d.get("sig") or ""),
+            str(d.get("cert") or ""),
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise ProtocolError(f"malformed batch: {exc}") from None

@@ -378,6 +378,7 @@ class Replica:
                     batch.changes,
                     batch.fp,
                     batch.sig,
+                    batch.cert,
                 )
             except Refused as exc:
                 self.guard.refuse(exc, f"a batch of {batch.owner!r}")
