@@ -73,13 +73,7 @@ def signed_reply(signer: Signer, reply: PullReply) -> PullReply:
 
 
 def signed_beat(signer: Signer, beat: Heartbeat, n: int = 1) -> Heartbeat:
-    beat.fp, beat.chain, beat.chain_at, beat.n, beat.tick = (
-        signer.fingerprint,
-        b64(b"a" * 32),
-        1,
-        n,
-        b64(b"t" * 32),
-    )
+    beat.fp, beat.chain_at, beat.n, beat.tick = signer.fingerprint, 1, n, b64(b"t" * 32)
     beat.sig = b64(signer.sign(beat_statement(beat)))
     beat.cert = b64(signer.certificate)
     return beat

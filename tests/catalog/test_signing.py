@@ -47,14 +47,15 @@ def test_every_leaf_of_every_tree_leads_to_its_root() -> None:
 
 def test_a_tick_chain_is_followed_across_lost_beats_and_renewed_when_used_up() -> None:
     chain = TickChain(length=4)
-    anchor, at, n, tick = chain.next()
-    assert n == 1 and tick_follows(unb64(tick), 1, unb64(anchor))
-    _, _, n3, tick3 = (chain.next(), chain.next())[1]  # beat 2 lost
-    assert n3 == 3 and tick_follows(unb64(tick3), 2, unb64(tick))
-    assert not tick_follows(unb64(tick), 2, unb64(tick3))  # a chain runs one way only
-    chain.next()
-    renewed, later, n, _ = chain.next()
-    assert (n, renewed != anchor, later > at) == (1, True, True)
+    at, n, tick = chain.next()
+    _, n2, tick2 = chain.next()
+    assert (n, n2) == (1, 2) and tick_follows(unb64(tick2), 1, unb64(tick))
+    _, n4, tick4 = (chain.next(), chain.next())[1]  # beat 3 lost
+    assert n4 == 4 and tick_follows(unb64(tick4), 2, unb64(tick2))
+    assert not tick_follows(unb64(tick2), 2, unb64(tick4))  # a chain runs one way only
+    assert not tick_follows(unb64(tick4), 1, unb64(tick2))
+    later, n, fresh = chain.next()  # used up: a new chain, made later
+    assert (n, later > at) == (1, True) and not tick_follows(unb64(fresh), 4, unb64(tick4))
 
 
 def test_names_become_one_subject_token_each() -> None:

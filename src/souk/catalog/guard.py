@@ -49,7 +49,6 @@ class _Chain:
     """The last heartbeat accepted from an owner, with a checked signature or tick."""
 
     fp: str
-    anchor: str
     at: int
     n: int
     last: bytes
@@ -149,7 +148,7 @@ class Guard:
             and applied is not None
             and beat.head <= applied
             and 0 < beat.n - held.n <= CHAIN_LENGTH
-            and (beat.fp, beat.chain, beat.chain_at) == (held.fp, held.anchor, held.at)
+            and (beat.fp, beat.chain_at) == (held.fp, held.at)
             and (beat.epoch, beat.region, beat.apps) == (held.epoch, held.region, held.apps)
         ):
             try:
@@ -174,7 +173,7 @@ class Guard:
         except ValueError:
             raise Refused("bad_signature", "a tick that is not base64") from None
         self._chains[beat.owner] = _Chain(
-            beat.fp, beat.chain, beat.chain_at, beat.n, tick, beat.epoch, beat.region, beat.apps
+            beat.fp, beat.chain_at, beat.n, tick, beat.epoch, beat.region, beat.apps
         )
 
     def _check(self, owner: str, header: Header, sig: bytes) -> None:

@@ -161,7 +161,7 @@ class Owner:
         beat = Heartbeat(src.owner, src.region, src.epoch, self.published, src.apps())
         if self.signer is not None and self.chain is not None:
             beat.fp = self.signer.fingerprint
-            beat.chain, beat.chain_at, beat.n, beat.tick = self.chain.next()
+            beat.chain_at, beat.n, beat.tick = self.chain.next()
             beat.sig = b64(self.signer.sign(beat_statement(beat)))
             if with_cert:
                 beat.cert = b64(self.signer.certificate)

@@ -100,8 +100,7 @@ class Heartbeat:
     apps: list[str] = field(default_factory=list)
     fp: str = ""
     sig: str = ""
-    chain: str = ""  # the anchor of the owner's tick chain (see `signing.TickChain`)
-    chain_at: int = 0  # when that chain was made, ms: a newer chain replaces an older one
+    chain_at: int = 0  # when the owner's tick chain was made, ms (see `signing.TickChain`)
     n: int = 0  # this beat's place in the chain
     tick: str = ""  # the chain's n-th element, which only the owner can know before it shows it
     cert: str = ""  # the certificate itself, on the first beat and on answers to a hello
@@ -208,7 +207,6 @@ def decode_heartbeat(data: bytes) -> Heartbeat:
             [str(a) for a in d.get("apps", [])],
             str(d.get("fp") or ""),
             str(d.get("sig") or ""),
-            str(d.get("chain") or ""),
             int(d.get("chain_at") or 0),
             int(d.get("n") or 0),
             str(d.get("tick") or ""),

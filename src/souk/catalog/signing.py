@@ -10,10 +10,10 @@ single-row batch (the usual one) has an empty path: its proof is the header and 
 
 Heartbeats are signed too, but a replica checks the signature only when a beat brings news (a new
 epoch, apps, a head it has not applied, a new chain); otherwise it checks the beat's tick: the
-next element of a hash chain whose anchor a signed beat announced. Only the owner knows the
-chain's next element before it shows it, so a tick proves the owner is alive for the cost of a
-hash, where a signature check costs about a hundred times more, a thousand times a second at a
-thousand owners.
+next element of a hash chain, one step back towards the element of the last beat it accepted.
+Only the owner knows the chain's next element before it shows it, so a tick proves the owner is
+alive for the cost of a hash, where a signature check costs about a hundred times more, a
+thousand times a second at a thousand owners.
 """
 
 from __future__ import annotations
@@ -328,7 +328,6 @@ def beat_statement(b: Heartbeat) -> bytes:
             b.head,
             b.apps,
             b.fp,
-            b.chain,
             b.chain_at,
             b.n,
             b.tick,
@@ -344,9 +343,10 @@ def _step(x: bytes) -> bytes:
 
 
 class TickChain:
-    """The owner's side: x[n] for n = 1.. of a chain whose anchor x[0] = H^L(seed) is signed;
-    each beat shows the next element, and a replica checks H(x[n]) = x[n-1] (or a few steps, if
-    beats were lost). A used-up chain is replaced by a new one, announced by a signed beat."""
+    """The owner's side: x[n] for n = 1.. of a chain x[n-1] = H(x[n]) from a random seed x[L].
+    Each beat shows the next element; a replica that accepted x[m] (signed, or by its tick)
+    checks H^(n-m)(x[n]) = x[m]. A used-up chain is replaced by a new one, made later (`at`),
+    whose first beat a replica checks by its signature."""
 
     def __init__(self, length: int = CHAIN_LENGTH) -> None:
         self.length = length
@@ -359,18 +359,17 @@ class TickChain:
         for _ in range(self.length):
             x = _step(x)
             elements.append(x)
-        elements.reverse()  # elements[0] is the anchor
+        elements.reverse()  # elements[n] hashes to elements[n - 1]
         self.elements = elements
         self.at = max(self.at + 1, time.time_ns() // 1_000_000)
-        self.anchor = b64(elements[0])
         self.n = 0
 
-    def next(self) -> tuple[str, int, int, str]:
-        """(anchor, made at, n, x[n]) for the next beat."""
+    def next(self) -> tuple[int, int, str]:
+        """(chain made at, n, x[n]) for the next beat."""
         if self.n >= self.length:
             self._new()
         self.n += 1
-        return self.anchor, self.at, self.n, b64(self.elements[self.n])
+        return self.at, self.n, b64(self.elements[self.n])
 
 
 def tick_follows(tick: bytes, steps: int, last: bytes) -> bool:
