@@ -456,3 +456,21 @@ async def test_the_app_registry_signs_as_a_broker() -> None:
     await owner.stop()
     assert [a.name for a in replica.apps()] == ["shop-broker"]
     await replica.stop()
+
+
+async def test_a_beat_with_a_good_tick_but_a_forged_head_starts_no_pull() -> None:
+    bus, ca = InProcessBus(), Ca()
+    replica = await secure_replica(bus, ca)
+    src = SimRows("w1", "mad")
+    signer = ca.node("worker", "w1").signer()
+    owner = await start_owner(bus, src, beat=60, signer=signer)
+    await eventually(lambda: converged(replica, [src]))
+    assert owner.chain is not None
+    at, n, tick = owner.chain.next()  # a tick the replica has not seen: say, a forger's copy
+    forged = Heartbeat("w1", "mad", "e1", 10_000, src.apps(), signer.fingerprint, b64(b"x" * 64))
+    forged.chain_at, forged.n, forged.tick = at, n, tick
+    pulls = replica.stats["pulls"]
+    await bus.publish(heartbeat_subject("mad", "w1"), encode(forged))
+    await eventually(lambda: replica.guard.refused["bad_signature"] == 1)
+    assert replica.owners["w1"].seen == src.seq and replica.stats["pulls"] == pulls
+    await stop(owner, replica)

@@ -138,15 +138,17 @@ class Guard:
             raise Refused("bad_signature", f"{kind} of {owner!r} up to {head}")
         return Signed(header, sig, texts, paths)
 
-    def beat(self, beat: Heartbeat, applied: int | None) -> None:
+    def beat(self, beat: Heartbeat, applied: int | None) -> bool:
         """A heartbeat, accepted or Refused. `applied` is the head this replica holds for the
-        beat's owner and epoch (None if none): a beat that brings nothing beyond it, nor any
-        other news, is checked by its tick alone."""
+        beat's owner and epoch (None if none). A beat that brings no news (the epoch, region,
+        apps and chain of the last beat checked) is checked by its tick alone: it proves the
+        owner alive, and False is returned if it announces a head beyond `applied`, which counts
+        only once `beat_signature` has checked it (when its batches have not closed the gap
+        shortly after: a replica that lags hears of heads it has not applied in every beat)."""
         held = self._chains.get(beat.owner)
         if (
             held is not None
             and applied is not None
-            and beat.head <= applied
             and 0 < beat.n - held.n <= CHAIN_LENGTH
             and (beat.fp, beat.chain_at) == (held.fp, held.at)
             and (beat.epoch, beat.region, beat.apps) == (held.epoch, held.region, held.apps)
@@ -157,15 +159,13 @@ class Guard:
                 tick = b""
             if tick_follows(tick, beat.n - held.n, held.last):
                 held.n, held.last = beat.n, tick
-                return
+                return beat.head <= applied
         if beat.cert:
             try:
                 self.learn(beat.cert)
             except Refused as exc:
                 self.refuse(exc, f"the certificate on a heartbeat of {beat.owner!r}")
-        key = self._key(beat.owner, beat.fp)
-        if not key.verify(self._sig(beat.sig), beat_statement(beat)):
-            raise Refused("bad_signature", f"heartbeat of {beat.owner!r}")
+        self.beat_signature(beat)
         if held is not None and (beat.chain_at, beat.n) <= (held.at, held.n):
             raise Refused("replayed", f"heartbeat {beat.n} of {beat.owner!r}")
         try:
@@ -175,6 +175,12 @@ class Guard:
         self._chains[beat.owner] = _Chain(
             beat.fp, beat.chain_at, beat.n, tick, beat.epoch, beat.region, beat.apps
         )
+        return True
+
+    def beat_signature(self, beat: Heartbeat) -> None:
+        key = self._key(beat.owner, beat.fp)
+        if not key.verify(self._sig(beat.sig), beat_statement(beat)):
+            raise Refused("bad_signature", f"heartbeat of {beat.owner!r}")
 
     def _check(self, owner: str, header: Header, sig: bytes) -> None:
         key = self._key(owner, header.fp)

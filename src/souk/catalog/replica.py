@@ -42,6 +42,7 @@ from souk.catalog.protocol import (
     WILDCARD,
     Change,
     HeadClaim,
+    Heartbeat,
     ProtocolError,
     PullRequest,
     SnapshotChunk,
@@ -88,6 +89,7 @@ class OwnerState:
     apps: list[str] = field(default_factory=list)
     pulling: bool = False
     checking: bool = False  # a heartbeat's head is to be checked again shortly
+    unchecked: Heartbeat | None = None  # a beat whose head counts once its signature does
 
 
 @dataclass(frozen=True)
@@ -417,20 +419,23 @@ class Replica:
         if subject_names(msg.subject) != (beat.region, beat.owner):
             self.guard.refuse(Refused("wrong_subject"), f"a heartbeat on {msg.subject}")
             return
+        checked = True
         if self.guard.secure:
             held = self.owners.get(beat.owner)
             applied = held.head if held is not None and held.epoch == beat.epoch else None
             try:
-                self.guard.beat(beat, applied)
+                checked = self.guard.beat(beat, applied)
             except Refused as exc:
                 self.guard.refuse(exc, f"a heartbeat of {beat.owner!r}")
                 return
         st = self._owner(beat.owner, beat.region, beat.epoch)
         if st is None:
             return
-        self._heard(st, beat.head)
+        self._heard(st, beat.head if checked else 0)
+        if not checked:
+            st.unchecked = beat
         st.apps = beat.apps
-        if st.seen > st.head and not st.checking:
+        if (st.seen > st.head or st.unchecked) and not st.checking:
             # Batches travel on another subscription and may be just behind this heartbeat:
             # pull only if they have not closed the distance after a moment.
             st.checking = True
@@ -438,6 +443,14 @@ class Replica:
 
     def _recheck(self, owner: str, st: OwnerState) -> None:
         st.checking = False
+        beat, st.unchecked = st.unchecked, None
+        if beat is not None and beat.head > st.head and self.owners.get(owner) is st:
+            try:
+                self.guard.beat_signature(beat)
+            except Refused as exc:
+                self.guard.refuse(exc, f"a heartbeat of {owner!r}")
+            else:
+                st.seen = max(st.seen, beat.head)
         if self._subs:  # still running
             self._maybe_pull(owner)
 
