@@ -4,11 +4,12 @@ catalog replicas on an in-process bus. Machines are started, stopped and lost fo
 from __future__ import annotations
 
 import asyncio
+import sys
 from pathlib import Path
 
 import pytest
 
-from tests.support.hello import hello_config
+from tests.support.hello import HELLO, hello_config
 from tests.support.local_cluster import local_cluster
 from tests.support.waiting import eventually
 
@@ -70,6 +71,22 @@ async def test_scale_from_zero_starts_one_machine_then_idle_stops_it(tmp_path: P
         status, _, body = await c.get("hello")
         assert status == 200 and body["machine"] in ids[:2]
         assert c.proxy.waker.starts == 2
+
+
+async def test_a_machine_slower_to_accept_than_the_idle_timeout_is_not_stopped_under_its_request(
+    tmp_path: Path,
+) -> None:
+    slow = [
+        sys.executable,
+        "-c",
+        f"import runpy, time; time.sleep(2); runpy.run_path({str(HELLO)!r}, run_name='__main__')",
+    ]
+    async with local_cluster(tmp_path, TWO_REGIONS, ["hello"], idle_timeout=0.3) as c:
+        m = await c.create("hello", "mad", hello_config(init={"exec": slow}), skip_launch=True)
+        await eventually(lambda: c.replica.machine(m["id"]) is not None)
+        status, _, body = await c.get("hello")
+        assert status == 200 and body["machine"] == m["id"]
+        assert c.proxy.waker.starts == 1 and m["id"] not in c.proxy.autostop.stopped
 
 
 async def test_min_machines_running_and_autostop_off_are_respected(tmp_path: Path) -> None:

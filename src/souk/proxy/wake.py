@@ -142,22 +142,32 @@ class Waker:
         log.info("starting %s of %s in %s on demand", row.id, row.app, row.region)
         self.starts += 1
         self.router.marks.clear("stopping", row.id)
+        # In use while it starts: a machine slower to accept than the idle timeout must not be
+        # stopped by autostop under the request that woke it.
+        self.router.loads.acquire(row.id)
+        try:
+            if not await self._started(row, backend, deadline):
+                return None
+        finally:
+            self.router.loads.release(row.id, row.app)
+        self.router.marks.woke(row)
+        self.router.marks.clear("failed", row.id)
+        return backend
+
+    async def _started(self, row: MachineRow, backend: Backend, deadline: float) -> bool:
         try:
             await self.broker.start(row.app, row.id)
             left = deadline - time.monotonic()
             if left <= 0 or not await self.broker.wait(row.app, row.id, "started", left):
                 log.warning("%s of %s did not start in time", row.id, row.app)
-                return None
+                return False
         except MachinesApiError as exc:
             log.warning("could not start %s of %s: %s", row.id, row.app, exc)
-            return None
+            return False
         if not await port_open(backend.host, backend.port, deadline):
             log.warning("%s of %s started but %s does not accept", row.id, row.app, backend.url)
-            return None
-        self.router.marks.woke(row)
-        self.router.marks.clear("failed", row.id)
-        self.router.loads.touch(row.id)
-        return backend
+            return False
+        return True
 
     # --- failover ------------------------------------------------------------------------------
 
