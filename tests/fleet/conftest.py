@@ -54,8 +54,6 @@ def restore(fleet: Fleet) -> None:
     for worker in fleet.workers:
         worker.destroy_all()
     fleet.placeable_everywhere()
-    for worker in fleet.workers:
-        worker.destroy_all()  # the canaries
 
 
 @pytest.fixture

@@ -349,17 +349,24 @@ class Fleet:
         cross the bus both ways, the broker reaches the worker over HTTP. After a partition,
         each end of a stalled TCP connection resumes sending only when its own retransmission
         timer fires, seconds apart: a heartbeat heard proves one direction only. The machines
-        made here belong to the app `canary`."""
+        made here (app `canary`) are destroyed again."""
+
+        def placed(broker: BrokerNode, worker: WorkerNode) -> str | None:
+            others = [w.host for w in self.workers if w is not worker]
+            status, body = broker.create("canary", worker.region, avoid_workers=others)
+            return str(body["id"]) if status == 200 else None
+
         for broker in self.brokers:
             status, body = broker.api("POST", "/v1/apps", {"name": "canary"})
             assert status in (201, 409), body
             for worker in self.workers:
-                others = [w.host for w in self.workers if w is not worker]
-                eventually(
-                    lambda b=broker, o=others: b.create("canary", avoid_workers=o)[0] == 200,  # type: ignore[misc]
+                mid = eventually(
+                    lambda b=broker, w=worker: placed(b, w),  # type: ignore[misc]
                     timeout,
                     f"{broker.host} places on {worker.host}",
                 )
+                status, body = broker.api("DELETE", f"/v1/apps/canary/machines/{mid}?force=true")
+                assert status == 200, body
 
     def connections(self) -> dict[str, str]:
         """Which server each host's bus connection is on right now: host -> server host, from
