@@ -111,4 +111,3 @@ async def impostor(pki: Pki, name: str = "evil", tls: bool = True) -> AsyncItera
     async with listening(app, ctx) as url:
         found.url = url
         yield found
-

@@ -17,7 +17,7 @@ from tests.pki.conftest import Pki
 from tests.security.conftest import TlsWorker, tls_worker
 
 NO_SUCH_MACHINE = "m0nothere"
-Answer = tuple[int, Any] | tuple[str, str]
+Answer = tuple[int | str, Any]  # ("refused", why) when TLS turned the connection away
 
 
 def route_keys(worker: TlsWorker) -> list[str]:
@@ -53,18 +53,14 @@ def anonymous(pki: Pki) -> ssl.SSLContext:
     return ctx
 
 
-async def test_the_table_rules_every_route_and_only_served_routes(
-    tmp_path: Path, pki: Pki
-) -> None:
+async def test_the_table_rules_every_route_and_only_served_routes(tmp_path: Path, pki: Pki) -> None:
     async with tls_worker(tmp_path, pki, "w1") as worker:
         assert ACCESS.unruled(worker.app) == []
         assert sorted(ACCESS.rules) == sorted(route_keys(worker))
 
 
 @pytest.mark.parametrize("role", ROLES)
-async def test_each_role_is_answered_as_the_table_says(
-    tmp_path: Path, pki: Pki, role: str
-) -> None:
+async def test_each_role_is_answered_as_the_table_says(tmp_path: Path, pki: Pki, role: str) -> None:
     ctx = client_context(pki.node(role, f"{role}-1"))
     async with tls_worker(tmp_path, pki, "w1") as worker:
         answers = await walk(worker, ctx)
