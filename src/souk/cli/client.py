@@ -22,6 +22,7 @@ CA = typer.Option(
     None,
     "--ca",
     envvar="SOUK_CA",
+    exists=True,
     dir_okay=False,
     help="Check an https broker's certificate against this CA file instead of the system's.",
 )
