@@ -17,7 +17,9 @@ from rich.table import Table
 from souk import __version__
 from souk.catalog import http as catalog_http
 from souk.catalog.bus import NatsBus
+from souk.catalog.certs import bus_options, load_ca
 from souk.catalog.replica import following
+from souk.catalog.trust import CaTrust, Trust
 from souk.cli.client import connect
 from souk.cli.command import run
 from souk.cli.serving import LOG_LEVEL, log_to_stderr, parse_listen
@@ -34,11 +36,27 @@ def serve(
     region: list[str] = typer.Option([], help="Follow only this region (repeatable)."),
     unreachable_after: float = typer.Option(3.0, help="Seconds of silence before unreachable."),
     log_level: str = LOG_LEVEL,
+    ca: Path | None = typer.Option(
+        None, help="The cluster CA: apply only rows their owners signed."
+    ),
+    cert: Path | None = typer.Option(None, help="This node's certificate, for TLS to the bus."),
+    key: Path | None = typer.Option(None, help="Its private key."),
+    insecure: bool = typer.Option(
+        False, help="Without a CA: apply unsigned rows (a bus like `souk dev`'s)."
+    ),
 ) -> None:
     """Follow the catalog and serve it over HTTP (read-only; bind it to a private address)."""
     log_to_stderr(log_level)
     host, port = parse_listen(listen)
-    asyncio.run(_serve(nats, host, port, data_dir, region or None, unreachable_after))
+    if (ca is None) == (not insecure):
+        raise typer.BadParameter("give --ca (a signed catalog) or --insecure, not both")
+    if (cert is None) != (key is None) or (cert is not None and ca is None):
+        raise typer.BadParameter("--cert and --key go together, with --ca")
+    trust = None if ca is None else CaTrust(load_ca(ca))
+    options = {} if ca is None or cert is None or key is None else bus_options(ca, cert, key)
+    asyncio.run(
+        _serve(nats, host, port, data_dir, region or None, unreachable_after, trust, options)
+    )
 
 
 async def _serve(
@@ -48,15 +66,17 @@ async def _serve(
     data_dir: Path | None,
     regions: list[str] | None,
     unreachable_after: float,
+    trust: Trust | None,
+    bus_options: dict[str, Any],
 ) -> None:
     path: Path | str = ":memory:"
     if data_dir is not None:
         data_dir.mkdir(parents=True, exist_ok=True)
         path = data_dir / "catalog.db"
-    bus = await NatsBus.connect(nats, name="souk-catalog")
+    bus = await NatsBus.connect(nats, name="souk-catalog", **bus_options)
     async with contextlib.AsyncExitStack() as stack:
         stack.push_async_callback(bus.close)
-        replica = await stack.enter_async_context(following(bus, path, regions))
+        replica = await stack.enter_async_context(following(bus, path, regions, trust=trust))
         replica.unreachable_after = unreachable_after
         http = web.Application(middlewares=[error_middleware])
         add_routes(http, catalog_http.routes(replica), "souk catalog", __version__)
@@ -104,3 +124,5 @@ def status(
         console.print(bad)
     stats = ", ".join(f"{k} {v}" for k, v in sorted(data["stats"].items()))
     console.print(f"[dim]{stats}[/dim]")
+    refused = ", ".join(f"{k} {v}" for k, v in sorted(data.get("refused", {}).items()))
+    console.print(f"{data.get('security', 'insecure')}; refused: {refused or 'nothing'}")

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from souk.cli import broker, catalog, client, machines, pki, proxy, tokens, worker
+from souk.cli import broker, catalog, client, machines, nats, pki, proxy, tokens, worker
 from souk.cli.deploy import commands as deploy
 
 app = typer.Typer(
@@ -30,6 +30,7 @@ app.command("dev")(broker.dev)
 app.add_typer(machines.machines, name="machines")
 app.add_typer(machines.apps, name="apps")
 app.add_typer(catalog.app, name="catalog")
+app.add_typer(nats.app, name="nats")
 app.command("proxy")(proxy.run)
 app.add_typer(pki.ca, name="ca")
 app.add_typer(pki.certs, name="certs")

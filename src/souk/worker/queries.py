@@ -48,6 +48,26 @@ def set_cordoned(db: Db, cordoned: bool) -> None:
     db.execute("UPDATE meta SET value = ? WHERE key = 'cordoned'", (str(int(cordoned)),))
 
 
+# --- app users ----------------------------------------------------------------------------------
+
+
+def app_user(db: Db, app: str) -> tuple[int, int] | None:
+    row = _one(db, "SELECT uid, gid FROM app_users WHERE app = ?", (app,))
+    return None if row is None else (int(row["uid"]), int(row["gid"]))
+
+
+def last_app_slot(db: Db) -> int | None:
+    row = _one(db, "SELECT MAX(slot) AS slot FROM app_users")
+    return None if row is None or row["slot"] is None else int(row["slot"])
+
+
+def insert_app_user(db: Db, app: str, slot: int, uid: int, gid: int, stamp: str) -> None:
+    db.execute(
+        "INSERT INTO app_users (app, slot, uid, gid, created_at) VALUES (?, ?, ?, ?, ?)",
+        (app, slot, uid, gid, stamp),
+    )
+
+
 # --- machines -----------------------------------------------------------------------------------
 
 
