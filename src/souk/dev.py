@@ -3,6 +3,11 @@
 Every part is the real one, wired as in a multi-host deployment, except that the bus is the
 in-process one instead of NATS: six workers (three regions of two) publishing to the catalog and
 answering offers, a broker hosting the app registry, and a proxy with its own replica.
+
+With `secure`, it is wired as a cluster across hosts should be: a CA of its own in the data dir
+(kept across runs), a certificate for every part, workers serving mutual TLS only, the broker
+reaching them with its own certificate, and the broker and proxy serving HTTPS. The bus stays
+in-process, so the catalog needs no TLS here.
 """
 
 from __future__ import annotations
@@ -16,13 +21,16 @@ from aiohttp import web
 
 from souk.broker.runtime import BrokerOptions, broker_site, until_signalled
 from souk.broker.tokens import mint, new_secret, read_secret
-from souk.catalog.bus import InProcessBus
+from souk.catalog.bus import Bus, InProcessBus
 from souk.catalog.replica import following
+from souk.pki import NodeFiles, init_ca, issue_files
+from souk.pki.files import CA_CERT, CA_KEY
 from souk.proxy.server import ProxyOptions, proxy_site
 from souk.secret_files import write_secret
 from souk.web import runner as web_runner
+from souk.web.tls import ServerCert
 from souk.worker.daemon import make_app as make_worker_app
-from souk.worker.daemon import make_driver, offering, publishing, running
+from souk.worker.daemon import make_driver, offering, publishing, running, tls_context
 from souk.worker.engine import Engine
 from souk.worker.settings import WorkerSettings
 
@@ -35,6 +43,52 @@ class DevCluster:
     token: str  # an operator token
     proxy: str  # the proxy's URL
     domain: str
+    workers: dict[str, str]  # id -> URL
+    ca: Path | None = None  # secure: the CA every part's certificate is checked against
+    operator: NodeFiles | None = None  # secure: a certificate that may call any worker route
+
+
+class DevPki:
+    """`souk dev --secure`'s CA, in DIR/ca (kept across runs, so a CA file handed to a client
+    stays good), and fresh certificates for its parts in DIR/NAME, keys 0600."""
+
+    def __init__(self, root: Path, host: str) -> None:
+        self.root = root
+        self.sans = sorted({host, "127.0.0.1", "localhost"})
+        if not (root / "ca" / CA_KEY).exists():
+            init_ca(root / "ca", "souk dev CA")
+
+    @property
+    def ca(self) -> Path:
+        return self.root / "ca" / CA_CERT
+
+    def issue(self, role: str, name: str) -> NodeFiles:
+        out = self.root / name
+        files, _ = issue_files(self.root / "ca", out, role, name, self.sans, force=True)
+        return files
+
+
+async def _start_worker(
+    stack: contextlib.AsyncExitStack,
+    bus: Bus,
+    settings: WorkerSettings,
+    driver: str,
+    host: str,
+    tls: NodeFiles | None,
+) -> str:
+    """A worker served on a free port, on `stack`; its URL."""
+    engine = await stack.enter_async_context(
+        running(Engine(settings, make_driver(driver, settings)))
+    )
+    runner = web_runner(make_worker_app(engine, secure=tls is not None))
+    await runner.setup()
+    stack.push_async_callback(runner.cleanup)
+    ctx = tls_context(tls) if tls is not None else None
+    await web.TCPSite(runner, host, 0, ssl_context=ctx).start()
+    url = f"{'https' if tls else 'http'}://{host}:{runner.addresses[0][1]}"
+    await stack.enter_async_context(publishing(engine, bus, url))
+    await stack.enter_async_context(offering(engine, bus))
+    return url
 
 
 def _secret(data_dir: Path) -> bytes:
@@ -54,13 +108,15 @@ async def dev_cluster(
     cpus: int = 4,
     memory_mb: int = 4096,
     idle_timeout: float = 60.0,
+    secure: bool = False,
 ) -> AsyncIterator[DevCluster]:
     data_dir.mkdir(parents=True, exist_ok=True)
     secret = _secret(data_dir)
+    pki = DevPki(data_dir / "tls", host) if secure else None
     async with contextlib.AsyncExitStack() as stack:
         bus = InProcessBus()
         stack.push_async_callback(bus.close)
-        urls = []
+        workers: dict[str, str] = {}
         for region in REGIONS:
             for n in (1, 2):
                 name = f"{region}{n}"
@@ -72,34 +128,67 @@ async def dev_cluster(
                     memory_mb=memory_mb,
                     durable=False,
                 )
-                engine = await stack.enter_async_context(
-                    running(Engine(settings, make_driver(driver, settings)))
-                )
-                runner = web_runner(make_worker_app(engine))
-                await runner.setup()
-                stack.push_async_callback(runner.cleanup)
-                await web.TCPSite(runner, host, 0).start()
-                urls.append(f"http://{host}:{runner.addresses[0][1]}")
-                await stack.enter_async_context(publishing(engine, bus, urls[-1]))
-                await stack.enter_async_context(offering(engine, bus))
-        opts = BrokerOptions(host, port, secret, urls, registry_dir=data_dir / "registry")
+                tls = pki.issue("worker", name) if pki else None
+                workers[name] = await _start_worker(stack, bus, settings, driver, host, tls)
+        broker_tls = pki.issue("broker", "broker") if pki else None
+        opts = BrokerOptions(
+            host,
+            port,
+            secret,
+            list(workers.values()),
+            registry_dir=data_dir / "registry",
+            tls=broker_tls,
+            listener=ServerCert(broker_tls.cert, broker_tls.key) if broker_tls else None,
+        )
         api = await stack.enter_async_context(broker_site(opts, bus))
         token = mint(secret, operator=True)
         replica = await stack.enter_async_context(following(bus, bootstrap=False))
+        proxy_tls = pki.issue("proxy", "proxy") if pki else None
         proxy_opts = ProxyOptions(
-            host=host, port=proxy_port, api=api, token=token, idle_timeout=idle_timeout
+            host=host,
+            port=proxy_port,
+            api=api,
+            token=token,
+            idle_timeout=idle_timeout,
+            ca=pki.ca if pki else None,
+            listener=ServerCert(proxy_tls.cert, proxy_tls.key) if proxy_tls else None,
         )
         _, proxy = await stack.enter_async_context(proxy_site(replica, proxy_opts))
         write_secret(data_dir / "token", token + "\n")  # an operator token: 0600
         (data_dir / "api").write_text(api + "\n")
-        yield DevCluster(api, token, proxy, proxy_opts.domain)
+        yield DevCluster(
+            api,
+            token,
+            proxy,
+            proxy_opts.domain,
+            workers,
+            ca=pki.ca if pki else None,
+            operator=pki.issue("operator", "operator") if pki else None,
+        )
 
 
-async def run_dev(data_dir: Path, host: str, port: int, proxy_port: int, driver: str) -> None:
-    async with dev_cluster(data_dir, host, port, proxy_port, driver) as dev:
+def _secure_hints(dev: DevCluster) -> None:
+    assert dev.ca is not None and dev.operator is not None
+    ca, op = dev.ca, dev.operator
+    worker, url = next(iter(dev.workers.items()))
+    print(f"  every part speaks TLS, checked against {ca}; workers take mutual TLS only")
+    print("  (the catalog bus is in-process here: nothing to secure)")
+    print(f"curl --cacert {ca} -H 'souk-app: hello' {dev.proxy}/")
+    print(f'curl --cacert {ca} -H "Authorization: Bearer $SOUK_TOKEN" {dev.api}/v1/apps')
+    print(f"a worker ({worker}), as an operator:")
+    print(f"curl --cacert {ca} --cert {op.cert} --key {op.key} {url}/v1/capacity")
+    print(f"export SOUK_CA={ca}")
+
+
+async def run_dev(
+    data_dir: Path, host: str, port: int, proxy_port: int, driver: str, secure: bool = False
+) -> None:
+    async with dev_cluster(data_dir, host, port, proxy_port, driver, secure=secure) as dev:
         print(f"souk dev: 3 regions ({', '.join(REGIONS)}) x 2 workers")
         print(f"  broker (Machines API): {dev.api}")
         print(f"  proxy: {dev.proxy}  (apps at <app>.{dev.domain}, or header 'souk-app: <app>')")
+        if secure:
+            _secure_hints(dev)
         print(f"export SOUK_API={dev.api}")
         print(f"export SOUK_TOKEN={dev.token}")
         print("then, in examples/hello: souk deploy", flush=True)

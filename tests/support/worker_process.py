@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import ssl
 import subprocess
 import sys
 import time
@@ -40,10 +41,11 @@ class WorkerProcess:
     port: int = field(default_factory=free_port)
     proc: subprocess.Popen[bytes] | None = None
     seen: set[str] = field(default_factory=set)  # machine ids this worker answered with
+    tls: ssl.SSLContext | None = None  # a client's context with its certificate: a TLS worker
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"{'https' if self.tls else 'http'}://127.0.0.1:{self.port}"
 
     @property
     def db_path(self) -> Path:
@@ -111,7 +113,7 @@ class WorkerProcess:
             hdrs.setdefault("Content-Type", "application/json")
         req = urllib.request.Request(self.url + path, data=data, method=method, headers=hdrs)
         try:
-            with urllib.request.urlopen(req, timeout=timeout) as resp:
+            with urllib.request.urlopen(req, timeout=timeout, context=self.tls) as resp:
                 status, raw = resp.status, resp.read()
         except urllib.error.HTTPError as exc:
             status, raw = exc.code, exc.read()

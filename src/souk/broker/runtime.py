@@ -23,8 +23,10 @@ from souk.catalog.bus import Bus, NatsBus
 from souk.catalog.owner import Owner
 from souk.catalog.replica import following
 from souk.clients.workers import WorkerClient
+from souk.pki import NodeFiles
 from souk.web import Route
 from souk.web import runner as web_runner
+from souk.web.tls import ServerCert
 
 log = logging.getLogger("souk.broker")
 REFRESH_EVERY = 0.5
@@ -42,6 +44,9 @@ class BrokerOptions:
     policy: str = "default"
     nats: str | None = None  # follow the catalog over NATS instead of polling `workers`
     catalog_dir: Path | None = None  # where the replica keeps its SQLite copy
+    # The broker's node files: it reaches workers over mutual TLS, and only over it.
+    tls: NodeFiles | None = None
+    listener: ServerCert | None = None  # serve the Machines API over HTTPS
 
 
 async def _refresh_forever(fleet: StaticFleet) -> None:
@@ -58,7 +63,7 @@ async def broker_site(opts: BrokerOptions, bus: Bus | None = None) -> AsyncItera
     """A running broker; yields its base URL. With a bus (or `opts.nats`), its fleet is a catalog
     replica; without, a `StaticFleet` polling `opts.workers`."""
     async with contextlib.AsyncExitStack() as stack:
-        client = WorkerClient()
+        client = WorkerClient(tls=opts.tls)
         registry = AppRegistry(opts.registry_dir / "apps.db") if opts.registry_dir else None
         if registry is not None:
             stack.callback(registry.close)
@@ -93,9 +98,11 @@ async def broker_site(opts: BrokerOptions, bus: Bus | None = None) -> AsyncItera
         runner = web_runner(make_app(broker, opts.secret, extra))
         await runner.setup()
         stack.push_async_callback(runner.cleanup)
-        site = web.TCPSite(runner, opts.host, opts.port, backlog=1024)
+        ctx = opts.listener.context() if opts.listener is not None else None
+        site = web.TCPSite(runner, opts.host, opts.port, backlog=1024, ssl_context=ctx)
         await site.start()
-        yield f"http://{opts.host}:{runner.addresses[0][1]}"
+        scheme = "https" if ctx is not None else "http"
+        yield f"{scheme}://{opts.host}:{runner.addresses[0][1]}"
 
 
 @contextlib.asynccontextmanager

@@ -10,6 +10,7 @@ import typer
 from souk.broker import runtime
 from souk.broker.tokens import read_secret
 from souk.cli.serving import LOG_LEVEL, log_to_stderr, parse_listen
+from souk.cli.tls import TLS_CERT, TLS_DIR_HELP, TLS_KEY, node_files, server_cert
 
 
 def run(
@@ -32,11 +33,21 @@ def run(
     ),
     deadline: float = typer.Option(2.0, help="Seconds a placement may take before 412."),
     policy: str = typer.Option("default", help="Placement policy: default, binpack, spread."),
+    tls_dir: Path | None = typer.Option(
+        None, help=f"{TLS_DIR_HELP} Reach workers over mutual TLS, and only so."
+    ),
+    tls_name: str | None = typer.Option(
+        None, help="This broker's name in --tls-dir (default: the one key there)."
+    ),
+    tls_cert: Path | None = TLS_CERT,
+    tls_key: Path | None = TLS_KEY,
     log_level: str = LOG_LEVEL,
 ) -> None:
     """Serve the public Machines API and place machines on workers."""
     log_to_stderr(log_level)
     host, port = parse_listen(listen)
+    tls = node_files(tls_dir, "broker", tls_name) if tls_dir is not None else None
+    listener = server_cert(tls_cert, tls_key)
     try:
         secret = read_secret(secret_file)
     except (OSError, ValueError) as exc:
@@ -54,6 +65,8 @@ def run(
         policy,
         nats=nats,
         catalog_dir=catalog_dir,
+        tls=tls,
+        listener=listener,
     )
     asyncio.run(runtime.serve(opts))
 
@@ -63,6 +76,9 @@ def dev(
     listen: str = typer.Option("127.0.0.1:4280", help="HOST:PORT of the broker."),
     proxy: str = typer.Option("127.0.0.1:4300", help="HOST:PORT of the proxy."),
     driver: str = typer.Option("process", help="process, or sim (runs nothing)."),
+    secure: bool = typer.Option(
+        False, help="A CA and certificates in the data dir: mutual TLS to workers, HTTPS."
+    ),
 ) -> None:
     """A whole cluster in one process: 3 regions x 2 workers, a broker and a proxy, on loopback."""
     from souk.dev import run_dev
@@ -70,4 +86,4 @@ def dev(
     log_to_stderr("warning")
     host, port = parse_listen(listen)
     _, proxy_port = parse_listen(proxy)
-    asyncio.run(run_dev(data_dir, host, port, proxy_port, driver))
+    asyncio.run(run_dev(data_dir, host, port, proxy_port, driver, secure))

@@ -1,5 +1,6 @@
-"""Where the CLI finds its broker and token: `--api`/`--token`, else `SOUK_API`/`SOUK_TOKEN`,
-else the files `souk dev` writes."""
+"""Where the CLI finds its broker, its token and the CA an https broker is checked against:
+`--api`/`--token`/`souk --ca`, else `SOUK_API`/`SOUK_TOKEN`/`SOUK_CA`, else the files `souk dev`
+writes (its CA only for its own broker)."""
 
 from __future__ import annotations
 
@@ -11,11 +12,26 @@ import typer
 from souk.clients.machines import MachinesClient
 
 DEV_DIR = Path(".souk-dev")
+DEV_CA = Path("tls") / "ca" / "ca.crt"  # below DEV_DIR, made by `souk dev --secure`
 DEFAULT_API = "http://127.0.0.1:4280"
 TIMEOUT = 120.0  # for one answer; streams (logs --follow) have none
 
 API = typer.Option(None, "--api", help="Broker URL (default: $SOUK_API, or souk dev's).")
 TOKEN = typer.Option(None, "--token", help="Bearer token (default: $SOUK_TOKEN, or souk dev's).")
+CA = typer.Option(
+    None,
+    "--ca",
+    envvar="SOUK_CA",
+    exists=True,
+    dir_okay=False,
+    help="Check an https broker's certificate against this CA file instead of the system's.",
+)
+
+_chosen: dict[str, Path | None] = {"ca": None}  # `souk --ca`, for every command of this run
+
+
+def use_ca(ca: Path | None) -> None:
+    _chosen["ca"] = ca
 
 
 def _dev_file(name: str) -> str | None:
@@ -38,7 +54,18 @@ def api_token(token: str | None) -> str:
     return found
 
 
+def api_ca(ca: Path | None, api: str | None) -> Path | None:
+    """The CA file to check the broker against, or None for the system's CAs. `souk dev
+    --secure`'s CA only when the broker is souk dev's too (no --api nor SOUK_API given)."""
+    if ca is not None:
+        return ca
+    dev_ca = DEV_DIR / DEV_CA
+    if api is None and not os.environ.get("SOUK_API") and dev_ca.exists():
+        return dev_ca
+    return None
+
+
 def connect(api: str | None, token: str | None, optional_token: bool = False) -> MachinesClient:
     """A client of the broker (or, with `optional_token`, of a catalog node needing none)."""
     found = _find_token(token) if optional_token else api_token(token)
-    return MachinesClient(api_url(api), found, TIMEOUT)
+    return MachinesClient(api_url(api), found, TIMEOUT, ca=api_ca(_chosen["ca"], api))

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import typer
 
-from souk.cli import broker, catalog, machines, nats, pki, proxy, tokens, worker
+from souk.cli import broker, catalog, client, machines, nats, pki, proxy, tokens, worker
 from souk.cli.deploy import commands as deploy
 
 app = typer.Typer(
@@ -16,8 +18,9 @@ app = typer.Typer(
 
 
 @app.callback()
-def main() -> None:
+def main(ca: Path | None = client.CA) -> None:
     """souk: a cluster orchestrator that schedules like a market."""
+    client.use_ca(ca)
 
 
 app.command("worker")(worker.run)

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import typer
 
-from souk.cli.client import api_token, api_url
+from souk.cli.client import CA, api_ca, api_token, api_url
 from souk.cli.serving import LOG_LEVEL, log_to_stderr, parse_listen
+from souk.cli.tls import TLS_CERT, TLS_KEY, server_cert
 
 
 def run(
@@ -39,6 +40,9 @@ def run(
     catalog_dir: Path | None = typer.Option(
         None, help="Keep the catalog replica's SQLite copy here (default: in memory)."
     ),
+    ca: Path | None = CA,
+    tls_cert: Path | None = TLS_CERT,
+    tls_key: Path | None = TLS_KEY,
     log_level: str = LOG_LEVEL,
 ) -> None:
     """Serve HTTP for every app: route to started machines, scale from zero, stop idle ones."""
@@ -46,10 +50,12 @@ def run(
 
     log_to_stderr(log_level)
     host, port = parse_listen(listen)
+    listener = server_cert(tls_cert, tls_key)
+    url = api_url(api)
     opts = ProxyOptions(
         host=host,
         port=port,
-        api=api_url(api),
+        api=url,
         token=api_token(token),
         domain=domain,
         region=region,
@@ -58,5 +64,7 @@ def run(
         autostop=autostop,
         nats=nats,
         catalog_dir=catalog_dir,
+        ca=api_ca(ca, api),
+        listener=listener,
     )
     asyncio.run(serve(opts))

@@ -8,6 +8,7 @@ from pathlib import Path
 import typer
 
 from souk.cli.serving import LOG_LEVEL, log_to_stderr, parse_listen
+from souk.cli.tls import TLS_DIR_HELP, loopback, node_files
 from souk.models.machine import CpuKind
 from souk.worker.daemon import serve
 from souk.worker.settings import WorkerSettings
@@ -39,11 +40,28 @@ def run(
     nats: str | None = typer.Option(
         None, help="NATS server URL(s), comma-separated: publish this worker's catalog rows."
     ),
+    tls_dir: Path | None = typer.Option(
+        None, help=f"{TLS_DIR_HELP} NAME is --name. Serve mutual TLS only."
+    ),
+    insecure: bool = typer.Option(
+        False, help="Without --tls-dir, serve plain HTTP on an address other than loopback."
+    ),
     log_level: str = LOG_LEVEL,
 ) -> None:
     """Run a worker daemon: the source of truth for every machine on this host."""
     log_to_stderr(log_level)
     host, port = parse_listen(listen)
+    tls = node_files(tls_dir, "worker", name) if tls_dir is not None else None
+    if tls is not None and insecure:
+        raise typer.BadParameter("--insecure serves plain HTTP: drop it, or --tls-dir")
+    if tls is not None and advertise is not None and not advertise.startswith("https://"):
+        raise typer.BadParameter("with --tls-dir, an https:// URL", param_hint="--advertise")
+    if tls is None and not insecure and not loopback(host):
+        raise typer.BadParameter(
+            f"{host} is not loopback: give --tls-dir (mutual TLS), or --insecure to serve "
+            "plain HTTP to anyone who can reach it",
+            param_hint="--listen",
+        )
     kinds: list[CpuKind] = []
     for kind in cpu_kind:
         if kind not in ("shared", "performance"):
@@ -59,9 +77,9 @@ def run(
         cpu_kinds=tuple(kinds),
         disk_mb=disk_mb,
         labels=labels,
-        address=advertise or f"http://{host}:{port}",
+        address=advertise or f"{'https' if tls else 'http'}://{host}:{port}",
         durable=not no_fsync,
         insecure_registries=tuple(insecure_registry),
         image_cache_mb=image_cache_mb,
     )
-    asyncio.run(serve(settings, driver, host, port, nats))
+    asyncio.run(serve(settings, driver, host, port, nats, tls))

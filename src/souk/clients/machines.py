@@ -5,13 +5,15 @@ the client side."""
 from __future__ import annotations
 
 import asyncio
+import ssl
 from collections.abc import AsyncIterator, Collection, Mapping
+from pathlib import Path
 from typing import Any
 
 import orjson
 from pydantic import BaseModel, TypeAdapter
 
-from souk.clients.http import ClientError, HttpClient
+from souk.clients.http import ClientError, HttpClient, Tls
 from souk.models.api import (
     NONCE_HEADER,
     App,
@@ -56,10 +58,16 @@ def _machine_path(app: str, machine_id: str = "", verb: str = "") -> str:
 
 class MachinesClient(HttpClient):
     """A bearer-token client of one broker (no token: only for what needs none, such as a
-    catalog's status). Use as `async with MachinesClient(url, token) as api`."""
+    catalog's status). Use as `async with MachinesClient(url, token) as api`. `ca`: the CA file
+    an https broker's certificate is checked against instead of the system's (a private CA)."""
 
-    def __init__(self, base_url: str, token: str | None, timeout: float = 60.0) -> None:
-        super().__init__(headers={"Authorization": f"Bearer {token}"} if token else None)
+    def __init__(
+        self, base_url: str, token: str | None, timeout: float = 60.0, ca: Path | None = None
+    ) -> None:
+        trust = ssl.create_default_context(cafile=ca) if ca is not None else None
+        super().__init__(
+            headers={"Authorization": f"Bearer {token}"} if token else None, tls=Tls(trust=trust)
+        )
         self.base_url = base_url.rstrip("/")
         self.timeout = timeout
 

@@ -3,12 +3,17 @@ only place the worker's paths are spelled.
 
 Worker errors come back as `WorkerError` carrying the worker's own status and body, so the
 broker can pass a 404 or a 409 through and turn a 412 into a placement refusal.
+
+Given its node files, the client speaks mutual TLS only: it shows its own certificate and
+accepts a worker only if the worker's certificate carries the id it meant to reach, so an
+address in the catalog that leads elsewhere gets nothing (`WorkerError`, reason `untrusted`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import ssl
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -16,7 +21,7 @@ import aiohttp
 import orjson
 from pydantic import BaseModel, TypeAdapter
 
-from souk.clients.http import ClientError, HttpClient
+from souk.clients.http import ClientError, HttpClient, Tls
 from souk.models.api import NONCE_HEADER, Lease, WorkerLeaseRequest
 from souk.models.capacity import Capacity, Offer, OfferRequest
 from souk.models.machine import (
@@ -28,6 +33,8 @@ from souk.models.machine import (
     UpdateMachine,
     WaitResult,
 )
+from souk.pki import NodeFiles, PkiError, reloading_client_context
+from souk.pki.identity import check_name
 
 DEFAULT_TIMEOUT = 10.0
 
@@ -57,11 +64,35 @@ def _path(machine_id: str, verb: str = "") -> str:
     return f"/v1/machines/{machine_id}" + (f"/{verb}" if verb else "")
 
 
-class WorkerClient(HttpClient):
-    """Typed calls to any worker, given its id (for errors) and base URL."""
+def _tls(files: NodeFiles | None) -> Tls | None:
+    if files is None:
+        return None
+    # Another broker's public listener (the app registry's) is reached with the default
+    # context: the system's CAs and the cluster's.
+    trust = ssl.create_default_context()
+    trust.load_verify_locations(cafile=files.ca)
+    return Tls(trust=trust, identity=reloading_client_context(files).context, only=True)
 
-    def __init__(self, session: aiohttp.ClientSession | None = None) -> None:
-        super().__init__(session, limit=0, limit_per_host=64)
+
+class WorkerClient(HttpClient):
+    """Typed calls to any worker, given its id (for errors, and the name its certificate must
+    carry) and base URL. With `tls`, the node files of the caller (a broker)."""
+
+    def __init__(
+        self, session: aiohttp.ClientSession | None = None, tls: NodeFiles | None = None
+    ) -> None:
+        super().__init__(session, limit=0, limit_per_host=64, tls=_tls(tls))
+
+    def _server_name(self, worker: str, base: str) -> str | None:
+        """The name the worker's certificate must carry: its id. A caller that knows only the
+        address (a static list of URLs) passes it as both, and the URL's host is checked."""
+        if worker == base or self.tls.identity is None:
+            return None
+        try:
+            return check_name(worker)
+        except PkiError as exc:
+            message = f"cannot check worker {worker!r}: {exc}"
+            raise WorkerError(worker, 0, "untrusted", message) from None
 
     async def request(
         self,
@@ -80,7 +111,8 @@ class WorkerClient(HttpClient):
         headers = {NONCE_HEADER: nonce} if nonce else None
         fail = functools.partial(WorkerError, worker)
         url = base + path
-        payload = await self.send(fail, method, url, body, params, headers, timeout, accept)
+        name = self._server_name(worker, base)
+        payload = await self.send(fail, method, url, body, params, headers, timeout, accept, name)
         return orjson.loads(payload) if payload else None
 
     async def action(
@@ -196,7 +228,8 @@ class WorkerClient(HttpClient):
         """The machine's output as it arrives (`stream`, `follow` in `params`); an error answer
         is raised on entry."""
         fail = functools.partial(WorkerError, worker)
-        async with self.stream(fail, base + _path(machine_id, "logs"), params) as chunks:
+        url, name = base + _path(machine_id, "logs"), self._server_name(worker, base)
+        async with self.stream(fail, url, params, name) as chunks:
             yield chunks
 
     # --- leases --------------------------------------------------------------------------

@@ -28,6 +28,7 @@ from souk.proxy.policy import Policies
 from souk.proxy.routing import Loads, Marks, Router, app_of
 from souk.proxy.wake import Waker
 from souk.web.errors import json_error
+from souk.web.tls import ServerCert
 
 log = logging.getLogger("souk.proxy")
 
@@ -48,6 +49,8 @@ class ProxyOptions:
     autostop: bool = True
     nats: str | None = None
     catalog_dir: Path | None = None
+    ca: Path | None = None  # the CA an https broker's certificate is checked against
+    listener: ServerCert | None = None  # serve HTTPS
 
 
 class Proxy:
@@ -56,7 +59,7 @@ class Proxy:
     def __init__(self, view: CatalogView, opts: ProxyOptions) -> None:
         self.view = view
         self.opts = opts
-        self.broker = MachinesClient(opts.api, opts.token, timeout=30.0)
+        self.broker = MachinesClient(opts.api, opts.token, timeout=30.0, ca=opts.ca)
         self.policies = Policies(self.broker)
         self.loads = Loads()
         self.marks = Marks()
@@ -128,8 +131,10 @@ async def proxy_site(view: CatalogView, opts: ProxyOptions) -> AsyncIterator[tup
         runner = web.AppRunner(make_app(proxy), access_log=None)
         await runner.setup()
         stack.push_async_callback(runner.cleanup)
-        await web.TCPSite(runner, opts.host, opts.port, backlog=1024).start()
-        yield proxy, f"http://{opts.host}:{runner.addresses[0][1]}"
+        ctx = opts.listener.context() if opts.listener is not None else None
+        await web.TCPSite(runner, opts.host, opts.port, backlog=1024, ssl_context=ctx).start()
+        scheme = "https" if ctx is not None else "http"
+        yield proxy, f"{scheme}://{opts.host}:{runner.addresses[0][1]}"
 
 
 async def serve(opts: ProxyOptions) -> None:

@@ -20,6 +20,7 @@ from souk.models.machine import (
     UpdateMachine,
     WaitResult,
 )
+from souk.pki import AccessTable
 from souk.web import ApiError, Route, read_model, reply
 from souk.web.routes import Handler
 from souk.worker import logs
@@ -46,6 +47,37 @@ def _answering(handler: Handler) -> Handler:
             raise http_error(exc) from exc
 
     return answer
+
+
+# Who may call each route of `_routes` over mutual TLS, by the role in the caller's certificate
+# (docs/security.md). Brokers place and run machines; operators may do everything. A proxy gets
+# nothing: it changes machines through a broker's API. A route left out is closed to every role.
+_BROKERS = ("broker", "operator")
+_M = "/v1/machines/{id}"
+ACCESS = AccessTable(
+    {
+        "GET /v1/capacity": _BROKERS,
+        "POST /v1/offers": _BROKERS,
+        "POST /v1/machines": _BROKERS,
+        "GET /v1/machines": _BROKERS,
+        f"GET {_M}": _BROKERS,
+        f"PUT {_M}": _BROKERS,
+        f"PATCH {_M}/metadata": _BROKERS,
+        f"GET {_M}/lease": _BROKERS,
+        f"POST {_M}/lease": _BROKERS,
+        f"DELETE {_M}/lease": _BROKERS,
+        f"POST {_M}/start": _BROKERS,
+        f"POST {_M}/stop": _BROKERS,
+        f"POST {_M}/restart": _BROKERS,
+        f"DELETE {_M}": _BROKERS,
+        f"GET {_M}/wait": _BROKERS,
+        f"GET {_M}/events": _BROKERS,
+        f"GET {_M}/logs": _BROKERS,
+        "POST /v1/cordon": _BROKERS,  # a broker forwards an operator token's request
+        "POST /v1/uncordon": _BROKERS,
+        "GET /openapi.json": _BROKERS,
+    }
+)
 
 
 def routes(engine: Engine) -> list[Route]:

@@ -1,4 +1,8 @@
-"""Wires a worker together: its engine, its driver and its HTTP server."""
+"""Wires a worker together: its engine, its driver and its HTTP server.
+
+Given its node files, the server speaks mutual TLS only, and each route answers the roles
+`api.ACCESS` names, by the certificate the caller showed; without them, plain HTTP to anyone
+(`souk worker` allows that only on loopback, or with --insecure)."""
 
 from __future__ import annotations
 
@@ -8,6 +12,7 @@ import logging
 import os
 import shutil
 import signal
+import ssl
 from collections.abc import AsyncIterator
 
 from aiohttp import web
@@ -16,6 +21,7 @@ from souk import __version__
 from souk.catalog.bus import Bus, Message, NatsBus
 from souk.catalog.owner import Owner
 from souk.models.capacity import OfferCall, offers_subject
+from souk.pki import NodeFiles, reloading_server_context, role_middleware
 from souk.web import add_routes, error_middleware
 from souk.web import runner as web_runner
 from souk.worker import api, logs
@@ -57,10 +63,20 @@ def make_driver(name: str, settings: WorkerSettings) -> Drivers:
     return drivers
 
 
-def make_app(engine: Engine) -> web.Application:
-    app = web.Application(middlewares=[error_middleware], client_max_size=MAX_BODY)
+def make_app(engine: Engine, secure: bool = False) -> web.Application:
+    """`secure`: for a TLS listener that verifies client certificates; every route then
+    answers only the roles `api.ACCESS` gives it (401 without a certificate, 403 another role)."""
+    middlewares = [role_middleware(api.ACCESS), error_middleware] if secure else [error_middleware]
+    app = web.Application(middlewares=middlewares, client_max_size=MAX_BODY)
     add_routes(app, api.routes(engine), "souk worker", __version__)
     return app
+
+
+def tls_context(files: NodeFiles) -> ssl.SSLContext:
+    """The worker's listener: its certificate, renewed from disk without a restart; a client
+    may show no certificate (and is answered 401, as JSON), but one the cluster CA did not issue,
+    or an expired one, fails the handshake."""
+    return reloading_server_context(files, require_client_cert=False)
 
 
 @contextlib.asynccontextmanager
@@ -115,7 +131,12 @@ async def offering(engine: Engine, bus: Bus) -> AsyncIterator[None]:
 
 
 async def serve(
-    settings: WorkerSettings, driver_name: str, host: str, port: int, nats: str | None = None
+    settings: WorkerSettings,
+    driver_name: str,
+    host: str,
+    port: int,
+    nats: str | None = None,
+    tls: NodeFiles | None = None,
 ) -> None:
     engine = Engine(settings, make_driver(driver_name, settings))
     async with contextlib.AsyncExitStack() as stack:
@@ -125,15 +146,17 @@ async def serve(
             stack.push_async_callback(bus.close)
             await stack.enter_async_context(publishing(engine, bus))
             await stack.enter_async_context(offering(engine, bus))
-        runner = web_runner(make_app(engine))
+        runner = web_runner(make_app(engine, secure=tls is not None))
         await runner.setup()
-        site = web.TCPSite(runner, host, port, backlog=1024)
+        ctx = tls_context(tls) if tls is not None else None
+        site = web.TCPSite(runner, host, port, backlog=1024, ssl_context=ctx)
         await site.start()
+        scheme = "https" if tls is not None else "http"
         log.info("worker %s (%s) listening on %s:%d", settings.name, settings.region, host, port)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
-        print(f"souk worker {settings.name} ready on http://{host}:{port}", flush=True)
+        print(f"souk worker {settings.name} ready on {scheme}://{host}:{port}", flush=True)
         await stop.wait()
         await runner.cleanup()

@@ -1,0 +1,75 @@
+"""The TLS options of the long-running commands: a part's node files (its identity in the
+cluster, for mutual TLS between parts) and a public listener's certificate. Both are checked at
+start, so a part given the wrong files stops with the reason instead of failing handshakes."""
+
+from __future__ import annotations
+
+import ipaddress
+from pathlib import Path
+
+import typer
+
+from souk.pki import NodeFiles, PkiError, identity_of, load_cert, load_key, verify_issued_by
+from souk.web.tls import ServerCert
+
+TLS_DIR_HELP = (
+    "This part's node files, as `souk certs issue --out DIR` writes them: NAME.crt, NAME.key "
+    "and the cluster's ca.crt."
+)
+TLS_CERT = typer.Option(None, "--tls-cert", help="Serve HTTPS with this certificate (PEM chain).")
+TLS_KEY = typer.Option(None, "--tls-key", help="The key of --tls-cert (PEM).")
+
+
+def node_files(directory: Path, role: str, name: str | None = None) -> NodeFiles:
+    """The node files in `directory` for a part of `role` named `name` (default: the one key
+    there), once checked: issued by the CA beside them, valid now, for that role and name, and
+    matching their key."""
+    hint = "--tls-dir"
+    if name is None:
+        keys = sorted(p.stem for p in directory.glob("*.key") if p.stem != "ca")
+        if len(keys) != 1:
+            found = ", ".join(keys) or "none"
+            raise typer.BadParameter(
+                f"{directory} should hold one NAME.key; found {found} (name it: --tls-name)",
+                param_hint=hint,
+            )
+        name = keys[0]
+    files = NodeFiles.in_dir(directory, name)
+    try:
+        cert = load_cert(files.cert)
+        verify_issued_by(cert, load_cert(files.ca))
+        ident = identity_of(cert)
+        key = load_key(files.key)
+    except PkiError as exc:
+        raise typer.BadParameter(str(exc), param_hint=hint) from exc
+    if (ident.role, ident.name) != (role, name):
+        raise typer.BadParameter(
+            f"{files.cert} is the certificate of {ident.role} {ident.name}, not of {role} {name}",
+            param_hint=hint,
+        )
+    if key.public_key().public_bytes_raw() != ident.public_key.public_bytes_raw():
+        raise typer.BadParameter(f"{files.key} is not the key of {files.cert}", param_hint=hint)
+    return files
+
+
+def server_cert(cert: Path | None, key: Path | None) -> ServerCert | None:
+    """A public listener's certificate, or None for plain HTTP."""
+    if cert is None and key is None:
+        return None
+    if cert is None or key is None:
+        raise typer.BadParameter("give both --tls-cert and --tls-key, or neither")
+    found = ServerCert(cert, key)
+    try:
+        found.build()
+    except (OSError, ValueError) as exc:  # ssl.SSLError is an OSError
+        raise typer.BadParameter(f"cannot serve TLS with {cert} and {key}: {exc}") from exc
+    return found
+
+
+def loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
