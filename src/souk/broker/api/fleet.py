@@ -51,5 +51,5 @@ async def cordon_worker(request: web.Request) -> web.Response:
     worker = b.fleet.worker(wid)
     if worker is None:
         raise ApiError(404, "not_found", f"worker {wid} not found")
-    path = "/v1/cordon" if request.path.endswith("/cordon") else "/v1/uncordon"
-    return reply(await b.client.request(wid, worker.address, "POST", path))
+    cordoned = request.path.endswith("/cordon")
+    return reply(await b.client.cordon(wid, worker.address, cordoned))
