@@ -77,7 +77,7 @@ def releases(meta: dict[str, str]) -> list[Release]:
 
 def current(meta: dict[str, str]) -> int | None:
     value = meta.get(CURRENT, "")
-    return int(value) if value.isdigit() else None
+    return int(value) if value.isascii() and value.isdigit() else None
 
 
 def next_version(meta: dict[str, str]) -> int:
@@ -92,7 +92,8 @@ def stale_releases(meta: dict[str, str], newest: int) -> list[str]:
 
 
 def is_release_key(key: str) -> bool:
-    return key.startswith(PREFIX) and key[len(PREFIX) :].isdigit()
+    number = key[len(PREFIX) :]
+    return key.startswith(PREFIX) and number.isascii() and number.isdigit()
 
 
 class RollbackError(CommandError):
