@@ -9,12 +9,11 @@ import aiohttp
 from aiohttp import web
 
 from souk.broker.api.state import Broker, broker_of
-from souk.broker.auth import grant_of
 from souk.broker.registry import AppExists, AppNotFound, MetadataRefused
 from souk.models.api import App, AppOrganization, CreateAppRequest, ListAppsResponse
 from souk.models.catalog import AppRow
 from souk.models.machine import MetadataChange
-from souk.web import ApiError, read_model, reply
+from souk.web import ApiError, audience_of, read_model, reply
 
 
 def app_view(b: Broker, row: AppRow) -> App:
@@ -49,12 +48,12 @@ async def forward_registry(
 
 async def list_apps(request: web.Request) -> web.Response:
     b = broker_of(request)
-    grant = grant_of(request)
+    audience = audience_of(request)
     org = request.query.get("org_slug")
     apps = [
         app_view(b, r)
         for r in sorted(b.fleet.apps(), key=lambda r: r.name)
-        if grant.allows(r.name, write=False) and org in (None, r.org)
+        if audience.sees(r.name) and org in (None, r.org)
     ]
     return reply(ListAppsResponse(total_apps=len(apps), apps=apps))
 
@@ -62,8 +61,6 @@ async def list_apps(request: web.Request) -> web.Response:
 async def create_app(request: web.Request) -> web.Response:
     b = broker_of(request)
     body = await read_model(request, CreateAppRequest)
-    if not grant_of(request).allows(body.name, write=True):
-        raise ApiError(403, "forbidden", grant_of(request).why_not(body.name, True))
     if b.registry is None:
         return await forward_registry(request, "POST", "/v1/apps", body.model_dump())
     try:
