@@ -9,8 +9,9 @@ from aiohttp import web
 from souk import __version__
 from souk.broker.api.errors import worker_errors
 from souk.broker.api.routes import ROUTES
-from souk.broker.api.state import BROKER, Broker
+from souk.broker.api.state import BROKER, SEALER, Broker
 from souk.broker.auth import MachineRegion, make_auth, undeclared
+from souk.broker.sealing import Sealer
 from souk.web import ApiError, Route, add_routes, error_middleware
 
 MAX_BODY = 1 << 20
@@ -46,6 +47,7 @@ def make_app(broker: Broker, secret: bytes, extra: Sequence[Route] = ()) -> web.
         middlewares=[error_middleware, auth, worker_errors], client_max_size=MAX_BODY
     )
     app[BROKER] = broker
+    app[SEALER] = Sealer(secret)
     add_routes(app, routes, "souk Machines API", __version__)
 
     async def close(_: web.Application) -> None:

@@ -11,6 +11,7 @@ from aiohttp import web
 from souk.broker.fleet import Fleet
 from souk.broker.placement.pipeline import Placer
 from souk.broker.registry import AppRegistry
+from souk.broker.sealing import Sealer
 from souk.clients.workers import WorkerClient
 from souk.models.catalog import AppRow
 from souk.models.machine import Machine
@@ -99,7 +100,12 @@ class Broker:
 
 
 BROKER = web.AppKey("broker", Broker)
+SEALER = web.AppKey("sealer", Sealer)  # made from the cluster secret, with the app
 
 
 def broker_of(request: web.Request) -> Broker:
     return request.app[BROKER]
+
+
+def sealer_of(request: web.Request) -> Sealer:
+    return request.app[SEALER]
