@@ -73,7 +73,8 @@ def routes(replica: Replica) -> list[Route]:
         since_text = request.query.get("since")
         if since_text is not None and not (since_text.isascii() and since_text.isdigit()):
             raise ApiError(400, "invalid", "since: a change number (lseq) from a previous change")
-        stream = replica.subscribe(tables or None, int(since_text) if since_text else None)
+        asked = tables or (None if audience.fleet else APP_TABLES)
+        stream = replica.subscribe(asked, int(since_text) if since_text else None)
         response: web.StreamResponse | None = None
         try:
             async for change in stream:

@@ -1,5 +1,6 @@
 """HTTP plumbing shared by the worker, the broker and the proxy: JSON errors, validated bodies,
-a declared route table and the OpenAPI document generated from it."""
+a declared route table (with the permission each route needs) and the OpenAPI document
+generated from it."""
 
 from souk.web.body import read_json, read_model
 from souk.web.errors import ApiError, error_middleware, json_error
