@@ -18,8 +18,14 @@ garbage-collector pauses, and the CPU of the replica, the owners, nats-server, t
 host and the hypervisor's steal. The floors: one message at a time between two connections, and
 a steady stream at each rate from this process to another (no catalog).
 
+With `--secure`, each fleet size is measured three times in the same run: plain, signed (every
+owner signs with its own Ed25519 key, the replica checks against a CA) and signed over TLS (a
+second nats-server configured as `souk nats config` makes it: mutual TLS, users mapped from
+certificates, permissions; the owners share one connection and one certificate, here); a last
+table gives each secured phase's p50, p99 and CPU over the plain one's.
+
 Usage: .venv/bin/python bench/catalog_propagation.py [--owners 100,1000] [--rates 500,2000]
-       [--seconds 20] [--quick] [--json] [--profile-replica FILE] [--keep DIR]
+       [--seconds 20] [--quick] [--json] [--profile-replica FILE] [--keep DIR] [--secure]
 """
 
 from __future__ import annotations
@@ -28,7 +34,9 @@ import argparse
 import asyncio
 import contextlib
 import cProfile
+import datetime
 import gc
+import ipaddress
 import json
 import os
 import pstats
@@ -44,6 +52,10 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
@@ -53,11 +65,14 @@ from _harness import machine_info, pct
 from souk.catalog import owner as owner_module
 from souk.catalog import replica as replica_module
 from souk.catalog.bus import NatsBus
+from souk.catalog.certs import bus_options, load_ca
 from souk.catalog.owner import Owner
+from souk.catalog.permissions import Node, render
 from souk.catalog.protocol import PREFIX, Batch, encode
 from souk.catalog.replica import following
+from souk.catalog.signing import Ed25519Signer
 from souk.catalog.sim import SimRows
-from tests.support.nats import NatsServer, nats_version
+from souk.catalog.trust import CaTrust
 from tests.support.ports import free_port
 
 REGIONS = ["mad", "ams", "ord", "nrt"]
@@ -107,10 +122,173 @@ class GcPauses:
 # --- nats-server -----------------------------------------------------------------------------
 
 
-async def varz(session: aiohttp.ClientSession, server: NatsServer) -> dict[str, Any]:
+@dataclass
+class Server:
+    url: str
+    monitor: str
+    version: str
+    pid: int
+
+
+@contextlib.asynccontextmanager
+async def nats_server(workdir: Path, pki: Pki | None = None) -> AsyncIterator[Server]:
+    """A nats-server on loopback; with `pki`, the authenticated one (see `Pki.config`)."""
+    binary = shutil.which("nats-server")
+    if binary is None:
+        raise SystemExit("nats-server is not installed (Debian: apt-get install nats-server)")
+    port, mport = free_port(), free_port()
+    argv = [binary, "-a", "127.0.0.1", "-p", str(port), "-m", str(mport)]
+    if pki is not None:
+        argv = [binary, "-c", str(pki.config(port)), "-m", str(mport)]
+    with open(workdir / f"nats-server{'-tls' if pki else ''}.log", "wb") as log:
+        proc = await asyncio.create_subprocess_exec(
+            *argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log
+        )
+    monitor = f"http://127.0.0.1:{mport}"
+    try:
+        version = "?"
+        async with aiohttp.ClientSession() as session:
+            for _ in range(500):
+                if proc.returncode is not None:
+                    raise SystemExit(f"nats-server exited: see {workdir / 'nats-server.log'}")
+                with contextlib.suppress(aiohttp.ClientError):
+                    async with session.get(monitor + "/varz") as resp:
+                        version = str((await resp.json())["version"])
+                        break
+                await asyncio.sleep(0.02)
+        yield Server(f"nats://127.0.0.1:{port}", monitor, version, proc.pid)
+    finally:
+        if proc.returncode is None:
+            proc.terminate()
+            try:
+                await asyncio.wait_for(proc.wait(), 5)
+            except TimeoutError:
+                proc.kill()
+                await proc.wait()
+
+
+async def varz(session: aiohttp.ClientSession, server: Server) -> dict[str, Any]:
     async with session.get(server.monitor + "/varz") as resp:
         data: dict[str, Any] = await resp.json()
         return data
+
+
+# --- security: a CA, node certificates, the authenticated bus --------------------------------
+
+
+@dataclass(frozen=True)
+class Mode:
+    name: str
+    signed: bool = False
+    tls: bool = False
+
+
+PLAIN, SIGNED, SIGNED_TLS = Mode("plain"), Mode("signed", True), Mode("signed+tls", True, True)
+
+
+class Pki:
+    """A cluster CA and node certificates as the cluster PKI issues them: Ed25519, subject
+    O=souk, OU=<role>, CN=<name>, URI name souk://<role>/<name>."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.dir = workdir
+        self.key = Ed25519PrivateKey.generate()
+        subject = x509.Name(
+            [
+                x509.NameAttribute(NameOID.ORGANIZATION_NAME, "souk"),
+                x509.NameAttribute(NameOID.COMMON_NAME, "bench CA"),
+            ]
+        )
+        self.ca = self._build(subject, subject, self.key.public_key(), True, [])
+        self.ca_path = workdir / "ca.crt"
+        self.ca_path.write_bytes(self.ca.public_bytes(serialization.Encoding.PEM))
+
+    def _build(
+        self, subject: x509.Name, issuer: x509.Name, public: Any, ca: bool, sans: list[Any]
+    ) -> x509.Certificate:
+        now = datetime.datetime.now(datetime.UTC)
+        builder = (
+            x509.CertificateBuilder()
+            .subject_name(subject)
+            .issuer_name(issuer)
+            .public_key(public)
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.BasicConstraints(ca=ca, path_length=0 if ca else None), True)
+        )
+        if not ca:
+            usages = [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]
+            builder = builder.add_extension(x509.ExtendedKeyUsage(usages), False)
+            builder = builder.add_extension(x509.SubjectAlternativeName(sans), False)
+        return builder.sign(self.key, None)
+
+    def issue(self, role: str, name: str) -> tuple[Ed25519PrivateKey, x509.Certificate]:
+        key = Ed25519PrivateKey.generate()
+        subject = x509.Name(
+            [
+                x509.NameAttribute(NameOID.ORGANIZATION_NAME, "souk"),
+                x509.NameAttribute(NameOID.ORGANIZATIONAL_UNIT_NAME, role),
+                x509.NameAttribute(NameOID.COMMON_NAME, name),
+            ]
+        )
+        sans: list[Any] = [
+            x509.UniformResourceIdentifier(f"souk://{role}/{name}"),
+            x509.DNSName(name),
+        ]
+        if name == "localhost":
+            sans.append(x509.IPAddress(ipaddress.ip_address("127.0.0.1")))
+        return key, self._build(subject, self.ca.subject, key.public_key(), False, sans)
+
+    def signer(self, role: str, name: str) -> Ed25519Signer:
+        key, cert = self.issue(role, name)
+        raw = serialization.Encoding.Raw, serialization.PrivateFormat.Raw
+        seed = key.private_bytes(*raw, serialization.NoEncryption())
+        return Ed25519Signer(seed, cert.public_bytes(serialization.Encoding.DER))
+
+    def files(self, role: str, name: str) -> tuple[Path, Path]:
+        key, cert = self.issue(role, name)
+        cert_path, key_path = self.dir / f"{role}-{name}.crt", self.dir / f"{role}-{name}.key"
+        cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+        key_path.write_bytes(
+            key.private_bytes(
+                serialization.Encoding.PEM,
+                serialization.PrivateFormat.PKCS8,
+                serialization.NoEncryption(),
+            )
+        )
+        return cert_path, key_path
+
+    def config(self, port: int) -> Path:
+        """The authenticated bus, as `souk nats config` writes it: two replicas (operators)
+        and, for the owners that share one connection here, a user that may speak for all."""
+        cert, key = self.files("bus", "localhost")
+        fleet = {
+            "user": "souk://worker/fleet",
+            "permissions": {
+                "publish": {"allow": [f"{PREFIX}.ch.>", f"{PREFIX}.hb.>"]},
+                "subscribe": {
+                    "allow": [
+                        f"{PREFIX}.pull.*",
+                        f"{PREFIX}.cert.*",
+                        f"{PREFIX}.hello",
+                        "_INBOX.worker.fleet.>",
+                    ]
+                },
+                "allow_responses": {"max": 1},
+            },
+        }
+        nodes = [Node("operator", f"replica{i}") for i in (1, 2)]
+        text = render(nodes, self.ca_path, cert, key, "127.0.0.1", port, extra_users=[fleet])
+        path = self.dir / "nats-tls.conf"
+        path.write_text(text)
+        return path
+
+    def bus_options(self, role: str, name: str) -> dict[str, Any]:
+        cert = self.dir / f"{role}-{name}.crt"
+        if not cert.exists():
+            self.files(role, name)
+        return bus_options(self.ca_path, cert, self.dir / f"{role}-{name}.key")
 
 
 # --- the owners' side ------------------------------------------------------------------------
@@ -155,17 +333,27 @@ def app_of(src: SimRows, slot: int) -> str:
 
 @contextlib.asynccontextmanager
 async def fleet(
-    url: str, count: int, advance: Callable[[], None], freeze: bool
+    url: str,
+    count: int,
+    advance: Callable[[], None],
+    freeze: bool,
+    mode: Mode = PLAIN,
+    pki: Pki | None = None,
 ) -> AsyncIterator[Fleet]:
     """`count` owners on one connection, started over one second (their heartbeats spread as a
-    real fleet's), each with MACHINES_PER_OWNER machines."""
-    bus = CountingBus(await NatsBus.connect(url, name="bench-owners"))
+    real fleet's), each with MACHINES_PER_OWNER machines; signed, each with its own key."""
+    options = pki.bus_options("worker", "fleet") if mode.tls and pki is not None else {}
+    bus = CountingBus(await NatsBus.connect(url, name="bench-owners", **options))
     sources = [SimRows(f"w{i:04d}", REGIONS[i % len(REGIONS)]) for i in range(count)]
+    signers = [
+        pki.signer("worker", src.owner) if mode.signed and pki is not None else None
+        for src in sources
+    ]
     owners: list[Owner] = []
     began = time.perf_counter()
     try:
         for i, src in enumerate(sources):
-            owner = Owner(bus, src)
+            owner = Owner(bus, src, signer=signers[i])
             src.publisher = owner
             await owner.start()
             owners.append(owner)
@@ -205,17 +393,24 @@ async def drive(fleet: Fleet, rate: float, seconds: float, tick: Callable[[int],
 # --- a replica process -----------------------------------------------------------------------
 
 
-async def replica_process(url: str, workers: int, machines: int, profile: bool, out: Path) -> None:
+async def replica_process(
+    url: str, workers: int, machines: int, profile: bool, out: Path, security: list[str]
+) -> None:
     """Child process: a replica following every region; prints `ready` once subscribed and
-    `converged` once it holds every owner's rows; on EOF on stdin writes its samples to `out`."""
+    `converged` once it holds every owner's rows; on EOF on stdin writes its samples to `out`.
+    `security`: the CA to check signatures against, and its own certificate and key for TLS
+    ("-" for none)."""
     samples: list[tuple[float, float]] = []  # (commit, visible) wall-clock times
     received: list[tuple[float, float]] = []  # (commit, decoded here)
-    counters: list[tuple[float, int, int]] = []  # (wall, gaps, pulls)
+    counters: list[tuple[float, int, int, int]] = []  # (wall, gaps, pulls, refused)
     stamp_batches(replica_module, "decode_batch", received)
     pauses = GcPauses()
     profiler = cProfile.Profile() if profile else None
-    bus = await NatsBus.connect(url, name="bench-replica")
-    async with following(bus, out.with_suffix(".db")) as replica:
+    ca, cert, key = (None if v == "-" else Path(v) for v in security)
+    trust = None if ca is None else CaTrust(load_ca(ca))
+    options = {} if ca is None or cert is None or key is None else bus_options(ca, cert, key)
+    bus = await NatsBus.connect(url, name="bench-replica", **options)
+    async with following(bus, out.with_suffix(".db"), trust=trust) as replica:
 
         async def watch() -> None:
             async for rc in replica.subscribe(tables=frozenset({"machines"})):
@@ -224,7 +419,10 @@ async def replica_process(url: str, workers: int, machines: int, profile: bool, 
 
         async def sample() -> None:
             while True:
-                counters.append((time.time(), replica.stats["gaps"], replica.stats["pulls"]))
+                refused = sum(replica.guard.refused.values())
+                counters.append(
+                    (time.time(), replica.stats["gaps"], replica.stats["pulls"], refused)
+                )
                 await asyncio.sleep(0.1)
 
         async def announce() -> None:
@@ -245,7 +443,7 @@ async def replica_process(url: str, workers: int, machines: int, profile: bool, 
             profiler.dump_stats(out.with_suffix(".prof"))
         for task in tasks:
             task.cancel()
-        stats = dict(replica.stats)
+        stats = dict(replica.stats) | dict(replica.guard.refused)
     await bus.close()
     result = {"samples": samples, "received": received, "counters": counters, "stats": stats}
     out.write_text(json.dumps(result | {"gc": pauses.pauses}))
@@ -269,9 +467,15 @@ class Child:
 
     @classmethod
     async def replica(
-        cls, url: str, workers: int, machines: int, out: Path, profile: bool
+        cls,
+        url: str,
+        workers: int,
+        machines: int,
+        out: Path,
+        profile: bool,
+        security: tuple[str, str, str] = ("-", "-", "-"),
     ) -> Child:
-        args = [url, str(workers), str(machines), "1" if profile else "0"]
+        args = [url, str(workers), str(machines), "1" if profile else "0", *security]
         return await cls.start("--replica-process", args, out)
 
     async def expect(self, word: str, timeout: float) -> None:
@@ -414,6 +618,7 @@ def batch_size() -> int:
 
 @dataclass
 class Row:
+    mode: str  # plain, signed, signed+tls
     owners: int
     replicas: int
     rate: int  # target changes/s, all owners together
@@ -445,6 +650,7 @@ class Row:
     replica_gc_ms_per_s: float
     owners_gc_max_ms: float
     owners_gc_ms_per_s: float
+    refused: int = 0  # messages the first replica refused in the window (none is forged here)
     replica_p99_ms: list[float] = field(default_factory=list)  # per replica
 
 
@@ -487,12 +693,14 @@ def cpu_now(pids: dict[str, int]) -> dict[str, float]:
     return times
 
 
-def counted(samples: list[list[float]], t0: float, t1: float) -> tuple[int, int]:
-    """From a replica's (wall, gaps, pulls) samples: the gaps and pulls it had within t0..t1."""
+def counted(samples: list[list[float]], t0: float, t1: float) -> tuple[int, int, int]:
+    """From a replica's (wall, gaps, pulls, refused) samples: how many of each it had within
+    t0..t1."""
     inside = [s for s in samples if t0 <= s[0] <= t1]
     if len(inside) < 2:
-        return 0, 0
-    return int(inside[-1][1] - inside[0][1]), int(inside[-1][2] - inside[0][2])
+        return 0, 0, 0
+    first, last = inside[0], inside[-1]
+    return int(last[1] - first[1]), int(last[2] - first[2]), int(last[3] - first[3])
 
 
 def stage(stamps: Sequence[Sequence[float]], t0: float, t1: float) -> list[float]:
@@ -507,6 +715,7 @@ def gc_in(pauses: Sequence[Sequence[float]], t0: float, t1: float) -> tuple[floa
 
 
 def summarize(
+    mode: Mode,
     w: Window,
     owners: int,
     results: list[dict[str, Any]],
@@ -525,10 +734,11 @@ def summarize(
     ch = [b - a for a, b in zip(w.counts0["ch"], w.counts1["ch"], strict=True)]
     hb = [b - a for a, b in zip(w.counts0["hb"], w.counts1["hb"], strict=True)]
     p99 = pct(first, 99)
-    gaps, pulls = counted(results[0]["counters"], w.t0, w.t1)
+    gaps, pulls, refused = counted(results[0]["counters"], w.t0, w.t1)
     cpu = {k: 100 * (w.cpu1[k] - w.cpu0[k]) / seconds for k in w.cpu0}
     ours = cpu["owners"] + cpu["nats"] + sum(v for k, v in cpu.items() if k.startswith("replica"))
     return Row(
+        mode=mode.name,
         owners=owners,
         replicas=w.replicas,
         rate=w.rate,
@@ -560,12 +770,13 @@ def summarize(
         replica_gc_ms_per_s=replica_gc[1],
         owners_gc_max_ms=owners_gc[0],
         owners_gc_ms_per_s=owners_gc[1],
+        refused=refused,
         replica_p99_ms=[pct(lat, 99) for lat in per_replica],
     )
 
 
 async def measure_fleet(
-    server: NatsServer,
+    server: Server,
     owners: int,
     phases: list[tuple[int, int]],
     seconds: float,
@@ -577,30 +788,49 @@ async def measure_fleet(
     sent: list[tuple[float, float]],
     pauses: GcPauses,
     freeze: bool,
+    mode: Mode = PLAIN,
+    pki: Pki | None = None,
 ) -> list[Row]:
     """One fleet of `owners`, then each (rate, replicas) phase in turn while heartbeats flow."""
     machines = owners * MACHINES_PER_OWNER
     replicas: list[Child] = []
     windows: list[Window] = []
+
+    def security(n: int) -> tuple[str, str, str]:
+        if not mode.signed or pki is None:
+            return ("-", "-", "-")
+        if not mode.tls:
+            return (str(pki.ca_path), "-", "-")
+        cert, key = pki.files("operator", f"replica{n}")
+        return (str(pki.ca_path), str(cert), str(key))
+
+    def out(n: int) -> Path:
+        return workdir / f"r{n}-{owners}-{mode.name}.json"
+
     try:
         replicas.append(
             await Child.replica(
-                server.url, owners, machines, workdir / f"r1-{owners}.json", profile is not None
+                server.url, owners, machines, out(1), profile is not None, security(1)
             )
         )
-        task = progress.add_task(f"{owners} owners: starting", total=owners)
+        task = progress.add_task(f"{owners} owners, {mode.name}: starting", total=owners)
         async with (
-            fleet(server.url, owners, lambda: progress.advance(task), freeze) as f,
+            fleet(server.url, owners, lambda: progress.advance(task), freeze, mode, pki) as f,
             aiohttp.ClientSession() as http,
         ):
             await replicas[0].expect("converged", 120)
             progress.update(task, description=f"{owners} owners: started, replica converged")
             for rate, want in phases:
                 while len(replicas) < want:
-                    out = workdir / f"r{len(replicas) + 1}-{owners}.json"
-                    replicas.append(await Child.replica(server.url, owners, machines, out, False))
+                    n = len(replicas) + 1
+                    replicas.append(
+                        await Child.replica(
+                            server.url, owners, machines, out(n), False, security(n)
+                        )
+                    )
                     await replicas[-1].expect("converged", 120)
-                label = f"{owners} owners, {rate}/s, {want} replica{'s' if want > 1 else ''}"
+                plural = "s" if want > 1 else ""
+                label = f"{owners} owners, {mode.name}, {rate}/s, {want} replica{plural}"
                 bar = progress.add_task(label, total=warmup + seconds)
                 began = time.perf_counter()
 
@@ -622,10 +852,11 @@ async def measure_fleet(
     finally:
         for r in replicas:
             await r.kill()
-    rows = [summarize(w, owners, results, floor_p99, sent, pauses.pauses) for w in windows]
+    rows = [summarize(mode, w, owners, results, floor_p99, sent, pauses.pauses) for w in windows]
     if profile is not None:
-        prof = workdir / f"r1-{owners}.prof"
-        target = profile.with_name(f"{profile.stem}-{owners}{profile.suffix or '.prof'}")
+        prof = out(1).with_suffix(".prof")
+        suffix = profile.suffix or ".prof"
+        target = profile.with_name(f"{profile.stem}-{owners}-{mode.name}{suffix}")
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(prof, target)
     return rows
@@ -650,8 +881,14 @@ async def measure(args: argparse.Namespace, progress: Progress) -> Report:
     with tempfile.TemporaryDirectory(prefix="souk-bench-") as tmp:
         workdir = Path(tmp) if args.keep is None else args.keep
         workdir.mkdir(parents=True, exist_ok=True)
-        log = workdir / "nats-server.log"
-        with NatsServer(monitor_port=free_port(), log_path=log) as server:
+        modes = [PLAIN, SIGNED] + ([SIGNED_TLS] if args.tls else []) if args.secure else [PLAIN]
+        pki = Pki(workdir) if args.secure else None
+        async with contextlib.AsyncExitStack() as stack:
+            server = await stack.enter_async_context(nats_server(workdir))
+            servers = {mode.name: server for mode in modes}
+            if SIGNED_TLS in modes:
+                tls = await stack.enter_async_context(nats_server(workdir, pki))
+                servers[SIGNED_TLS.name] = tls
             task = progress.add_task(f"bare NATS, {size} B messages", total=FLOOR_SAMPLES)
             floor, floor_lost = await bare_floor(
                 server.url, size, FLOOR_SAMPLES, lambda: progress.advance(task)
@@ -669,24 +906,27 @@ async def measure(args: argparse.Namespace, progress: Progress) -> Report:
             if args.second_replica:
                 phases.append((max(args.rates), 2))
             for owners in args.owners:
-                rows += await measure_fleet(
-                    server,
-                    owners,
-                    phases,
-                    args.seconds,
-                    args.warmup,
-                    floor_p99,
-                    workdir,
-                    args.profile_replica,
-                    progress,
-                    sent,
-                    pauses,
-                    args.freeze_owners,
-                )
+                for mode in modes:
+                    rows += await measure_fleet(
+                        servers[mode.name],
+                        owners,
+                        phases,
+                        args.seconds,
+                        args.warmup,
+                        floor_p99,
+                        workdir,
+                        args.profile_replica,
+                        progress,
+                        sent,
+                        pauses,
+                        args.freeze_owners,
+                        mode,
+                        pki,
+                    )
     return Report(
         " ".join(["bench/catalog_propagation.py", *sys.argv[1:]]),
         machine_info(),
-        nats_version(),
+        server.version,
         size,
         pct(floor, 50),
         floor_p99,
@@ -698,6 +938,11 @@ async def measure(args: argparse.Namespace, progress: Progress) -> Report:
 
 
 def tables(report: Report) -> list[Table]:
+    secure = any(r.mode != PLAIN.name for r in report.rows)
+
+    def who(r: Row) -> str:
+        return f"{r.owners:,} {r.mode}" if secure else f"{r.owners:,}"
+
     lat = Table(
         title=(
             f"commit → visible on a replica (goal: p99 < {GOAL_P99_MS:.0f} ms at 1,000 owners); "
@@ -712,7 +957,7 @@ def tables(report: Report) -> list[Table]:
     for r in report.rows:
         p99 = " / ".join(f"{x:.1f}" for x in r.replica_p99_ms)
         lat.add_row(
-            f"{r.owners:,}",
+            who(r),
             str(r.replicas),
             f"{r.actual_rate:,.0f}",
             f"{r.changes:,}",
@@ -744,7 +989,7 @@ def tables(report: Report) -> list[Table]:
         load.add_column(name, justify="right")
     for r in report.rows:
         load.add_row(
-            f"{r.owners:,}",
+            who(r),
             str(r.replicas),
             f"{r.actual_rate:,.0f}",
             f"{r.msgs_per_change:.2f}",
@@ -778,7 +1023,7 @@ def tables(report: Report) -> list[Table]:
         where.add_column(name, justify="right")
     for r in report.rows:
         where.add_row(
-            f"{r.owners:,}",
+            who(r),
             str(r.replicas),
             f"{r.actual_rate:,.0f}",
             *(
@@ -810,7 +1055,50 @@ def tables(report: Report) -> list[Table]:
             f"{b.max_ms:.1f}",
             f"{b.steal_pct:.0f}%",
         )
-    return [lat, load, where, bare]
+    return [lat, load, where, bare, *([security_cost(report)] if secure else [])]
+
+
+def security_cost(report: Report) -> Table:
+    """Each secured phase against the plain one of the same fleet, rate and replicas."""
+    plain = {(r.owners, r.replicas, r.rate): r for r in report.rows if r.mode == PLAIN.name}
+    table = Table(title="what security costs: secured / plain, same fleet, rate and replicas")
+    for name in (
+        "owners",
+        "mode",
+        "replicas",
+        "changes/s",
+        "p50 ms",
+        "p99 ms",
+        "replica CPU",
+        "owners CPU",
+        "nats-server CPU",
+        "B/change",
+        "refused",
+    ):
+        table.add_column(name, justify="right")
+
+    def vs(value: float, base: float, unit: str = "") -> str:
+        ratio = f" ({value / base:.2f}x)" if base else ""
+        return f"{value:.1f}{unit}{ratio}"
+
+    for r in report.rows:
+        base = plain.get((r.owners, r.replicas, r.rate))
+        if r.mode == PLAIN.name or base is None:
+            continue
+        table.add_row(
+            f"{r.owners:,}",
+            r.mode,
+            str(r.replicas),
+            f"{r.actual_rate:,.0f}",
+            vs(r.p50_ms, base.p50_ms),
+            vs(r.p99_ms, base.p99_ms),
+            vs(r.replica_cpu_pct, base.replica_cpu_pct, "%"),
+            vs(r.owners_cpu_pct, base.owners_cpu_pct, "%"),
+            vs(r.server_cpu_pct, base.server_cpu_pct, "%"),
+            vs(r.bytes_per_change, base.bytes_per_change),
+            str(r.refused),
+        )
+    return table
 
 
 def profile_summary(path: Path, console: Console) -> None:
@@ -841,6 +1129,14 @@ def main() -> None:
         help="leave the simulated owners' state to the garbage collector (one shared heap)",
     )
     parser.add_argument("--quick", action="store_true", help="a short run: 5 s phases")
+    parser.add_argument(
+        "--secure",
+        action="store_true",
+        help="each fleet plain, signed, and signed over an authenticated TLS bus",
+    )
+    parser.add_argument(
+        "--no-tls", dest="tls", action="store_false", help="with --secure: skip the TLS bus"
+    )
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.add_argument(
         "--profile-replica",
@@ -872,8 +1168,10 @@ def main() -> None:
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--replica-process":
-        url, workers, machines, profile, out = sys.argv[2:7]
-        asyncio.run(replica_process(url, int(workers), int(machines), profile == "1", Path(out)))
+        url, workers, machines, profile, *security, out = sys.argv[2:]
+        asyncio.run(
+            replica_process(url, int(workers), int(machines), profile == "1", Path(out), security)
+        )
         raise SystemExit(0)
     if len(sys.argv) > 1 and sys.argv[1] == "--sink-process":
         asyncio.run(sink_process(sys.argv[2], Path(sys.argv[3])))

@@ -18,10 +18,10 @@ import _harness  # noqa: F401  (puts the repository root on the path, for tests.
 
 from souk.models.machine import InitConfig, MachineConfig
 from souk.worker.drivers.base import Launch
+from souk.worker.drivers.runc import RuncDriver
 from souk.worker.oci.images import ImageCache
 from souk.worker.oci.reference import ImageRef
 from souk.worker.oci.registry import RegistryClient
-from souk.worker.oci.runc_driver import RuncDriver
 from souk.worker.oci.spec import runtime_spec
 from tests.support.images import ImageSpec, busybox_layer, layer, push_image
 from tests.support.registry import running_registry

@@ -14,8 +14,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import _harness  # noqa: F401  (puts the repository root on the path, for tests.support)
+
 from souk.worker.drivers.base import HostUser
-from souk.worker.oci.build import busybox_layer
 from souk.worker.oci.rootfs import (
     idmap_supported,
     merge_copy,
@@ -25,6 +26,7 @@ from souk.worker.oci.rootfs import (
     userns_fd,
 )
 from souk.worker.oci.unpack import unpack_layer
+from tests.support.images import busybox_layer
 
 USER = HostUser(uid=3_000_000, gid=3_000_000, span=65_536)
 

@@ -21,3 +21,16 @@ if [ ! -x .venv/bin/python ]; then
 fi
 .venv/bin/pip install -q --upgrade pip >/dev/null
 .venv/bin/pip install -q -e '.[dev]'
+
+# A root worker runs machines as their apps' own unprivileged users, and the tests' and the
+# example's machines run this venv's Python: those users must be able to pass through (not
+# list) every directory above the interpreter, its standard library and this checkout.
+if [ "$(id -u)" = 0 ]; then
+    base=$(.venv/bin/python -c 'import sys; print(sys.base_prefix)')
+    for dir in "$base" "$(pwd)"; do
+        while [ "$dir" != / ]; do
+            chmod o+x "$dir"
+            dir=$(dirname "$dir")
+        done
+    done
+fi

@@ -62,7 +62,7 @@ async def test_stale_and_duplicate_versions_are_ignored() -> None:
     new = src.machine("web", key="m1", state="stopped")
     old = Change("machines", "m1", new.seq - 1, {**(new.row or {}), "state": "started"})
     stale = Batch("w1", "mad", "e1", 0, new.seq, [new, old, new])
-    await bus.publish(changes_subject("mad"), encode(stale))
+    await bus.publish(changes_subject("mad", "w1"), encode(stale))
     await eventually(lambda: replica.machine("m1") is not None)
     machine = replica.machine("m1")
     assert machine is not None and machine.state == "stopped"
@@ -92,7 +92,7 @@ async def test_a_new_epoch_replaces_the_owners_rows(tmp_path: Path) -> None:
         99,
         [Change("machines", "zombie", 99, first.rows[("machines", "old")].row)],
     )
-    await bus.publish(changes_subject("mad"), encode(late))
+    await bus.publish(changes_subject("mad", "w1"), encode(late))
     await asyncio.sleep(0.05)
     assert replica.machine("zombie") is None and replica.stats["stale_epoch"] >= 1
     await owner.stop()
@@ -211,7 +211,7 @@ async def test_batches_arriving_together_share_a_commit_that_precedes_their_anno
     commits = replica.store.commits
     for change in changes:  # one turn of the event loop: the bus delivers each at once
         batch = Batch("w1", "mad", "e1", change.seq - 1, change.seq, [change])
-        await bus.publish(changes_subject("mad"), encode(batch))
+        await bus.publish(changes_subject("mad", "w1"), encode(batch))
     other = sqlite3.connect(tmp_path / "r.db")  # what a restarted replica would read
     for change in changes:
         heard = await asyncio.wait_for(next_one, 5)

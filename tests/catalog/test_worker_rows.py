@@ -5,10 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from souk.catalog.bus import Faults, InProcessBus
+from souk.catalog.owner import Owner
 from souk.catalog.replica import Replica
 from souk.models.machine import CreateMachine, MachineConfig
 from souk.worker.daemon import make_driver, publishing, running
 from souk.worker.engine import Engine
+from souk.worker.rows import WorkerRows
+from tests.catalog.pki import Ca
 from tests.support.engines import settings
 from tests.support.waiting import eventually
 
@@ -85,4 +88,26 @@ async def test_a_recreated_worker_database_is_a_new_epoch(tmp_path: Path) -> Non
         new = (await engine.create(CreateMachine(app="web", config=config))).id
         await eventually(lambda: set(machine_states(replica)) == {new})
     assert old not in machine_states(replica)
+    await replica.stop()
+
+
+async def test_a_workers_signed_rows_reach_a_replica_that_checks_them(tmp_path: Path) -> None:
+    bus, ca = InProcessBus(), Ca()
+    replica = Replica(bus, trust=ca.trust())
+    await replica.start(bootstrap=False)
+    s = settings(tmp_path)
+    config = MachineConfig.model_validate({"init": {"exec": ["sleep", "60"]}})
+    async with running(Engine(s, make_driver("sim", s))) as engine:
+        rows = WorkerRows(engine, "http://w1.test")
+        owner = Owner(bus, rows, signer=ca.node("worker", "w1").signer())
+        rows.attach(owner)
+        await owner.start()
+        made = [(await engine.create(CreateMachine(app="web", config=config))).id for _ in range(3)]
+        await engine.submit(made[0], "destroy", {"force": True})
+        await eventually(lambda: replica.head("w1") == engine.store.head())
+        assert set(machine_states(replica)) == set(made)
+        assert machine_states(replica)[made[0]] == "destroyed"
+        assert replica.guard.refused == {}
+        rows.detach()
+        await owner.stop()
     await replica.stop()

@@ -125,7 +125,7 @@ def test_a_malformed_row_is_quarantined_not_applied(cluster: Cluster) -> None:
     owner = replica.get("/v1/catalog/workers?region=mad")[0]["id"]
     bad_row: dict[str, Any] = {"id": "m-bad", "app": "demo", "state": "on-fire"}
     batch = Batch(owner, "mad", epoch, 0, 1, [Change("machines", "m-bad", 1, bad_row)])
-    asyncio.run(_publish(cluster.nats.url, changes_subject("mad"), encode(batch)))
+    asyncio.run(_publish(cluster.nats.url, changes_subject("mad", owner), encode(batch)))
 
     def quarantined() -> list[dict[str, Any]]:
         return list(replica.get("/v1/catalog/status")["quarantined"])

@@ -14,9 +14,9 @@ import pytest
 from souk.models.machine import InitConfig, MachineConfig
 from souk.worker import procfs
 from souk.worker.drivers.base import Launch
+from souk.worker.drivers.runc import RuncDriver
 from souk.worker.oci.images import ImageCache
 from souk.worker.oci.registry import RegistryClient
-from souk.worker.oci.runc_driver import RuncDriver
 from tests.support.images import ImageSpec, Layer, busybox_layer, layer
 from tests.support.registry import Registry, push
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from souk.catalog.bus import Bus
 from souk.catalog.owner import Owner
 from souk.catalog.replica import Replica
+from souk.catalog.signing import Signer
 from souk.catalog.sim import SimRows
 
 BEAT = 0.05
@@ -25,8 +26,10 @@ def converged(replica: Replica, owners: list[SimRows]) -> bool:
     return True
 
 
-async def start_owner(bus: Bus, src: SimRows, beat: float = BEAT) -> Owner:
-    owner = Owner(bus, src, heartbeat_every=beat)
+async def start_owner(
+    bus: Bus, src: SimRows, beat: float = BEAT, signer: Signer | None = None
+) -> Owner:
+    owner = Owner(bus, src, heartbeat_every=beat, signer=signer)
     src.publisher = owner
     await owner.start()
     return owner

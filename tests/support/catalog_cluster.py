@@ -31,6 +31,7 @@ class ReplicaProcess:
     unreachable_after: float = 2.0
     port: int = field(default_factory=free_port)
     proc: subprocess.Popen[bytes] | None = None
+    security: list[str] = field(default_factory=lambda: ["--insecure"])  # or --ca, --cert ...
 
     @property
     def url(self) -> str:
@@ -49,6 +50,7 @@ class ReplicaProcess:
             str(self.unreachable_after),
             "--log-level",
             "warning",
+            *self.security,
         ]
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log)

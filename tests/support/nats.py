@@ -26,6 +26,7 @@ class NatsServer:
     monitor_port: int | None = None
     log_path: Path | None = None
     proc: subprocess.Popen[bytes] | None = None
+    config: Path | None = None  # a configuration file (with this port), else plain on loopback
 
     @property
     def url(self) -> str:
@@ -45,6 +46,8 @@ class NatsServer:
         if NATS is None:
             raise RuntimeError("nats-server is not installed (Debian: apt-get install nats-server)")
         argv = [NATS, "-a", "127.0.0.1", "-p", str(self.port)]
+        if self.config is not None:
+            argv = [NATS, "-c", str(self.config)]
         if self.monitor_port is not None:
             argv += ["-m", str(self.monitor_port)]
         if self.log_path is None:

@@ -12,13 +12,14 @@ from pathlib import Path
 import pytest
 
 from souk.models.machine import CreateMachine, MachineConfig
-from souk.web import ApiError
 from souk.worker import procfs
+from souk.worker.api import http_error
 from souk.worker.cgroups import Cgroups
 from souk.worker.daemon import make_driver, running
 from souk.worker.drivers.base import Launch
 from souk.worker.drivers.process import ProcessDriver
 from souk.worker.engine import Engine
+from souk.worker.errors import WorkerError
 from tests.support.engines import settings
 
 
@@ -80,9 +81,10 @@ async def test_lifecycle_create_stop_start_destroy(engine: Engine) -> None:
 async def test_destroying_a_running_machine_needs_force(engine: Engine) -> None:
     m = await engine.create(request(["sleep", "30"]))
     await started(engine, m.id)
-    with pytest.raises(ApiError) as err:
+    with pytest.raises(WorkerError) as raised:
         await engine.submit(m.id, "destroy", {"force": False})
-    assert err.value.http_status == 409 and err.value.reason == "invalid_state"
+    answer = http_error(raised.value)
+    assert answer.http_status == 409 and answer.reason == "invalid_state"
     await engine.submit(m.id, "destroy", {"force": True})
     assert (await engine.wait(m.id, "destroyed", 10, None))[0]
 
@@ -155,7 +157,7 @@ async def test_reservations_never_overcommit(sim_engine: Engine) -> None:
         *(sim_engine.create(request(["x"])) for _ in range(60)), return_exceptions=True
     )
     accepted = [r for r in results if not isinstance(r, BaseException)]
-    refused = [r for r in results if isinstance(r, ApiError)]
+    refused = [http_error(r) for r in results if isinstance(r, WorkerError)]
     assert len(accepted) == 4 and len(refused) == 56
     assert all(r.http_status == 412 and r.reason == "insufficient_capacity" for r in refused)
     assert refused[0].details is not None and refused[0].details["free"]["cpus"] == 0
@@ -165,7 +167,7 @@ async def test_reservations_never_overcommit(sim_engine: Engine) -> None:
 
 async def test_cordoned_worker_refuses_new_machines(sim_engine: Engine) -> None:
     await sim_engine.set_cordoned(True)
-    with pytest.raises(ApiError) as err:
+    with pytest.raises(WorkerError) as err:
         await sim_engine.create(request(["x"]))
     assert err.value.reason == "cordoned"
     await sim_engine.set_cordoned(False)
@@ -185,9 +187,9 @@ async def test_update_in_place_changes_instance_and_reservation(sim_engine: Engi
     assert now.instance_id != m.instance_id and now.config.init.exec == ["y"]
     assert sim_engine.capacity().reserved.cpus == 3
     too_big = MachineConfig(init={"exec": ["y"]}, guest={"cpus": 5})  # type: ignore[arg-type]
-    with pytest.raises(ApiError) as err:
+    with pytest.raises(WorkerError) as raised:
         await sim_engine.update(m.id, too_big)
-    assert err.value.http_status == 412
+    assert http_error(raised.value).http_status == 412
     assert sim_engine.capacity().reserved.cpus == 3
 
 

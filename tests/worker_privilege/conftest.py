@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
@@ -11,9 +11,10 @@ import pytest
 from souk.models.machine import CreateMachine, MachineConfig
 from souk.worker.daemon import make_driver, running
 from souk.worker.engine import Engine
+from souk.worker.oci.registry import RegistryClient
 from souk.worker.settings import WorkerSettings
-from tests.oci.conftest import client, registry  # noqa: F401
-from tests.worker.conftest import settings
+from tests.support.engines import settings
+from tests.support.registry import REGISTRY, Registry, running_registry
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="only a root worker has ids to give")
 
@@ -37,6 +38,20 @@ async def destroy_all(engine: Engine) -> None:
         await engine.submit(found.id, "destroy", {"force": True})
     for found in engine.machines():
         await engine.wait(found.id, "destroyed", 15, None)
+
+
+@pytest.fixture
+def registry(tmp_path: Path) -> Iterator[Registry]:
+    if REGISTRY is None:
+        pytest.skip("docker-registry is not installed")
+    with running_registry(tmp_path / "registry") as found:
+        yield found
+
+
+@pytest.fixture
+async def client(registry: Registry) -> AsyncIterator[RegistryClient]:
+    async with registry.client() as c:
+        yield c
 
 
 @pytest.fixture

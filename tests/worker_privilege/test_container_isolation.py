@@ -15,10 +15,10 @@ from souk.models.machine import CreateMachine, MachineConfig
 from souk.worker import app_users
 from souk.worker.daemon import make_driver, running
 from souk.worker.engine import Engine
-from souk.worker.oci.build import ImageSpec, busybox_layer, layer
 from souk.worker.oci.registry import RegistryClient
 from souk.worker.settings import WorkerSettings
-from tests.oci.conftest import Registry, push
+from tests.support.images import ImageSpec, busybox_layer, layer
+from tests.support.registry import Registry, push
 
 from .conftest import destroy_all, needs_root, pid_of
 

@@ -195,9 +195,7 @@ async def main():
         config = MachineConfig(init={"exec": ["sh", "-c", "id -u; pwd"]}, restart={"policy": "no"})
         m = await engine.create(CreateMachine(app="alpha", config=config))
         ok, _ = await engine.wait(m.id, "stopped", 15, None)
-        users = engine.store.read.execute(
-            "SELECT name FROM sqlite_master WHERE name = 'app_users'"
-        ).fetchall()
+        users = engine.store.read.execute("SELECT app FROM app_users").fetchall()
         log = (s.rundir(m.id) / "stdout.log").read_text().split()
         print(json.dumps({"ok": ok, "log": log, "table": len(users), "id": m.id}))
 

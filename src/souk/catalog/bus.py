@@ -12,6 +12,7 @@ import contextlib
 import itertools
 import logging
 import random
+import ssl
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -181,7 +182,17 @@ class NatsBus:
         self.nc = nc
 
     @classmethod
-    async def connect(cls, servers: str | list[str], name: str = "souk") -> NatsBus:
+    async def connect(
+        cls,
+        servers: str | list[str],
+        name: str = "souk",
+        tls: ssl.SSLContext | None = None,
+        tls_hostname: str | None = None,
+        inbox_prefix: str | None = None,
+    ) -> NatsBus:
+        """`tls`: mutual TLS to a server that maps client certificates to users (see
+        `souk nats config`); `inbox_prefix`: where replies to this connection go, which such a
+        server lets only this node read (`permissions.inbox_prefix`)."""
         import nats
 
         async def on_error(exc: Exception) -> None:
@@ -197,6 +208,9 @@ class NatsBus:
             allow_reconnect=True,
             error_cb=on_error,
             connect_timeout=2,
+            **({"tls": tls} if tls is not None else {}),
+            **({"tls_hostname": tls_hostname} if tls_hostname else {}),
+            **({"inbox_prefix": inbox_prefix} if inbox_prefix else {}),
         )
         return cls(nc)
 

@@ -2,7 +2,8 @@
 
 An owner is whatever writes rows (a worker); it exposes them through a `RowSource` and tells the
 `Owner` about each commit. Publishing never waits for replicas and never blocks the commit: what a
-replica misses it pulls later, by sequence.
+replica misses it pulls later, by sequence. With a `Signer`, every batch, heartbeat and pull reply
+it sends is signed with the owner's key (see `souk.catalog.signing`).
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
+import orjson
+
 from souk.catalog.bus import Bus, Message, Subscription
 from souk.catalog.protocol import (
     HELLO,
@@ -22,12 +25,14 @@ from souk.catalog.protocol import (
     Heartbeat,
     ProtocolError,
     PullReply,
+    cert_subject,
     changes_subject,
     decode_pull_request,
     encode,
     heartbeat_subject,
     pull_subject,
 )
+from souk.catalog.signing import Signer, TickChain, b64, beat_statement, header_for
 
 log = logging.getLogger("souk.catalog.owner")
 HEARTBEAT_EVERY = 1.0
@@ -61,11 +66,19 @@ class _Pending:
 
 class Owner:
     def __init__(
-        self, bus: Bus, source: RowSource, heartbeat_every: float = HEARTBEAT_EVERY
+        self,
+        bus: Bus,
+        source: RowSource,
+        heartbeat_every: float = HEARTBEAT_EVERY,
+        signer: Signer | None = None,
     ) -> None:
         self.bus = bus
         self.source = source
         self.heartbeat_every = heartbeat_every
+        self.signer = signer
+        self.chain = TickChain() if signer is not None else None
+        # The next batch carries the certificate: it may overtake the heartbeat that does.
+        self._cert_due = signer is not None
         self.published = source.head()
         self._pending: list[_Pending] = []
         self._wake = asyncio.Event()
@@ -78,11 +91,15 @@ class Owner:
             await self.bus.subscribe(pull_subject(self.source.owner), self._on_pull),
             await self.bus.subscribe(HELLO, self._on_hello),
         ]
+        if self.signer is not None:
+            self._subs.append(
+                await self.bus.subscribe(cert_subject(self.source.owner), self._on_cert)
+            )
         self._tasks = [
             asyncio.create_task(self._publisher()),
             asyncio.create_task(self._heartbeats()),
         ]
-        await self.heartbeat()
+        await self.heartbeat(with_cert=True)
 
     async def stop(self) -> None:
         for task in self._tasks:
@@ -118,14 +135,37 @@ class Owner:
             batch = Batch(
                 src.owner, src.region, src.epoch, self.published, head, list(latest.values())
             )
+            if self.signer is not None:
+                batch.fp, batch.sig = self._sign("batch", batch.prev, head, False, batch.changes)
+                if self._cert_due:
+                    batch.cert, self._cert_due = b64(self.signer.certificate), False
             self.published = head
             self.batches += 1
-            await self.bus.publish(changes_subject(src.region), encode(batch))
+            await self.bus.publish(changes_subject(src.region, src.owner), encode(batch))
 
-    async def heartbeat(self) -> None:
+    def _sign(
+        self, kind: str, prev: int, head: int, more: bool, changes: list[Change]
+    ) -> tuple[str, str]:
+        assert self.signer is not None
+        src, fp = self.source, self.signer.fingerprint
+        rows = [(c.table, c.key, c.seq, c.row) for c in changes]
+        header, _, _ = header_for(
+            kind, src.owner, src.region, src.epoch, prev, head, more, rows, fp
+        )
+        return fp, b64(self.signer.sign(header.statement()))
+
+    async def heartbeat(self, with_cert: bool = False) -> None:
+        """Publishes a heartbeat now; `with_cert` adds the signing certificate, for replicas
+        that have just started and may not know it."""
         src = self.source
         beat = Heartbeat(src.owner, src.region, src.epoch, self.published, src.apps())
-        await self.bus.publish(heartbeat_subject(src.region), encode(beat))
+        if self.signer is not None and self.chain is not None:
+            beat.fp = self.signer.fingerprint
+            beat.chain_at, beat.n, beat.tick = self.chain.next()
+            beat.sig = b64(self.signer.sign(beat_statement(beat)))
+            if with_cert:
+                beat.cert = b64(self.signer.certificate)
+        await self.bus.publish(heartbeat_subject(src.region, src.owner), encode(beat))
 
     async def _heartbeats(self) -> None:
         while True:
@@ -136,7 +176,13 @@ class Owner:
                 log.exception("heartbeat failed")
 
     async def _on_hello(self, _: Message) -> None:
-        await self.heartbeat()
+        self._cert_due = self.signer is not None
+        await self.heartbeat(with_cert=True)
+
+    async def _on_cert(self, msg: Message) -> None:
+        if msg.reply and self.signer is not None:
+            answer = {"cert": b64(self.signer.certificate)}
+            await self.bus.publish(msg.reply, orjson.dumps(answer))
 
     async def _on_pull(self, msg: Message) -> None:
         if not msg.reply:
@@ -148,5 +194,7 @@ class Owner:
             return
         changes, head, more = self.source.changes_since(req.since, req.limit)
         src = self.source
-        reply = PullReply(src.owner, src.region, src.epoch, head, more, changes)
+        reply = PullReply(src.owner, src.region, src.epoch, head, more, changes, req.since)
+        if self.signer is not None:
+            reply.fp, reply.sig = self._sign("pull", req.since, head, more, changes)
         await self.bus.publish(msg.reply, encode(reply))

@@ -1,23 +1,29 @@
 """The catalog's wire protocol, the same over NATS and the in-process bus.
 
-Subjects (region-partitioned, so a replica can follow only the regions it needs):
+Subjects (region-partitioned, so a replica can follow only the regions it needs, and naming the
+owner, so that the bus can let an owner publish under its own name only):
 
-- `souk.cat.ch.<region>`: an owner's committed batch of changes, published at once;
-- `souk.cat.hb.<region>`: an owner's heartbeat (epoch, head, the apps it runs), every second;
-  every replica follows heartbeats of all regions, which is what makes the global app index;
+- `souk.cat.ch.<region>.<owner>`: an owner's committed batch of changes, published at once;
+- `souk.cat.hb.<region>.<owner>`: an owner's heartbeat (epoch, head, the apps it runs), every
+  second; every replica follows heartbeats of all regions, which is what makes the global app
+  index;
 - `souk.cat.pull.<owner>`: request/reply, the owner's rows changed after a sequence;
+- `souk.cat.cert.<owner>`: request/reply, the certificate the owner signs with;
 - `souk.cat.snap`: request, answered in chunks by any replica: rows plus per-owner heads;
 - `souk.cat.hello`: a replica that just started asks every owner to heartbeat now, so that it
   knows the fleet in milliseconds rather than at the next beat.
 
 A batch says which head it follows (`prev`) and which it reaches (`head`), so a replica knows
-whether it has everything up to `head` or must pull the gap.
+whether it has everything up to `head` or must pull the gap. On a secured catalog, batches, pull
+replies and heartbeats carry their owner's signature (`fp`: which certificate, `sig`), and a
+snapshot carries the owners' own proofs for every row and head (see `souk.catalog.signing`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import unquote
 
 import orjson
 
@@ -27,18 +33,39 @@ HELLO = f"{PREFIX}.hello"
 GLOBAL_REGION = "global"  # rows of no region (apps), followed by every replica
 REGISTRY_OWNER = "app-registry"  # the one writer of apps rows
 WILDCARD = "*"
+_SAFE = frozenset("-_~:@+=abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789")
 
 
-def changes_subject(region: str) -> str:
-    return f"{PREFIX}.ch.{region}"
+def token(name: str) -> str:
+    """A name as one subject token: what NATS reads as a separator or a wildcard (and `%`) is
+    percent-encoded, so every name has its own token and subject permissions can name it."""
+    if name == WILDCARD or _SAFE.issuperset(name):
+        return name
+    return "".join(c if c in _SAFE else "".join(f"%{b:02X}" for b in c.encode()) for c in name)
 
 
-def heartbeat_subject(region: str) -> str:
-    return f"{PREFIX}.hb.{region}"
+def changes_subject(region: str, owner: str = WILDCARD) -> str:
+    return f"{PREFIX}.ch.{token(region)}.{token(owner)}"
+
+
+def heartbeat_subject(region: str, owner: str = WILDCARD) -> str:
+    return f"{PREFIX}.hb.{token(region)}.{token(owner)}"
 
 
 def pull_subject(owner: str) -> str:
-    return f"{PREFIX}.pull.{owner}"
+    return f"{PREFIX}.pull.{token(owner)}"
+
+
+def cert_subject(owner: str) -> str:
+    return f"{PREFIX}.cert.{token(owner)}"
+
+
+def subject_names(subject: str) -> tuple[str, str] | None:
+    """(region, owner) of a changes or heartbeat subject."""
+    parts = subject.split(".")
+    if len(parts) != 5:
+        return None
+    return unquote(parts[3]), unquote(parts[4])
 
 
 @dataclass(frozen=True)
@@ -59,6 +86,9 @@ class Batch:
     prev: int
     head: int
     changes: list[Change]
+    fp: str = ""  # the signing certificate's fingerprint, empty on an unsigned catalog
+    sig: str = ""
+    cert: str = ""  # the certificate, on the first batch after a start or a hello
 
 
 @dataclass
@@ -68,6 +98,12 @@ class Heartbeat:
     epoch: str
     head: int
     apps: list[str] = field(default_factory=list)
+    fp: str = ""
+    sig: str = ""
+    chain_at: int = 0  # when the owner's tick chain was made, ms (see `signing.TickChain`)
+    n: int = 0  # this beat's place in the chain
+    tick: str = ""  # the chain's n-th element, which only the owner can know before it shows it
+    cert: str = ""  # the certificate itself, on the first beat and on answers to a hello
 
 
 @dataclass
@@ -84,6 +120,20 @@ class PullReply:
     head: int  # everything up to here is in `changes` or older than `since`
     more: bool
     changes: list[Change]
+    since: int = 0
+    fp: str = ""
+    sig: str = ""
+
+
+@dataclass
+class HeadClaim:
+    """An owner's head as a snapshot relays it, with the owner's proof of it (`signing.Proof`
+    as stored, None on an unsigned catalog)."""
+
+    region: str
+    epoch: str
+    head: int
+    proof: list[Any] | None = None
 
 
 @dataclass
@@ -91,8 +141,9 @@ class SnapshotChunk:
     replica: str
     index: int
     last: bool
-    heads: dict[str, tuple[str, str, int]]  # owner -> (region, epoch, head), in the last chunk
-    changes: list[tuple[str, Change]]  # (owner, change)
+    heads: dict[str, HeadClaim]  # in the last chunk
+    changes: list[tuple[str, Change, list[Any] | None]]  # (owner, change, the owner's proof)
+    certs: dict[str, str] = field(default_factory=dict)  # fingerprint -> certificate, base64
 
 
 class ProtocolError(ValueError):
@@ -137,8 +188,11 @@ def decode_batch(data: bytes) -> Batch:
             int(d["prev"]),
             int(d["head"]),
             _changes(d["changes"]),
+            str(d.get("fp") or ""),
+            str(d.get("sig") or ""),
+            str(d.get("cert") or ""),
         )
-    except (KeyError, TypeError) as exc:
+    except (KeyError, TypeError, ValueError) as exc:
         raise ProtocolError(f"malformed batch: {exc}") from None
 
 
@@ -151,8 +205,14 @@ def decode_heartbeat(data: bytes) -> Heartbeat:
             str(d["epoch"]),
             int(d["head"]),
             [str(a) for a in d.get("apps", [])],
+            str(d.get("fp") or ""),
+            str(d.get("sig") or ""),
+            int(d.get("chain_at") or 0),
+            int(d.get("n") or 0),
+            str(d.get("tick") or ""),
+            str(d.get("cert") or ""),
         )
-    except (KeyError, TypeError) as exc:
+    except (KeyError, TypeError, ValueError) as exc:
         raise ProtocolError(f"malformed heartbeat: {exc}") from None
 
 
@@ -160,7 +220,7 @@ def decode_pull_request(data: bytes) -> PullRequest:
     d = _load(data)
     try:
         return PullRequest(int(d["since"]), max(1, min(int(d.get("limit", 2000)), 10_000)))
-    except (KeyError, TypeError) as exc:
+    except (KeyError, TypeError, ValueError) as exc:
         raise ProtocolError(f"malformed pull: {exc}") from None
 
 
@@ -174,17 +234,37 @@ def decode_pull_reply(data: bytes) -> PullReply:
             int(d["head"]),
             bool(d["more"]),
             _changes(d["changes"]),
+            int(d.get("since") or 0),
+            str(d.get("fp") or ""),
+            str(d.get("sig") or ""),
         )
-    except (KeyError, TypeError) as exc:
+    except (KeyError, TypeError, ValueError) as exc:
         raise ProtocolError(f"malformed pull reply: {exc}") from None
+
+
+def _proof(value: Any) -> list[Any] | None:
+    if value is not None and not isinstance(value, list):
+        raise ProtocolError("a proof must be a list or null")
+    return value
 
 
 def decode_snapshot_chunk(data: bytes) -> SnapshotChunk:
     d = _load(data)
     try:
-        heads = {str(o): (str(r), str(e), int(h)) for o, (r, e, h) in d["heads"].items()}
-        pairs = [(str(o), c) for o, c in d["changes"]]
-        changes = list(zip([o for o, _ in pairs], _changes([c for _, c in pairs]), strict=True))
-        return SnapshotChunk(str(d["replica"]), int(d["index"]), bool(d["last"]), heads, changes)
-    except (KeyError, TypeError, ValueError) as exc:
+        heads = {
+            str(o): HeadClaim(str(h["region"]), str(h["epoch"]), int(h["head"]), _proof(h["proof"]))
+            for o, h in d["heads"].items()
+        }
+        triples = [(str(o), c, _proof(p)) for o, c, p in d["changes"]]
+        changes = _changes([c for _, c, _ in triples])
+        certs = {str(k): str(v) for k, v in (d.get("certs") or {}).items()}
+        return SnapshotChunk(
+            str(d["replica"]),
+            int(d["index"]),
+            bool(d["last"]),
+            heads,
+            [(o, c, p) for (o, _, p), c in zip(triples, changes, strict=True)],
+            certs,
+        )
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise ProtocolError(f"malformed snapshot chunk: {exc}") from None

@@ -8,7 +8,9 @@ Rules that make it converge whatever the bus does (drop, duplicate, reorder):
 - a newer epoch (the owner's database was recreated) replaces all of that owner's rows; an
   older one is a late message from before, and is dropped.
 Rows are validated with the shared models before they are applied; a row that fails is
-quarantined and reported, and the rest of its batch still applies.
+quarantined and reported, and the rest of its batch still applies. With a `Trust`, nothing is
+applied before its owner's signature checks out (`souk.catalog.guard`), and every row and head is
+kept with the owner's proof, so that a snapshot relays the owners' word, not this replica's.
 """
 
 from __future__ import annotations
@@ -27,9 +29,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import orjson
 from pydantic import ValidationError
 
 from souk.catalog.bus import Bus, Message, Subscription
+from souk.catalog.guard import Guard
 from souk.catalog.protocol import (
     GLOBAL_REGION,
     HELLO,
@@ -37,9 +41,12 @@ from souk.catalog.protocol import (
     SNAPSHOT,
     WILDCARD,
     Change,
+    HeadClaim,
+    Heartbeat,
     ProtocolError,
     PullRequest,
     SnapshotChunk,
+    cert_subject,
     changes_subject,
     decode_batch,
     decode_heartbeat,
@@ -48,8 +55,11 @@ from souk.catalog.protocol import (
     encode,
     heartbeat_subject,
     pull_subject,
+    subject_names,
 )
+from souk.catalog.signing import Signed, b64, row_text
 from souk.catalog.store import ReplicaStore
+from souk.catalog.trust import Refused, Trust
 from souk.models.catalog import (
     AppRow,
     ImageRow,
@@ -72,7 +82,8 @@ TABLES: dict[str, type[Row]] = {
 UNREACHABLE_AFTER = 3.0
 PULL_TIMEOUT = 2.0
 BEAT_GRACE = 0.25  # how long a heartbeat's news may run ahead of its batches before a pull
-SNAPSHOT_CHUNK = 1000
+SNAPSHOT_CHUNK = 1000  # rows, heads or certificates per chunk: each well under NATS's 1 MB
+CERT_RETRY = 1.0  # seconds between two requests for one owner's certificate
 _ids = itertools.count(1)
 
 
@@ -87,6 +98,7 @@ class OwnerState:
     apps: list[str] = field(default_factory=list)
     pulling: bool = False
     checking: bool = False  # a heartbeat's head is to be checked again shortly
+    unchecked: Heartbeat | None = None  # a beat whose head counts once its signature does
 
 
 @dataclass(frozen=True)
@@ -105,7 +117,10 @@ class Replica:
         unreachable_after: float = UNREACHABLE_AFTER,
         name: str | None = None,
         pull_timeout: float = PULL_TIMEOUT,
+        trust: Trust | None = None,
     ) -> None:
+        """`trust`: whom to believe; None makes an insecure replica, which applies unsigned
+        rows (`souk dev`, tests), while one with a `Trust` refuses anything unsigned."""
         self.bus = bus
         self.regions = set(regions) if regions else None
         self.unreachable_after = unreachable_after
@@ -129,11 +144,18 @@ class Replica:
         self.bootstrapping = False
         self.ready = asyncio.Event()
         self.stats: dict[str, int] = defaultdict(int)
+        self.guard = Guard(trust, self._want_cert, self.store.save_cert)
+        self._cert_asked: dict[str, float] = {}
+        self._hello_at = -CERT_RETRY
         self._load()
 
     # --- lifecycle -------------------------------------------------------------------------
 
     def _load(self) -> None:
+        if self.guard.trust is not None:
+            for der in self.store.certs().values():
+                with contextlib.suppress(Refused):  # expired since: no longer trusted
+                    self.guard.trust.learn(der)
         for owner, region, epoch, head in self.store.owners():
             self.owners[owner] = OwnerState(region, epoch, head, head)
         for owner, table, key, seq, row in self.store.all_rows():
@@ -151,6 +173,7 @@ class Replica:
         self.ready.set()
         for owner in list(self.owners):
             self._maybe_pull(owner)
+        self._hello_at = time.monotonic()
         await self.bus.publish(HELLO, b"{}")
 
     async def caught_up(self, timeout: float) -> bool:
@@ -202,7 +225,7 @@ class Replica:
         for key in [k for k in self.entries if k[0] == owner]:
             self._index(owner, key[1], key[2], None)
         self.store.drop_owner(owner)
-        new = OwnerState(region, epoch)
+        new = OwnerState(region, epoch)  # its head proof goes with the rows
         new.heard, new.heard_wall, new.apps = st.heard, st.heard_wall, st.apps
         self.owners[owner] = new
         self.store.save_owner(owner, region, epoch, 0)
@@ -218,15 +241,19 @@ class Replica:
         owner: str,
         region: str,
         changes: list[Change],
-        advance: tuple[OwnerState, int] | None = None,
+        advance: tuple[OwnerState, int, bytes | None] | None = None,
+        signed: Signed | None = None,
+        proofs: list[tuple[bytes, bytes]] | None = None,
     ) -> int:
-        """Applies what is newer than held, and moves the owner's head to `advance` in the same
-        transaction (committed at `_flush`); returns how many rows changed."""
+        """Applies what is newer than held, and moves the owner's head to `advance` (state,
+        head, the owner's proof of it) in the same transaction (committed at `_flush`); returns
+        how many rows changed. Each row is stored with its owner's proof: from the message it
+        came in (`signed`), or as relayed (`proofs`: (row text, proof) per change)."""
         applied = 0
         fresh = self._unflushed
         self.store.begin()
         try:
-            for change in changes:
+            for i, change in enumerate(changes):
                 held = self.entries.get((owner, change.table, change.key))
                 if held is not None and held.seq >= change.seq:
                     self.stats["stale_rows"] += 1
@@ -236,7 +263,14 @@ class Replica:
                     continue
                 entry = Entry(owner, change.seq, model if isinstance(model, Row) else None)
                 self._index(owner, change.table, change.key, entry)
-                lseq = self.store.put(owner, change.table, change.key, change.seq, change.row)
+                text = proof = None
+                if signed is not None:
+                    text, proof = signed.texts[i], signed.row_proof(i)
+                elif proofs is not None:
+                    text, proof = proofs[i]
+                lseq = self.store.put(
+                    owner, change.table, change.key, change.seq, change.row, text, proof
+                )
                 fresh.append(
                     RowChange(
                         lseq=lseq,
@@ -342,25 +376,53 @@ class Replica:
             self.stats["bad_messages"] += 1
             log.warning("dropped a malformed batch: %s", exc)
             return
+        if subject_names(msg.subject) != (batch.region, batch.owner):
+            self.guard.refuse(Refused("wrong_subject"), f"a batch on {msg.subject}")
+            return
         if not self.follows(batch.region):
             return
+        signed = None
+        if self.guard.secure:
+            try:
+                signed = self.guard.changes(
+                    "batch",
+                    batch.owner,
+                    batch.region,
+                    batch.epoch,
+                    batch.prev,
+                    batch.head,
+                    False,
+                    batch.changes,
+                    batch.fp,
+                    batch.sig,
+                    batch.cert,
+                )
+            except Refused as exc:
+                self.guard.refuse(exc, f"a batch of {batch.owner!r}")
+                return
         st = self._owner(batch.owner, batch.region, batch.epoch)
         if st is None:
             return
         self.stats["batches"] += 1
-        self._heard(st, batch.head)
+        if signed is None or batch.head > st.head:
+            self._heard(st, batch.head)  # signed: an old batch replayed is no sign of life
         contiguous = batch.prev <= st.head and not self.bootstrapping
+        proof = None if signed is None else orjson.dumps(signed.head_proof())
         self._apply(
-            batch.owner, batch.region, batch.changes, (st, batch.head) if contiguous else None
+            batch.owner,
+            batch.region,
+            batch.changes,
+            (st, batch.head, proof) if contiguous else None,
+            signed,
         )
         if not contiguous:
             self.stats["gaps"] += 1
             self._maybe_pull(batch.owner)
 
-    def _advance(self, owner: str, st: OwnerState, head: int) -> None:
+    def _advance(self, owner: str, st: OwnerState, head: int, proof: bytes | None) -> None:
         if head > st.head:
             st.head = head
-            self.store.save_owner(owner, st.region, st.epoch, head)
+            self.store.save_owner(owner, st.region, st.epoch, head, proof)
 
     async def _on_beat(self, msg: Message) -> None:
         try:
@@ -369,12 +431,26 @@ class Replica:
             self.stats["bad_messages"] += 1
             log.warning("dropped a malformed heartbeat: %s", exc)
             return
+        if subject_names(msg.subject) != (beat.region, beat.owner):
+            self.guard.refuse(Refused("wrong_subject"), f"a heartbeat on {msg.subject}")
+            return
+        checked = True
+        if self.guard.secure:
+            held = self.owners.get(beat.owner)
+            applied = held.head if held is not None and held.epoch == beat.epoch else None
+            try:
+                checked = self.guard.beat(beat, applied)
+            except Refused as exc:
+                self.guard.refuse(exc, f"a heartbeat of {beat.owner!r}")
+                return
         st = self._owner(beat.owner, beat.region, beat.epoch)
         if st is None:
             return
-        self._heard(st, beat.head)
+        self._heard(st, beat.head if checked else 0)
+        if not checked:
+            st.unchecked = beat
         st.apps = beat.apps
-        if st.seen > st.head and not st.checking:
+        if (st.seen > st.head or st.unchecked) and not st.checking:
             # Batches travel on another subscription and may be just behind this heartbeat:
             # pull only if they have not closed the distance after a moment.
             st.checking = True
@@ -382,6 +458,14 @@ class Replica:
 
     def _recheck(self, owner: str, st: OwnerState) -> None:
         st.checking = False
+        beat, st.unchecked = st.unchecked, None
+        if beat is not None and beat.head > st.head and self.owners.get(owner) is st:
+            try:
+                self.guard.beat_signature(beat)
+            except Refused as exc:
+                self.guard.refuse(exc, f"a heartbeat of {owner!r}")
+            else:
+                st.seen = max(st.seen, beat.head)
         if self._subs:  # still running
             self._maybe_pull(owner)
 
@@ -397,7 +481,8 @@ class Replica:
         try:
             while self.owners.get(owner) is st:
                 self.stats["pulls"] += 1
-                request = encode(PullRequest(since=st.head))
+                since = st.head
+                request = encode(PullRequest(since=since))
                 try:
                     data = await self.bus.request(pull_subject(owner), request, self.pull_timeout)
                     reply = decode_pull_reply(data)
@@ -405,15 +490,68 @@ class Replica:
                     self.stats["pull_failures"] += 1
                     log.debug("pull from %s failed: %s", owner, exc)
                     return  # the next heartbeat tries again
+                signed = None
+                if self.guard.secure:
+                    try:
+                        signed = self.guard.changes(
+                            "pull",
+                            owner,
+                            reply.region,
+                            reply.epoch,
+                            reply.since,
+                            reply.head,
+                            reply.more,
+                            reply.changes,
+                            reply.fp,
+                            reply.sig,
+                        )
+                    except Refused as exc:
+                        self.guard.refuse(exc, f"a pull reply for {owner!r}")
+                        self.stats["pull_failures"] += 1
+                        return
+                if reply.owner != owner or reply.since > since:
+                    self.stats["pull_failures"] += 1  # not an answer to this request
+                    return
                 current = self._owner(owner, reply.region, reply.epoch)
                 if current is None:
                     return
-                self._heard(current, reply.head)
-                self._apply(owner, reply.region, reply.changes, (current, reply.head))
+                if signed is None or reply.head > current.head:
+                    self._heard(current, reply.head)
+                proof = None if signed is None else orjson.dumps(signed.head_proof())
+                self._apply(
+                    owner, reply.region, reply.changes, (current, reply.head, proof), signed
+                )
                 if current is not st or not reply.more:
                     return
         finally:
             st.pulling = False
+
+    # --- certificates ---------------------------------------------------------------------
+
+    def _want_cert(self, owner: str) -> None:
+        """An owner signed with a certificate we do not know: ask it for it (not too often, and
+        not right after our hello, which every owner answers with its certificate)."""
+        now = time.monotonic()
+        if now - self._cert_asked.get(owner, -CERT_RETRY) < CERT_RETRY or not self._subs:
+            return
+        if now - self._hello_at < CERT_RETRY:
+            return
+        self._cert_asked[owner] = now
+        self._spawn(self._fetch_cert(owner))
+
+    async def _fetch_cert(self, owner: str) -> None:
+        try:
+            data = await self.bus.request(cert_subject(owner), b"{}", self.pull_timeout)
+            cert = str(_loads(data)["cert"])
+        except (TimeoutError, ValueError, KeyError) as exc:
+            log.debug("no certificate from %s: %s", owner, exc)
+            return
+        try:
+            self.guard.learn(cert)
+        except Refused as exc:
+            self.guard.refuse(exc, f"the certificate {owner!r} sent")
+            return
+        self._maybe_pull(owner)
 
     # --- snapshots -------------------------------------------------------------------------
 
@@ -450,18 +588,57 @@ class Replica:
         if not chunks or not chunks[-1].last:
             log.info("no snapshot (answered: %d chunks); catching up from owners", len(chunks))
             return
-        by_owner: dict[str, list[Change]] = defaultdict(list)
+        heads: dict[str, HeadClaim] = {}
+        by_owner: dict[str, list[tuple[Change, list[Any] | None]]] = defaultdict(list)
         for chunk in chunks:
-            for owner, change in chunk.changes:
-                by_owner[owner].append(change)
-        for owner, (region, epoch, head) in chunks[-1].heads.items():
-            st = self._owner(owner, region, epoch)
-            if st is None:
-                continue
-            st.seen = max(st.seen, head)
-            self._apply(owner, region, by_owner.pop(owner, []), (st, head))
+            heads.update(chunk.heads)
+            for owner, change, proof in chunk.changes:
+                by_owner[owner].append((change, proof))
+            if self.guard.secure:
+                for cert in chunk.certs.values():
+                    try:
+                        self.guard.learn(cert)
+                    except Refused as exc:
+                        self.guard.refuse(exc, "a relayed certificate")
+        for owner, claim in heads.items():
+            self._load_relayed(owner, claim, by_owner.pop(owner, []))
         self.stats["snapshots_loaded"] += 1
-        log.info("bootstrapped from %s: %d owners", chunks[0].replica, len(chunks[-1].heads))
+        log.info("bootstrapped from %s: %d owners", chunks[0].replica, len(heads))
+
+    def _load_relayed(
+        self, owner: str, claim: HeadClaim, rows: list[tuple[Change, list[Any] | None]]
+    ) -> None:
+        """An owner's rows and head from a snapshot. Signed: what fails its owner's proof is
+        refused, and an owner with any refused row keeps head 0, so it is pulled from the owner
+        in full."""
+        proofs: list[tuple[bytes, bytes]] | None = None
+        head_proof = None
+        changes = [change for change, _ in rows]
+        complete = True
+        if self.guard.secure:
+            try:
+                self.guard.relayed_head(owner, claim.region, claim.epoch, claim.head, claim.proof)
+            except Refused as exc:
+                self.guard.refuse(exc, f"the relayed head of {owner!r}")
+                return
+            head_proof = orjson.dumps(claim.proof)
+            changes, proofs = [], []
+            for change, proof in rows:
+                text = row_text(change.row)
+                try:
+                    self.guard.relayed_row(owner, claim.epoch, change, text, proof)
+                except Refused as exc:
+                    self.guard.refuse(exc, f"a relayed row of {owner!r}")
+                    complete = False
+                    continue
+                changes.append(change)
+                proofs.append((text, orjson.dumps(proof)))
+        st = self._owner(owner, claim.region, claim.epoch)
+        if st is None:
+            return
+        st.seen = max(st.seen, claim.head)
+        advance = (st, claim.head, head_proof) if complete else None
+        self._apply(owner, claim.region, changes, advance, proofs=proofs)
 
     async def _on_snapshot_request(self, msg: Message) -> None:
         if not msg.reply or self.bootstrapping:
@@ -472,18 +649,50 @@ class Replica:
             return
         if self.regions is not None and (wanted is None or not set(wanted) <= self.regions):
             return  # we do not hold everything asked for
-        owners = {o: st for o, st in self.owners.items() if wanted is None or st.region in wanted}
-        live = [
-            (e.owner, Change(t, k, e.seq, e.row.model_dump(mode="json")))
-            for (o, t, k), e in self.entries.items()
-            if o in owners and e.row is not None
+        owners = {
+            o: st
+            for o, st in self.owners.items()
+            if wanted is None or st.region in wanted or st.region == GLOBAL_REGION
+        }
+        self._flush()  # what is read below is what is committed
+        secure = self.guard.secure
+        proofs = self.store.head_proofs() if secure else {}
+        rows: list[Any] = [
+            [
+                o,
+                {"table": t, "key": k, "seq": seq, "row": orjson.Fragment(text)},
+                _fragment(p) if secure else None,
+            ]
+            for o, t, k, seq, text, p in self.store.live_rows(set(owners))
         ]
-        pieces = [live[i : i + SNAPSHOT_CHUNK] for i in range(0, len(live), SNAPSHOT_CHUNK)] or [[]]
-        heads = {o: (st.region, st.epoch, st.head) for o, st in owners.items()}
-        for i, piece in enumerate(pieces):
-            last = i == len(pieces) - 1
-            chunk = SnapshotChunk(self.name, i, last, heads if last else {}, piece)
-            await self.bus.publish(msg.reply, encode(chunk))
+        heads: list[Any] = [
+            (
+                o,
+                {
+                    "region": st.region,
+                    "epoch": st.epoch,
+                    "head": st.head,
+                    "proof": _fragment(proofs.get(o)) if secure else None,
+                },
+            )
+            for o, st in owners.items()
+        ]
+        certs = [(fp, b64(der)) for fp, der in self.store.certs().items()] if secure else []
+        pieces: list[tuple[list[Any], list[Any], list[Any]]]
+        pieces = [(piece, [], []) for piece in _pieces(rows)]
+        pieces += [([], piece, []) for piece in _pieces(heads)]
+        pieces += [([], [], piece) for piece in _pieces(certs)]
+        pieces = pieces or [([], [], [])]
+        for i, (some_rows, some_heads, some_certs) in enumerate(pieces):
+            chunk = {
+                "replica": self.name,
+                "index": i,
+                "last": i == len(pieces) - 1,
+                "heads": dict(some_heads),
+                "changes": some_rows,
+                "certs": dict(some_certs),
+            }
+            await self.bus.publish(msg.reply, orjson.dumps(chunk))
         self.stats["snapshots_served"] += 1
 
     # --- queries -----------------------------------------------------------------------------
@@ -572,6 +781,8 @@ class Replica:
                 for o, st in sorted(self.owners.items())
             ],
             "quarantined": self.store.quarantined(),
+            "security": "signed" if self.guard.secure else "insecure",
+            "refused": dict(self.guard.refused),
             "stats": dict(self.stats),
         }
 
@@ -616,11 +827,12 @@ async def following(
     regions: list[str] | None = None,
     bootstrap: bool = True,
     settle: float = 2.0,
+    trust: Trust | None = None,
 ) -> AsyncIterator[Replica]:
     """A started replica, caught up with the owners that answer within `settle` seconds,
     stopped on exit. `bootstrap=False` where no other replica can exist yet (a single-process
-    cluster), to skip waiting for a snapshot nobody will send."""
-    replica = Replica(bus, path, regions)
+    cluster), to skip waiting for a snapshot nobody will send. `trust`: see `Replica`."""
+    replica = Replica(bus, path, regions, trust=trust)
     await replica.start(bootstrap=bootstrap)
     await replica.caught_up(settle)
     try:
@@ -650,6 +862,14 @@ def _ownership_error(owner: str, region: str, key: str, row: Row) -> str | None:
     if isinstance(row, RevocationRow) and (owner != REGISTRY_OWNER or row.id != key):
         return f"revocation {row.id!r} published by {owner!r}, not the app registry"
     return None
+
+
+def _pieces(items: list[Any]) -> list[list[Any]]:
+    return [items[i : i + SNAPSHOT_CHUNK] for i in range(0, len(items), SNAPSHOT_CHUNK)]
+
+
+def _fragment(text: str | None) -> orjson.Fragment | None:
+    return None if text is None else orjson.Fragment(text)
 
 
 def _json(value: Any) -> bytes:

@@ -1,5 +1,6 @@
 """A replica's local SQLite copy: rows, per-owner heads, quarantined rows and the replica's own
-sequence of applied changes (which subscriptions resume from).
+sequence of applied changes (which subscriptions resume from); on a signed catalog, also the
+owners' proofs of each row and head, and the certificates they were signed with, to relay them.
 
 It is a cache of what the owners hold, rebuilt from them if lost, so it commits without fsync.
 """
@@ -21,13 +22,19 @@ CREATE TABLE IF NOT EXISTS rows (
     key TEXT NOT NULL,
     seq INTEGER NOT NULL,
     row TEXT,                     -- NULL: deleted (kept so that a stale copy cannot revive it)
+    proof TEXT,                   -- the owner's proof of this version (signing.Signed.row_proof)
     PRIMARY KEY (owner, tbl, key)
 );
 CREATE TABLE IF NOT EXISTS owners (
     owner TEXT PRIMARY KEY,
     region TEXT NOT NULL,
     epoch TEXT NOT NULL,
-    head INTEGER NOT NULL
+    head INTEGER NOT NULL,
+    proof TEXT                    -- the owner's signed header that reached `head`
+);
+CREATE TABLE IF NOT EXISTS certs (
+    fp TEXT PRIMARY KEY,
+    der BLOB NOT NULL
 );
 CREATE TABLE IF NOT EXISTS quarantine (
     owner TEXT NOT NULL,
@@ -57,6 +64,10 @@ class ReplicaStore:
         self.conn.execute("PRAGMA journal_mode=WAL")
         self.conn.execute("PRAGMA synchronous=OFF")
         self.conn.executescript(SCHEMA)
+        for table in ("rows", "owners"):  # a file made before proofs were kept
+            columns = {r[1] for r in self.conn.execute(f"PRAGMA table_info({table})")}
+            if "proof" not in columns:
+                self.conn.execute(f"ALTER TABLE {table} ADD COLUMN proof TEXT")
         self.commits = 0  # transactions committed: batches applied together share one
 
     def begin(self) -> None:
@@ -75,25 +86,55 @@ class ReplicaStore:
                 (KEEP_CHANGES,),
             )
 
-    def put(self, owner: str, table: str, key: str, seq: int, row: dict[str, Any] | None) -> int:
-        """Stores a row version and records it as a change; returns its local sequence."""
-        text = None if row is None else orjson.dumps(row).decode()
+    def put(
+        self,
+        owner: str,
+        table: str,
+        key: str,
+        seq: int,
+        row: dict[str, Any] | None,
+        text: bytes | None = None,
+        proof: bytes | None = None,
+    ) -> int:
+        """Stores a row version (`text`: the row already encoded, if it is) and records it as a
+        change; returns its local sequence."""
+        stored = None if row is None else (text or orjson.dumps(row)).decode()
         self.conn.execute(
-            "INSERT OR REPLACE INTO rows VALUES (?, ?, ?, ?, ?)", (owner, table, key, seq, text)
+            "INSERT OR REPLACE INTO rows VALUES (?, ?, ?, ?, ?, ?)",
+            (owner, table, key, seq, stored, None if proof is None else proof.decode()),
         )
         cur = self.conn.execute(
             "INSERT INTO changes (owner, tbl, key, seq, row) VALUES (?, ?, ?, ?, ?)",
-            (owner, table, key, seq, text),
+            (owner, table, key, seq, stored),
         )
         return int(cur.lastrowid or 0)
 
     def drop_owner(self, owner: str) -> None:
         self.conn.execute("DELETE FROM rows WHERE owner = ?", (owner,))
 
-    def save_owner(self, owner: str, region: str, epoch: str, head: int) -> None:
+    def save_owner(
+        self, owner: str, region: str, epoch: str, head: int, proof: bytes | None = None
+    ) -> None:
         self.conn.execute(
-            "INSERT OR REPLACE INTO owners VALUES (?, ?, ?, ?)", (owner, region, epoch, head)
+            "INSERT OR REPLACE INTO owners VALUES (?, ?, ?, ?, ?)",
+            (owner, region, epoch, head, None if proof is None else proof.decode()),
         )
+
+    def save_cert(self, fp: str, der: bytes) -> None:
+        self.conn.execute("INSERT OR IGNORE INTO certs VALUES (?, ?)", (fp, der))
+
+    def certs(self) -> dict[str, bytes]:
+        return {fp: bytes(der) for fp, der in self.conn.execute("SELECT fp, der FROM certs")}
+
+    def live_rows(self, owners: set[str]) -> list[tuple[str, str, str, int, str, str | None]]:
+        """What a snapshot relays: (owner, table, key, seq, row text, proof text), no tombstones."""
+        cur = self.conn.execute(
+            "SELECT owner, tbl, key, seq, row, proof FROM rows WHERE row IS NOT NULL"
+        )
+        return [r for r in cur if r[0] in owners]
+
+    def head_proofs(self) -> dict[str, str | None]:
+        return dict(self.conn.execute("SELECT owner, proof FROM owners"))
 
     def quarantine(self, owner: str, table: str, key: str, seq: int, row: Any, error: str) -> bool:
         cur = self.conn.execute(

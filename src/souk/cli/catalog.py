@@ -21,7 +21,9 @@ from souk.broker.auth import make_auth
 from souk.broker.tokens import read_secret
 from souk.catalog import http as catalog_http
 from souk.catalog.bus import NatsBus
+from souk.catalog.certs import bus_options, load_ca
 from souk.catalog.replica import Replica, following
+from souk.catalog.trust import CaTrust, Trust
 from souk.cli.client import connect
 from souk.cli.command import run
 from souk.cli.serving import LOG_LEVEL, log_to_stderr, parse_listen
@@ -44,6 +46,14 @@ def serve(
         " does; without, anyone who reaches it reads everything.",
     ),
     log_level: str = LOG_LEVEL,
+    ca: Path | None = typer.Option(
+        None, help="The cluster CA: apply only rows their owners signed."
+    ),
+    cert: Path | None = typer.Option(None, help="This node's certificate, for TLS to the bus."),
+    key: Path | None = typer.Option(None, help="Its private key."),
+    insecure: bool = typer.Option(
+        False, help="Without a CA: apply unsigned rows (a bus like `souk dev`'s)."
+    ),
 ) -> None:
     """Follow the catalog and serve it over HTTP (read-only). Without --secret-file it checks
     no tokens: bind it to a private address."""
@@ -55,7 +65,17 @@ def serve(
             secret = read_secret(secret_file)
         except (OSError, ValueError) as exc:
             raise typer.BadParameter(str(exc), param_hint="--secret-file") from exc
-    asyncio.run(_serve(nats, host, port, data_dir, region or None, unreachable_after, secret))
+    if (ca is None) == (not insecure):
+        raise typer.BadParameter("give --ca (a signed catalog) or --insecure, not both")
+    if (cert is None) != (key is None) or (cert is not None and ca is None):
+        raise typer.BadParameter("--cert and --key go together, with --ca")
+    trust = None if ca is None else CaTrust(load_ca(ca))
+    options = {} if ca is None or cert is None or key is None else bus_options(ca, cert, key)
+    asyncio.run(
+        _serve(
+            nats, host, port, data_dir, region or None, unreachable_after, trust, options, secret
+        )
+    )
 
 
 def catalog_app(replica: Replica, secret: bytes | None) -> web.Application:
@@ -95,16 +115,18 @@ async def _serve(
     data_dir: Path | None,
     regions: list[str] | None,
     unreachable_after: float,
+    trust: Trust | None,
+    bus_options: dict[str, Any],
     secret: bytes | None,
 ) -> None:
     path: Path | str = ":memory:"
     if data_dir is not None:
         data_dir.mkdir(parents=True, exist_ok=True)
         path = data_dir / "catalog.db"
-    bus = await NatsBus.connect(nats, name="souk-catalog")
+    bus = await NatsBus.connect(nats, name="souk-catalog", **bus_options)
     async with contextlib.AsyncExitStack() as stack:
         stack.push_async_callback(bus.close)
-        replica = await stack.enter_async_context(following(bus, path, regions))
+        replica = await stack.enter_async_context(following(bus, path, regions, trust=trust))
         replica.unreachable_after = unreachable_after
         url = await stack.enter_async_context(catalog_site(replica, host, port, secret))
         print(f"souk catalog ready on {url}", flush=True)
@@ -147,3 +169,5 @@ def status(
         console.print(bad)
     stats = ", ".join(f"{k} {v}" for k, v in sorted(data["stats"].items()))
     console.print(f"[dim]{stats}[/dim]")
+    refused = ", ".join(f"{k} {v}" for k, v in sorted(data.get("refused", {}).items()))
+    console.print(f"{data.get('security', 'insecure')}; refused: {refused or 'nothing'}")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from souk.cli import broker, catalog, machines, pki, proxy, tokens, worker
+from souk.cli import broker, catalog, machines, nats, pki, proxy, tokens, worker
 from souk.cli.deploy import commands as deploy
 
 app = typer.Typer(
@@ -27,6 +27,7 @@ app.command("dev")(broker.dev)
 app.add_typer(machines.machines, name="machines")
 app.add_typer(machines.apps, name="apps")
 app.add_typer(catalog.app, name="catalog")
+app.add_typer(nats.app, name="nats")
 app.command("proxy")(proxy.run)
 app.add_typer(pki.ca, name="ca")
 app.add_typer(pki.certs, name="certs")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+from dataclasses import replace
 from typing import cast, get_args
 
 from aiohttp import web
@@ -19,13 +21,39 @@ from souk.models.machine import (
     WaitResult,
 )
 from souk.web import ApiError, Route, read_model, reply
+from souk.web.routes import Handler
 from souk.worker import logs
 from souk.worker.engine import Engine
+from souk.worker.errors import Conflict, NoRoom, NotFound, WorkerError
 
 MAX_WAIT = 60.0
 
+# The one place a worker's refusal becomes an HTTP status; the most specific class listed wins.
+HTTP_STATUS: dict[type[WorkerError], int] = {NotFound: 404, Conflict: 409, NoRoom: 412}
+
+
+def http_error(exc: WorkerError) -> ApiError:
+    status = next((HTTP_STATUS[c] for c in type(exc).__mro__ if c in HTTP_STATUS), 500)
+    return ApiError(status, exc.reason, exc.message, exc.details)
+
+
+def _answering(handler: Handler) -> Handler:
+    @functools.wraps(handler)
+    async def answer(request: web.Request) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        except WorkerError as exc:
+            raise http_error(exc) from exc
+
+    return answer
+
 
 def routes(engine: Engine) -> list[Route]:
+    """The route table, each handler's refusals answered through HTTP_STATUS."""
+    return [replace(route, handler=_answering(route.handler)) for route in _routes(engine)]
+
+
+def _routes(engine: Engine) -> list[Route]:
     def machine_id(request: web.Request) -> str:
         return request.match_info["id"]
 

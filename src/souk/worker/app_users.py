@@ -33,6 +33,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from souk.models.machine import APP_NAME
+from souk.worker import queries
 from souk.worker.drivers.base import HostUser, Launch
 from souk.worker.store import Store, Tx, now_iso
 
@@ -42,16 +43,6 @@ LAST_ID = 2**32 - 2  # (uid_t) -1 means "leave unchanged" to chown and setresuid
 APPS = "apps"
 _swept: dict[Path, tuple[int, int, int]] = {}  # data dirs as they were when last swept
 
-TABLE = """
-CREATE TABLE IF NOT EXISTS app_users (
-    app TEXT PRIMARY KEY,
-    slot INTEGER NOT NULL UNIQUE,  -- the n-th app to run on this worker; never given again
-    uid INTEGER NOT NULL,
-    gid INTEGER NOT NULL,
-    created_at TEXT NOT NULL
-)
-"""
-
 
 class NoIdsLeft(RuntimeError):
     """Every slot of the host's id space has been given to an app."""
@@ -59,32 +50,22 @@ class NoIdsLeft(RuntimeError):
 
 def host_user_for(tx: Tx, app: str) -> tuple[int, int]:
     """The app's uid and gid on this host, allocated (and logged) on first use."""
-    tx.execute(TABLE)
-    row = tx.one("SELECT uid, gid FROM app_users WHERE app = ?", (app,))
-    if row is not None:
-        return int(row["uid"]), int(row["gid"])
-    last = tx.one("SELECT MAX(slot) AS slot FROM app_users")
-    slot = 0 if last is None or last["slot"] is None else int(last["slot"]) + 1
+    found = queries.app_user(tx, app)
+    if found is not None:
+        return found
+    last = queries.last_app_slot(tx)
+    slot = 0 if last is None else last + 1
     uid = BASE + slot * SPAN
     if uid + SPAN - 1 > LAST_ID:
         raise NoIdsLeft(f"no host ids left for app {app}: {slot} apps have run on this worker")
-    tx.execute(
-        "INSERT INTO app_users (app, slot, uid, gid, created_at) VALUES (?, ?, ?, ?, ?)",
-        (app, slot, uid, uid, now_iso()),
-    )
+    queries.insert_app_user(tx, app, slot, uid, uid, now_iso())
     tx.log("app", app, "host_user", "allocated", data={"uid": uid, "gid": uid, "span": SPAN})
     return uid, uid
 
 
 def lookup(conn: sqlite3.Connection, app: str) -> tuple[int, int] | None:
     """The app's ids if it has some already: a read, so that a start costs no extra commit."""
-    try:
-        row = conn.execute("SELECT uid, gid FROM app_users WHERE app = ?", (app,)).fetchone()
-    except sqlite3.OperationalError as exc:
-        if "no such table" in str(exc):
-            return None
-        raise
-    return None if row is None else (int(row[0]), int(row[1]))
+    return queries.app_user(conn, app)
 
 
 def home(data_dir: Path, app: str, machine_id: str) -> Path:

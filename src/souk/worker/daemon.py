@@ -22,11 +22,11 @@ from souk.worker import api, logs
 from souk.worker.cgroups import Cgroups
 from souk.worker.drivers.base import Drivers
 from souk.worker.drivers.process import ProcessDriver
+from souk.worker.drivers.runc import RuncDriver
 from souk.worker.drivers.sim import SimDriver
 from souk.worker.engine import Engine
 from souk.worker.oci.images import ImageCache
 from souk.worker.oci.registry import RegistryClient, RegistryConfig
-from souk.worker.oci.runc_driver import RuncDriver
 from souk.worker.rows import WorkerRows
 from souk.worker.settings import WorkerSettings
 

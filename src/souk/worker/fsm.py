@@ -1,7 +1,8 @@
 """The worker's state machines, declared once as data.
 
 A machine's *states* and the legal moves between them, and each *operation* as the ordered
-steps that carry it out. The engine runs steps in this order and logs every one; after a crash
+steps that carry it out (each step name has one implementation in steps.py, checked when that
+module loads). The runner runs steps in this order and logs every one; after a crash
 it resumes an operation at the first step not yet logged, so every step must be idempotent.
 docs/worker.md is generated from these tables (`python -m souk.worker.fsm`): code, log and docs
 agree.
@@ -70,6 +71,9 @@ OPERATIONS: dict[str, Operation] = {
         ),
     )
 }
+
+
+STEP_NAMES: frozenset[str] = frozenset(s.name for op in OPERATIONS.values() for s in op.steps)
 
 
 class IllegalTransition(Exception):

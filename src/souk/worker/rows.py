@@ -13,6 +13,7 @@ from typing import Any
 from souk.catalog.owner import Owner
 from souk.catalog.protocol import Change
 from souk.models.catalog import ImageRow, machine_row, worker_row
+from souk.worker import queries
 from souk.worker.engine import Engine
 from souk.worker.store import Commit
 
@@ -49,16 +50,12 @@ class WorkerRows:
 
     def _machine(self, machine_id: str) -> Change:
         """The machine's row and its version, read together."""
-        row = self.store.read.execute(
-            "SELECT * FROM machines WHERE id = ?", (machine_id,)
-        ).fetchone()
+        row = queries.existing_machine(self.store.read, machine_id)
         machine = machine_row(self.engine.machine_from_row(row))
         return Change("machines", machine_id, row["seq"], machine.model_dump(mode="json"))
 
     def _image(self, digest: str) -> dict[str, Any] | None:
-        row = self.store.read.execute(
-            "SELECT ref, size FROM images WHERE digest = ?", (digest,)
-        ).fetchone()
+        row = queries.image(self.store.read, digest)
         if row is None:
             return None
         image = ImageRow(worker_id=self.owner, digest=digest, ref=row["ref"], size=row["size"])
@@ -85,21 +82,13 @@ class WorkerRows:
         read = self.store.read
         head = self.head()
         # A fresh replica (since 0) needs no tombstones: destroyed machines stay home.
-        live_only = " AND state != 'destroyed'" if since == 0 else ""
+        live_only = since == 0
         found: list[tuple[int, str, str]] = [
             (seq, "machines", mid)
-            for mid, seq in read.execute(
-                f"SELECT id, seq FROM machines WHERE seq > ?{live_only} ORDER BY seq LIMIT ?",
-                (since, limit + 1),
-            )
+            for seq, mid in queries.machines_changed_since(read, since, limit + 1, live_only)
         ]
         found += [
-            (seq, "images", digest)
-            for digest, seq in read.execute(
-                "SELECT resource, MAX(seq) FROM oplog WHERE kind = 'image' AND seq > ?"
-                " GROUP BY resource",
-                (since,),
-            )
+            (seq, "images", digest) for seq, digest in queries.images_changed_since(read, since)
         ]
         found.sort()
         more = len(found) > limit
@@ -116,9 +105,4 @@ class WorkerRows:
         return changes, head, more
 
     def apps(self) -> list[str]:
-        return [
-            r[0]
-            for r in self.store.read.execute(
-                "SELECT DISTINCT app FROM machines WHERE state != 'destroyed' ORDER BY app"
-            )
-        ]
+        return queries.apps(self.store.read)

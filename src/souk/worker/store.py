@@ -23,6 +23,13 @@ T = TypeVar("T")
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS app_users (
+    app TEXT PRIMARY KEY,
+    slot INTEGER NOT NULL UNIQUE,  -- the n-th app to run on this worker; never given again
+    uid INTEGER NOT NULL,
+    gid INTEGER NOT NULL,
+    created_at TEXT NOT NULL
+);
 CREATE TABLE IF NOT EXISTS oplog (
     seq INTEGER PRIMARY KEY AUTOINCREMENT,
     ts REAL NOT NULL,

@@ -93,6 +93,14 @@ class Drivers:
     def get(self, kind: DriverKind) -> Driver | None:
         return self.command if kind == "command" else self.image
 
+    def require(self, kind: str | None) -> Driver:
+        """The driver a machine's row names; a machine that never ran a process names none, and
+        the command driver then finds nothing of it to stop or clean up."""
+        driver = self.command if kind in (None, "command") else self.image
+        if driver is None:
+            raise RuntimeError(f"this worker has no {kind} driver")
+        return driver
+
     def image_cached(self, image: str | None) -> bool:
         return bool(image) and self.images is not None and self.images.has(image or "")
 

@@ -7,6 +7,7 @@ import asyncio
 import itertools
 
 from souk.worker.drivers.base import Handle, Launch
+from souk.worker.drivers.exits import ExitCodes
 
 _pids = itertools.count(1_000_000)
 
@@ -15,13 +16,14 @@ class SimDriver:
     name = "sim"
 
     def __init__(self) -> None:
-        self._exits: dict[str, asyncio.Future[int | None]] = {}
+        self._exits = ExitCodes()
 
     async def prepare(self, launch: Launch) -> None:
         return None
 
     async def spawn(self, launch: Launch) -> Handle:
-        self._exits.setdefault(launch.machine_id, asyncio.get_running_loop().create_future())
+        if launch.machine_id not in self._exits:  # resolved by `stop`
+            self._exits.expect(launch.machine_id, asyncio.get_running_loop().create_future())
         return Handle(next(_pids), launch.marker)
 
     def adopt(self, machine_id: str, marker: str, handle: Handle | None) -> Handle | None:
@@ -30,17 +32,14 @@ class SimDriver:
         return None
 
     async def wait(self, machine_id: str) -> int | None:
-        exit_future = self._exits.get(machine_id)
-        if exit_future is None:
-            return None
-        return await asyncio.shield(exit_future)
+        return await self._exits.wait(machine_id)
 
     async def stop(
         self, machine_id: str, handle: Handle | None, signal: str, timeout: float
     ) -> None:
-        exit_future = self._exits.pop(machine_id, None)
+        exit_future = self._exits.pop(machine_id)
         if exit_future is not None and not exit_future.done():
             exit_future.set_result(0)
 
     async def cleanup(self, launch: Launch) -> None:
-        self._exits.pop(launch.machine_id, None)
+        self._exits.pop(launch.machine_id)

@@ -18,6 +18,7 @@ from typing import IO, Any
 
 from souk.worker import procfs
 from souk.worker.drivers.base import Handle, Launch
+from souk.worker.drivers.exits import ExitCodes, poll_until_gone, until_gone
 from souk.worker.oci import network
 from souk.worker.oci.images import ImageCache
 from souk.worker.oci.spec import runtime_spec
@@ -44,7 +45,7 @@ class RuncDriver:
         self.images = images
         self.state_dir = state_dir
         self.cgroup_parent = cgroup_parent
-        self._exits: dict[str, asyncio.Future[int | None]] = {}
+        self._exits = ExitCodes()
 
     @staticmethod
     def container_id(machine_id: str) -> str:
@@ -138,9 +139,7 @@ class RuncDriver:
             await asyncio.sleep(STARTED_POLL)
         pid = int(pid_file.read_text().strip())
         handle = Handle(pid, procfs.start_time(pid) or "0")
-        self._exits[launch.machine_id] = asyncio.ensure_future(
-            self._exit_code(exited, launch.rundir / "exit_code")
-        )
+        self._exits.expect(launch.machine_id, self._exit_code(exited, launch.rundir / "exit_code"))
         return handle
 
     async def _exit_code(self, done: asyncio.Future[Any], exit_file: Path) -> int | None:
@@ -154,8 +153,7 @@ class RuncDriver:
 
     def adopt(self, machine_id: str, marker: str, handle: Handle | None) -> Handle | None:
         """Synchronous part of adoption: a container this driver instance is already watching."""
-        pending = self._exits.get(machine_id)
-        if pending is not None and not pending.done() and handle is not None:
+        if handle is not None and self._exits.watching(machine_id):
             return handle
         if handle is None or not procfs.is_alive(handle.pid, handle.pid_start):
             return None
@@ -163,7 +161,7 @@ class RuncDriver:
         if annotations.get(MARKER) != marker:
             return None
         rundir = self._rundir_of(machine_id)  # now: `runc run` deletes its state on exit
-        self._exits[machine_id] = asyncio.ensure_future(self._watch(handle, rundir))
+        self._exits.expect(machine_id, self._watch(handle, rundir))
         return handle
 
     def _annotations(self, machine_id: str) -> dict[str, str]:
@@ -188,23 +186,8 @@ class RuncDriver:
         return self.adopt(machine_id, marker, handle)
 
     async def _watch(self, handle: Handle, rundir: Path | None) -> int | None:
-        """Wait for a container we did not start: its init's pidfd, then the shim's record."""
-        try:
-            fd = os.pidfd_open(handle.pid)
-        except OSError:
-            fd = -1
-        if fd >= 0:
-            loop = asyncio.get_running_loop()
-            gone: asyncio.Future[None] = loop.create_future()
-            loop.add_reader(fd, _resolve, gone)
-            try:
-                if procfs.is_alive(handle.pid, handle.pid_start):
-                    await gone
-            finally:
-                loop.remove_reader(fd)
-                os.close(fd)
-        while procfs.is_alive(handle.pid, handle.pid_start):
-            await asyncio.sleep(POLL)
+        """Wait for a container we did not start: its init's exit, then the shim's record."""
+        await until_gone(handle, POLL)
         if rundir is None:
             return None
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -216,10 +199,7 @@ class RuncDriver:
         return Path(bundle).parent if bundle else None
 
     async def wait(self, machine_id: str) -> int | None:
-        pending = self._exits.get(machine_id)
-        if pending is None:
-            return None
-        return await asyncio.shield(pending)
+        return await self._exits.wait(machine_id)
 
     async def stop(
         self, machine_id: str, handle: Handle | None, signal: str, timeout: float
@@ -237,14 +217,11 @@ class RuncDriver:
         await self._gone(machine_id, handle)
 
     async def _gone(self, machine_id: str, handle: Handle) -> None:
-        pending = self._exits.get(machine_id)
-        if pending is not None:
-            await asyncio.shield(pending)
-        while procfs.is_alive(handle.pid, handle.pid_start):
-            await asyncio.sleep(POLL)
+        await self._exits.wait(machine_id)
+        await poll_until_gone(handle, POLL)
 
     async def cleanup(self, launch: Launch) -> None:
-        self._exits.pop(launch.machine_id, None)
+        self._exits.pop(launch.machine_id)
         await self._runc("delete", "--force", self.container_id(launch.machine_id), check=False)
         await network.teardown(launch.machine_id)
         await self.images.release_rootfs(_image_dir(launch))
@@ -260,8 +237,3 @@ def _image_dir(launch: Launch) -> Path:
 
 def _log(path: Path) -> IO[bytes]:
     return open(path, "ab", opener=lambda name, flags: os.open(name, flags, 0o600))
-
-
-def _resolve(future: asyncio.Future[None]) -> None:
-    if not future.done():
-        future.set_result(None)

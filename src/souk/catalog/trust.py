@@ -1,0 +1,101 @@
+"""Whom a replica believes: an owner's rows count only if signed with a key whose certificate
+the cluster CA issued, for the right role, to a node named like the owner.
+
+`Trust` is the small interface the replica needs; `CaTrust` implements it over `certs`. A
+certificate is self-proving (the CA signed it), so anyone may hand it over: owners answer for
+their own, and snapshots carry the ones their rows need.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from cryptography import x509
+
+from souk.catalog.certs import CertificateError, Identity, identity_of
+from souk.catalog.protocol import REGISTRY_OWNER
+from souk.catalog.signing import Ed25519Verifier, Verifier, fingerprint
+
+WORKER = "worker"
+BROKER = "broker"  # the app registry's rows are a broker's
+
+
+class Refused(Exception):
+    """A message or row not applied, with the reason a replica counts it under."""
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+        self.reason = reason
+
+
+class Trust(Protocol):
+    def learn(self, certificate: bytes) -> str:
+        """Checks a certificate (DER) and keeps it; returns its fingerprint. Raises
+        Refused("bad_certificate")."""
+        ...
+
+    def verifier(self, owner: str, fp: str) -> Verifier | None:
+        """The key that may sign `owner`'s rows as certificate `fp`, or None if that certificate
+        is unknown here. Raises Refused("wrong_owner") if it belongs to someone else, or
+        Refused("bad_certificate") if it expired."""
+        ...
+
+    def certificate(self, fp: str) -> bytes | None:
+        """A known certificate, to relay."""
+        ...
+
+
+def required_role(owner: str) -> str:
+    return BROKER if owner == REGISTRY_OWNER else WORKER
+
+
+def may_sign(identity: Identity, owner: str) -> bool:
+    """A worker signs its own rows; the app registry's, any broker."""
+    if owner == REGISTRY_OWNER:
+        return identity.role == BROKER
+    return identity.role == WORKER and identity.name == owner
+
+
+@dataclass
+class _Known:
+    der: bytes
+    identity: Identity
+    verifier: Verifier
+
+
+class CaTrust:
+    """Certificates issued by one cluster CA, checked once each and kept by fingerprint."""
+
+    def __init__(self, ca: x509.Certificate, clock: Callable[[], float] = time.time) -> None:
+        self.ca = ca
+        self.clock = clock
+        self.known: dict[str, _Known] = {}
+
+    def learn(self, certificate: bytes) -> str:
+        fp = fingerprint(certificate)
+        if fp in self.known:
+            return fp
+        try:
+            identity = identity_of(certificate, self.ca, self.clock())
+        except CertificateError as exc:
+            raise Refused("bad_certificate", str(exc)) from None
+        self.known[fp] = _Known(certificate, identity, Ed25519Verifier(identity.public_key))
+        return fp
+
+    def verifier(self, owner: str, fp: str) -> Verifier | None:
+        known = self.known.get(fp)
+        if known is None:
+            return None
+        if not may_sign(known.identity, owner):
+            who = f"{known.identity.role} {known.identity.name!r}"
+            raise Refused("wrong_owner", f"{who} may not sign {owner!r}'s rows")
+        if self.clock() > known.identity.not_after:
+            raise Refused("bad_certificate", f"the certificate of {owner!r} expired")
+        return known.verifier
+
+    def certificate(self, fp: str) -> bytes | None:
+        known = self.known.get(fp)
+        return None if known is None else known.der

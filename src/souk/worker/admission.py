@@ -1,0 +1,230 @@
+"""Accepting work: whether a request may proceed here, decided and recorded in one transaction.
+
+A create reserves its whole guest against the worker's capacity counters, an update reserves
+its growth, and an operation is checked against the machine's *projected* state (its state once
+every queued operation has run) before it is queued. Every transaction runs on the store's one
+writer, so two requests can never both take the last of something. Whether a guest fits is
+`souk.models.fit.misfit`, the rule the broker guesses with: both name a refusal the same way.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from typing import Any
+
+from souk.models.capacity import Capacity, Offer, OfferRequest, Resources
+from souk.models.fit import Misfit, misfit
+from souk.models.machine import (
+    CreateMachine,
+    GuestConfig,
+    MachineConfig,
+    MachineState,
+    MetadataChange,
+)
+from souk.worker import leases, queries
+from souk.worker.addresses import free_ip
+from souk.worker.drivers.base import Drivers
+from souk.worker.errors import AlreadyExists, Cordoned, InvalidState, NoRoom, WorkerError
+from souk.worker.fsm import OPERATIONS, Operation
+from souk.worker.progress import enqueue
+from souk.worker.queries import Db
+from souk.worker.settings import WorkerSettings
+from souk.worker.store import Tx, now_iso
+
+
+def new_machine_id() -> str:
+    return secrets.token_hex(7)
+
+
+def new_instance_id() -> str:
+    return f"{int(time.time() * 1000):012X}{secrets.token_hex(4).upper()}"
+
+
+# --- capacity -----------------------------------------------------------------------------------
+
+
+def capacity(db: Db, settings: WorkerSettings) -> Capacity:
+    cpus, memory_mb, machines = queries.reserved(db)
+    return Capacity(
+        worker=settings.name,
+        region=settings.region,
+        cpu_kinds=list(settings.cpu_kinds),
+        total=Resources(cpus=settings.cpus, memory_mb=settings.memory_mb),
+        reserved=Resources(cpus=cpus, memory_mb=memory_mb),
+        free=Resources(cpus=settings.cpus - cpus, memory_mb=settings.memory_mb - memory_mb),
+        machines=machines,
+        labels=settings.labels,
+        cordoned=queries.cordoned(db),
+    )
+
+
+def offer(req: OfferRequest, cap: Capacity, drivers: Drivers) -> Offer:
+    """Would this guest fit here now? A hint for ranking; only a reservation decides."""
+    guest = req.guest
+    fits = _misfit(guest, guest.cpus, guest.memory_mb, cap, cordoned=cap.cordoned) is None
+    if req.image and drivers.image is None:
+        fits = False  # this worker cannot run images at all
+    return Offer(fits=fits, image_cached=drivers.image_cached(req.image), capacity=cap)
+
+
+def reserve(
+    tx: Tx, settings: WorkerSettings, cpus: int, memory_mb: int, machines: int, why: str
+) -> None:
+    """Move the reservation counters (negative: release), logging what for."""
+    queries.adjust_reserved(tx, cpus, memory_mb, machines)
+    tx.log(
+        "worker",
+        settings.name,
+        "reserve",
+        "adjust",
+        None,
+        data={"cpus": cpus, "memory_mb": memory_mb, "for": why},
+    )
+
+
+def _misfit(
+    guest: GuestConfig, cpus: int, memory_mb: int, cap: Capacity, cordoned: bool
+) -> Misfit | None:
+    return misfit(
+        guest.cpu_kind,
+        cpus,
+        memory_mb,
+        kinds=cap.cpu_kinds,
+        cpus_free=cap.free.cpus,
+        memory_mb_free=cap.free.memory_mb,
+        cordoned=cordoned,
+        draining=cap.draining,
+    )
+
+
+def _refusal(found: Misfit, message: str, details: dict[str, Any] | None) -> WorkerError:
+    """A cordon is a conflict (the worker could take it, and will not); the rest do not fit."""
+    if found.kind == "cordoned":
+        return Cordoned(message)
+    return NoRoom(message, details)
+
+
+def check_runnable(drivers: Drivers, settings: WorkerSettings, config: MachineConfig) -> None:
+    if drivers.get(Drivers.kind_of(config)) is None:
+        raise NoRoom(
+            f"worker {settings.name} does not run images (it needs root and runc)",
+            {"image": config.image},
+        )
+
+
+# --- requests -----------------------------------------------------------------------------------
+
+
+def create(tx: Tx, settings: WorkerSettings, machine_id: str, req: CreateMachine) -> None:
+    """Reserve the guest and record the machine; queue its start if asked."""
+    guest = req.config.guest
+    cap = capacity(tx, settings)
+    found = _misfit(guest, guest.cpus, guest.memory_mb, cap, cordoned=cap.cordoned)
+    if found is not None:
+        message = f"worker {settings.name}: {found.reason}"
+        details: dict[str, Any] | None = None
+        if found.kind == "cpu_kind":
+            details = {"cpu_kinds": list(settings.cpu_kinds)}
+        elif found.kind == "room":
+            details = {"free": cap.free.model_dump(), "asked": guest.model_dump()}
+            message += f"; asked {guest.cpus} cpus, {guest.memory_mb} MB"
+        raise _refusal(found, message, details)
+    if queries.machine_exists(tx, machine_id):
+        raise AlreadyExists(f"machine {machine_id} already exists")
+    queries.insert_machine(
+        tx,
+        machine_id,
+        req.name or machine_id,
+        req.app,
+        new_instance_id(),
+        req.config,
+        free_ip(tx, Drivers.kind_of(req.config)),
+        now_iso(),
+    )
+    tx.log(
+        "machine",
+        machine_id,
+        "create",
+        "reserve",
+        "created",
+        data={"app": req.app, "guest": guest.model_dump()},
+    )
+    reserve(tx, settings, guest.cpus, guest.memory_mb, 1, f"machine {machine_id}")
+    if req.start:
+        enqueue(tx, machine_id, OPERATIONS["start"], "created", {})
+
+
+def accept(
+    tx: Tx, machine_id: str, op: Operation, params: dict[str, Any], nonce: str | None
+) -> bool:
+    """Queue `op` if the machine's projected state allows it; False when there is nothing to do
+    (it is in, or on its way to, where the operation ends)."""
+    row = queries.existing_machine(tx, machine_id)
+    leases.check(tx, machine_id, nonce)
+    projected: MachineState = row["projected"]
+    if op.ends_in is not None and projected == op.ends_in and op.name != "restart":
+        return False
+    if op.name == "destroy" and projected in ("started", "starting"):
+        if not params.get("force"):
+            raise InvalidState(f"machine {machine_id} is {projected}: stop it first, or force")
+    elif projected not in op.allowed_from:
+        raise InvalidState(f"machine {machine_id} is {projected}: cannot {op.name} it")
+    enqueue(tx, machine_id, op, projected, params)
+    return True
+
+
+def update(
+    tx: Tx,
+    settings: WorkerSettings,
+    machine_id: str,
+    config: MachineConfig,
+    start: bool | None,
+    nonce: str | None,
+) -> None:
+    """Record the new config and instance id now, reserving the growth; queue the stop (if it
+    runs), the update and the start (if it ran, or if asked)."""
+    row = queries.existing_machine(tx, machine_id)
+    leases.check(tx, machine_id, nonce)
+    projected: MachineState = row["projected"]
+    if projected in ("destroying", "destroyed"):
+        raise InvalidState(f"machine {machine_id} is {projected}")
+    guest = config.guest
+    d_cpus, d_mem = guest.cpus - row["cpus"], guest.memory_mb - row["memory_mb"]
+    cap = capacity(tx, settings)
+    found = _misfit(guest, d_cpus, d_mem, cap, cordoned=False)  # a cordon keeps what is here
+    if found is not None:
+        details = {"free": cap.free.model_dump()} if found.kind == "room" else None
+        message = f"the new size does not fit on worker {settings.name}: {found.reason}"
+        raise _refusal(found, message + "; create a new machine elsewhere instead", details)
+    instance_id = new_instance_id()
+    old = MachineConfig.model_validate_json(row["config"])
+    if Drivers.kind_of(old) != Drivers.kind_of(config):  # a command became an image
+        queries.set_private_ip(tx, machine_id, free_ip(tx, Drivers.kind_of(config)))
+    queries.set_config(tx, machine_id, config, now_iso(), instance_id)
+    reserve(tx, settings, d_cpus, d_mem, 0, f"update {machine_id}")
+    running = projected in ("started", "starting")
+    if running:
+        enqueue(tx, machine_id, OPERATIONS["stop"], projected, {})
+    after = "stopped" if running else projected
+    enqueue(tx, machine_id, OPERATIONS["update"], after, {"instance_id": instance_id})
+    if running if start is None else start:
+        enqueue(tx, machine_id, OPERATIONS["start"], after, {})
+
+
+def patch_metadata(tx: Tx, machine_id: str, patch: MetadataChange, nonce: str | None) -> None:
+    row = queries.existing_machine(tx, machine_id)
+    leases.check(tx, machine_id, nonce)
+    if row["state"] == "destroyed":
+        raise InvalidState(f"machine {machine_id} is destroyed")
+    config = MachineConfig.model_validate_json(row["config"])
+    metadata = {k: v for k, v in config.metadata.items() if k not in patch.delete}
+    metadata.update(patch.set)
+    new = config.model_copy(update={"metadata": metadata})
+    queries.set_config(tx, machine_id, new, now_iso())
+    tx.log("machine", machine_id, "metadata", "patch", None, data=patch.model_dump())
+
+
+def set_cordoned(tx: Tx, settings: WorkerSettings, cordoned: bool) -> None:
+    queries.set_cordoned(tx, cordoned)
+    tx.log("worker", settings.name, "cordon" if cordoned else "uncordon", "set")

@@ -1,0 +1,71 @@
+"""Waiting for machines' processes to exit, for the drivers: each machine's exit code to come,
+and how to notice that a process that is not the worker's child has gone."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Awaitable
+
+from souk.worker import procfs
+from souk.worker.drivers.base import Handle
+
+
+class ExitCodes:
+    """Each watched machine's exit code, as a future: what `Driver.wait` answers."""
+
+    def __init__(self) -> None:
+        self._futures: dict[str, asyncio.Future[int | None]] = {}
+
+    def expect(self, machine_id: str, code: Awaitable[int | None]) -> asyncio.Future[int | None]:
+        future = self._futures[machine_id] = asyncio.ensure_future(code)
+        return future
+
+    def watching(self, machine_id: str) -> bool:
+        """Whether the machine's process is still watched, not yet exited."""
+        future = self._futures.get(machine_id)
+        return future is not None and not future.done()
+
+    def __contains__(self, machine_id: str) -> bool:
+        return machine_id in self._futures
+
+    def pop(self, machine_id: str) -> asyncio.Future[int | None] | None:
+        return self._futures.pop(machine_id, None)
+
+    async def wait(self, machine_id: str) -> int | None:
+        """Its exit code once it exits; None at once for a machine not watched. A cancelled
+        waiter leaves the watch going."""
+        future = self._futures.get(machine_id)
+        if future is None:
+            return None
+        return await asyncio.shield(future)
+
+
+async def poll_until_gone(handle: Handle, interval: float) -> None:
+    while procfs.is_alive(handle.pid, handle.pid_start):
+        await asyncio.sleep(interval)
+
+
+async def until_gone(handle: Handle, interval: float) -> None:
+    """Wait for a process that is not our child: on its pidfd where the kernel has them, else
+    polling every `interval`."""
+    try:
+        fd = os.pidfd_open(handle.pid)
+    except OSError:
+        fd = -1
+    if fd >= 0:
+        loop = asyncio.get_running_loop()
+        gone: asyncio.Future[None] = loop.create_future()
+        loop.add_reader(fd, _resolve, gone)
+        try:
+            if procfs.is_alive(handle.pid, handle.pid_start):
+                await gone
+        finally:
+            loop.remove_reader(fd)
+            os.close(fd)
+    await poll_until_gone(handle, interval)
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)

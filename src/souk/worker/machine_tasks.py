@@ -1,0 +1,28 @@
+"""At most one task per machine for one duty (running its queue, watching its process)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+
+class MachineTasks:
+    def __init__(self) -> None:
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+
+    def ensure(self, machine_id: str, start: Callable[[], Coroutine[Any, Any, None]]) -> None:
+        """Start the machine's task unless one is already running."""
+        current = self._tasks.get(machine_id)
+        if current is None or current.done():
+            self._tasks[machine_id] = asyncio.create_task(start())
+
+    def forget(self, machine_id: str) -> None:
+        self._tasks.pop(machine_id, None)
+
+    def cancel(self) -> list[asyncio.Task[None]]:
+        """Cancel every task; returns them, to be awaited."""
+        tasks = list(self._tasks.values())
+        for task in tasks:
+            task.cancel()
+        return tasks

@@ -1,0 +1,96 @@
+"""An operation's course as the log records it: queued, each step done or skipped, failed.
+
+Each record is one transaction, which also moves the machine only along fsm.py's transitions
+and keeps its *projected* state (its state once every queued operation has run) true.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from souk.models.machine import MachineState
+from souk.worker import queries
+from souk.worker.fsm import TRANSITIONS, Operation, Step, check_transition
+from souk.worker.store import Store, Tx, now_iso
+
+
+@dataclass(frozen=True)
+class StepRun:
+    """One step of one queued operation: what the runner hands the step's implementation."""
+
+    machine_id: str
+    op_id: int
+    op: Operation
+    index: int
+    params: dict[str, Any]
+
+    @property
+    def step(self) -> Step:
+        return self.op.steps[self.index]
+
+
+def enqueue(
+    tx: Tx, machine_id: str, op: Operation, projected: MachineState, params: dict[str, Any]
+) -> None:
+    """Queue `op`, accepted from `projected`; the machine is projected to end where it does."""
+    op_id = queries.insert_operation(tx, machine_id, op.name, params)
+    queries.set_projected(tx, machine_id, op.ends_in or projected)
+    tx.log("machine", machine_id, op.name, "accepted", None, op_id, params)
+
+
+def settle_projection(tx: Tx, machine_id: str) -> None:
+    """With no operation left queued, the projected state is simply the state."""
+    if not queries.has_pending(tx, machine_id):
+        queries.reset_projection(tx, machine_id)
+
+
+async def advance(
+    store: Store, run: StepRun, data: dict[str, Any] | None = None, **columns: Any
+) -> int:
+    """Log the step as complete, entering its state and setting `columns`, in one transaction.
+    Returns the index of the next step."""
+    step, machine_id = run.step, run.machine_id
+    last = run.index == len(run.op.steps) - 1
+
+    def commit(tx: Tx) -> None:
+        row = queries.existing_machine(tx, machine_id)
+        state = step.enters or row["state"]
+        check_transition(row["state"], state)
+        queries.set_columns(tx, machine_id, {"state": state, "updated_at": now_iso(), **columns})
+        queries.set_progress(tx, run.op_id, run.index + 1, last)
+        tx.log("machine", machine_id, run.op.name, step.name, state, run.op_id, data)
+        if last:
+            settle_projection(tx, machine_id)
+
+    await store.write(commit)
+    return run.index + 1
+
+
+async def skip(store: Store, run: StepRun, to: int, why: str) -> int:
+    """Jump over steps that have nothing to do, logging why; past the end ends the operation.
+    Returns `to`."""
+    done = to >= len(run.op.steps)
+
+    def commit(tx: Tx) -> None:
+        queries.set_progress(tx, run.op_id, to, done)
+        tx.log("machine", run.machine_id, run.op.name, "skipped", None, run.op_id, {"why": why})
+        if done:
+            settle_projection(tx, run.machine_id)
+
+    await store.write(commit)
+    return to
+
+
+async def fail(store: Store, machine_id: str, op_id: int, op: Operation, error: str) -> None:
+    """The operation cannot go on: the machine fails (where it may), the queue moves on."""
+
+    def commit(tx: Tx) -> None:
+        row = queries.existing_machine(tx, machine_id)
+        state = "failed" if "failed" in TRANSITIONS[row["state"]] else row["state"]
+        queries.set_failed(tx, machine_id, state, now_iso())
+        queries.finish_operation(tx, op_id)
+        tx.log("machine", machine_id, op.name, "error", state, op_id, {"error": error})
+        settle_projection(tx, machine_id)
+
+    await store.write(commit)

@@ -1,0 +1,215 @@
+"""What each step of fsm.py's operations does, one function per step name.
+
+A step does its work (through a driver), then logs itself complete with `progress.advance`,
+which also enters the state fsm.py gives it; it returns the index of the next step to run. A
+step may run twice (a crash between its work and its log entry), so each must be idempotent.
+Every name fsm.py declares has exactly one implementation here, and every implementation a
+declared name: checked when this module is imported.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import time
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Protocol
+
+from souk.models.machine import MachineConfig, StopConfig
+from souk.worker import app_users, queries
+from souk.worker.admission import reserve
+from souk.worker.drivers.base import Drivers, Launch
+from souk.worker.fsm import OPERATIONS, STEP_NAMES
+from souk.worker.image_sync import sync_images
+from souk.worker.progress import StepRun, advance, skip
+from souk.worker.settings import WorkerSettings
+from souk.worker.store import Store, Tx, now_iso
+from souk.worker.supervision import Supervisor
+
+_STOP_STEPS = OPERATIONS["stop"].steps
+
+
+class StepHost(Protocol):
+    """What steps use of the worker that runs them."""
+
+    store: Store
+    settings: WorkerSettings
+    drivers: Drivers
+    supervisor: Supervisor
+    marked_here: set[str]  # spawn markers no earlier worker run can have used
+
+
+StepFn = Callable[[StepHost, StepRun], Awaitable[int]]
+
+
+class StepTable:
+    """Step name -> its one implementation, for the names an operation table declares."""
+
+    def __init__(self, declared: Iterable[str]) -> None:
+        self.declared = frozenset(declared)
+        self._steps: dict[str, StepFn] = {}
+
+    def implements(self, name: str) -> Callable[[StepFn], StepFn]:
+        def register(fn: StepFn) -> StepFn:
+            if name not in self.declared:
+                raise LookupError(f"step {name!r} is implemented but no operation declares it")
+            if name in self._steps:
+                raise LookupError(f"step {name!r} is implemented twice")
+            self._steps[name] = fn
+            return fn
+
+        return register
+
+    def check_complete(self) -> None:
+        missing = self.declared - self._steps.keys()
+        if missing:
+            raise LookupError(f"steps declared without an implementation: {sorted(missing)}")
+
+    def __getitem__(self, name: str) -> StepFn:
+        return self._steps[name]
+
+    @property
+    def implemented(self) -> frozenset[str]:
+        return frozenset(self._steps)
+
+
+STEPS = StepTable(STEP_NAMES)
+
+
+def spawn_marker(machine_id: str, op_id: int) -> str:
+    """Unique per start operation: how a restarted worker tells that start's process apart."""
+    return f"{machine_id}.{op_id}"
+
+
+def _launch(w: StepHost, run: StepRun) -> Launch:
+    row = queries.existing_machine(w.store.read, run.machine_id)
+    marker = row["marker"] or spawn_marker(run.machine_id, run.op_id)
+    return Launch(
+        machine_id=run.machine_id,
+        app=row["app"],
+        region=w.settings.region,
+        instance_id=row["instance_id"],
+        config=MachineConfig.model_validate_json(row["config"]),
+        marker=marker,
+        rundir=w.settings.rundir(run.machine_id),
+        private_ip=row["private_ip"] or "127.0.0.1",
+        resumed=marker not in w.marked_here,
+        home=app_users.home(w.settings.data_dir, row["app"], run.machine_id),
+    )
+
+
+def _stop_config(w: StepHost, run: StepRun) -> StopConfig:
+    return _launch(w, run).config.stop_config
+
+
+@STEPS.implements("begin_start")
+async def _begin_start(w: StepHost, run: StepRun) -> int:
+    while (delay := float(run.params.get("not_before", 0)) - time.time()) > 0:
+        if queries.queued_after(w.store.read, run.machine_id, run.op_id):
+            # a restart backing off yields to what came next
+            return await skip(w.store, run, len(run.op.steps), "superseded")
+        await asyncio.sleep(min(delay, 0.1))
+    marker = spawn_marker(run.machine_id, run.op_id)
+    following = await advance(w.store, run, marker=marker)
+    w.marked_here.add(marker)
+    return following
+
+
+@STEPS.implements("spawn")
+async def _spawn(w: StepHost, run: StepRun) -> int:
+    launch = await app_users.assign(w.store, w.settings.data_dir, _launch(w, run))
+    w.marked_here.discard(launch.marker)
+    kind = Drivers.kind_of(launch.config)
+    driver = w.drivers.require(kind)
+    await driver.prepare(launch)
+    if kind == "image":  # prepared means pulled: the cache (and the catalog) has it now
+        await sync_images(w.store, w.drivers.images)
+    handle = await driver.spawn(launch)
+    following = await advance(
+        w.store,
+        run,
+        {"pid": handle.pid, "driver": kind},
+        pid=handle.pid,
+        pid_start=handle.pid_start,
+        driver=kind,
+        exit_code=None,
+    )
+    w.supervisor.monitor(run.machine_id)
+    return following
+
+
+@STEPS.implements("begin_stop")
+async def _begin_stop(w: StepHost, run: StepRun) -> int:
+    if queries.state_of(w.store.read, run.machine_id) not in ("started", "starting"):
+        # it exited meanwhile: nothing to stop
+        return await skip(w.store, run, run.index + len(_STOP_STEPS), "not running")
+    return await advance(w.store, run)
+
+
+@STEPS.implements("signal")
+async def _signal(w: StepHost, run: StepRun) -> int:
+    m, config = run.machine_id, _stop_config(w, run)
+    signal = run.params.get("signal") or config.signal
+    timeout = run.params.get("timeout")
+    await w.supervisor.running_driver(m).stop(
+        m, w.supervisor.handle(m), signal, config.timeout if timeout is None else timeout
+    )
+    return await advance(w.store, run, {"signal": signal})
+
+
+@STEPS.implements("end_stop")
+async def _end_stop(w: StepHost, run: StepRun) -> int:
+    return await advance(w.store, run, pid=None)
+
+
+@STEPS.implements("apply_config")
+async def _apply_config(w: StepHost, run: StepRun) -> int:
+    """The config was recorded when the update was accepted; this step marks where the
+    machine, stopped, takes it on."""
+    return await advance(w.store, run, {"instance_id": run.params.get("instance_id")})
+
+
+@STEPS.implements("begin_destroy")
+async def _begin_destroy(w: StepHost, run: StepRun) -> int:
+    return await advance(w.store, run)
+
+
+@STEPS.implements("kill")
+async def _kill(w: StepHost, run: StepRun) -> int:
+    m, config = run.machine_id, _stop_config(w, run)
+    driver, handle = w.supervisor.running_driver(m), w.supervisor.handle(m)
+    if run.params.get("force"):
+        await driver.stop(m, handle, "SIGKILL", 0)
+    else:
+        await driver.stop(m, handle, config.signal, config.timeout)
+    return await advance(w.store, run, pid=None)
+
+
+@STEPS.implements("cleanup")
+async def _cleanup(w: StepHost, run: StepRun) -> int:
+    launch = _launch(w, run)
+    await w.supervisor.running_driver(run.machine_id).cleanup(launch)
+    if launch.rundir.exists():
+        await asyncio.to_thread(shutil.rmtree, launch.rundir, True)
+    return await advance(w.store, run)
+
+
+@STEPS.implements("end_destroy")
+async def _end_destroy(w: StepHost, run: StepRun) -> int:
+    """Release the reservation and end whatever else was queued: the machine is gone."""
+    m, settings = run.machine_id, w.settings
+
+    def commit(tx: Tx) -> None:
+        row = queries.existing_machine(tx, m)
+        if row["reserved"]:
+            reserve(tx, settings, -row["cpus"], -row["memory_mb"], -1, f"release {m}")
+        queries.set_destroyed(tx, m, now_iso())
+        queries.finish_operations(tx, m, run.index + 1)
+        tx.log("machine", m, run.op.name, run.step.name, "destroyed", run.op_id)
+
+    await w.store.write(commit)
+    w.supervisor.monitors.forget(m)
+    return len(run.op.steps)
+
+
+STEPS.check_complete()

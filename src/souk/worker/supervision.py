@@ -1,0 +1,131 @@
+"""Supervising machines' processes: noticing when one exits, and the restart policy.
+
+Every process a driver runs (or adopts after a worker restart) has a monitor task awaiting its
+exit. An exit an operation asked for is only logged; any other applies the machine's restart
+policy, which may queue a start, backing off exponentially while the process keeps crashing.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from souk.models.machine import MachineConfig, MachineState, RestartConfig
+from souk.worker import queries
+from souk.worker.drivers.base import Driver, Drivers, Handle
+from souk.worker.fsm import OPERATIONS
+from souk.worker.machine_tasks import MachineTasks
+from souk.worker.progress import enqueue
+from souk.worker.store import Store, Tx, now_iso
+
+BACKOFF_BASE = 0.05
+BACKOFF_MAX = 10.0
+HEALTHY_AFTER = 10.0  # a run this long resets the crash streak, and with it the backoff
+STOPPING_OPS = ("stop", "restart", "update", "destroy")  # queued first, these expect an exit
+
+
+def backoff(streak: int) -> float:
+    return 0.0 if streak <= 1 else min(BACKOFF_BASE * 2 ** (streak - 2), BACKOFF_MAX)
+
+
+@dataclass(frozen=True)
+class AfterExit:
+    state: MachineState
+    crash_streak: int
+    restart: bool
+
+
+def after_exit(
+    policy: RestartConfig, code: int | None, ran: float, crash_streak: int, restart_count: int
+) -> AfterExit:
+    """What an unasked-for exit leads to. An unknown code (an adopted process's) is a failure."""
+    streak = 1 if ran >= HEALTHY_AFTER else crash_streak + 1
+    failed = code != 0
+    restart = policy.policy == "always" or (
+        policy.policy == "on-failure" and failed and restart_count < policy.max_retries
+    )
+    final: MachineState = "stopped"
+    if not restart and policy.policy == "on-failure" and failed:
+        final = "failed"
+    return AfterExit(final, streak, restart)
+
+
+class Supervisor:
+    """The monitors of one worker's processes; `kick` runs a machine's queue after a restart is
+    queued."""
+
+    def __init__(self, store: Store, drivers: Drivers, kick: Callable[[str], None]) -> None:
+        self.store = store
+        self.drivers = drivers
+        self.kick = kick
+        self.monitors = MachineTasks()
+
+    def running_driver(self, machine_id: str) -> Driver:
+        """The driver that started the machine's current process (its config may have moved on)."""
+        return self.drivers.require(queries.driver_of(self.store.read, machine_id))
+
+    def handle(self, machine_id: str) -> Handle | None:
+        found = queries.process_of(self.store.read, machine_id)
+        return None if found is None else Handle(*found)
+
+    async def adopt(self) -> None:
+        """After a worker restart: watch the processes that survived it, and treat the ones that
+        died meanwhile as exits."""
+        for row in queries.live_processes(self.store.read):
+            handle = Handle(row["pid"], row["pid_start"])
+            found = self.drivers.require(row["driver"]).adopt(row["id"], row["marker"], handle)
+            if found is not None:
+                if found != handle:
+                    await self.store.write(functools.partial(_adopted, row["id"], found))
+                self.monitor(row["id"])
+            elif row["state"] == "started":
+                await self.exited(row["id"], None)
+
+    def monitor(self, machine_id: str) -> None:
+        self.monitors.ensure(machine_id, lambda: self._watch(machine_id))
+
+    async def _watch(self, machine_id: str) -> None:
+        started = time.monotonic()
+        code = await self.running_driver(machine_id).wait(machine_id)
+        self.monitors.forget(machine_id)
+        await self.exited(machine_id, code, time.monotonic() - started)
+
+    async def exited(self, machine_id: str, code: int | None, ran: float = 0.0) -> None:
+        """The process is gone. Expected when an operation stopped it; else apply the policy."""
+
+        def commit(tx: Tx) -> bool:
+            row = queries.existing_machine(tx, machine_id)
+            pending = queries.next_operation(tx, machine_id)
+            queries.set_exit_code(tx, machine_id, code)
+            if (pending is not None and pending["op"] in STOPPING_OPS) or row["state"] != "started":
+                tx.log(
+                    "machine", machine_id, "event", "exit", row["state"], data={"exit_code": code}
+                )
+                return False
+            policy = MachineConfig.model_validate_json(row["config"]).restart
+            then = after_exit(policy, code, ran, row["crash_streak"], row["restart_count"])
+            queries.set_exited(tx, machine_id, then.state, then.crash_streak, now_iso())
+            tx.log(
+                "machine",
+                machine_id,
+                "event",
+                "exit",
+                then.state,
+                data={"exit_code": code, "restart": then.restart},
+            )
+            if then.restart:
+                queries.count_restart(tx, machine_id)
+                not_before = time.time() + backoff(then.crash_streak)
+                params = {"not_before": not_before, "reason": "restart"}
+                enqueue(tx, machine_id, OPERATIONS["start"], then.state, params)
+            return then.restart
+
+        if await self.store.write(commit):
+            self.kick(machine_id)
+
+
+def _adopted(machine_id: str, handle: Handle, tx: Tx) -> None:
+    queries.set_process(tx, machine_id, handle.pid, handle.pid_start)
+    tx.log("machine", machine_id, "event", "adopted", None, data={"pid": handle.pid})

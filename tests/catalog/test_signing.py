@@ -1,0 +1,119 @@
+"""The pieces of a signed catalog on their own: the hash tree and its paths, tick chains,
+subject tokens, certificate rules and a replica file from before proofs were kept."""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from pathlib import Path
+
+import pytest
+
+from souk.catalog.protocol import (
+    REGISTRY_OWNER,
+    changes_subject,
+    pull_subject,
+    subject_names,
+    token,
+)
+from souk.catalog.signing import (
+    TickChain,
+    leaf,
+    root_from_path,
+    tick_follows,
+    tree,
+    unb64,
+)
+from souk.catalog.store import ReplicaStore
+from souk.catalog.trust import CaTrust, Refused
+from tests.catalog.pki import Ca
+
+
+def test_every_leaf_of_every_tree_leads_to_its_root() -> None:
+    for count in range(1, 34):
+        leaves = [leaf("machines", f"m{i}", i, b"{}") for i in range(count)]
+        root, paths = tree(leaves)
+        assert len(paths) == count
+        for i, lf in enumerate(leaves):
+            assert root_from_path(lf, i, count, paths[i]) == root
+            assert root_from_path(lf, (i + 1) % count, count, paths[i]) != root or count == 1
+        other = leaf("machines", "m0", 0, b'{"app":"x"}')
+        assert root_from_path(other, 0, count, paths[0]) != root
+    assert tree([])[0] == bytes(32)
+    one = leaf("workers", "w1", 1, b"{}")
+    assert tree([one]) == (one, [[]])
+    assert root_from_path(one, 0, 1, [one]) is None  # a path longer than the tree is tall
+
+
+def test_a_tick_chain_is_followed_across_lost_beats_and_renewed_when_used_up() -> None:
+    chain = TickChain(length=4)
+    at, n, tick = chain.next()
+    _, n2, tick2 = chain.next()
+    assert (n, n2) == (1, 2) and tick_follows(unb64(tick2), 1, unb64(tick))
+    _, n4, tick4 = (chain.next(), chain.next())[1]  # beat 3 lost
+    assert n4 == 4 and tick_follows(unb64(tick4), 2, unb64(tick2))
+    assert not tick_follows(unb64(tick2), 2, unb64(tick4))  # a chain runs one way only
+    assert not tick_follows(unb64(tick4), 1, unb64(tick2))
+    later, n, fresh = chain.next()  # used up: a new chain, made later
+    assert (n, later > at) == (1, True) and not tick_follows(unb64(fresh), 4, unb64(tick4))
+
+
+def test_names_become_one_subject_token_each() -> None:
+    assert token("w1") == "w1" and token("app-registry") == "app-registry"
+    assert token("w1.mad") == "w1%2Emad" and token("a*b>c d") == "a%2Ab%3Ec%20d"
+    assert token("%2E") != token(".")
+    subject = changes_subject("mad", "w1.mad")
+    assert subject == "souk.cat.ch.mad.w1%2Emad"
+    assert subject_names(subject) == ("mad", "w1.mad")
+    assert subject_names("souk.cat.ch.mad") is None
+    assert pull_subject("x.y") == "souk.cat.pull.x%2Ey"
+
+
+def test_a_certificate_counts_only_for_its_owner_its_role_and_its_time() -> None:
+    ca = Ca()
+    trust = CaTrust(ca.cert)
+    w1 = ca.node("worker", "w1")
+    fp = trust.learn(w1.der)
+    assert trust.verifier("w1", fp) is not None
+    assert trust.verifier("w1", "0" * 32) is None  # not known here
+    with pytest.raises(Refused) as refused:
+        trust.verifier("w2", fp)
+    assert refused.value.reason == "wrong_owner"
+    broker = trust.learn(ca.node("broker", "b1").der)
+    assert trust.verifier(REGISTRY_OWNER, broker) is not None
+    with pytest.raises(Refused):
+        trust.verifier("b1", broker)  # a broker writes no worker's rows
+    for der in (Ca().node("worker", "w1").der, ca.node("worker", "w9", days=-1).der, b"junk"):
+        with pytest.raises(Refused) as refused:
+            trust.learn(der)
+        assert refused.value.reason == "bad_certificate"
+    later = CaTrust(ca.cert, clock=lambda: time.time() + 3 * 86400)  # after w1's expires
+    later.known = trust.known
+    with pytest.raises(Refused) as refused:
+        later.verifier("w1", fp)
+    assert refused.value.reason == "bad_certificate"
+
+
+def test_a_replica_file_from_before_proofs_opens_and_keeps_its_rows(tmp_path: Path) -> None:
+    path = tmp_path / "old.db"
+    old = sqlite3.connect(path)
+    old.executescript(
+        """
+        CREATE TABLE rows (owner TEXT NOT NULL, tbl TEXT NOT NULL, key TEXT NOT NULL,
+            seq INTEGER NOT NULL, row TEXT, PRIMARY KEY (owner, tbl, key));
+        CREATE TABLE owners (owner TEXT PRIMARY KEY, region TEXT NOT NULL, epoch TEXT NOT NULL,
+            head INTEGER NOT NULL);
+        INSERT INTO rows VALUES ('w1', 'images', 'sha256:00', 3, '{"x": 1}');
+        INSERT INTO owners VALUES ('w1', 'mad', 'e1', 3);
+        """
+    )
+    old.commit()
+    old.close()
+    store = ReplicaStore(path)
+    assert list(store.owners()) == [("w1", "mad", "e1", 3)]
+    assert list(store.all_rows()) == [("w1", "images", "sha256:00", 3, {"x": 1})]
+    store.begin()
+    store.put("w1", "images", "sha256:01", 4, {"x": 2}, b'{"x":2}', b'["proof"]')
+    store.commit()
+    assert store.live_rows({"w1"})[-1] == ("w1", "images", "sha256:01", 4, '{"x":2}', '["proof"]')
+    store.close()

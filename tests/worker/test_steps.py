@@ -1,0 +1,42 @@
+"""Each step fsm.py declares has exactly one implementation, and each implementation a step."""
+
+from __future__ import annotations
+
+import pytest
+
+from souk.worker.fsm import OPERATIONS, STEP_NAMES
+from souk.worker.progress import StepRun
+from souk.worker.steps import STEPS, StepHost, StepTable
+
+
+async def _noop(host: StepHost, run: StepRun) -> int:
+    return run.index + 1
+
+
+def test_every_declared_step_has_its_implementation() -> None:
+    assert STEPS.implemented == STEP_NAMES
+    for op in OPERATIONS.values():
+        for step in op.steps:
+            assert callable(STEPS[step.name])
+
+
+def test_a_step_no_operation_declares_is_refused() -> None:
+    table = StepTable({"spawn"})
+    with pytest.raises(LookupError, match="no operation declares"):
+        table.implements("teleport")(_noop)
+
+
+def test_a_step_implemented_twice_is_refused() -> None:
+    table = StepTable({"spawn"})
+    table.implements("spawn")(_noop)
+    with pytest.raises(LookupError, match="twice"):
+        table.implements("spawn")(_noop)
+
+
+def test_a_declared_step_without_implementation_is_found() -> None:
+    table = StepTable({"spawn", "kill"})
+    table.implements("spawn")(_noop)
+    with pytest.raises(LookupError, match="kill"):
+        table.check_complete()
+    table.implements("kill")(_noop)
+    table.check_complete()
