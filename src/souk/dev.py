@@ -7,7 +7,9 @@ answering offers, a broker hosting the app registry, and a proxy with its own re
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,15 +20,19 @@ from souk.broker.runtime import BrokerOptions, broker_site, until_signalled
 from souk.broker.tokens import mint, new_secret, read_secret
 from souk.catalog.bus import InProcessBus
 from souk.catalog.replica import following
+from souk.models.machine import MachineState
 from souk.proxy.server import ProxyOptions, proxy_site
 from souk.secret_files import write_secret
 from souk.web import runner as web_runner
 from souk.worker.daemon import make_app as make_worker_app
 from souk.worker.daemon import make_driver, offering, publishing, running
 from souk.worker.engine import Engine
+from souk.worker.errors import WorkerError
 from souk.worker.settings import WorkerSettings
 
 REGIONS = ("mad", "ams", "sin")
+STOP_GRACE = 10.0  # past a machine's own stop timeout, before it is reported left running
+log = logging.getLogger("souk.dev")
 
 
 @dataclass(frozen=True)
@@ -61,6 +67,7 @@ async def dev_cluster(
         bus = InProcessBus()
         stack.push_async_callback(bus.close)
         urls = []
+        engines: list[Engine] = []
         for region in REGIONS:
             for n in (1, 2):
                 name = f"{region}{n}"
@@ -75,6 +82,7 @@ async def dev_cluster(
                 engine = await stack.enter_async_context(
                     running(Engine(settings, make_driver(driver, settings)))
                 )
+                engines.append(engine)
                 runner = web_runner(make_worker_app(engine))
                 await runner.setup()
                 stack.push_async_callback(runner.cleanup)
@@ -82,6 +90,9 @@ async def dev_cluster(
                 urls.append(f"http://{host}:{runner.addresses[0][1]}")
                 await stack.enter_async_context(publishing(engine, bus, urls[-1]))
                 await stack.enter_async_context(offering(engine, bus))
+        # after the broker and proxy have closed (nothing starts machines any more), before the
+        # workers do
+        stack.push_async_callback(stop_machines, engines)
         opts = BrokerOptions(host, port, secret, urls, registry_dir=data_dir / "registry")
         api = await stack.enter_async_context(broker_site(opts, bus))
         token = mint(secret, operator=True)
@@ -93,6 +104,36 @@ async def dev_cluster(
         write_secret(data_dir / "token", token + "\n")  # an operator token: 0600
         (data_dir / "api").write_text(api + "\n")
         yield DevCluster(api, token, proxy, proxy_opts.domain)
+
+
+async def stop_machines(engines: list[Engine]) -> int:
+    """Stop every machine that runs (or is on its way to) and wait until it has; returns how
+    many were asked to stop. Machines being destroyed are waited for too."""
+
+    async def settle(engine: Engine, machine_id: str) -> None:
+        target: MachineState = "stopped"
+        try:
+            machine = await engine.submit(machine_id, "stop")  # queued, or already on its way
+        except WorkerError:  # nothing to stop, or being destroyed
+            machine = engine.get(machine_id, events=False)
+            if machine.state != "destroying":
+                return
+            target = "destroyed"
+        timeout = float(machine.config.stop_config.timeout) + STOP_GRACE
+        ok, found = await engine.wait(machine_id, target, timeout, None)
+        if not ok:
+            log.warning("machine %s is still %s; it may be left running", machine_id, found.state)
+
+    live = [
+        (engine, m.id)
+        for engine in engines
+        for m in engine.machines()
+        if m.state in ("created", "starting", "started", "stopping", "destroying")
+    ]
+    if live:
+        print(f"souk dev: stopping {len(live)} machines", flush=True)
+        await asyncio.gather(*(settle(engine, mid) for engine, mid in live))
+    return len(live)
 
 
 async def run_dev(data_dir: Path, host: str, port: int, proxy_port: int, driver: str) -> None:

@@ -17,6 +17,8 @@ from rich.table import Table
 from souk import __version__
 from souk.catalog import http as catalog_http
 from souk.catalog.bus import NatsBus
+from souk.catalog.connecting import ConnectingBus
+from souk.catalog.protocol import HELLO
 from souk.catalog.replica import following
 from souk.cli.client import connect
 from souk.cli.command import run
@@ -53,10 +55,16 @@ async def _serve(
     if data_dir is not None:
         data_dir.mkdir(parents=True, exist_ok=True)
         path = data_dir / "catalog.db"
-    bus = await NatsBus.connect(nats, name="souk-catalog")
+    # Serve at once even with NATS down; the replica catches up from the owners once connected.
+    bus = ConnectingBus(lambda: NatsBus.connect(nats, name="souk-catalog"), f"NATS {nats}")
+    bus.on_connect(lambda: bus.publish(HELLO, b"{}"))  # owners answer with a heartbeat
+    bus.start()
+    up = await bus.wait_connected(0.5)
     async with contextlib.AsyncExitStack() as stack:
         stack.push_async_callback(bus.close)
-        replica = await stack.enter_async_context(following(bus, path, regions))
+        replica = await stack.enter_async_context(
+            following(bus, path, regions, bootstrap=up, settle=2.0 if up else 0.0)
+        )
         replica.unreachable_after = unreachable_after
         http = web.Application(middlewares=[error_middleware])
         add_routes(http, catalog_http.routes(replica), "souk catalog", __version__)
