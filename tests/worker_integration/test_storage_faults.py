@@ -4,23 +4,13 @@ cannot use its data directory says so in one line instead of a traceback."""
 
 from __future__ import annotations
 
-import contextlib
-import errno
-import os
-import shutil
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-
+from tests.support.disks import fill, needs_mount, remount_read_only, tmpfs
 from tests.support.machines import live_pids
 from tests.support.waiting import wait_until
 from tests.support.worker_process import WorkerProcess
-
-needs_mount = pytest.mark.skipif(
-    os.geteuid() != 0 or shutil.which("mount") is None, reason="mounting a tmpfs needs root"
-)
 
 # Ignores the stop signal, so that a stop waits out its timeout: time to fill the disk between
 # the stop's first step and its next.
@@ -28,38 +18,6 @@ STUBBORN = {
     "init": {"exec": ["sh", "-c", "trap '' INT; while :; do sleep 1; done"]},
     "restart": {"policy": "no"},
 }
-
-
-@contextlib.contextmanager
-def tmpfs(path: Path, options: str) -> Iterator[Path]:
-    path.mkdir()
-    mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)], capture_output=True, text=True
-    )
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
-    try:
-        yield path
-    finally:
-        subprocess.run(["umount", "-l", str(path)], check=False)
-
-
-def fill(directory: Path) -> Path:
-    """A file eating every byte left on the file system."""
-    filler = directory / "filler"
-    fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o600)
-    try:
-        for size in (1 << 20, 1 << 16, 1 << 12, 512, 1):
-            block = bytes(size)
-            try:
-                while True:
-                    os.write(fd, block)
-            except OSError as exc:
-                if exc.errno != errno.ENOSPC:
-                    raise
-    finally:
-        os.close(fd)
-    return filler
 
 
 def run_worker(data_dir: Path, log: Path) -> subprocess.CompletedProcess[str]:
@@ -119,7 +77,7 @@ def test_a_read_only_data_dir_is_one_line_and_an_exit(tmp_path: Path) -> None:
             worker.start()  # leaves its database there
         finally:
             worker.kill9()  # it ran no machine (and `close` would leave a reader open here)
-        subprocess.run(["mount", "-o", "remount,ro", str(used)], check=True)
+        remount_read_only(used)
         for data_dir in (used, tmp_path / "fresh", tmp_path / "fresh" / "missing"):
             done = run_worker(data_dir, tmp_path / "ro.log")
             assert done.returncode != 0
