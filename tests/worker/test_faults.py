@@ -15,7 +15,7 @@ import pytest
 
 from souk.models.capacity import OfferRequest
 from souk.models.machine import MAX_METADATA_BYTES, CreateMachine, GuestConfig, MachineConfig
-from souk.worker import procfs
+from souk.worker import logs, procfs
 from souk.worker.api import http_error
 from souk.worker.daemon import make_driver, running
 from souk.worker.drivers.runc import _write_private
@@ -23,6 +23,7 @@ from souk.worker.engine import Engine
 from souk.worker.errors import StorageFull
 from souk.worker.fsm import OPERATIONS
 from souk.worker.progress import enqueue
+from souk.worker.storage import free_bytes
 from tests.support.clients import Client
 from tests.support.disks import fill, needs_mount, tmpfs
 from tests.support.engines import settings
@@ -73,6 +74,21 @@ async def test_writes_on_a_full_disk_are_refused_with_the_cause_until_space_is_f
             assert engine.offer(OfferRequest(guest=GuestConfig())).fits
             await engine.submit(m.id, "destroy", {"force": True})
             assert (await engine.wait(m.id, "destroyed", 10, None))[0]
+
+
+@needs_mount
+def test_logs_are_rotated_on_a_full_disk_by_dropping_output(tmp_path: Path) -> None:
+    """The copy a rotation keeps needs room a full disk lacks: the output goes, the space is
+    freed, and the machine's next lines have room."""
+    with tmpfs(tmp_path / "data", "size=4m") as data:
+        rundir = data / "m1"
+        rundir.mkdir()
+        (rundir / "stdout.log").write_bytes(b"x" * (2 << 20))
+        fill(data)
+        logs.rotate_if_large(rundir, 1 << 20)
+        assert (rundir / "stdout.log").stat().st_size == 0
+        assert not (rundir / "stdout.log.1").exists()
+        assert (free_bytes(data) or 0) >= 2 << 20
 
 
 # --- operations logged by older workers ---------------------------------------------------

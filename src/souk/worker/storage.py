@@ -141,7 +141,7 @@ async def patiently(watch: StorageWatch, attempt: Callable[[], Awaitable[T]]) ->
 
 def check_data_dir(path: Path) -> None:
     """Make the data directory if it is missing, and prove it takes a file; `DataDirUnusable`
-    with the reason otherwise."""
+    with the reason otherwise. A full one is usable: the worker starts and reports it."""
     try:
         path.mkdir(parents=True, exist_ok=True)
     except FileExistsError as exc:
@@ -154,6 +154,8 @@ def check_data_dir(path: Path) -> None:
     try:
         fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     except OSError as exc:
+        if exc.errno in _ERRNO_FULL:  # usable once freed: start, and say so on each write
+            return
         raise DataDirUnusable(f"data dir {path}: cannot write to it: {_reason(exc)}") from exc
     os.close(fd)
     probe.unlink(missing_ok=True)
