@@ -8,7 +8,7 @@ from typing import Literal, Protocol
 
 from pydantic import BaseModel
 
-BusState = Literal["none", "in-process", "connecting", "connected", "disconnected"]
+BusState = Literal["none", "connecting", "connected", "disconnected"]  # none: no --nats
 
 
 class BusLink(Protocol):
@@ -47,4 +47,4 @@ def bus_status(link: BusLink | None) -> BusStatus:
     if link is None:
         return BusStatus(state="none", connected=False)
     state = link.state
-    return BusStatus(state=state, connected=state in ("connected", "in-process"), error=link.error)
+    return BusStatus(state=state, connected=state == "connected", error=link.error)

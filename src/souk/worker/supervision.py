@@ -124,6 +124,7 @@ class Supervisor:
         await patiently(self.store.watch, record)
 
     async def _record_exit(self, machine_id: str, code: int | None, ran: float = 0.0) -> None:
+        """One try at recording the exit (and queueing a restart if the policy says so)."""
 
         def commit(tx: Tx) -> bool:
             row = queries.existing_machine(tx, machine_id)
