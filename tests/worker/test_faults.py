@@ -3,7 +3,9 @@ that will not die, metadata that grows past its limit through small patches."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import errno
 import json
 import os
 import stat
@@ -23,7 +25,7 @@ from souk.worker.engine import Engine
 from souk.worker.errors import StorageFull
 from souk.worker.fsm import OPERATIONS
 from souk.worker.progress import enqueue
-from souk.worker.storage import free_bytes
+from souk.worker.storage import StorageWatch, free_bytes
 from tests.support.clients import Client
 from tests.support.disks import fill, needs_mount, tmpfs
 from tests.support.engines import settings
@@ -184,3 +186,12 @@ def test_a_runtime_spec_is_written_for_root_alone(tmp_path: Path) -> None:
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     assert json.loads(path.read_text())["process"]["env"] == ["SECRET=1"]
     assert not (tmp_path / "config.json.tmp").exists()
+
+
+async def test_waiting_out_storage_faults_backs_off_to_a_cap_forever(tmp_path: Path) -> None:
+    """Hours of retries (thousands of doublings) must not overflow the delay."""
+    watch = StorageWatch(tmp_path)
+    assert watch.fault_from(OSError(errno.ENOSPC, "No space left on device")) is not None
+    watch.cleared()  # so the pause ends at once, once it has computed its delay
+    await asyncio.wait_for(watch.pause(5000), 1)
+    assert watch.fault is None

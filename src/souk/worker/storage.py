@@ -118,7 +118,7 @@ class StorageWatch:
     async def pause(self, attempt: int) -> None:
         """Before try number `attempt + 1` of a write that failed on the storage: a backoff that
         doubles up to `RETRY_MAX`, cut short as soon as any other write succeeds."""
-        delay = min(RETRY_FIRST * 2**attempt, RETRY_MAX)
+        delay = min(RETRY_FIRST * 2 ** min(attempt, 16), RETRY_MAX)  # a bounded power: no overflow
         try:
             await asyncio.wait_for(self._cleared.wait(), delay)
         except TimeoutError:
