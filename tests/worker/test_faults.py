@@ -26,6 +26,7 @@ from souk.worker.errors import StorageFull
 from souk.worker.fsm import OPERATIONS
 from souk.worker.progress import enqueue
 from souk.worker.storage import StorageWatch, free_bytes
+from souk.worker.supervision import BACKOFF_MAX, backoff
 from tests.support.clients import Client
 from tests.support.disks import fill, needs_mount, tmpfs
 from tests.support.engines import settings
@@ -195,3 +196,7 @@ async def test_waiting_out_storage_faults_backs_off_to_a_cap_forever(tmp_path: P
     watch.cleared()  # so the pause ends at once, once it has computed its delay
     await asyncio.wait_for(watch.pause(5000), 1)
     assert watch.fault is None
+
+
+def test_a_machine_crashing_for_hours_backs_off_to_the_cap() -> None:
+    assert backoff(5000) == BACKOFF_MAX

@@ -31,7 +31,8 @@ STOPPING_OPS = ("stop", "restart", "update", "destroy")  # queued first, these e
 
 
 def backoff(streak: int) -> float:
-    return 0.0 if streak <= 1 else min(BACKOFF_BASE * 2 ** (streak - 2), BACKOFF_MAX)
+    # the power is bounded: a machine crashing for hours must not overflow the float
+    return 0.0 if streak <= 1 else min(BACKOFF_BASE * 2 ** min(streak - 2, 16), BACKOFF_MAX)
 
 
 @dataclass(frozen=True)
