@@ -20,7 +20,9 @@ from souk.broker.registry import AppRegistry
 from souk.broker.server import make_app
 from souk.catalog import http as catalog_http
 from souk.catalog.bus import Bus, NatsBus
+from souk.catalog.connecting import ConnectingBus
 from souk.catalog.owner import Owner
+from souk.catalog.protocol import HELLO
 from souk.catalog.replica import following
 from souk.clients.workers import WorkerClient
 from souk.pki import NodeFiles
@@ -30,6 +32,7 @@ from souk.web.tls import ServerCert
 
 log = logging.getLogger("souk.broker")
 REFRESH_EVERY = 0.5
+CONNECT_GRACE = 0.5  # how long a start waits for NATS before serving without it
 
 
 @dataclass(frozen=True)
@@ -70,13 +73,19 @@ async def broker_site(opts: BrokerOptions, bus: Bus | None = None) -> AsyncItera
         fleet: Fleet
         extra: list[Route] = []
         before_place = None
+        up = True  # whether the bus is connected now
         if bus is None and opts.nats:
-            bus = await NatsBus.connect(opts.nats, name="souk-broker")
-            stack.push_async_callback(bus.close)
+            nats_bus = await _connecting(opts.nats, "souk-broker")
+            stack.push_async_callback(nats_bus.close)
+            up, bus = nats_bus.bus is not None, nats_bus
         if bus is not None:
             path = opts.catalog_dir / "catalog.db" if opts.catalog_dir else ":memory:"
+            # With NATS down, serve at once: the replica learns the workers from their
+            # heartbeats once it connects, with no snapshot to wait for now.
             replica = await stack.enter_async_context(
-                following(bus, path, bootstrap=opts.nats is not None)
+                following(
+                    bus, path, bootstrap=opts.nats is not None and up, settle=2.0 if up else 0.0
+                )
             )
             fleet = CatalogFleet(replica, registry)
             extra = catalog_http.routes(replica)
@@ -103,6 +112,16 @@ async def broker_site(opts: BrokerOptions, bus: Bus | None = None) -> AsyncItera
         await site.start()
         scheme = "https" if ctx is not None else "http"
         yield f"{scheme}://{opts.host}:{runner.addresses[0][1]}"
+
+
+async def _connecting(nats: str, name: str) -> ConnectingBus:
+    """NATS connected in the background; waits a moment for it, so that a start with NATS up
+    bootstraps its replica as before."""
+    bus = ConnectingBus(lambda: NatsBus.connect(nats, name=name), f"NATS {nats}")
+    bus.on_connect(lambda: bus.publish(HELLO, b"{}"))  # owners answer with a heartbeat
+    bus.start()
+    await bus.wait_connected(CONNECT_GRACE)
+    return bus
 
 
 @contextlib.asynccontextmanager

@@ -22,6 +22,8 @@ from souk.broker.tokens import read_secret
 from souk.catalog import http as catalog_http
 from souk.catalog.bus import NatsBus
 from souk.catalog.certs import bus_options, load_ca
+from souk.catalog.connecting import ConnectingBus
+from souk.catalog.protocol import HELLO
 from souk.catalog.replica import Replica, following
 from souk.catalog.trust import CaTrust, Trust
 from souk.cli.client import connect
@@ -123,10 +125,18 @@ async def _serve(
     if data_dir is not None:
         data_dir.mkdir(parents=True, exist_ok=True)
         path = data_dir / "catalog.db"
-    bus = await NatsBus.connect(nats, name="souk-catalog", **bus_options)
+    # Serve at once even with NATS down; the replica catches up from the owners once connected.
+    bus = ConnectingBus(
+        lambda: NatsBus.connect(nats, name="souk-catalog", **bus_options), f"NATS {nats}"
+    )
+    bus.on_connect(lambda: bus.publish(HELLO, b"{}"))  # owners answer with a heartbeat
+    bus.start()
+    up = await bus.wait_connected(0.5)
     async with contextlib.AsyncExitStack() as stack:
         stack.push_async_callback(bus.close)
-        replica = await stack.enter_async_context(following(bus, path, regions, trust=trust))
+        replica = await stack.enter_async_context(
+            following(bus, path, regions, trust=trust, bootstrap=up, settle=2.0 if up else 0.0)
+        )
         replica.unreachable_after = unreachable_after
         url = await stack.enter_async_context(catalog_site(replica, host, port, secret))
         print(f"souk catalog ready on {url}", flush=True)

@@ -12,6 +12,7 @@ import logging
 import os
 import shutil
 import signal
+import sqlite3
 import ssl
 from collections.abc import AsyncIterator
 
@@ -19,6 +20,7 @@ from aiohttp import web
 
 from souk import __version__
 from souk.catalog.bus import Bus, Message, NatsBus
+from souk.catalog.connecting import ConnectingBus
 from souk.catalog.owner import Owner
 from souk.models.capacity import OfferCall, offers_subject
 from souk.pki import NodeFiles, reloading_server_context, role_middleware
@@ -35,6 +37,7 @@ from souk.worker.oci.images import ImageCache
 from souk.worker.oci.registry import RegistryClient, RegistryConfig
 from souk.worker.rows import WorkerRows
 from souk.worker.settings import WorkerSettings
+from souk.worker.storage import check_data_dir, unusable
 
 log = logging.getLogger("souk.worker")
 
@@ -130,6 +133,16 @@ async def offering(engine: Engine, bus: Bus) -> AsyncIterator[None]:
         await sub.unsubscribe()
 
 
+def open_engine(settings: WorkerSettings, driver_name: str) -> Engine:
+    """The engine on its data directory; `DataDirUnusable` (one line) when that cannot be
+    created, written or opened."""
+    check_data_dir(settings.data_dir)
+    try:
+        return Engine(settings, make_driver(driver_name, settings))
+    except (OSError, sqlite3.Error) as exc:
+        raise unusable(settings.data_dir, exc) from exc
+
+
 async def serve(
     settings: WorkerSettings,
     driver_name: str,
@@ -138,14 +151,21 @@ async def serve(
     nats: str | None = None,
     tls: NodeFiles | None = None,
 ) -> None:
-    engine = Engine(settings, make_driver(driver_name, settings))
+    engine = open_engine(settings, driver_name)
     async with contextlib.AsyncExitStack() as stack:
         await stack.enter_async_context(running(engine))
         if nats:
-            bus = await NatsBus.connect(nats, name=f"souk-worker-{settings.name}")
+            # Serve first, join the catalog whenever NATS answers: the owner's rows wait in the
+            # database, and its first heartbeat on connecting tells the replicas to pull them.
+            bus = ConnectingBus(
+                lambda: NatsBus.connect(nats, name=f"souk-worker-{settings.name}"), f"NATS {nats}"
+            )
             stack.push_async_callback(bus.close)
-            await stack.enter_async_context(publishing(engine, bus))
+            owner = await stack.enter_async_context(publishing(engine, bus))
             await stack.enter_async_context(offering(engine, bus))
+            bus.on_connect(owner.heartbeat)
+            engine.bus_link = bus
+            bus.start()
         runner = web_runner(make_app(engine, secure=tls is not None))
         await runner.setup()
         ctx = tls_context(tls) if tls is not None else None
