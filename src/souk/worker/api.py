@@ -74,6 +74,7 @@ _M = "/v1/machines/{id}"
 ACCESS = AccessTable(
     {
         "GET /v1/capacity": _BROKERS,
+        "GET /v1/status": _BROKERS,
         "POST /v1/offers": _BROKERS,
         "POST /v1/machines": _BROKERS,
         "GET /v1/machines": _BROKERS,
