@@ -12,6 +12,7 @@ import asyncio
 import logging
 import secrets
 
+from souk.broker.liveness import Liveness
 from souk.broker.placement.candidates import Candidate
 from souk.clients.workers import WorkerClient, WorkerError
 from souk.models.api import Refusal
@@ -29,8 +30,9 @@ def new_machine_id() -> str:
 class Reserver:
     """Reserves through one worker client and keeps the cleanups of lost answers running."""
 
-    def __init__(self, client: WorkerClient) -> None:
+    def __init__(self, client: WorkerClient, liveness: Liveness | None = None) -> None:
         self.client = client
+        self.liveness = liveness or Liveness()
         self._cleanups: set[asyncio.Task[None]] = set()
 
     async def reserve(
@@ -40,14 +42,17 @@ class Reserver:
         names its own id and finds it taken is the caller's conflict, not a refusal: raised."""
         attempt = create.model_copy(update={"id": create.id or new_machine_id()})
         try:
-            return await self.client.create(cand.worker, cand.address, attempt, timeout)
+            machine = await self.client.create(cand.worker, cand.address, attempt, timeout)
         except WorkerError as exc:
             refusals.append(Refusal(worker=cand.worker, reason=exc.message))
             if exc.http_status == 0:
+                self.liveness.failed(cand.worker)
                 self._cleanup(cand, attempt.id or "")
             elif exc.http_status == 409 and exc.reason == "already_exists" and create.id:
                 raise
             return None
+        self.liveness.answered(cand.worker)
+        return machine
 
     @property
     def pending(self) -> int:
