@@ -149,8 +149,10 @@ class WorkerClient(HttpClient):
     async def create(self, worker: str, base: str, req: CreateMachine, timeout: float) -> Machine:
         return await self._action(worker, base, "POST", "/v1/machines", req, timeout=timeout)
 
-    async def machine(self, worker: str, base: str, machine_id: str) -> Machine:
-        return await self._action(worker, base, "GET", _path(machine_id))
+    async def machine(
+        self, worker: str, base: str, machine_id: str, timeout: float = DEFAULT_TIMEOUT
+    ) -> Machine:
+        return await self._action(worker, base, "GET", _path(machine_id), timeout=timeout)
 
     async def machines(
         self, worker: str, base: str, app: str | None = None, include_deleted: bool = False

@@ -131,7 +131,7 @@ async def update_machine(request: web.Request) -> web.Response:
         )
     update = UpdateMachine(config=body.config, start=False if body.skip_launch else None)
     try:
-        worker, address = b.locate(app, mid)
+        worker, address = await b.find(app, mid)
         machine = await b.client.update(worker, address, mid, update, lease_nonce(request))
     except WorkerError as exc:
         if exc.http_status != 412:
@@ -150,7 +150,7 @@ async def destroy_machine(request: web.Request) -> web.Response:
     app, mid = machine_ids(request)
     force = flag(request, "force")
     b = broker_of(request)
-    worker, address = b.locate(app, mid)
+    worker, address = await b.find(app, mid)
     machine = await b.client.destroy(worker, address, mid, force, lease_nonce(request))
     return reply(public(machine))
 
@@ -158,7 +158,7 @@ async def destroy_machine(request: web.Request) -> web.Response:
 async def start_machine(request: web.Request) -> web.Response:
     b = broker_of(request)
     app, mid = machine_ids(request)
-    worker, address = b.locate(app, mid)
+    worker, address = await b.find(app, mid)
     return reply(public(await b.client.start(worker, address, mid, lease_nonce(request))))
 
 
@@ -166,14 +166,14 @@ async def stop_machine(request: web.Request) -> web.Response:
     b = broker_of(request)
     app, mid = machine_ids(request)
     body = await read_model(request, StopRequest)
-    worker, address = b.locate(app, mid)
+    worker, address = await b.find(app, mid)
     return reply(public(await b.client.stop(worker, address, mid, body, lease_nonce(request))))
 
 
 async def restart_machine(request: web.Request) -> web.Response:
     b = broker_of(request)
     app, mid = machine_ids(request)
-    worker, address = b.locate(app, mid)
+    worker, address = await b.find(app, mid)
     return reply(public(await b.client.restart(worker, address, mid, lease_nonce(request))))
 
 
@@ -192,7 +192,7 @@ async def wait_machine(request: web.Request) -> web.Response:
     params = {"state": state, "timeout": f"{timeout:g}"}
     if request.query.get("instance_id"):
         params["instance_id"] = request.query["instance_id"]
-    worker, address = b.locate(app, mid)
+    worker, address = await b.find(app, mid)
     ok, result = await b.client.wait(worker, address, mid, params, timeout)
     if ok:
         return reply(OkResponse())
@@ -211,7 +211,7 @@ async def machine_events(request: web.Request) -> web.Response:
     b = broker_of(request)
     app, mid = machine_ids(request)
     await b.machine(app, mid)
-    worker, address = b.locate(app, mid)
+    worker, address = await b.find(app, mid)
     return reply(await b.client.events(worker, address, mid))
 
 
@@ -219,7 +219,7 @@ async def machine_logs(request: web.Request) -> web.StreamResponse:
     b = broker_of(request)
     app, mid = machine_ids(request)
     await b.machine(app, mid)
-    worker, address = b.locate(app, mid)
+    worker, address = await b.find(app, mid)
     params = {k: v for k, v in request.query.items() if k in ("stream", "follow")}
     async with b.client.logs(worker, address, mid, params) as chunks:
         response = web.StreamResponse(headers={"Content-Type": "text/plain"})

@@ -9,6 +9,7 @@ before moving on, and the user never holds a machine they were not told about.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import secrets
 
@@ -23,8 +24,21 @@ log = logging.getLogger("souk.broker")
 CLEANUP_TIMEOUT = 30.0
 
 
-def new_machine_id() -> str:
-    return secrets.token_hex(7)
+TAG_LENGTH = 4
+
+
+def worker_tag(worker: str) -> str:
+    """A short tag naming the worker, at the end of the ids the broker gives machines: a broker
+    whose catalog does not show a machine yet asks only the workers with its tag (see
+    `Broker.find`). Not unique: a few workers may share one, and all of them are asked."""
+    return hashlib.sha256(worker.encode()).hexdigest()[:TAG_LENGTH]
+
+
+def new_machine_id(worker: str | None = None) -> str:
+    """14 hex digits, as Fly's: 40 random bits, then the worker's tag (if it is known)."""
+    if worker is None:
+        return secrets.token_hex(7)
+    return secrets.token_hex(5) + worker_tag(worker)
 
 
 class Reserver:
@@ -40,7 +54,7 @@ class Reserver:
     ) -> Machine | None:
         """The machine, or None with the worker's refusal added to `refusals`. A create that
         names its own id and finds it taken is the caller's conflict, not a refusal: raised."""
-        attempt = create.model_copy(update={"id": create.id or new_machine_id()})
+        attempt = create.model_copy(update={"id": create.id or new_machine_id(cand.worker)})
         try:
             machine = await self.client.create(cand.worker, cand.address, attempt, timeout)
         except WorkerError as exc:
