@@ -1,9 +1,12 @@
 """Reserving on a picked worker: the only step whose answer is final, because the worker alone
 judges its capacity, in the same transaction that records the machine.
 
-A reservation whose answer is lost (timeout, broken connection) may still have happened; its
-machine id is the broker's, so the broker destroys that id on that worker in the background
-before moving on, and the user never holds a machine they were not told about.
+A reservation whose answer is lost (timeout, broken connection) may still have happened, or
+may still happen (its request held up in the network); its machine id is the broker's, so the
+broker destroys that id on that worker in the background before moving on, fencing it there
+(the worker refuses that id's create if it comes later), and retries the destroy with backoff
+until the worker answers, for up to `CLEANUP_FOR`. The user never holds a machine they were not
+told about (docs/reliability.md states the bound).
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import asyncio
 import hashlib
 import logging
 import secrets
+import time
 
 from souk.broker.liveness import Liveness
 from souk.broker.placement.candidates import Candidate
@@ -21,7 +25,9 @@ from souk.models.machine import CreateMachine, Machine
 
 log = logging.getLogger("souk.broker")
 
-CLEANUP_TIMEOUT = 30.0
+CLEANUP_TIMEOUT = 10.0  # one attempt
+CLEANUP_FOR = 20 * 60.0  # retried this long: longer than TCP retransmits a held-up request
+CLEANUP_FIRST, CLEANUP_MAX = 0.25, 30.0  # backoff between attempts
 
 
 TAG_LENGTH = 4
@@ -75,13 +81,26 @@ class Reserver:
 
     def _cleanup(self, cand: Candidate, machine_id: str) -> None:
         async def destroy() -> None:
-            try:
-                await self.client.destroy(
-                    cand.worker, cand.address, machine_id, force=True, timeout=CLEANUP_TIMEOUT
-                )
-            except WorkerError as exc:
-                if exc.http_status != 404:
-                    log.warning("could not clean up %s on %s: %s", machine_id, cand.worker, exc)
+            end, delay = time.monotonic() + CLEANUP_FOR, CLEANUP_FIRST
+            while True:
+                try:
+                    await self.client.destroy(
+                        cand.worker,
+                        cand.address,
+                        machine_id,
+                        force=True,
+                        timeout=CLEANUP_TIMEOUT,
+                        fence=True,
+                    )
+                    return
+                except WorkerError as exc:
+                    if exc.http_status == 404:
+                        return  # never created, and fenced: it never will be
+                    if 0 < exc.http_status < 500 or time.monotonic() + delay > end:
+                        log.warning("could not clean up %s on %s: %s", machine_id, cand.worker, exc)
+                        return
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, CLEANUP_MAX)
 
         task = asyncio.create_task(destroy())
         self._cleanups.add(task)
