@@ -10,9 +10,10 @@ from aiohttp import web
 
 from souk.broker.api import leases
 from souk.broker.api.params import flag, lease_nonce, machine_ids, policy, strategy
-from souk.broker.api.state import broker_of
+from souk.broker.api.state import IDEMPOTENCY, broker_of
 from souk.broker.auth import grant_of
 from souk.broker.placement.pipeline import NoCapacity
+from souk.broker.placement.reservation import keyed_prefix
 from souk.clients.workers import WorkerError
 from souk.models.api import (
     CreateMachineRequest,
@@ -25,6 +26,8 @@ from souk.models.machine import CreateMachine, Machine, MachineState, StopReques
 from souk.web import ApiError, read_model, reply
 
 MAX_WAIT = 60
+IDEMPOTENCY_HEADER = "Idempotency-Key"
+MAX_KEY = 255
 
 
 def public(machine: Machine, nonce: str | None = None) -> PublicMachine:
@@ -72,6 +75,11 @@ async def create_machine(request: web.Request) -> web.Response:
     if b.before_place is not None:
         await b.before_place()
     create = CreateMachine(app=app, config=body.config, name=body.name, start=not body.skip_launch)
+    prefix = idempotency_prefix(request, app)
+    if prefix is not None:
+        earlier = await b.keyed(app, prefix, body.region)
+        if earlier is not None:
+            return reply(public(earlier))
     try:
         machine = await b.placer.place(
             body.region,
@@ -79,6 +87,7 @@ async def create_machine(request: web.Request) -> web.Response:
             chosen_strategy,
             chosen_policy,
             avoid=frozenset(body.avoid_workers),
+            id_prefix=prefix,
         )
     except NoCapacity as exc:
         if exc.asked == 0:  # not a worker in the region, reachable or not
@@ -107,6 +116,16 @@ async def create_machine(request: web.Request) -> web.Response:
         lease = WorkerLeaseRequest(ttl=body.lease_ttl, owner=grant_of(request).token_id)
         nonce = (await leases.take(b, app, machine.id, lease)).nonce
     return reply(public(machine, nonce))
+
+
+def idempotency_prefix(request: web.Request, app: str) -> str | None:
+    """The id prefix of a create with an `Idempotency-Key` header, or None without one."""
+    key = request.headers.get(IDEMPOTENCY_HEADER)
+    if key is None:
+        return None
+    if not 1 <= len(key) <= MAX_KEY or not key.isprintable():
+        raise ApiError(400, "invalid", f"{IDEMPOTENCY_HEADER}: 1 to {MAX_KEY} printable characters")
+    return keyed_prefix(request.app[IDEMPOTENCY], app, key)
 
 
 async def get_machine(request: web.Request) -> web.Response:

@@ -4,6 +4,7 @@ held by one `Broker` that the aiohttp app carries under `BROKER`."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 
@@ -112,6 +113,29 @@ class Broker:
                 return worker.id, worker.address
         raise ApiError(404, "not_found", f"machine {machine_id} not found in app {app}")
 
+    async def keyed(self, app: str, prefix: str, region: str) -> Machine | None:
+        """The machine an earlier create with the same idempotency key made (its id starts with
+        `prefix`), if any: from the catalog or the hints, else by asking each of the region's
+        workers for the id it would have there (a create through another broker a moment ago)."""
+        ids = [m.id for m in self.fleet.machines(app=app) if m.id.startswith(prefix)]
+        ids += [mid for mid, h in self._hints.items() if h[0] == app and mid.startswith(prefix)]
+        for mid in ids:
+            with contextlib.suppress(ApiError):
+                return await self.machine(app, mid)
+        rows = self.fleet.workers(region=region, reachable_only=False)
+        found = await asyncio.gather(
+            *(
+                self.client.machine(w.id, w.address, prefix + worker_tag(w.id), FIND_TIMEOUT)
+                for w in rows
+            ),
+            return_exceptions=True,
+        )
+        for worker, machine in zip(rows, found, strict=True):
+            if isinstance(machine, Machine) and machine.app == app:
+                self.hint(machine, worker.address)
+                return machine
+        return None
+
     # --- calling a machine's worker ------------------------------------------------------
 
     async def machine(self, app: str, machine_id: str) -> Machine:
@@ -124,6 +148,7 @@ class Broker:
 
 
 BROKER = web.AppKey("broker", Broker)
+IDEMPOTENCY = web.AppKey("idempotency", bytes)  # the key of keyed creates' ids, from the secret
 SEALER = web.AppKey("sealer", Sealer)  # made from the cluster secret, with the app
 
 

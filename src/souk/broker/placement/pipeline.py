@@ -126,7 +126,10 @@ class Placer:
         strategy: Strategy = "auto",
         policy: Policy | None = None,
         avoid: frozenset[str] = frozenset(),
+        id_prefix: str | None = None,
     ) -> Machine:
+        """`id_prefix`: the machine's id is this and the chosen worker's tag (a create with an
+        idempotency key), instead of random digits and the tag."""
         began, end = time.perf_counter(), time.monotonic() + self.deadline
         reachable, doubtful = self.usable(region)
         if strategy == "auto":
@@ -145,7 +148,7 @@ class Placer:
                     # all of it; the last one may spend what is left.
                     timeout = remaining if cand is last else min(remaining, share)
                     machine = await self.reserver.reserve(  # 5. reserved
-                        cand, create, timeout, refused.refusals
+                        cand, create, timeout, refused.refusals, id_prefix
                     )
                     if machine is not None:
                         return machine

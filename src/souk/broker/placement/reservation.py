@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import hmac
 import logging
 import secrets
 import time
@@ -40,11 +41,19 @@ def worker_tag(worker: str) -> str:
     return hashlib.sha256(worker.encode()).hexdigest()[:TAG_LENGTH]
 
 
-def new_machine_id(worker: str | None = None) -> str:
-    """14 hex digits, as Fly's: 40 random bits, then the worker's tag (if it is known)."""
+def new_machine_id(worker: str | None = None, prefix: str | None = None) -> str:
+    """14 hex digits, as Fly's: 40 random bits (or the given prefix), then the worker's tag (if
+    it is known)."""
     if worker is None:
         return secrets.token_hex(7)
-    return secrets.token_hex(5) + worker_tag(worker)
+    return (prefix or secrets.token_hex(5)) + worker_tag(worker)
+
+
+def keyed_prefix(secret: bytes, app: str, key: str) -> str:
+    """The id prefix of an app's create with an idempotency key: the same for every retry, on
+    every broker, and not to be guessed without the cluster secret."""
+    mac = hmac.new(secret, f"idempotency\0{app}\0{key}".encode(), hashlib.sha256)
+    return mac.hexdigest()[: 14 - TAG_LENGTH]
 
 
 class Reserver:
@@ -56,11 +65,19 @@ class Reserver:
         self._cleanups: set[asyncio.Task[None]] = set()
 
     async def reserve(
-        self, cand: Candidate, create: CreateMachine, timeout: float, refusals: list[Refusal]
+        self,
+        cand: Candidate,
+        create: CreateMachine,
+        timeout: float,
+        refusals: list[Refusal],
+        id_prefix: str | None = None,
     ) -> Machine | None:
         """The machine, or None with the worker's refusal added to `refusals`. A create that
-        names its own id and finds it taken is the caller's conflict, not a refusal: raised."""
-        attempt = create.model_copy(update={"id": create.id or new_machine_id(cand.worker)})
+        names its own id and finds it taken is the caller's conflict, not a refusal: raised. A
+        keyed create (`id_prefix`) that finds its id taken is a retry that raced the first
+        try: that machine is the answer."""
+        new_id = create.id or new_machine_id(cand.worker, id_prefix)
+        attempt = create.model_copy(update={"id": new_id})
         try:
             machine = await self.client.create(cand.worker, cand.address, attempt, timeout)
         except WorkerError as exc:
@@ -70,9 +87,18 @@ class Reserver:
                 self._cleanup(cand, attempt.id or "")
             elif exc.http_status == 409 and exc.reason == "already_exists" and create.id:
                 raise
+            elif exc.http_status == 409 and exc.reason == "already_exists" and id_prefix:
+                return await self._same(cand, create.app, new_id)
             return None
         self.liveness.answered(cand.worker)
         return machine
+
+    async def _same(self, cand: Candidate, app: str, machine_id: str) -> Machine | None:
+        try:
+            machine = await self.client.machine(cand.worker, cand.address, machine_id)
+        except WorkerError:
+            return None
+        return machine if machine.app == app else None
 
     @property
     def pending(self) -> int:
