@@ -54,6 +54,7 @@ def make_app(broker: Broker, secret: bytes, extra: Sequence[Route] = ()) -> web.
     add_routes(app, routes, "souk Machines API", __version__)
 
     async def close(_: web.Application) -> None:
+        await broker.placer.reserver.close()
         await broker.client.close()
 
     app.on_cleanup.append(close)

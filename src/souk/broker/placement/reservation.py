@@ -84,7 +84,10 @@ class Reserver:
             refusals.append(Refusal(worker=cand.worker, reason=exc.message))
             if exc.http_status == 0:
                 self.liveness.failed(cand.worker)
-                self._cleanup(cand, attempt.id or "")
+                if exc.reason == "untrusted":  # refused before a byte was sent: nothing to undo
+                    log.warning("sent no create to %s: %s", cand.worker, exc.message)
+                else:
+                    self._cleanup(cand, attempt.id or "")
             elif exc.http_status == 409 and exc.reason == "already_exists" and create.id:
                 raise
             elif exc.http_status == 409 and exc.reason == "already_exists" and id_prefix:
@@ -99,6 +102,13 @@ class Reserver:
         except WorkerError:
             return None
         return machine if machine.app == app else None
+
+    async def close(self) -> None:
+        """Cancel the cleanups still running (the broker is stopping)."""
+        tasks = list(self._cleanups)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     @property
     def pending(self) -> int:
