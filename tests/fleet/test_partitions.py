@@ -1,6 +1,6 @@
-"""Partitions: each test asserts what the fleet should do, not what it does today. Those that
-fail today are strict xfails whose reason is the observed behaviour, so that the fix flips
-them (an unexpected pass fails the run until the mark is removed)."""
+"""Partitions: each test asserts what the fleet should do. A behaviour souk lacks gets a strict
+xfail whose reason is what it does instead, so that the fix flips it (an unexpected pass fails
+the run until the mark is removed); none is left today."""
 
 from __future__ import annotations
 
