@@ -193,6 +193,7 @@ class WorkerNode(Part):
             listen,
             "--advertise",
             f"http://{listen}",
+            "--insecure",  # a bed of its own namespaces: plain HTTP, like the broker's
             "--data-dir",
             str(self.logs / self.host),
             "--cpus",

@@ -1,6 +1,6 @@
-"""Partitions: each test asserts what the fleet should do, not what it does today. Those that
-fail today are strict xfails whose reason is the observed behaviour, so that the fix flips
-them (an unexpected pass fails the run until the mark is removed)."""
+"""Partitions: each test asserts what the fleet should do. A behaviour souk lacks gets a strict
+xfail whose reason is what it does instead, so that the fix flips it (an unexpected pass fails
+the run until the mark is removed); none is left today."""
 
 from __future__ import annotations
 
@@ -60,12 +60,6 @@ def statuses(answers: list[tuple[int, Any]]) -> list[Any]:
 # --- the broker's own bus link ----------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the broker's replica hears no heartbeat while the broker's bus link is down, calls"
-    " every worker unreachable after 3 s, and refuses creates with 412 insufficient_capacity"
-    " (refusals: w1 unreachable, w2 unreachable) though it reaches both workers over HTTP",
-)
 def test_placement_keeps_working_while_the_brokers_bus_link_is_down(fleet: Fleet, app: str) -> None:
     broker = fleet.broker
     fleet.bed.drop("b1", [n.host for n in fleet.nats])
@@ -97,12 +91,6 @@ def test_machines_of_a_region_cut_from_the_bus_stay_reachable(fleet: Fleet, app:
     assert held[0] == 200, held
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="placement asks only the workers the catalog calls reachable: a region whose workers"
-    " are silent on the bus gets 412 insufficient_capacity (refusals: w1 unreachable,"
-    " w2 unreachable) though the broker reaches both over HTTP",
-)
 def test_placement_in_a_region_cut_from_the_bus_keeps_working(fleet: Fleet, app: str) -> None:
     broker = fleet.broker
     fleet.bed.drop(["w1", "w2"], [n.host for n in fleet.nats])
@@ -111,13 +99,6 @@ def test_placement_in_a_region_cut_from_the_bus_keeps_working(fleet: Fleet, app:
     assert [s for s, _ in answers] == [200] * 3, statuses(answers)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="offers go only over the bus: the workers' offers subscriptions are gone while they"
-    " reconnect to another server, so the broker hears no offer in 0.5 s and answers 412"
-    " insufficient_capacity (refusals: w1, w2 'no offer within 0.50s') without asking them"
-    " over HTTP",
-)
 def test_a_create_while_the_workers_reconnect_to_the_bus_succeeds(fleet: Fleet, app: str) -> None:
     """Losing the server both workers are on, while their way to the others is slow: held back
     here (packets dropped) for the length of one create, so that the outcome does not depend
@@ -146,13 +127,6 @@ def test_a_broker_cut_from_one_worker_says_so_for_its_machines(fleet: Fleet, app
         assert fleet.broker.reachable() == {"w1": True, "w2": True}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="w1 still answers offers over the bus and ranks first; the reservation on it over"
-    " HTTP hangs until the whole 2 s placement deadline is spent, so the create gets 412"
-    " insufficient_capacity (refusals: w1 'no answer within ...', w2 'deadline passed')"
-    " instead of w2",
-)
 def test_a_broker_cut_from_one_worker_places_on_the_other(fleet: Fleet, app: str) -> None:
     for worker in ("w1", "w1", "w2"):  # w1 the fuller: it ranks first when packing
         place_on(fleet, app, worker)
@@ -165,14 +139,6 @@ def test_a_broker_cut_from_one_worker_places_on_the_other(fleet: Fleet, app: str
 # --- an asymmetric link -----------------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the broker's requests reach w1 but its answers do not: w1 still answers offers over"
-    " the bus and ranks first, and the reservation on it waits out the whole 2 s placement"
-    " deadline, so every create gets 412 insufficient_capacity (refusals: w1 'no answer within"
-    " 2s', w2 'deadline passed') instead of going to w2. Nothing is orphaned: the machine w1"
-    " made unseen is destroyed by the broker's cleanup once the link heals",
-)
 def test_an_asymmetric_link_leaves_placement_working_and_nothing_orphaned(
     fleet: Fleet, app: str
 ) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 from collections.abc import Sequence
 
 from aiohttp import web
@@ -9,7 +11,7 @@ from aiohttp import web
 from souk import __version__
 from souk.broker.api.errors import worker_errors
 from souk.broker.api.routes import ROUTES
-from souk.broker.api.state import BROKER, SEALER, Broker
+from souk.broker.api.state import BROKER, IDEMPOTENCY, SEALER, Broker
 from souk.broker.auth import MachineRegion, make_auth, undeclared
 from souk.broker.sealing import Sealer
 from souk.web import ApiError, Route, add_routes, error_middleware
@@ -48,9 +50,11 @@ def make_app(broker: Broker, secret: bytes, extra: Sequence[Route] = ()) -> web.
     )
     app[BROKER] = broker
     app[SEALER] = Sealer(secret)
+    app[IDEMPOTENCY] = hmac.new(secret, b"souk idempotency keys", hashlib.sha256).digest()
     add_routes(app, routes, "souk Machines API", __version__)
 
     async def close(_: web.Application) -> None:
+        await broker.placer.reserver.close()
         await broker.client.close()
 
     app.on_cleanup.append(close)

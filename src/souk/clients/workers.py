@@ -149,8 +149,10 @@ class WorkerClient(HttpClient):
     async def create(self, worker: str, base: str, req: CreateMachine, timeout: float) -> Machine:
         return await self._action(worker, base, "POST", "/v1/machines", req, timeout=timeout)
 
-    async def machine(self, worker: str, base: str, machine_id: str) -> Machine:
-        return await self._action(worker, base, "GET", _path(machine_id))
+    async def machine(
+        self, worker: str, base: str, machine_id: str, timeout: float = DEFAULT_TIMEOUT
+    ) -> Machine:
+        return await self._action(worker, base, "GET", _path(machine_id), timeout=timeout)
 
     async def machines(
         self, worker: str, base: str, app: str | None = None, include_deleted: bool = False
@@ -194,10 +196,17 @@ class WorkerClient(HttpClient):
         force: bool = False,
         nonce: str | None = None,
         timeout: float = DEFAULT_TIMEOUT,
+        fence: bool = False,
     ) -> Machine:
-        params = {"force": "true"} if force else None
+        """`fence`: the id's create may still arrive (its answer was lost); the worker refuses
+        it if it does."""
+        params = {"force": "true"} if force else {}
+        if fence:
+            params["fence"] = "true"
         path = _path(machine_id)
-        return await self._action(worker, base, "DELETE", path, None, params, nonce, timeout)
+        return await self._action(
+            worker, base, "DELETE", path, None, params or None, nonce, timeout
+        )
 
     async def wait(
         self, worker: str, base: str, machine_id: str, params: dict[str, str], timeout: float

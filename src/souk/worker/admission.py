@@ -121,6 +121,36 @@ def check_runnable(drivers: Drivers, settings: WorkerSettings, config: MachineCo
         )
 
 
+# --- fences ------------------------------------------------------------------------------------
+
+FENCE_FOR = 30 * 60.0  # longer than TCP retransmits a request whose connection is gone (~15 min)
+MAX_FENCES = 100_000
+
+
+class Fences:
+    """Ids a broker destroyed because it lost the answer to their create: a create of one of
+    them arriving later (its request held up in the network while the destroy went through) is
+    refused, so the broker's cleanup, once answered, is final. Kept in memory: a create held up
+    on a connection cannot outlive the process that would have answered it."""
+
+    def __init__(self) -> None:
+        self._until: dict[str, float] = {}
+
+    def fence(self, machine_id: str) -> None:
+        now = time.monotonic()
+        if len(self._until) >= MAX_FENCES:
+            self._until = {k: t for k, t in self._until.items() if t > now}
+            while len(self._until) >= MAX_FENCES:
+                del self._until[next(iter(self._until))]
+        self._until[machine_id] = now + FENCE_FOR
+
+    def holds(self, machine_id: str | None) -> bool:
+        if machine_id is None:
+            return False
+        until = self._until.get(machine_id)
+        return until is not None and until > time.monotonic()
+
+
 # --- requests -----------------------------------------------------------------------------------
 
 

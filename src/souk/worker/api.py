@@ -24,8 +24,10 @@ from souk.pki import AccessTable
 from souk.web import ApiError, Route, read_model, reply
 from souk.web.routes import Handler
 from souk.worker import logs
+from souk.worker.admission import Fences
 from souk.worker.engine import Engine
 from souk.worker.errors import (
+    AlreadyExists,
     Conflict,
     MetadataTooLarge,
     NoRoom,
@@ -116,9 +118,23 @@ def _routes(engine: Engine) -> list[Route]:
     async def offer(request: web.Request) -> web.Response:
         return reply(engine.offer(await read_model(request, OfferRequest)))
 
+    fences = Fences()
+
+    def fenced(machine_id: str) -> AlreadyExists:
+        return AlreadyExists(
+            f"machine {machine_id} was destroyed by a broker that lost its create's answer:"
+            " this create came too late"
+        )
+
     async def create(request: web.Request) -> web.Response:
         body = await read_model(request, CreateMachine)
-        return reply(await engine.create(body), status=201)
+        if fences.holds(body.id):
+            raise fenced(body.id or "")
+        machine = await engine.create(body)
+        if fences.holds(machine.id):  # fenced while it was being recorded
+            await engine.submit(machine.id, "destroy", {"force": True})
+            raise fenced(machine.id)
+        return reply(machine, status=201)
 
     async def list_machines(request: web.Request) -> web.Response:
         include = request.query.get("include_deleted", "") in ("1", "true")
@@ -152,6 +168,8 @@ def _routes(engine: Engine) -> list[Route]:
 
     async def destroy(request: web.Request) -> web.Response:
         force = request.query.get("force", "") in ("1", "true")
+        if request.query.get("fence", "") in ("1", "true"):
+            fences.fence(machine_id(request))
         params = {"force": force}
         return reply(await engine.submit(machine_id(request), "destroy", params, nonce(request)))
 

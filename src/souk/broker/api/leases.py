@@ -16,7 +16,7 @@ async def take(
     b: Broker, app: str, machine_id: str, ask: WorkerLeaseRequest, nonce: str | None = None
 ) -> Lease:
     """Take the lease, or refresh it with the nonce of the one held."""
-    worker, address = b.locate(app, machine_id)
+    worker, address = await b.find(app, machine_id)
     return await b.client.acquire_lease(worker, address, machine_id, ask, nonce)
 
 
@@ -24,7 +24,7 @@ async def get_lease(request: web.Request) -> web.Response:
     b = broker_of(request)
     app, mid = machine_ids(request)
     await b.machine(app, mid)
-    worker, address = b.locate(app, mid)
+    worker, address = await b.find(app, mid)
     return reply(await b.client.lease(worker, address, mid))
 
 
@@ -43,6 +43,6 @@ async def release_lease(request: web.Request) -> web.Response:
     b = broker_of(request)
     app, mid = machine_ids(request)
     await b.machine(app, mid)
-    worker, address = b.locate(app, mid)
+    worker, address = await b.find(app, mid)
     await b.client.release_lease(worker, address, mid, lease_nonce(request))
     return reply(OkResponse())

@@ -10,9 +10,10 @@ from aiohttp import web
 
 from souk.broker.api import leases
 from souk.broker.api.params import flag, lease_nonce, machine_ids, policy, strategy
-from souk.broker.api.state import broker_of
+from souk.broker.api.state import IDEMPOTENCY, broker_of
 from souk.broker.auth import grant_of
 from souk.broker.placement.pipeline import NoCapacity
+from souk.broker.placement.reservation import keyed_prefix
 from souk.clients.workers import WorkerError
 from souk.models.api import (
     CreateMachineRequest,
@@ -25,6 +26,8 @@ from souk.models.machine import CreateMachine, Machine, MachineState, StopReques
 from souk.web import ApiError, read_model, reply
 
 MAX_WAIT = 60
+IDEMPOTENCY_HEADER = "Idempotency-Key"
+MAX_KEY = 255
 
 
 def public(machine: Machine, nonce: str | None = None) -> PublicMachine:
@@ -72,6 +75,11 @@ async def create_machine(request: web.Request) -> web.Response:
     if b.before_place is not None:
         await b.before_place()
     create = CreateMachine(app=app, config=body.config, name=body.name, start=not body.skip_launch)
+    prefix = idempotency_prefix(request, app)
+    if prefix is not None:
+        earlier = await b.keyed(app, prefix, body.region)
+        if earlier is not None:
+            return reply(public(earlier))
     try:
         machine = await b.placer.place(
             body.region,
@@ -79,6 +87,7 @@ async def create_machine(request: web.Request) -> web.Response:
             chosen_strategy,
             chosen_policy,
             avoid=frozenset(body.avoid_workers),
+            id_prefix=prefix,
         )
     except NoCapacity as exc:
         if exc.asked == 0:  # not a worker in the region, reachable or not
@@ -109,6 +118,16 @@ async def create_machine(request: web.Request) -> web.Response:
     return reply(public(machine, nonce))
 
 
+def idempotency_prefix(request: web.Request, app: str) -> str | None:
+    """The id prefix of a create with an `Idempotency-Key` header, or None without one."""
+    key = request.headers.get(IDEMPOTENCY_HEADER)
+    if key is None:
+        return None
+    if not 1 <= len(key) <= MAX_KEY or not key.isprintable():
+        raise ApiError(400, "invalid", f"{IDEMPOTENCY_HEADER}: 1 to {MAX_KEY} printable characters")
+    return keyed_prefix(request.app[IDEMPOTENCY], app, key)
+
+
 async def get_machine(request: web.Request) -> web.Response:
     return reply(public(await broker_of(request).machine(*machine_ids(request))))
 
@@ -131,7 +150,7 @@ async def update_machine(request: web.Request) -> web.Response:
         )
     update = UpdateMachine(config=body.config, start=False if body.skip_launch else None)
     try:
-        worker, address = b.locate(app, mid)
+        worker, address = await b.find(app, mid)
         machine = await b.client.update(worker, address, mid, update, lease_nonce(request))
     except WorkerError as exc:
         if exc.http_status != 412:
@@ -150,7 +169,7 @@ async def destroy_machine(request: web.Request) -> web.Response:
     app, mid = machine_ids(request)
     force = flag(request, "force")
     b = broker_of(request)
-    worker, address = b.locate(app, mid)
+    worker, address = await b.find(app, mid)
     machine = await b.client.destroy(worker, address, mid, force, lease_nonce(request))
     return reply(public(machine))
 
@@ -158,7 +177,7 @@ async def destroy_machine(request: web.Request) -> web.Response:
 async def start_machine(request: web.Request) -> web.Response:
     b = broker_of(request)
     app, mid = machine_ids(request)
-    worker, address = b.locate(app, mid)
+    worker, address = await b.find(app, mid)
     return reply(public(await b.client.start(worker, address, mid, lease_nonce(request))))
 
 
@@ -166,14 +185,14 @@ async def stop_machine(request: web.Request) -> web.Response:
     b = broker_of(request)
     app, mid = machine_ids(request)
     body = await read_model(request, StopRequest)
-    worker, address = b.locate(app, mid)
+    worker, address = await b.find(app, mid)
     return reply(public(await b.client.stop(worker, address, mid, body, lease_nonce(request))))
 
 
 async def restart_machine(request: web.Request) -> web.Response:
     b = broker_of(request)
     app, mid = machine_ids(request)
-    worker, address = b.locate(app, mid)
+    worker, address = await b.find(app, mid)
     return reply(public(await b.client.restart(worker, address, mid, lease_nonce(request))))
 
 
@@ -192,7 +211,7 @@ async def wait_machine(request: web.Request) -> web.Response:
     params = {"state": state, "timeout": f"{timeout:g}"}
     if request.query.get("instance_id"):
         params["instance_id"] = request.query["instance_id"]
-    worker, address = b.locate(app, mid)
+    worker, address = await b.find(app, mid)
     ok, result = await b.client.wait(worker, address, mid, params, timeout)
     if ok:
         return reply(OkResponse())
@@ -211,7 +230,7 @@ async def machine_events(request: web.Request) -> web.Response:
     b = broker_of(request)
     app, mid = machine_ids(request)
     await b.machine(app, mid)
-    worker, address = b.locate(app, mid)
+    worker, address = await b.find(app, mid)
     return reply(await b.client.events(worker, address, mid))
 
 
@@ -219,7 +238,7 @@ async def machine_logs(request: web.Request) -> web.StreamResponse:
     b = broker_of(request)
     app, mid = machine_ids(request)
     await b.machine(app, mid)
-    worker, address = b.locate(app, mid)
+    worker, address = await b.find(app, mid)
     params = {k: v for k, v in request.query.items() if k in ("stream", "follow")}
     async with b.client.logs(worker, address, mid, params) as chunks:
         response = web.StreamResponse(headers={"Content-Type": "text/plain"})

@@ -30,7 +30,7 @@ async def set_metadata(
         set={k: v for k, v in changes.items() if v},
         delete=[k for k, v in changes.items() if not v],
     )
-    worker, address = b.locate(app, mid)
+    worker, address = await b.find(app, mid)
     return await b.client.patch_metadata(worker, address, mid, patch, lease_nonce(request))
 
 

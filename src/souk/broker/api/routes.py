@@ -108,7 +108,8 @@ ROUTES: list[Route] = [
         "POST",
         "/v1/apps/{app}/machines",
         machines.create_machine,
-        "Create a machine in one region: placed immediately, or 412",
+        "Create a machine in one region: placed immediately, or 412; with an Idempotency-Key"
+        " header, a retry returns the machine the first try made",
         CreateMachineRequest,
         PublicMachine,
         errors=(404, 412),

@@ -3,6 +3,8 @@ held by one `Broker` that the aiohttp app carries under `BROKER`."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 
@@ -10,6 +12,7 @@ from aiohttp import web
 
 from souk.broker.fleet import Fleet
 from souk.broker.placement.pipeline import Placer
+from souk.broker.placement.reservation import TAG_LENGTH, worker_tag
 from souk.broker.registry import AppRegistry
 from souk.broker.sealing import Sealer
 from souk.clients.workers import WorkerClient
@@ -18,6 +21,7 @@ from souk.models.machine import Machine
 from souk.web import ApiError
 
 HINTS = 100_000
+FIND_TIMEOUT = 2.0  # for asking a worker about a machine the catalog does not show yet
 
 
 class Broker:
@@ -88,11 +92,55 @@ class Broker:
                     out[wid] = address
         return out
 
+    async def find(self, app: str, machine_id: str) -> tuple[str, str]:
+        """As `locate`, and for a machine this broker's catalog does not show yet (created
+        through another broker a moment ago): ask the workers whose tag ends its id, in
+        parallel, and keep the answer as a hint. Read-your-writes across brokers, at the cost
+        of a round trip to a worker or two, paid only by an id nobody here knows."""
+        try:
+            return self.locate(app, machine_id)
+        except ApiError:
+            pass
+        tag = machine_id[-TAG_LENGTH:]
+        tagged = [w for w in self.fleet.workers(reachable_only=False) if worker_tag(w.id) == tag]
+        found = await asyncio.gather(
+            *(self.client.machine(w.id, w.address, machine_id, FIND_TIMEOUT) for w in tagged),
+            return_exceptions=True,
+        )
+        for worker, machine in zip(tagged, found, strict=True):
+            if isinstance(machine, Machine) and machine.app == app:
+                self.hint(machine, worker.address)
+                return worker.id, worker.address
+        raise ApiError(404, "not_found", f"machine {machine_id} not found in app {app}")
+
+    async def keyed(self, app: str, prefix: str, region: str) -> Machine | None:
+        """The machine an earlier create with the same idempotency key made (its id starts with
+        `prefix`), if any: from the catalog or the hints, else by asking each of the region's
+        workers for the id it would have there (a create through another broker a moment ago)."""
+        ids = [m.id for m in self.fleet.machines(app=app) if m.id.startswith(prefix)]
+        ids += [mid for mid, h in self._hints.items() if h[0] == app and mid.startswith(prefix)]
+        for mid in ids:
+            with contextlib.suppress(ApiError):
+                return await self.machine(app, mid)
+        rows = self.fleet.workers(region=region, reachable_only=False)
+        found = await asyncio.gather(
+            *(
+                self.client.machine(w.id, w.address, prefix + worker_tag(w.id), FIND_TIMEOUT)
+                for w in rows
+            ),
+            return_exceptions=True,
+        )
+        for worker, machine in zip(rows, found, strict=True):
+            if isinstance(machine, Machine) and machine.app == app:
+                self.hint(machine, worker.address)
+                return machine
+        return None
+
     # --- calling a machine's worker ------------------------------------------------------
 
     async def machine(self, app: str, machine_id: str) -> Machine:
         """The machine as its worker has it now; 404 unless it belongs to `app`."""
-        worker, address = self.locate(app, machine_id)
+        worker, address = await self.find(app, machine_id)
         machine = await self.client.machine(worker, address, machine_id)
         if machine.app != app:
             raise ApiError(404, "not_found", f"machine {machine_id} not found in app {app}")
@@ -100,6 +148,7 @@ class Broker:
 
 
 BROKER = web.AppKey("broker", Broker)
+IDEMPOTENCY = web.AppKey("idempotency", bytes)  # the key of keyed creates' ids, from the secret
 SEALER = web.AppKey("sealer", Sealer)  # made from the cluster secret, with the app
 
 

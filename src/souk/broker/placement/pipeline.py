@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from souk.broker.fleet import Fleet
+from souk.broker.liveness import BusLink, Link, Liveness
 from souk.broker.placement import offers
 from souk.broker.placement.candidates import Candidate, CandidateCache
 from souk.broker.placement.policies import POLICIES, Policy
@@ -57,13 +58,15 @@ from souk.broker.placement.stages import (
     with_cached_image,
 )
 from souk.catalog.bus import Bus
-from souk.clients.workers import WorkerClient
+from souk.clients.workers import WorkerClient, WorkerError
 from souk.models.api import Refusal, Strategy
 from souk.models.capacity import OfferRequest
 from souk.models.catalog import WorkerRow
 from souk.models.machine import CreateMachine, GuestConfig, Machine
 
 DEFAULT_DEADLINE = 2.0
+RESERVE_SHARE = 0.5  # of the deadline, at most, for one reservation that is not the last
+REGION_EVERY = 1.0  # seconds between two reads of a region's silent workers
 OFFERS_UP_TO = 32  # reachable workers up to which `auto` asks for offers
 SAMPLE = 64  # workers of a big region the catalog strategy ranks per slice
 
@@ -111,7 +114,10 @@ class Placer:
         self.offers_up_to = offers_up_to
         self.sample = sample
         self.cache = CandidateCache()
-        self.reserver = Reserver(client)
+        self.liveness = Liveness()
+        self.link: Link | None = BusLink(bus) if bus is not None else None
+        self.reserver = Reserver(client, self.liveness)
+        self._regions: dict[str, tuple[float, list[WorkerRow]]] = {}
 
     async def place(
         self,
@@ -120,21 +126,29 @@ class Placer:
         strategy: Strategy = "auto",
         policy: Policy | None = None,
         avoid: frozenset[str] = frozenset(),
+        id_prefix: str | None = None,
     ) -> Machine:
+        """`id_prefix`: the machine's id is this and the chosen worker's tag (a create with an
+        idempotency key), instead of random digits and the tag."""
         began, end = time.perf_counter(), time.monotonic() + self.deadline
-        reachable = self.fleet.placeable(region)
+        reachable, doubtful = self.usable(region)
         if strategy == "auto":
             strategy = "offers" if len(reachable) <= self.offers_up_to else "catalog"
         refused = NoCapacity(region, 0)
         guest = create.config.guest
-        feasible_rounds = self._feasible(reachable, strategy, create, avoid, end, refused)
+        feasible_rounds = self._feasible(reachable, doubtful, strategy, create, avoid, end, refused)
+        share = self.deadline * RESERVE_SHARE
         async with contextlib.aclosing(feasible_rounds) as rounds:  # 1. candidates, 2. feasible
             async for cands in rounds:
                 ranked = rank(cands, guest, policy or self.policy, self.rng)  # 3. ranked
                 self._decided(strategy, began, ranked)
+                last = ranked[-1][1] if ranked else None
                 for cand, remaining in picked(ranked, end, refused.refusals):  # 4. picked
+                    # One worker that does not answer may spend a share of the deadline, not
+                    # all of it; the last one may spend what is left.
+                    timeout = remaining if cand is last else min(remaining, share)
                     machine = await self.reserver.reserve(  # 5. reserved
-                        cand, create, remaining, refused.refusals
+                        cand, create, timeout, refused.refusals, id_prefix
                     )
                     if machine is not None:
                         return machine
@@ -143,9 +157,38 @@ class Placer:
         self._unreachable(region, reachable, refused)
         raise refused
 
+    def usable(self, region: str) -> tuple[list[WorkerRow], set[str]]:
+        """The region's workers placement may use (see `souk.broker.liveness`), and which of
+        them are doubtful: silent on the bus, so asked over HTTP. The fast path is the
+        catalog's reachable rows as held; the region's other rows are read (copied) at most
+        once per `REGION_EVERY` seconds, and only their silence is looked at."""
+        held = self.fleet.placeable(region)
+        shunned = self.liveness.shunned
+        rows = [w for w in held if not shunned(w.id)] if self.liveness.any_shunned else held
+        now_m = time.monotonic()
+        cached = self._regions.get(region)
+        if cached is None or now_m - cached[0] > REGION_EVERY:
+            cached = self._regions[region] = (
+                now_m,
+                self.fleet.workers(region=region, reachable_only=False),
+            )
+        if len(cached[1]) <= len(held):
+            return rows, set()
+        known = {w.id for w in held}
+        now = time.time()
+        doubtful = [
+            w
+            for w in cached[1]
+            if w.id not in known and not shunned(w.id) and self.liveness.fresh(w, now)
+        ]
+        if not doubtful:
+            return rows, set()
+        return [*rows, *doubtful], {w.id for w in doubtful}
+
     async def _feasible(
         self,
         reachable: list[WorkerRow],
+        doubtful: set[str],
         strategy: Strategy,
         create: CreateMachine,
         avoid: frozenset[str],
@@ -165,7 +208,9 @@ class Placer:
                 continue
             for asked in offer_rounds(fit.rows, strategy, self.rng):
                 refused.asked += len(asked)
-                yield await self._offers(asked, guest, image, end, strategy, refused.refusals)
+                yield await self._offers(
+                    asked, doubtful, guest, image, end, strategy, refused.refusals
+                )
 
     def eligible(
         self, rows: list[WorkerRow], guest: GuestConfig, avoid: frozenset[str] = frozenset()
@@ -177,6 +222,7 @@ class Placer:
     async def _offers(
         self,
         rows: list[WorkerRow],
+        doubtful: set[str],
         guest: GuestConfig,
         image: str | None,
         end: float,
@@ -185,12 +231,32 @@ class Placer:
     ) -> list[Candidate]:
         """The feasible stage by the workers' own offers. `p2c` asks over HTTP even with a bus:
         a message on the region's subject would cost every worker of the region a decode for
-        the two that answer."""
+        the two that answer. So do workers silent on the bus, every worker while the broker's
+        own bus link is down, and any worker whose offer did not come over the bus in time
+        (its subscription may be gone while it reconnects): the broker reaches them directly."""
         timeout = min(offers.OFFER_TIMEOUT, end - time.monotonic())
         req = OfferRequest(guest=guest, image=image)
-        bus = self.bus if strategy == "offers" else None
-        answers = await offers.ask(self.client, bus, rows, req, timeout)
-        return offers.offered(rows, answers, guest, refusals)
+        bus_up = self.bus is not None and self.link is not None and self.link.up
+        answers: dict[str, offers.Answer] = {}
+        over_bus = [r for r in rows if r.id not in doubtful] if bus_up else []
+        if self.bus is not None and strategy == "offers" and over_bus:
+            heard = await offers.gather(self.bus, over_bus, req, timeout)
+            for row, answer in zip(over_bus, heard, strict=True):
+                if not isinstance(answer, BaseException):
+                    answers[row.id] = answer
+            timeout = min(offers.OFFER_TIMEOUT, end - time.monotonic())
+        direct = [r for r in rows if r.id not in answers]
+        if direct and timeout > 0:
+            got = await offers.ask(self.client, None, direct, req, timeout)
+            for row, answer in zip(direct, got, strict=True):
+                answers[row.id] = answer
+                if isinstance(answer, WorkerError) and answer.http_status == 0:
+                    self.liveness.failed(row.id)
+                elif not isinstance(answer, BaseException):
+                    self.liveness.answered(row.id)
+        late = WorkerError("", 0, "timeout", "no time left to ask")
+        ordered = [answers.get(r.id, late) for r in rows]
+        return offers.offered(rows, ordered, guest, refusals)
 
     def _decided(self, strategy: Strategy, began: float, ranked: Ranked) -> None:
         if self.on_decision is not None and ranked:
