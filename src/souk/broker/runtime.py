@@ -1,4 +1,8 @@
-"""Running a broker (`souk broker`), with a catalog replica or a static list of workers."""
+"""Running a broker (`souk broker`), with a catalog replica or a static list of workers.
+
+Given its node files, the broker is a node of a secured cluster on the catalog's side too: it
+reaches the bus with its certificate, its replica applies only rows their owners signed (checked
+against the cluster CA), and the app registry it may host signs its rows with the broker's key."""
 
 from __future__ import annotations
 
@@ -19,9 +23,11 @@ from souk.broker.placement.policies import policy_named
 from souk.broker.registry import AppRegistry
 from souk.broker.server import make_app
 from souk.catalog import http as catalog_http
-from souk.catalog.bus import Bus, NatsBus
+from souk.catalog import node
+from souk.catalog.bus import Bus
 from souk.catalog.owner import Owner
 from souk.catalog.replica import following
+from souk.catalog.signing import Signer
 from souk.clients.workers import WorkerClient
 from souk.pki import NodeFiles
 from souk.web import Route
@@ -44,7 +50,8 @@ class BrokerOptions:
     policy: str = "default"
     nats: str | None = None  # follow the catalog over NATS instead of polling `workers`
     catalog_dir: Path | None = None  # where the replica keeps its SQLite copy
-    # The broker's node files: it reaches workers over mutual TLS, and only over it.
+    # The broker's node files: it reaches workers over mutual TLS, and only over it; its bus
+    # connection shows them, its replica trusts their CA only, its registry signs with them.
     tls: NodeFiles | None = None
     listener: ServerCert | None = None  # serve the Machines API over HTTPS
 
@@ -61,7 +68,7 @@ async def _refresh_forever(fleet: StaticFleet) -> None:
 @contextlib.asynccontextmanager
 async def broker_site(opts: BrokerOptions, bus: Bus | None = None) -> AsyncIterator[str]:
     """A running broker; yields its base URL. With a bus (or `opts.nats`), its fleet is a catalog
-    replica; without, a `StaticFleet` polling `opts.workers`."""
+    replica, signed when `opts.tls` is given; without, a `StaticFleet` polling `opts.workers`."""
     async with contextlib.AsyncExitStack() as stack:
         client = WorkerClient(tls=opts.tls)
         registry = AppRegistry(opts.registry_dir / "apps.db") if opts.registry_dir else None
@@ -70,18 +77,21 @@ async def broker_site(opts: BrokerOptions, bus: Bus | None = None) -> AsyncItera
         fleet: Fleet
         extra: list[Route] = []
         before_place = None
+        key = node.NodeKey(opts.tls) if opts.tls is not None else None
         if bus is None and opts.nats:
-            bus = await NatsBus.connect(opts.nats, name="souk-broker")
-            stack.push_async_callback(bus.close)
+            bus = await stack.enter_async_context(
+                node.joined(opts.nats, "souk-broker", opts.tls, key)
+            )
         if bus is not None:
             path = opts.catalog_dir / "catalog.db" if opts.catalog_dir else ":memory:"
+            trust = node.ca_trust(opts.tls) if opts.tls is not None else None
             replica = await stack.enter_async_context(
-                following(bus, path, bootstrap=opts.nats is not None)
+                following(bus, path, bootstrap=opts.nats is not None, trust=trust)
             )
             fleet = CatalogFleet(replica, registry)
             extra = catalog_http.routes(replica)
             if registry is not None:
-                await stack.enter_async_context(registry_owner(bus, registry))
+                await stack.enter_async_context(registry_owner(bus, registry, key))
         else:
             apps = registry if registry is not None else AppRegistry()
             static = StaticFleet(opts.workers, apps, client)
@@ -106,9 +116,12 @@ async def broker_site(opts: BrokerOptions, bus: Bus | None = None) -> AsyncItera
 
 
 @contextlib.asynccontextmanager
-async def registry_owner(bus: Bus, registry: AppRegistry) -> AsyncIterator[Owner]:
-    """The registry as the owner of the catalog's apps rows."""
-    owner = Owner(bus, registry)
+async def registry_owner(
+    bus: Bus, registry: AppRegistry, signer: Signer | None = None
+) -> AsyncIterator[Owner]:
+    """The registry as the owner of the catalog's apps rows, signed by its broker's key on a
+    signed catalog (any broker's certificate may sign them)."""
+    owner = Owner(bus, registry, signer=signer)
     registry.listeners.append(owner.committed)
     await owner.start()
     try:
