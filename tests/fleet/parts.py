@@ -204,6 +204,7 @@ class WorkerNode(Part):
             "--no-fsync",
             "--nats",
             self.nats,
+            "--insecure",  # plain HTTP and an open bus, off loopback: the bed tests links
             "--log-level",
             "warning",
         ]
@@ -255,6 +256,7 @@ class BrokerNode(Part):
             str(self.secret),
             "--nats",
             self.nats,
+            "--insecure",
             *registry,
             "--log-level",
             "warning",
