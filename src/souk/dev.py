@@ -14,7 +14,9 @@ the bus itself stays in-process, with no network side to secure.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +28,7 @@ from souk.broker.tokens import mint, new_secret, read_secret
 from souk.catalog.bus import Bus, InProcessBus
 from souk.catalog.node import NodeKey, ca_trust
 from souk.catalog.replica import following
+from souk.models.machine import MachineState
 from souk.pki import NodeFiles, init_ca, issue_files
 from souk.pki.files import CA_CERT, CA_KEY
 from souk.proxy.server import ProxyOptions, proxy_site
@@ -35,9 +38,12 @@ from souk.web.tls import ServerCert
 from souk.worker.daemon import make_app as make_worker_app
 from souk.worker.daemon import make_driver, offering, publishing, running, tls_context
 from souk.worker.engine import Engine
+from souk.worker.errors import WorkerError
 from souk.worker.settings import WorkerSettings
 
 REGIONS = ("mad", "ams", "sin")
+STOP_GRACE = 10.0  # past a machine's own stop timeout, before it is reported left running
+log = logging.getLogger("souk.dev")
 
 
 @dataclass(frozen=True)
@@ -78,8 +84,8 @@ async def _start_worker(
     driver: str,
     host: str,
     tls: NodeFiles | None,
-) -> str:
-    """A worker served on a free port, on `stack`; its URL."""
+) -> tuple[Engine, str]:
+    """A worker served on a free port, on `stack`; its engine and URL."""
     engine = await stack.enter_async_context(
         running(Engine(settings, make_driver(driver, settings)))
     )
@@ -92,7 +98,7 @@ async def _start_worker(
     signer = NodeKey(tls) if tls is not None else None
     await stack.enter_async_context(publishing(engine, bus, url, signer))
     await stack.enter_async_context(offering(engine, bus))
-    return url
+    return engine, url
 
 
 def _secret(data_dir: Path) -> bytes:
@@ -121,6 +127,7 @@ async def dev_cluster(
         bus = InProcessBus()
         stack.push_async_callback(bus.close)
         workers: dict[str, str] = {}
+        engines: list[Engine] = []
         for region in REGIONS:
             for n in (1, 2):
                 name = f"{region}{n}"
@@ -133,7 +140,11 @@ async def dev_cluster(
                     durable=False,
                 )
                 tls = pki.issue("worker", name) if pki else None
-                workers[name] = await _start_worker(stack, bus, settings, driver, host, tls)
+                engine, workers[name] = await _start_worker(stack, bus, settings, driver, host, tls)
+                engines.append(engine)
+        # after the broker and proxy have closed (nothing starts machines any more), before the
+        # workers do
+        stack.push_async_callback(stop_machines, engines)
         broker_tls = pki.issue("broker", "broker") if pki else None
         opts = BrokerOptions(
             host,
@@ -183,6 +194,36 @@ def _secure_hints(dev: DevCluster) -> None:
     print(f"a worker ({worker}), as an operator:")
     print(f"curl --cacert {ca} --cert {op.cert} --key {op.key} {url}/v1/capacity")
     print(f"export SOUK_CA={ca}")
+
+
+async def stop_machines(engines: list[Engine]) -> int:
+    """Stop every machine that runs (or is on its way to) and wait until it has; returns how
+    many were asked to stop. Machines being destroyed are waited for too."""
+
+    async def settle(engine: Engine, machine_id: str) -> None:
+        target: MachineState = "stopped"
+        try:
+            machine = await engine.submit(machine_id, "stop")  # queued, or already on its way
+        except WorkerError:  # nothing to stop, or being destroyed
+            machine = engine.get(machine_id, events=False)
+            if machine.state != "destroying":
+                return
+            target = "destroyed"
+        timeout = float(machine.config.stop_config.timeout) + STOP_GRACE
+        ok, found = await engine.wait(machine_id, target, timeout, None)
+        if not ok:
+            log.warning("machine %s is still %s; it may be left running", machine_id, found.state)
+
+    live = [
+        (engine, m.id)
+        for engine in engines
+        for m in engine.machines()
+        if m.state in ("created", "starting", "started", "stopping", "destroying")
+    ]
+    if live:
+        print(f"souk dev: stopping {len(live)} machines", flush=True)
+        await asyncio.gather(*(settle(engine, mid) for engine, mid in live))
+    return len(live)
 
 
 async def run_dev(

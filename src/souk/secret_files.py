@@ -1,5 +1,6 @@
-"""Files that hold secrets (the cluster secret, tokens) are written one way: mode 0600 from the
-moment they exist, and atomically, so no reader ever sees one world-readable or half-written."""
+"""Files that hold secrets (the cluster secret, tokens, keys) are written one way: mode 0600 from
+the moment they exist, and atomically, so no reader ever sees one world-readable or half-written.
+Other files written the same careful way (certificates) only choose another mode."""
 
 from __future__ import annotations
 
@@ -14,12 +15,17 @@ SECRET_MODE = 0o600
 def write_secret(path: Path, data: bytes | str, *, replace: bool = True) -> None:
     """Write `data` to `path` with mode 0600, atomically. With `replace=False` an existing file
     is left alone and FileExistsError raised (no window between the check and the create)."""
+    write_file(path, data, mode=SECRET_MODE, replace=replace)
+
+
+def write_file(path: Path, data: bytes | str, *, mode: int, replace: bool = True) -> None:
+    """`write_secret` with another mode: the file never exists with a wider one."""
     payload = data.encode() if isinstance(data, str) else data
     fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     tmp = Path(tmp_name)
     try:
         with os.fdopen(fd, "wb") as handle:
-            os.fchmod(handle.fileno(), SECRET_MODE)  # mkstemp's 0600 already; said, not assumed
+            os.fchmod(handle.fileno(), mode)  # mkstemp's 0600 at first; the umask plays no part
             handle.write(payload)
             handle.flush()
             os.fsync(handle.fileno())

@@ -26,7 +26,8 @@ NOW = 1_700_000_000.0
 def test_a_fresh_token_verifies_and_allows_everything_not_operator() -> None:
     grant = verify(mint(SECRET), SECRET)
     assert grant.apps is None and not grant.read_only and not grant.operator
-    assert grant.allows("any", write=True)
+    assert grant.permits(Scope("deploy", app="any")) and grant.sees("any", None, None)
+    assert not grant.sees_fleet()
 
 
 def test_operator_tokens_say_so() -> None:
@@ -83,11 +84,10 @@ def test_expiry() -> None:
 
 def test_app_scope_and_read_only() -> None:
     grant = verify(mint(SECRET, apps=["a", "b"], read_only=True), SECRET)
-    assert grant.allows("a", write=False)
-    assert not grant.allows("c", write=False)
-    assert "app 'c'" in grant.why_not("c", write=False)
-    assert not grant.allows("a", write=True)
-    assert "read-only" in grant.why_not("a", write=True)
+    assert grant.sees("a", None, None)
+    assert not grant.sees("c", None, None)
+    assert "app 'c'" in (grant.denial(Scope("read", app="c")) or "")
+    assert "read-only" in (grant.denial(Scope("write", app="a")) or "")
 
 
 def test_attenuation_narrows_without_the_secret_and_never_widens() -> None:

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from souk.broker.tokens import attenuate
 from souk.cli.deploy.config import loads
 from souk.cli.deploy.errors import DeployInProgress
 from souk.cli.deploy.output import Outcome
@@ -113,6 +114,14 @@ def app(dev: Dev, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Ap
     dev.destroy_app(name)
 
 
+def metadata_as(dev: Dev, token: str, app: str) -> dict[str, str]:
+    req = urllib.request.Request(
+        f"{dev.url}/v1/apps/{app}/metadata", headers={"Authorization": f"Bearer {token}"}
+    )
+    with urllib.request.urlopen(req, timeout=30) as resp:
+        return dict(json.loads(resp.read()))
+
+
 def releases_of(m: dict[str, Any]) -> str:
     return str(m["config"]["metadata"]["souk.release"])
 
@@ -143,6 +152,16 @@ def test_first_deploy_standbys_then_rolling_update_and_rollback(app: App) -> Non
     assert set(app.greetings().values()) == {"v2"}
     for s in app.role("standby"):
         assert s["config"]["env"]["GREETING"] == "v2" and s["state"] in ("created", "stopped")
+
+    # The releases' env is sealed: a read-only token sees the names, never a value; the
+    # rollback below reads it back with the deploy token, and v1 answers again.
+    reader = attenuate(app.dev.token, [f"apps={app.name}", "actions=read"])
+    seen = metadata_as(app.dev, reader, app.name)
+    assert '"v1"' not in json.dumps(seen) and '"v2"' not in json.dumps(seen)
+    assert not [k for k in seen if k.startswith("sealed.")]
+    assert json.loads(seen["release.1"])["env"] == ["GREETING"]
+    everything = app.dev.call("GET", f"/v1/apps/{app.name}/metadata")
+    assert json.loads(everything["sealed.release.1.env"]) == {"GREETING": "v1"}
 
     back = app.souk("rollback")
     assert back["release"] == 3

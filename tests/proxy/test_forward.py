@@ -252,8 +252,12 @@ async def test_own_answers_and_unnamed_apps(http: aiohttp.ClientSession) -> None
     async with proxy_over(view) as (_, url):
         async with http.get(f"{url}/.souk/health") as resp:
             assert resp.status == 200 and (await resp.json())["ok"] is True
-        async with http.get(f"{url}/.souk/status") as resp:
-            assert "requests" in await resp.json()
+        async with http.get(f"{url}/.souk/status") as resp:  # operators only
+            assert resp.status == 401 and (await resp.json())["status"] == "unauthorized"
+        # A token, but no broker to ask what it allows: refused, never waved through.
+        bearer = {"Authorization": "Bearer souk1_x.y"}
+        async with http.get(f"{url}/.souk/status", headers=bearer) as resp:
+            assert resp.status == 503 and (await resp.json())["status"] == "broker_unreachable"
         async with http.get(f"{url}/anything") as resp:
             assert resp.status == 404
             assert (await resp.json())["code"] == "app_not_found"

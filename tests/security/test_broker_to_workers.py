@@ -155,9 +155,9 @@ async def test_a_kept_alive_connection_never_carries_another_workers_request(
     """The client pools connections, but by the name they were verified for: one opened to
     `evil` (legitimately) is not reused for a request meant for `w2` at the same address."""
     async with impostor(pki, "evil") as evil, WorkerClient(tls=pki.node("broker", "b1")) as client:
-        assert await client.request("evil", evil.url, "GET", "/v1/capacity") == {"taken": True}
+        assert await client._request("evil", evil.url, "GET", "/v1/capacity") == {"taken": True}
         with pytest.raises(WorkerError) as refused:
-            await client.request("w2", evil.url, "GET", "/v1/capacity")
+            await client.capacity("w2", evil.url)
         assert refused.value.reason == "untrusted"
         assert refused.value.http_status == 0
         assert "not valid for 'w2'" in refused.value.message
@@ -167,7 +167,7 @@ async def test_a_kept_alive_connection_never_carries_another_workers_request(
 async def test_a_worker_id_that_is_no_certificate_name_is_refused(pki: Pki) -> None:
     async with impostor(pki, "evil") as evil, WorkerClient(tls=pki.node("broker", "b1")) as client:
         with pytest.raises(WorkerError) as refused:
-            await client.request("Evil_1", evil.url, "GET", "/v1/capacity")
+            await client.capacity("Evil_1", evil.url)
         assert refused.value.reason == "untrusted"
         assert evil.seen == []
 

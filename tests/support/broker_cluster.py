@@ -15,11 +15,14 @@ from souk.broker.api.state import Broker
 from souk.broker.fleet import CatalogFleet, Fleet, StaticFleet
 from souk.broker.placement.pipeline import Placer
 from souk.broker.registry import AppRegistry
+from souk.broker.runtime import registry_owner
 from souk.broker.server import make_app as make_broker_app
 from souk.broker.tokens import mint
+from souk.catalog import http as catalog_http
 from souk.catalog.bus import InProcessBus
 from souk.catalog.replica import following
 from souk.clients.workers import WorkerClient
+from souk.web import Route
 from souk.worker.daemon import make_app, make_driver, offering, publishing, running
 from souk.worker.engine import Engine
 from souk.worker.settings import WorkerSettings
@@ -85,16 +88,20 @@ async def cluster(
         client = WorkerClient()
         registry = AppRegistry(tmp_path / "registry.db")
         fleet: Fleet
+        extra: list[Route] = []
         if bus is None:
             static = StaticFleet(list(urls.values()), registry, client)
             await static.refresh()
             fleet, before_place = static, (lambda: static.refresh(machines=False))
-        else:
+        else:  # as `souk broker --nats` with a registry: it serves the catalog, and owns apps
             replica = await stack.enter_async_context(following(bus, bootstrap=False))
             fleet, before_place = CatalogFleet(replica, registry), None
+            extra = catalog_http.routes(replica)
+            await stack.enter_async_context(registry_owner(bus, registry))
         placer = Placer(fleet, client, deadline=deadline, bus=bus)
         broker = Broker(fleet, client, placer, registry=registry, before_place=before_place)
-        broker_client = TestClient(TestServer(make_broker_app(broker, SECRET), host="127.0.0.1"))
+        broker_app = make_broker_app(broker, SECRET, extra)
+        broker_client = TestClient(TestServer(broker_app, host="127.0.0.1"))
         await stack.enter_async_context(broker_client)
         c = Cluster(broker_client, fleet, engines, urls, placer)
         c.tokens = {

@@ -23,6 +23,7 @@ from souk.catalog.owner import Owner
 from souk.catalog.replica import Replica
 from souk.proxy.server import Proxy, ProxyOptions, proxy_site
 from souk.proxy.wake import port_open
+from souk.web import runner as web_runner
 from souk.worker.daemon import make_app, make_driver, offering, running
 from souk.worker.engine import Engine
 from souk.worker.rows import WorkerRows
@@ -128,7 +129,7 @@ async def _worker(
     engine = await stack.enter_async_context(
         running(Engine(settings, make_driver("process", settings)))
     )
-    runner = web.AppRunner(make_app(engine), access_log=None)
+    runner = web_runner(make_app(engine))
     await runner.setup()
     stack.push_async_callback(runner.cleanup)
     await web.TCPSite(runner, "127.0.0.1", 0).start()

@@ -2,10 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import AsyncIterator
+from urllib.parse import quote
+
 import pytest
 
 from souk.broker.api.routes import ROUTES as BROKER_ROUTES
+from souk.catalog.bus import InProcessBus
+from souk.catalog.replica import following
+from souk.cli.catalog import catalog_site
+from souk.proxy.server import ProxyOptions, proxy_site
 from souk.worker import api as worker_api
+from tests.support.catalog_view import FakeView
 from tests.web.conftest import Servers, raw, request_bytes
 
 DEEP = b"[" * 100_000
@@ -86,3 +95,39 @@ async def test_deep_json_is_a_400_on_every_json_endpoint(servers: Servers) -> No
         req = request_bytes(route.method, _fill(route.path), DEEP, headers=auth)
         got = await raw(servers.broker, req)
         assert (got.status, got.reason) == (400, "invalid_json"), (route.path, got)
+
+
+@contextlib.asynccontextmanager
+async def other_servers() -> AsyncIterator[dict[str, str]]:
+    """The proxy and `souk catalog serve` (with and without a secret), as they are served."""
+    bus = InProcessBus()
+    try:
+        async with (
+            following(bus, bootstrap=False) as replica,
+            catalog_site(replica, "127.0.0.1", 0, None) as open_catalog,
+            catalog_site(replica, "127.0.0.1", 0, b"catalog-secret-0123456789") as catalog,
+            proxy_site(FakeView(), ProxyOptions(port=0, api="http://127.0.0.1:9")) as (_, proxy),
+        ):
+            yield {"proxy": proxy, "open catalog": open_catalog, "catalog": catalog}
+    finally:
+        await bus.close()
+
+
+async def test_the_proxy_and_the_catalog_answer_early_errors_in_json() -> None:
+    async with other_servers() as urls:
+        for name, url in urls.items():
+            line = "Bearer " + "q" * 40_000  # over the proxy's larger limit too
+            got = await raw(url, request_bytes("GET", "/x", headers={"Authorization": line}))
+            assert (got.status, got.reason) == (431, "headers_too_large"), name
+            assert "qqqq" not in str(got.body)
+            got = await raw(url, b"G@T / HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert (got.status, got.reason) == (400, "bad_request"), name
+
+
+async def test_a_unicode_digit_is_not_a_change_number() -> None:
+    async with other_servers() as urls:
+        for since in ("\u00b2", "\u0663", "-1", "1.5"):
+            path = "/v1/catalog/changes?since=" + quote(since)
+            got = await raw(urls["open catalog"], request_bytes("GET", path))
+            assert (got.status, got.reason) == (400, "invalid"), since
+            assert got.body["error"].startswith("since:")

@@ -1,44 +1,32 @@
-"""Bearer-token middleware: every request but `/openapi.json` carries a token, checked against
-the cluster secret and the replicated list of revoked ids (no call on the request path, so any
-broker checks any token), then against what the request touches (`Scope`).
+"""Bearer-token middleware: a token is checked against the cluster secret and the replicated
+list of revoked ids (no call on the request path, so any broker checks any token), then against
+what the matched route declares it needs (`souk.web.Permission`).
 
-The scope is worked out here, from the route, once for every handler: which kind of request it
-is (read, write, deploy, or a fleet operation), and which app, machine and region it names. A
-region is looked up for a machine, and read from the body for a create; a caveat on a dimension
-the request does not name refuses it (see `Grant.denial`).
+Nothing here knows a path: the route table is the one home of who may call what. From the
+route's permission this works out the request's `Scope`: its kind (read, write, deploy, or a
+fleet operation) and the app, machine and region it names, from the path, the query or the body
+as the permission says. A machine's region is looked up, and the body is read only for a token
+limited on the dimension it names. A caveat on a dimension the request does not name refuses it
+(see `Grant.denial`).
+
+A path that matches no route needs a valid token before it gets its 404 or 405, so that paths
+cannot be probed without one; a matched route that declares no permission is closed to all.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterable
 
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
-from souk.broker.tokens import Action, Grant, Scope, TokenError, verify
-from souk.web import ApiError, read_json
+from souk.broker.tokens import Grant, Scope, TokenError, verify
+from souk.web import AUDIENCE, ApiError, Audience, Permission, Route, declared_route, read_json
 from souk.web.errors import Handler
+from souk.web.routes import Named
 
-PUBLIC = frozenset({"/openapi.json"})
-INTROSPECTION = frozenset({("GET", "/v1/tokens/current"), ("HEAD", "/v1/tokens/current")})
-READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
-FLEET_PREFIXES = ("/v1/workers", "/v1/catalog", "/v1/tokens")
-MACHINE_ROUTE = "/v1/apps/{app}/machines/{id}"
-CREATE_APP = ("POST", "/v1/apps")
-CREATE_MACHINE = ("POST", "/v1/apps/{app}/machines")
-LIST_MACHINES = ("GET", "/v1/apps/{app}/machines")
-DEPLOY = frozenset(
-    {
-        CREATE_APP,
-        ("DELETE", "/v1/apps/{app}"),
-        ("PATCH", "/v1/apps/{app}/metadata"),
-        CREATE_MACHINE,
-        ("POST", MACHINE_ROUTE),  # update: a new config
-        ("DELETE", MACHINE_ROUTE),
-    }
-)
 GRANT_KEY = web.RequestKey("grant", Grant)
+UNMATCHED = Permission.token()
 
 MachineRegion = Callable[[str, str], str | None]  # (app, machine id) -> its region, if known
 Revoked = Callable[[str], bool]
@@ -48,41 +36,53 @@ def grant_of(request: web.Request) -> Grant:
     return request[GRANT_KEY]
 
 
-def route_of(request: web.Request) -> str:
-    """The route's pattern, e.g. `/v1/apps/{app}/machines/{id}/stop`; the path if none matched."""
-    resource = request.match_info.route.resource
-    return resource.canonical if resource is not None else request.path
+def permission_of(request: web.Request) -> Permission | None:
+    """What the matched route declares; None for a route that declares nothing."""
+    route = declared_route(request)
+    if route is not None:
+        return route.permission
+    return UNMATCHED if request.match_info.route.resource is None else None
 
 
-def action_of(method: str, route: str) -> Action:
-    if method in READ_METHODS:
-        return "read"
-    return "deploy" if (method, route) in DEPLOY else "write"
+async def scope_of(
+    request: web.Request, grant: Grant, permission: Permission, machine_region: MachineRegion
+) -> Scope:
+    async def named(where: Named | None, limited: bool) -> str | None:
+        if where is None:
+            return None
+        if where.where == "path":
+            return request.match_info.get(where.name)
+        if where.where == "query":
+            return request.query.get(where.name) or None
+        if not limited:  # nothing checks it: the body is left to the handler
+            return None
+        body = await read_json(request)
+        value = body.get(where.name) if isinstance(body, dict) else None
+        return value if isinstance(value, str) else None
 
-
-async def scope_of(request: web.Request, grant: Grant, machine_region: MachineRegion) -> Scope:
-    method, route = request.method, route_of(request)
-    action = action_of(method, route)
-    if route.startswith(FLEET_PREFIXES):
-        return Scope(action, fleet=True)
-    app = request.match_info.get("app")
-    machine = request.match_info.get("id") if route.startswith(MACHINE_ROUTE) else None
+    p = permission
+    app = await named(p.app, grant.apps is not None)
+    machine = await named(p.machine, grant.machines is not None)
     region: str | None = None
-    if app is not None and machine is not None:
+    if p.region is not None:
+        region = await named(p.region, grant.regions is not None)
+    elif app is not None and machine is not None and grant.regions is not None:
         region = machine_region(app, machine)
-    elif (method, route) == LIST_MACHINES:
-        region = request.query.get("region") or None  # the handler lists only that region
-    elif (method, route) == CREATE_MACHINE and grant.regions is not None:
-        region = _string(await read_json(request), "region")
-    elif (method, route) == CREATE_APP and grant.apps is not None:
-        app = _string(await read_json(request), "name")
-    lists_apps = (method, route) == ("GET", "/v1/apps")
-    return Scope(action, app=app, machine=machine, region=region, lists_apps=lists_apps)
+    return Scope(
+        p.action,
+        app=app,
+        machine=machine,
+        region=region,
+        fleet=p.need == "operator",
+        lists_apps=p.own_rows,
+    )
 
 
-def _string(body: Any, key: str) -> str | None:
-    value = body.get(key) if isinstance(body, dict) else None
-    return value if isinstance(value, str) else None
+def _credentials(request: web.Request) -> str:
+    scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+    if scheme.lower() not in ("bearer", "flyv1") or not token.strip():
+        raise ApiError(401, "unauthorized", "send a token: Authorization: Bearer <token>")
+    return token.strip()
 
 
 def make_auth(
@@ -97,20 +97,30 @@ def make_auth(
 
     @web.middleware
     async def auth(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if request.path in PUBLIC:
+        permission = permission_of(request)
+        if permission is not None and permission.need == "public":
             return await handler(request)
-        scheme, _, token = request.headers.get("Authorization", "").partition(" ")
-        if scheme.lower() not in ("bearer", "flyv1") or not token.strip():
-            raise ApiError(401, "unauthorized", "send a token: Authorization: Bearer <token>")
         try:
-            grant = verify(token.strip(), secret, revoked=revoked)
+            grant = verify(_credentials(request), secret, revoked=revoked)
         except TokenError as exc:
             raise ApiError(401, exc.reason, f"bad token: {exc.message}") from exc
-        if (request.method, route_of(request)) not in INTROSPECTION:
-            denial = grant.denial(await scope_of(request, grant, region_of))
+        if permission is None:
+            raise ApiError(403, "forbidden", "this route declares no permission: it is closed")
+        if permission.need != "token":
+            denial = grant.denial(await scope_of(request, grant, permission, region_of))
             if denial is not None:
                 raise ApiError(403, "forbidden", denial)
         request[GRANT_KEY] = grant
+        request[AUDIENCE] = audience(grant)
         return await handler(request)
 
     return auth
+
+
+def audience(grant: Grant) -> Audience:
+    return Audience(grant.sees, fleet=grant.sees_fleet())
+
+
+def undeclared(routes: Iterable[Route]) -> list[str]:
+    """Routes of a table that declare no permission: each would be closed to every caller."""
+    return [f"{r.method} {r.path}" for r in routes if r.permission is None]

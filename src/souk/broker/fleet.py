@@ -16,9 +16,7 @@ from typing import Protocol
 from souk.broker.registry import AppRegistry
 from souk.catalog.view import CatalogView
 from souk.clients.workers import WorkerClient, WorkerError
-from souk.models.capacity import Capacity
 from souk.models.catalog import AppRow, MachineRow, WorkerRow, machine_row, worker_row
-from souk.models.machine import Machine
 
 
 class Fleet(Protocol):
@@ -70,9 +68,7 @@ class StaticFleet:
     async def refresh(self, machines: bool = True) -> None:
         async def one(address: str) -> None:
             try:
-                cap = Capacity.model_validate(
-                    await self.client.request(address, address, "GET", "/v1/capacity", timeout=2)
-                )
+                cap = await self.client.capacity(address, address, timeout=2)
             except (WorkerError, ValueError):
                 for wid, row in self._workers.items():
                     if row.address == address:
@@ -81,11 +77,9 @@ class StaticFleet:
             self._workers[cap.worker] = worker_row(cap, address)
             self._reachable.add(cap.worker)
             if machines:
-                data = await self.client.request(
-                    cap.worker, address, "GET", "/v1/machines", params={"include_deleted": "true"}
-                )
-                for item in data:
-                    mrow = machine_row(Machine.model_validate(item))
+                found = await self.client.machines(cap.worker, address, include_deleted=True)
+                for machine in found:
+                    mrow = machine_row(machine)
                     self._machines[mrow.id] = mrow
 
         await asyncio.gather(*(one(a) for a in self.addresses))

@@ -10,7 +10,7 @@ import asyncio
 import contextlib
 import logging
 import signal
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,7 +25,9 @@ from souk.broker.server import make_app
 from souk.catalog import http as catalog_http
 from souk.catalog import node
 from souk.catalog.bus import Bus
+from souk.catalog.connecting import ConnectingBus
 from souk.catalog.owner import Owner
+from souk.catalog.protocol import HELLO
 from souk.catalog.replica import following
 from souk.catalog.signing import Signer
 from souk.clients.workers import WorkerClient
@@ -36,6 +38,7 @@ from souk.web.tls import ServerCert
 
 log = logging.getLogger("souk.broker")
 REFRESH_EVERY = 0.5
+CONNECT_GRACE = 0.5  # how long a start waits for NATS before serving without it
 
 
 @dataclass(frozen=True)
@@ -77,16 +80,29 @@ async def broker_site(opts: BrokerOptions, bus: Bus | None = None) -> AsyncItera
         fleet: Fleet
         extra: list[Route] = []
         before_place = None
-        key = node.NodeKey(opts.tls) if opts.tls is not None else None
+        up = True  # whether the bus is connected now
+        on_bus = bus is not None or bool(opts.nats)
+        key = node.NodeKey(opts.tls) if opts.tls is not None and on_bus else None
+        if key is not None:
+            await stack.enter_async_context(node.renewing(key))
         if bus is None and opts.nats:
-            bus = await stack.enter_async_context(
-                node.joined(opts.nats, "souk-broker", opts.tls, key)
-            )
+            connect = node.connector(opts.nats, "souk-broker", opts.tls, key)
+            nats_bus = await _connecting(connect, f"NATS {opts.nats}")
+            stack.push_async_callback(nats_bus.close)
+            up, bus = nats_bus.bus is not None, nats_bus
         if bus is not None:
             path = opts.catalog_dir / "catalog.db" if opts.catalog_dir else ":memory:"
             trust = node.ca_trust(opts.tls) if opts.tls is not None else None
+            # With NATS down, serve at once: the replica learns the workers from their
+            # heartbeats once it connects, with no snapshot to wait for now.
             replica = await stack.enter_async_context(
-                following(bus, path, bootstrap=opts.nats is not None, trust=trust)
+                following(
+                    bus,
+                    path,
+                    bootstrap=opts.nats is not None and up,
+                    settle=2.0 if up else 0.0,
+                    trust=trust,
+                )
             )
             fleet = CatalogFleet(replica, registry)
             extra = catalog_http.routes(replica)
@@ -113,6 +129,16 @@ async def broker_site(opts: BrokerOptions, bus: Bus | None = None) -> AsyncItera
         await site.start()
         scheme = "https" if ctx is not None else "http"
         yield f"{scheme}://{opts.host}:{runner.addresses[0][1]}"
+
+
+async def _connecting(connect: Callable[[], Awaitable[Bus]], where: str) -> ConnectingBus:
+    """NATS connected in the background; waits a moment for it, so that a start with NATS up
+    bootstraps its replica as before."""
+    bus = ConnectingBus(connect, where)
+    bus.on_connect(lambda: bus.publish(HELLO, b"{}"))  # owners answer with a heartbeat
+    bus.start()
+    await bus.wait_connected(CONNECT_GRACE)
+    return bus
 
 
 @contextlib.asynccontextmanager

@@ -9,8 +9,9 @@ from aiohttp import web
 from souk import __version__
 from souk.broker.api.errors import worker_errors
 from souk.broker.api.routes import ROUTES
-from souk.broker.api.state import BROKER, Broker
-from souk.broker.auth import MachineRegion, make_auth
+from souk.broker.api.state import BROKER, SEALER, Broker
+from souk.broker.auth import MachineRegion, make_auth, undeclared
+from souk.broker.sealing import Sealer
 from souk.web import ApiError, Route, add_routes, error_middleware
 
 MAX_BODY = 1 << 20
@@ -35,13 +36,19 @@ def machine_region(broker: Broker) -> MachineRegion:
 
 
 def make_app(broker: Broker, secret: bytes, extra: Sequence[Route] = ()) -> web.Application:
-    """The broker's app; `extra` routes (the catalog's, when it runs a replica) share its auth."""
+    """The broker's app; `extra` routes (the catalog's, when it runs a replica) share its auth.
+    Every route must declare its permission: one that does not is a bug, refused here."""
+    routes = [*ROUTES, *extra]
+    missing = undeclared(routes)
+    if missing:
+        raise ValueError(f"routes without a permission: {', '.join(missing)}")
     auth = make_auth(secret, broker.fleet.revoked, machine_region(broker))
     app = web.Application(
         middlewares=[error_middleware, auth, worker_errors], client_max_size=MAX_BODY
     )
     app[BROKER] = broker
-    add_routes(app, [*ROUTES, *extra], "souk Machines API", __version__)
+    app[SEALER] = Sealer(secret)
+    add_routes(app, routes, "souk Machines API", __version__)
 
     async def close(_: web.Application) -> None:
         await broker.client.close()

@@ -77,8 +77,9 @@ class Scope:
     """What one request touches, as the auth middleware works it out.
 
     `app`, `machine` and `region` are None when the request names none; a caveat on that
-    dimension then refuses it, except `lists_apps` (GET /v1/apps), whose handler shows only the
-    apps the grant allows. `fleet` requests (workers, the catalog, revocations) belong to no app.
+    dimension then refuses it, except an `apps` caveat on `lists_apps` requests (routes whose
+    handlers show only the rows of the token's apps, such as GET /v1/apps). `fleet` requests
+    (workers, the catalog's own state, revocations) belong to no app.
     """
 
     action: Action
@@ -134,17 +135,14 @@ class Grant:
     def permits(self, scope: Scope) -> bool:
         return self.denial(scope) is None
 
-    def allows(self, app: str | None, write: bool) -> bool:
-        """Whether the app is in scope (and, for a `write`, whether anything but reads is
-        allowed): what handlers check on a name they only learn from a body or a list."""
-        return self.why_not(app, write) == ""
+    def sees(self, app: str, machine: str | None, region: str | None) -> bool:
+        """Whether a row of this app (and machine, in this region) may be shown: what routes
+        that answer with only the caller's rows filter by."""
+        return self.permits(Scope("read", app=app, machine=machine, region=region))
 
-    def why_not(self, app: str | None, write: bool) -> str:
-        if write and self.read_only:
-            return "this token is read-only"
-        if app is not None and self.apps is not None and app not in self.apps:
-            return f"this token is not valid for app {app!r}"
-        return ""
+    def sees_fleet(self) -> bool:
+        """Whether rows of no app (workers, images, revocations) may be shown."""
+        return self.permits(Scope("read", fleet=True))
 
 
 # --- caveats ------------------------------------------------------------------------------

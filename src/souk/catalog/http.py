@@ -1,14 +1,42 @@
-"""The catalog over HTTP, on every node that runs a replica (broker, proxy, `souk catalog`)."""
+"""The catalog over HTTP, on every node that runs a replica (broker, proxy, `souk catalog`).
+
+Each route declares the token it needs. Rows of no app (workers, images, revocations) and the
+replica's own state are for operators; an app token sees the machines and apps rows of its
+apps only, in lists and in the change stream alike (`souk.web.Audience`)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
 
 from souk.catalog.replica import Replica, ResyncNeeded
-from souk.models.catalog import TABLE_NAMES, MachineRow, WorkerRow
-from souk.web import ApiError, Route, reply
+from souk.models.catalog import TABLE_NAMES, MachineRow, RowChange, WorkerRow
+from souk.web import ApiError, Audience, Permission, Route, audience_of, in_path, in_query, reply
+
+APP_TABLES = frozenset({"machines", "apps"})  # rows that belong to an app
+
+
+def _visible(audience: Audience, shown: set[str]) -> Callable[[RowChange], bool]:
+    """Whether a change may go to this audience. A machine row's deletion names no app, so it
+    goes to a caller without fleet rights only if the stream showed that row before."""
+
+    def visible(change: RowChange) -> bool:
+        if audience.fleet:
+            return True
+        if change.table == "apps":
+            return audience.sees(change.key)
+        if change.table != "machines":
+            return False
+        if change.row is None:
+            return change.key in shown
+        seen = audience.sees(str(change.row.get("app")), change.key, change.row.get("region"))
+        if seen:
+            shown.add(change.key)
+        return seen
+
+    return visible
 
 
 def routes(replica: Replica) -> list[Route]:
@@ -22,7 +50,8 @@ def routes(replica: Replica) -> list[Route]:
         rows = replica.machines(app=q.get("app") or None, region=q.get("region") or None)
         if q.get("state"):
             rows = [m for m in rows if m.state == q["state"]]
-        return reply(rows)
+        audience = audience_of(request)
+        return reply([m for m in rows if audience.sees(m.app, m.id, m.region)])
 
     async def app_regions(request: web.Request) -> web.Response:
         return reply(replica.regions_of_app(request.match_info["app"]))
@@ -34,13 +63,23 @@ def routes(replica: Replica) -> list[Route]:
         tables = frozenset(t for t in request.query.getall("table", []) if t)
         if tables - TABLE_NAMES:
             raise ApiError(400, "unknown_table", f"tables are {', '.join(sorted(TABLE_NAMES))}")
+        audience = audience_of(request)
+        if not audience.fleet and tables - APP_TABLES:
+            names = ", ".join(sorted(tables - APP_TABLES))
+            raise ApiError(
+                403, "forbidden", f"table {names}: rows of no app need an operator token"
+            )
+        visible = _visible(audience, set())
         since_text = request.query.get("since")
-        if since_text is not None and not since_text.isdigit():
+        if since_text is not None and not (since_text.isascii() and since_text.isdigit()):
             raise ApiError(400, "invalid", "since: a change number (lseq) from a previous change")
-        stream = replica.subscribe(tables or None, int(since_text) if since_text else None)
+        asked = tables or (None if audience.fleet else APP_TABLES)
+        stream = replica.subscribe(asked, int(since_text) if since_text else None)
         response: web.StreamResponse | None = None
         try:
             async for change in stream:
+                if not visible(change):
+                    continue
                 if response is None:
                     response = await _open(request)
                 await response.write(change.model_dump_json().encode() + b"\n")
@@ -54,7 +93,13 @@ def routes(replica: Replica) -> list[Route]:
     query: dict[str, Any] = {"region": "only this region", "all": "include unreachable workers"}
     return [
         Route(
-            "GET", "/v1/catalog/workers", workers, "Workers", response=list[WorkerRow], query=query
+            "GET",
+            "/v1/catalog/workers",
+            workers,
+            "Workers",
+            response=list[WorkerRow],
+            query=query,
+            permission=Permission.operator("read"),
         ),
         Route(
             "GET",
@@ -63,6 +108,9 @@ def routes(replica: Replica) -> list[Route]:
             "Machines, with destroyed ones for a while",
             response=list[MachineRow],
             query={"app": "only this app", "region": "only this region", "state": "only in it"},
+            permission=Permission.app_read(
+                in_query("app"), region=in_query("region"), own_rows=True
+            ),
         ),
         Route(
             "GET",
@@ -70,9 +118,15 @@ def routes(replica: Replica) -> list[Route]:
             app_regions,
             "Regions where the app has machines (global index)",
             response=list[str],
+            permission=Permission.app_read(in_path("app")),
         ),
         Route(
-            "GET", "/v1/catalog/status", status, "Heads, lag, quarantine", response=dict[str, Any]
+            "GET",
+            "/v1/catalog/status",
+            status,
+            "Heads, lag, quarantine",
+            response=dict[str, Any],
+            permission=Permission.operator("read"),
         ),
         Route(
             "GET",
@@ -80,7 +134,8 @@ def routes(replica: Replica) -> list[Route]:
             changes,
             stream_doc,
             query={"since": "resume after this lseq", "table": "workers|machines|images"},
-            errors=(400, 410),
+            errors=(400, 403, 410),
+            permission=Permission.app_read(own_rows=True),
         ),
     ]
 

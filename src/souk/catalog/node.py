@@ -13,7 +13,7 @@ import logging
 import os
 import ssl
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from cryptography.hazmat.primitives.serialization import Encoding
@@ -116,37 +116,49 @@ def ca_trust(files: NodeFiles) -> CaTrust:
     return CaTrust(load_ca(files.ca))
 
 
-@contextlib.asynccontextmanager
-async def joined(
+def connector(
     servers: str, name: str, files: NodeFiles | None = None, key: NodeKey | None = None
-) -> AsyncIterator[NatsBus]:
-    """A NATS connection, closed on exit: anonymous without `files`; with them, mutual TLS with
-    the node's certificate (the server checked against the cluster CA) and replies in the inbox
-    only this node may read. Renewed files are loaded into the connection's TLS context (by
-    `key`, the node's own, or one made here), so a reconnect shows the current certificate."""
+) -> Callable[[], Awaitable[NatsBus]]:
+    """How this node connects to NATS (for `ConnectingBus`, or called at once): anonymously
+    without `files`; with them, mutual TLS with the node's certificate (the server checked
+    against the cluster CA), and replies in the inbox only this node may read. Given the node's
+    `key`, renewed files are loaded into the connection's TLS context, so that a reconnect shows
+    the current certificate (see `renewing`)."""
     if files is None:
-        bus = await NatsBus.connect(servers, name=name)
-        try:
-            yield bus
-        finally:
-            await bus.close()
-        return
-    key = key if key is not None else NodeKey(files)
+        return lambda: NatsBus.connect(servers, name=name)
     options = bus_options(files.ca, files.cert, files.key)
-    bus = await NatsBus.connect(servers, name=name, **options)
-    key.follow(options["tls"])
-    watcher = asyncio.create_task(_refresh_forever(key))
+    if key is not None:
+        key.follow(options["tls"])
+    return lambda: NatsBus.connect(servers, name=name, **options)
+
+
+@contextlib.asynccontextmanager
+async def renewing(key: NodeKey) -> AsyncIterator[NodeKey]:
+    """Looks at the node's files every `key.interval` seconds, for a node whose key may sign
+    nothing for a long while (a broker without the registry, a proxy): its bus connection must
+    still show the renewed certificate when it reconnects."""
+    task = asyncio.create_task(_refresh_forever(key))
     try:
-        yield bus
+        yield key
     finally:
-        watcher.cancel()
+        task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
-            await watcher
-        key.unfollow(options["tls"])
-        await bus.close()
+            await task
 
 
 async def _refresh_forever(key: NodeKey) -> None:
     while True:
         await asyncio.sleep(key.interval)
         key.refresh()
+
+
+@contextlib.asynccontextmanager
+async def joined(servers: str, name: str, files: NodeFiles | None = None) -> AsyncIterator[NatsBus]:
+    """NATS connected now as `connector` connects, following renewals, closed on exit."""
+    async with contextlib.AsyncExitStack() as stack:
+        key = None
+        if files is not None:
+            key = await stack.enter_async_context(renewing(NodeKey(files)))
+        bus = await connector(servers, name, files, key)()
+        stack.push_async_callback(bus.close)
+        yield bus

@@ -6,24 +6,31 @@ import asyncio
 import contextlib
 import json
 import signal
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import typer
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 from rich.console import Console
 from rich.table import Table
 
 from souk import __version__
+from souk.broker.auth import make_auth
+from souk.broker.tokens import read_secret
 from souk.catalog import http as catalog_http
 from souk.catalog.bus import NatsBus
 from souk.catalog.certs import bus_options, load_ca
-from souk.catalog.replica import following
+from souk.catalog.connecting import ConnectingBus
+from souk.catalog.protocol import HELLO
+from souk.catalog.replica import Replica, following
 from souk.catalog.trust import CaTrust, Trust
 from souk.cli.client import connect
 from souk.cli.command import run
 from souk.cli.serving import LOG_LEVEL, log_to_stderr, parse_listen
-from souk.web import add_routes, error_middleware
+from souk.web import add_routes, error_middleware, open_access
+from souk.web import runner as web_runner
 
 app = typer.Typer(help="The catalog: every worker's rows, replicated.", no_args_is_help=True)
 
@@ -35,6 +42,11 @@ def serve(
     data_dir: Path | None = typer.Option(None, help="Keep its SQLite copy here (else memory)."),
     region: list[str] = typer.Option([], help="Follow only this region (repeatable)."),
     unreachable_after: float = typer.Option(3.0, help="Seconds of silence before unreachable."),
+    secret_file: Path | None = typer.Option(
+        None,
+        help="The cluster secret: with it every request needs a token, checked as a broker"
+        " does; without, anyone who reaches it reads everything.",
+    ),
     log_level: str = LOG_LEVEL,
     ca: Path | None = typer.Option(
         None, help="The cluster CA: apply only rows their owners signed."
@@ -45,9 +57,16 @@ def serve(
         False, help="Without a CA: apply unsigned rows (a bus like `souk dev`'s)."
     ),
 ) -> None:
-    """Follow the catalog and serve it over HTTP (read-only; bind it to a private address)."""
+    """Follow the catalog and serve it over HTTP (read-only). Without --secret-file it checks
+    no tokens: bind it to a private address."""
     log_to_stderr(log_level)
     host, port = parse_listen(listen)
+    secret = None
+    if secret_file is not None:
+        try:
+            secret = read_secret(secret_file)
+        except (OSError, ValueError) as exc:
+            raise typer.BadParameter(str(exc), param_hint="--secret-file") from exc
     if (ca is None) == (not insecure):
         raise typer.BadParameter("give --ca (a signed catalog) or --insecure, not both")
     if (cert is None) != (key is None) or (cert is not None and ca is None):
@@ -55,8 +74,40 @@ def serve(
     trust = None if ca is None else CaTrust(load_ca(ca))
     options = {} if ca is None or cert is None or key is None else bus_options(ca, cert, key)
     asyncio.run(
-        _serve(nats, host, port, data_dir, region or None, unreachable_after, trust, options)
+        _serve(
+            nats, host, port, data_dir, region or None, unreachable_after, trust, options, secret
+        )
     )
+
+
+def catalog_app(replica: Replica, secret: bytes | None) -> web.Application:
+    """The catalog's routes behind the broker's token check when there is a secret (revocations
+    come from the replica itself), or open to anyone who reaches them when there is none."""
+    access: Middleware = open_access
+    if secret is not None:
+
+        def machine_region(app_name: str, machine_id: str) -> str | None:
+            row = replica.machine(machine_id)
+            return row.region if row is not None and row.app == app_name else None
+
+        access = make_auth(secret, replica.revoked, machine_region)
+    http = web.Application(middlewares=[error_middleware, access])
+    add_routes(http, catalog_http.routes(replica), "souk catalog", __version__)
+    return http
+
+
+@contextlib.asynccontextmanager
+async def catalog_site(
+    replica: Replica, host: str, port: int, secret: bytes | None
+) -> AsyncIterator[str]:
+    """`catalog_app` served as souk serves everything; yields its base URL."""
+    runner = web_runner(catalog_app(replica, secret))
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, host, port).start()
+        yield f"http://{host}:{runner.addresses[0][1]}"
+    finally:
+        await runner.cleanup()
 
 
 async def _serve(
@@ -68,23 +119,27 @@ async def _serve(
     unreachable_after: float,
     trust: Trust | None,
     bus_options: dict[str, Any],
+    secret: bytes | None,
 ) -> None:
     path: Path | str = ":memory:"
     if data_dir is not None:
         data_dir.mkdir(parents=True, exist_ok=True)
         path = data_dir / "catalog.db"
-    bus = await NatsBus.connect(nats, name="souk-catalog", **bus_options)
+    # Serve at once even with NATS down; the replica catches up from the owners once connected.
+    bus = ConnectingBus(
+        lambda: NatsBus.connect(nats, name="souk-catalog", **bus_options), f"NATS {nats}"
+    )
+    bus.on_connect(lambda: bus.publish(HELLO, b"{}"))  # owners answer with a heartbeat
+    bus.start()
+    up = await bus.wait_connected(0.5)
     async with contextlib.AsyncExitStack() as stack:
         stack.push_async_callback(bus.close)
-        replica = await stack.enter_async_context(following(bus, path, regions, trust=trust))
+        replica = await stack.enter_async_context(
+            following(bus, path, regions, trust=trust, bootstrap=up, settle=2.0 if up else 0.0)
+        )
         replica.unreachable_after = unreachable_after
-        http = web.Application(middlewares=[error_middleware])
-        add_routes(http, catalog_http.routes(replica), "souk catalog", __version__)
-        runner = web.AppRunner(http, access_log=None)
-        await runner.setup()
-        stack.push_async_callback(runner.cleanup)
-        await web.TCPSite(runner, host, port).start()
-        print(f"souk catalog ready on http://{host}:{runner.addresses[0][1]}", flush=True)
+        url = await stack.enter_async_context(catalog_site(replica, host, port, secret))
+        print(f"souk catalog ready on {url}", flush=True)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):

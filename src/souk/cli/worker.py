@@ -12,6 +12,7 @@ from souk.cli.tls import TLS_DIR_HELP, loopback, node_files, open_bus
 from souk.models.machine import CpuKind
 from souk.worker.daemon import serve
 from souk.worker.settings import WorkerSettings
+from souk.worker.storage import DataDirUnusable
 
 
 def run(
@@ -88,4 +89,8 @@ def run(
         insecure_registries=tuple(insecure_registry),
         image_cache_mb=image_cache_mb,
     )
-    asyncio.run(serve(settings, driver, host, port, nats, tls))
+    try:
+        asyncio.run(serve(settings, driver, host, port, nats, tls))
+    except DataDirUnusable as exc:  # one line, not a traceback: nothing to debug but the host
+        typer.echo(f"souk worker: {exc}", err=True)
+        raise typer.Exit(1) from None

@@ -94,7 +94,7 @@ class WorkerClient(HttpClient):
             message = f"cannot check worker {worker!r}: {exc}"
             raise WorkerError(worker, 0, "untrusted", message) from None
 
-    async def request(
+    async def _request(
         self,
         worker: str,
         base: str,
@@ -106,8 +106,7 @@ class WorkerClient(HttpClient):
         nonce: str | None = None,
         accept: tuple[int, ...] = (),
     ) -> Any:
-        """The decoded JSON answer of a call (None for an empty one). The broker's call sites
-        that still pass a path use it; the methods below are the typed calls."""
+        """The decoded JSON answer of a call (None for an empty one)."""
         headers = {NONCE_HEADER: nonce} if nonce else None
         fail = functools.partial(WorkerError, worker)
         url = base + path
@@ -115,7 +114,7 @@ class WorkerClient(HttpClient):
         payload = await self.send(fail, method, url, body, params, headers, timeout, accept, name)
         return orjson.loads(payload) if payload else None
 
-    async def action(
+    async def _action(
         self,
         worker: str,
         base: str,
@@ -127,31 +126,31 @@ class WorkerClient(HttpClient):
         timeout: float = DEFAULT_TIMEOUT,
     ) -> Machine:
         """A call answered with the machine."""
-        data = await self.request(worker, base, method, path, body, params, timeout, nonce)
+        data = await self._request(worker, base, method, path, body, params, timeout, nonce)
         return Machine.model_validate(data)
 
     # --- the worker --------------------------------------------------------------------
 
     async def capacity(self, worker: str, base: str, timeout: float = DEFAULT_TIMEOUT) -> Capacity:
-        data = await self.request(worker, base, "GET", "/v1/capacity", timeout=timeout)
+        data = await self._request(worker, base, "GET", "/v1/capacity", timeout=timeout)
         return Capacity.model_validate(data)
 
     async def offer(self, worker: str, base: str, req: OfferRequest, timeout: float) -> Offer:
-        data = await self.request(worker, base, "POST", "/v1/offers", req, timeout=timeout)
+        data = await self._request(worker, base, "POST", "/v1/offers", req, timeout=timeout)
         return Offer.model_validate(data)
 
     async def cordon(self, worker: str, base: str, cordoned: bool = True) -> Capacity:
         path = "/v1/cordon" if cordoned else "/v1/uncordon"
-        data = await self.request(worker, base, "POST", path)
+        data = await self._request(worker, base, "POST", path)
         return Capacity.model_validate(data)
 
     # --- machines ----------------------------------------------------------------------
 
     async def create(self, worker: str, base: str, req: CreateMachine, timeout: float) -> Machine:
-        return await self.action(worker, base, "POST", "/v1/machines", req, timeout=timeout)
+        return await self._action(worker, base, "POST", "/v1/machines", req, timeout=timeout)
 
     async def machine(self, worker: str, base: str, machine_id: str) -> Machine:
-        return await self.action(worker, base, "GET", _path(machine_id))
+        return await self._action(worker, base, "GET", _path(machine_id))
 
     async def machines(
         self, worker: str, base: str, app: str | None = None, include_deleted: bool = False
@@ -160,32 +159,32 @@ class WorkerClient(HttpClient):
         params = {"app": app} if app else {}
         if include_deleted:
             params["include_deleted"] = "true"
-        data = await self.request(worker, base, "GET", "/v1/machines", params=params)
+        data = await self._request(worker, base, "GET", "/v1/machines", params=params)
         return _MACHINES.validate_python(data)
 
     async def update(
         self, worker: str, base: str, machine_id: str, req: UpdateMachine, nonce: str | None
     ) -> Machine:
-        return await self.action(worker, base, "PUT", _path(machine_id), req, nonce=nonce)
+        return await self._action(worker, base, "PUT", _path(machine_id), req, nonce=nonce)
 
     async def patch_metadata(
         self, worker: str, base: str, machine_id: str, change: MetadataChange, nonce: str | None
     ) -> Machine:
         path = _path(machine_id, "metadata")
-        return await self.action(worker, base, "PATCH", path, change, nonce=nonce)
+        return await self._action(worker, base, "PATCH", path, change, nonce=nonce)
 
     async def start(self, worker: str, base: str, machine_id: str, nonce: str | None) -> Machine:
-        return await self.action(worker, base, "POST", _path(machine_id, "start"), nonce=nonce)
+        return await self._action(worker, base, "POST", _path(machine_id, "start"), nonce=nonce)
 
     async def stop(
         self, worker: str, base: str, machine_id: str, req: StopRequest, nonce: str | None
     ) -> Machine:
         path = _path(machine_id, "stop")
-        return await self.action(worker, base, "POST", path, req, nonce=nonce)
+        return await self._action(worker, base, "POST", path, req, nonce=nonce)
 
     async def restart(self, worker: str, base: str, machine_id: str, nonce: str | None) -> Machine:
         path = _path(machine_id, "restart")
-        return await self.action(worker, base, "POST", path, nonce=nonce)
+        return await self._action(worker, base, "POST", path, nonce=nonce)
 
     async def destroy(
         self,
@@ -198,14 +197,14 @@ class WorkerClient(HttpClient):
     ) -> Machine:
         params = {"force": "true"} if force else None
         path = _path(machine_id)
-        return await self.action(worker, base, "DELETE", path, None, params, nonce, timeout)
+        return await self._action(worker, base, "DELETE", path, None, params, nonce, timeout)
 
     async def wait(
         self, worker: str, base: str, machine_id: str, params: dict[str, str], timeout: float
     ) -> tuple[bool, WaitResult]:
         """Whether the machine reached the state asked for in `params` (a 408 is a no, not an
         error), and where it is."""
-        data = await self.request(
+        data = await self._request(
             worker,
             base,
             "GET",
@@ -218,7 +217,7 @@ class WorkerClient(HttpClient):
         return result.ok, result
 
     async def events(self, worker: str, base: str, machine_id: str) -> list[MachineEvent]:
-        data = await self.request(worker, base, "GET", _path(machine_id, "events"))
+        data = await self._request(worker, base, "GET", _path(machine_id, "events"))
         return _EVENTS.validate_python(data)
 
     @contextlib.asynccontextmanager
@@ -235,17 +234,17 @@ class WorkerClient(HttpClient):
     # --- leases --------------------------------------------------------------------------
 
     async def lease(self, worker: str, base: str, machine_id: str) -> Lease:
-        data = await self.request(worker, base, "GET", _path(machine_id, "lease"))
+        data = await self._request(worker, base, "GET", _path(machine_id, "lease"))
         return Lease.model_validate(data)
 
     async def acquire_lease(
         self, worker: str, base: str, machine_id: str, req: WorkerLeaseRequest, nonce: str | None
     ) -> Lease:
         path = _path(machine_id, "lease")
-        data = await self.request(worker, base, "POST", path, req, nonce=nonce)
+        data = await self._request(worker, base, "POST", path, req, nonce=nonce)
         return Lease.model_validate(data)
 
     async def release_lease(
         self, worker: str, base: str, machine_id: str, nonce: str | None
     ) -> None:
-        await self.request(worker, base, "DELETE", _path(machine_id, "lease"), nonce=nonce)
+        await self._request(worker, base, "DELETE", _path(machine_id, "lease"), nonce=nonce)

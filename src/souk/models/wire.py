@@ -10,5 +10,8 @@ ROLE_KEY = "souk.role"  # a deploy's machine: its part in its instance (see Role
 RELEASE_KEY = "souk.release"  # a deploy's machine: the release number it runs
 HIDDEN_KEY = "souk.hidden"  # "true": the proxy sends it no traffic (blue/green before the switch)
 CORDON_KEY = "souk_cordoned"  # "true": a machine cordon, out of the proxy's rotation
+# App metadata: the broker stores values of keys under this prefix encrypted, and shows them only
+# to tokens that may deploy the app (a deploy keeps each release's environment there).
+SEALED_PREFIX = "sealed."
 
 Role = Literal["primary", "standby", "canary"]

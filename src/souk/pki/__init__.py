@@ -11,6 +11,7 @@ from souk.pki.tls import (
     reloading_client_context,
     reloading_server_context,
     server_context,
+    switching,
 )
 
 __all__ = [
@@ -37,5 +38,6 @@ __all__ = [
     "save_cert",
     "save_key",
     "server_context",
+    "switching",
     "verify_issued_by",
 ]

@@ -4,7 +4,6 @@ then moved into place, so it is never readable by others nor seen half-written; 
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -16,6 +15,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from souk.pki.identity import PkiError, check_name, check_role
 from souk.pki.issue import CA_DAYS, NODE_DAYS, issue, new_ca, new_key
+from souk.secret_files import write_file
 
 KEY_MODE = 0o600
 CERT_MODE = 0o644
@@ -42,23 +42,10 @@ def make_dir(path: Path) -> None:
 
 
 def _write(path: Path, data: bytes, mode: int, replace: bool) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
     try:
-        os.fchmod(fd, mode)  # the umask may have narrowed it; the file is still empty
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        if replace:
-            os.replace(tmp, path)
-        else:
-            try:
-                os.link(tmp, path)  # fails if `path` exists, where a rename would replace it
-            except FileExistsError as exc:
-                raise PkiError(f"{path} exists; pass --force to replace it") from exc
-    finally:
-        tmp.unlink(missing_ok=True)
+        write_file(path, data, mode=mode, replace=replace)
+    except FileExistsError as exc:
+        raise PkiError(f"{path} exists; pass --force to replace it") from exc
 
 
 def save_key(path: Path, key: Ed25519PrivateKey, *, replace: bool = False) -> None:

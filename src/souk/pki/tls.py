@@ -103,9 +103,14 @@ def reloading_server_context(
         (files.cert, files.key, files.ca),
         interval,
     )
+    return switching(reloader)
+
+
+def switching(reloader: Reloader) -> ssl.SSLContext:
+    """A context to listen with that hands each new connection, at its ClientHello (with or
+    without a server name in it), over to the reloader's context of the moment."""
     front = reloader.context()
 
-    # Called at every ClientHello, with or without a server name in it.
     def switch(conn: ssl.SSLObject, _server_name: str | None, _ctx: ssl.SSLContext) -> None:
         current = reloader.context()
         if conn.context is not current:

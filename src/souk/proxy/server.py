@@ -25,16 +25,15 @@ from souk.clients.machines import MachinesClient
 from souk.pki import NodeFiles
 from souk.proxy.forward import Forwarder, app_header, make_session
 from souk.proxy.idle import Autostop, stop_task
+from souk.proxy.own import OwnRoutes, own_routes
 from souk.proxy.policy import Policies
 from souk.proxy.routing import Loads, Marks, Router, app_of
 from souk.proxy.wake import Waker
+from souk.web import runner as web_runner
 from souk.web.errors import json_error
 from souk.web.tls import ServerCert
 
 log = logging.getLogger("souk.proxy")
-
-HEALTH_PATH = "/.souk/health"
-STATUS_PATH = "/.souk/status"
 
 
 @dataclass(frozen=True)
@@ -80,6 +79,7 @@ class Proxy:
             opts.domain,
             opts.start_timeout,
         )
+        self.own = OwnRoutes(own_routes(self.status), self.session, opts.api)
         self._idle_task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
@@ -96,10 +96,9 @@ class Proxy:
     async def handle(self, request: web.Request) -> web.StreamResponse:
         app = app_of(request.host, app_header(request), self.opts.domain)
         if app is None:
-            if request.path == HEALTH_PATH:
-                return web.json_response({"ok": True})
-            if request.path == STATUS_PATH:
-                return web.json_response(self.status())
+            route = self.own.routes.get(request.path)
+            if route is not None:
+                return await self.own.handle(request, route)
             return json_error(
                 404,
                 "app_not_found",
@@ -131,7 +130,7 @@ async def proxy_site(view: CatalogView, opts: ProxyOptions) -> AsyncIterator[tup
     async with contextlib.AsyncExitStack() as stack:
         stack.push_async_callback(proxy.close)
         await proxy.start()
-        runner = web.AppRunner(make_app(proxy), access_log=None)
+        runner = web_runner(make_app(proxy))
         await runner.setup()
         stack.push_async_callback(runner.cleanup)
         ctx = opts.listener.context() if opts.listener is not None else None

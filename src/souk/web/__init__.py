@@ -1,18 +1,44 @@
 """HTTP plumbing shared by the worker, the broker and the proxy: JSON errors, validated bodies,
-a declared route table and the OpenAPI document generated from it."""
+a declared route table (with the permission each route needs) and the OpenAPI document
+generated from it."""
 
 from souk.web.body import read_json, read_model
 from souk.web.errors import ApiError, error_middleware, json_error
-from souk.web.routes import Route, add_routes, openapi_document, reply
+from souk.web.routes import (
+    AUDIENCE,
+    EVERYONE,
+    Audience,
+    Permission,
+    Route,
+    add_routes,
+    audience_of,
+    declared_route,
+    in_body,
+    in_path,
+    in_query,
+    open_access,
+    openapi_document,
+    reply,
+)
 from souk.web.server import JsonErrorRunner, runner
 
 __all__ = [
+    "AUDIENCE",
+    "EVERYONE",
     "ApiError",
+    "Audience",
     "JsonErrorRunner",
+    "Permission",
     "Route",
     "add_routes",
+    "audience_of",
+    "declared_route",
     "error_middleware",
+    "in_body",
+    "in_path",
+    "in_query",
     "json_error",
+    "open_access",
     "openapi_document",
     "read_json",
     "read_model",

@@ -1,4 +1,13 @@
-"""Routes declared once, with their models, so the server and /openapi.json cannot disagree."""
+"""Routes declared once, with their models and the permission each needs, so the server, its
+/openapi.json and its access checks cannot disagree.
+
+A route's `Permission` says what a caller's token must allow: nothing (public), any valid
+token, a kind of request on an app (read, write, deploy), or a fleet operation (operators).
+It also says where the request names its app, machine and region (a path or query parameter,
+or a field of the body), since a token limited to some of those is checked against them. The
+access middleware in front of the routes (the broker's `souk.broker.auth`) reads the matched
+route's permission and nothing else: the route table is the one home of who may call what.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +15,7 @@ import json
 import re
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from aiohttp import web
 from pydantic import BaseModel, TypeAdapter
@@ -14,6 +23,111 @@ from pydantic import BaseModel, TypeAdapter
 from souk.models.errors import ErrorBody
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+Need = Literal["public", "token", "app", "operator"]
+Action = Literal["read", "write", "deploy"]
+
+
+@dataclass(frozen=True)
+class Named:
+    """Where a request names something: a path parameter, a query parameter or a body field."""
+
+    where: Literal["path", "query", "body"]
+    name: str
+
+    def __str__(self) -> str:
+        return f"{self.where} {self.name}"
+
+
+def in_path(name: str) -> Named:
+    return Named("path", name)
+
+
+def in_query(name: str) -> Named:
+    return Named("query", name)
+
+
+def in_body(name: str) -> Named:
+    return Named("body", name)
+
+
+@dataclass(frozen=True)
+class Permission:
+    """What a route needs of the caller's token.
+
+    `need`: "public" (no token), "token" (any valid token), "app" (a request of kind `action`
+    on the app, machine and region it names), "operator" (a fleet operation of kind `action`).
+    A token limited to some apps, machines or regions is refused a request that does not name
+    them, except on routes with `own_rows`, whose handlers show only the rows of the token's
+    apps (see `Audience`)."""
+
+    need: Need
+    action: Action = "read"
+    app: Named | None = None
+    machine: Named | None = None
+    region: Named | None = None  # None with `machine`: the region the machine is in
+    own_rows: bool = False
+
+    def __post_init__(self) -> None:
+        named = (self.app, self.machine, self.region, self.own_rows)
+        if self.need != "app" and any(named):
+            raise ValueError(f"a {self.need} permission names no app, machine or region")
+        if self.need in ("public", "token") and self.action != "read":
+            raise ValueError(f"a {self.need} permission has no action")
+
+    @classmethod
+    def public(cls) -> Permission:
+        return cls("public")
+
+    @classmethod
+    def token(cls) -> Permission:
+        return cls("token")
+
+    @classmethod
+    def app_read(
+        cls,
+        app: Named | None = None,
+        machine: Named | None = None,
+        region: Named | None = None,
+        own_rows: bool = False,
+    ) -> Permission:
+        return cls("app", "read", app, machine, region, own_rows)
+
+    @classmethod
+    def app_write(
+        cls, app: Named | None = None, machine: Named | None = None, region: Named | None = None
+    ) -> Permission:
+        return cls("app", "write", app, machine, region)
+
+    @classmethod
+    def app_deploy(
+        cls, app: Named | None = None, machine: Named | None = None, region: Named | None = None
+    ) -> Permission:
+        return cls("app", "deploy", app, machine, region)
+
+    @classmethod
+    def operator(cls, action: Action = "read") -> Permission:
+        return cls("operator", action)
+
+    def describe(self) -> str:
+        """One line for people: what the route needs, and where it finds the names."""
+        if self.need == "public":
+            return "public"
+        if self.need == "token":
+            return "any valid token"
+        if self.need == "operator":
+            return f"operator token ({self.action})"
+        names = [
+            f"{what} from {named}"
+            for what, named in (
+                ("app", self.app),
+                ("machine", self.machine),
+                ("region", self.region),
+            )
+            if named is not None
+        ]
+        if self.own_rows:
+            names.append("shows only the token's apps")
+        return f"app {self.action}" + (f" ({'; '.join(names)})" if names else "")
 
 
 @dataclass(frozen=True)
@@ -27,17 +141,80 @@ class Route:
     status: int = 200
     query: dict[str, str] = field(default_factory=dict)  # name -> description
     errors: tuple[int, ...] = ()
+    permission: Permission | None = None  # None: an access middleware refuses every caller
+
+
+# --- who a route answers to -----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Audience:
+    """Whose rows a route with `own_rows` may show: the access middleware sets it for every
+    request it lets through, from the caller's token."""
+
+    can_see: Callable[[str, str | None, str | None], bool]  # (app, machine, region)
+    fleet: bool  # rows that belong to no app (workers, images, revocations): operators only
+
+    def sees(self, app: str, machine: str | None = None, region: str | None = None) -> bool:
+        return self.can_see(app, machine, region)
+
+
+EVERYONE = Audience(lambda _app, _machine, _region: True, fleet=True)
+AUDIENCE = web.RequestKey("audience", Audience)
+
+
+def audience_of(request: web.Request) -> Audience:
+    """The caller's audience. Served with no access middleware in front, a route that filters
+    by it fails (500) rather than show everything by mistake."""
+    if AUDIENCE not in request:
+        raise RuntimeError(f"{request.path}: no access middleware set the caller's audience")
+    return request[AUDIENCE]
+
+
+@web.middleware
+async def open_access(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """For a server that checks no tokens at all (bound to a private address): everyone sees
+    every row."""
+    request[AUDIENCE] = EVERYONE
+    return await handler(request)
+
+
+# --- serving the table -------------------------------------------------------------------------
+
+DECLARED = web.AppKey("declared_routes", dict[tuple[str, str], Route])
+
+
+def declared_route(request: web.Request) -> Route | None:
+    """The declared route the request matched (a HEAD matches its GET), if any."""
+    resource = request.match_info.route.resource
+    if resource is None:
+        return None
+    if DECLARED not in request.app:
+        return None
+    table = request.app[DECLARED]
+    found = table.get((request.method, resource.canonical))
+    if found is None and request.method == "HEAD":
+        found = table.get(("GET", resource.canonical))
+    return found
 
 
 def add_routes(app: web.Application, routes: Sequence[Route], title: str, version: str) -> None:
-    for route in routes:
-        app.router.add_route(route.method, route.path, route.handler)
     document = openapi_document(routes, title, version)
 
     async def serve_openapi(_: web.Request) -> web.Response:
         return web.json_response(document)
 
-    app.router.add_get("/openapi.json", serve_openapi)
+    openapi = Route(
+        "GET", "/openapi.json", serve_openapi, "This document", permission=Permission.public()
+    )
+    table = app[DECLARED].copy() if DECLARED in app else {}
+    for route in routes:
+        app.router.add_route(route.method, route.path, route.handler)
+    app.router.add_get(openapi.path, openapi.handler)
+    for route in [*routes, openapi]:
+        resource = _PATH_PARAM.sub(r"{\1}", route.path)
+        table[(route.method, resource)] = route
+    app[DECLARED] = table
 
 
 def reply(value: Any, status: int = 200) -> web.Response:
@@ -86,6 +263,8 @@ def openapi_document(routes: Sequence[Route], title: str, version: str) -> dict[
             for name, text in route.query.items()
         ]
         op: dict[str, Any] = {"summary": route.summary, "parameters": params, "responses": {}}
+        if route.permission is not None:
+            op["x-souk-permission"] = route.permission.describe()
         if route.body is not None:
             op["requestBody"] = {
                 "required": True,

@@ -8,7 +8,7 @@ import ssl
 from dataclasses import dataclass
 from pathlib import Path
 
-from souk.pki import Reloader
+from souk.pki import Reloader, switching
 
 
 @dataclass(frozen=True)
@@ -27,13 +27,4 @@ class ServerCert:
     def context(self) -> ssl.SSLContext:
         """The context to listen with: each handshake is handed the certificate now on disk
         (its files looked at no more than every couple of seconds)."""
-        reloader = Reloader(self.build, (self.cert, self.key))
-        front = reloader.context()
-
-        def switch(conn: ssl.SSLObject, _name: str | None, _ctx: ssl.SSLContext) -> None:
-            current = reloader.context()
-            if conn.context is not current:
-                conn.context = current
-
-        front.sni_callback = switch
-        return front
+        return switching(Reloader(self.build, (self.cert, self.key)))

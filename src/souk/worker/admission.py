@@ -13,6 +13,7 @@ import secrets
 import time
 from typing import Any
 
+from souk.models import machine as machine_models
 from souk.models.capacity import Capacity, Offer, OfferRequest, Resources
 from souk.models.fit import Misfit, misfit
 from souk.models.machine import (
@@ -25,7 +26,14 @@ from souk.models.machine import (
 from souk.worker import leases, queries
 from souk.worker.addresses import free_ip
 from souk.worker.drivers.base import Drivers
-from souk.worker.errors import AlreadyExists, Cordoned, InvalidState, NoRoom, WorkerError
+from souk.worker.errors import (
+    AlreadyExists,
+    Cordoned,
+    InvalidState,
+    MetadataTooLarge,
+    NoRoom,
+    WorkerError,
+)
 from souk.worker.fsm import OPERATIONS, Operation
 from souk.worker.progress import enqueue
 from souk.worker.queries import Db
@@ -220,6 +228,10 @@ def patch_metadata(tx: Tx, machine_id: str, patch: MetadataChange, nonce: str | 
     config = MachineConfig.model_validate_json(row["config"])
     metadata = {k: v for k, v in config.metadata.items() if k not in patch.delete}
     metadata.update(patch.set)
+    try:  # each part of a patch may be small while the sum is not: a config must stay readable
+        machine_models.check_metadata_size(metadata)
+    except machine_models.MetadataTooLarge as exc:
+        raise MetadataTooLarge(str(exc)) from None
     new = config.model_copy(update={"metadata": metadata})
     queries.set_config(tx, machine_id, new, now_iso())
     tx.log("machine", machine_id, "metadata", "patch", None, data=patch.model_dump())

@@ -25,12 +25,29 @@ from souk.web import ApiError, Route, read_model, reply
 from souk.web.routes import Handler
 from souk.worker import logs
 from souk.worker.engine import Engine
-from souk.worker.errors import Conflict, NoRoom, NotFound, WorkerError
+from souk.worker.errors import (
+    Conflict,
+    MetadataTooLarge,
+    NoRoom,
+    NotFound,
+    StorageFault,
+    StorageFull,
+    WorkerError,
+)
+from souk.worker.status import WorkerStatus
 
 MAX_WAIT = 60.0
 
 # The one place a worker's refusal becomes an HTTP status; the most specific class listed wins.
-HTTP_STATUS: dict[type[WorkerError], int] = {NotFound: 404, Conflict: 409, NoRoom: 412}
+HTTP_STATUS: dict[type[WorkerError], int] = {
+    NotFound: 404,
+    Conflict: 409,
+    NoRoom: 412,
+    MetadataTooLarge: 413,
+    StorageFault: 503,
+    StorageFull: 507,
+}
+WRITE_ERRORS = (503, 507)  # any request that records something may meet a full disk
 
 
 def http_error(exc: WorkerError) -> ApiError:
@@ -57,6 +74,7 @@ _M = "/v1/machines/{id}"
 ACCESS = AccessTable(
     {
         "GET /v1/capacity": _BROKERS,
+        "GET /v1/status": _BROKERS,
         "POST /v1/offers": _BROKERS,
         "POST /v1/machines": _BROKERS,
         "GET /v1/machines": _BROKERS,
@@ -91,6 +109,9 @@ def _routes(engine: Engine) -> list[Route]:
 
     async def capacity(_: web.Request) -> web.Response:
         return reply(engine.capacity())
+
+    async def status(_: web.Request) -> web.Response:
+        return reply(engine.status())
 
     async def offer(request: web.Request) -> web.Response:
         return reply(engine.offer(await read_model(request, OfferRequest)))
@@ -202,6 +223,13 @@ def _routes(engine: Engine) -> list[Route]:
     m = "/v1/machines/{id}"
     return [
         Route("GET", "/v1/capacity", capacity, "Totals, reserved, free", response=Capacity),
+        Route(
+            "GET",
+            "/v1/status",
+            status,
+            "Whether changes can be recorded now, and whether the catalog's bus is reached",
+            response=WorkerStatus,
+        ),
         Route("POST", "/v1/offers", offer, "Would this guest fit here now?", OfferRequest, Offer),
         Route(
             "POST",
@@ -211,7 +239,7 @@ def _routes(engine: Engine) -> list[Route]:
             CreateMachine,
             Machine,
             201,
-            errors=(409, 412),
+            errors=(409, 412, *WRITE_ERRORS),
         ),
         Route(
             "GET",
@@ -229,7 +257,7 @@ def _routes(engine: Engine) -> list[Route]:
             "Update in place: new config, new instance id",
             UpdateMachine,
             Machine,
-            errors=(404, 409, 412),
+            errors=(404, 409, 412, *WRITE_ERRORS),
         ),
         Route(
             "PATCH",
@@ -238,7 +266,7 @@ def _routes(engine: Engine) -> list[Route]:
             "Set and delete metadata keys in place: no restart, same instance",
             MetadataChange,
             Machine,
-            errors=(404, 409),
+            errors=(404, 409, 413, *WRITE_ERRORS),
         ),
         Route("GET", m + "/lease", get_lease, "The machine's lease", response=Lease, errors=(404,)),
         Route(
@@ -248,16 +276,23 @@ def _routes(engine: Engine) -> list[Route]:
             f"Take a lease, or extend yours (send its nonce in {NONCE_HEADER})",
             WorkerLeaseRequest,
             Lease,
-            errors=(404, 409),
+            errors=(404, 409, *WRITE_ERRORS),
         ),
         Route(
             "DELETE",
             m + "/lease",
             release_lease,
             f"Release your lease (its nonce in {NONCE_HEADER})",
-            errors=(404, 409),
+            errors=(404, 409, *WRITE_ERRORS),
         ),
-        Route("POST", m + "/start", start, "Start", response=Machine, errors=(404, 409)),
+        Route(
+            "POST",
+            m + "/start",
+            start,
+            "Start",
+            response=Machine,
+            errors=(404, 409, *WRITE_ERRORS),
+        ),
         Route(
             "POST",
             m + "/stop",
@@ -265,9 +300,16 @@ def _routes(engine: Engine) -> list[Route]:
             "Stop: signal, then SIGKILL after the timeout",
             StopRequest,
             Machine,
-            errors=(404, 409),
+            errors=(404, 409, *WRITE_ERRORS),
         ),
-        Route("POST", m + "/restart", restart, "Restart", response=Machine, errors=(404, 409)),
+        Route(
+            "POST",
+            m + "/restart",
+            restart,
+            "Restart",
+            response=Machine,
+            errors=(404, 409, *WRITE_ERRORS),
+        ),
         Route(
             "DELETE",
             m,
@@ -275,7 +317,7 @@ def _routes(engine: Engine) -> list[Route]:
             "Destroy and release its reservation",
             response=Machine,
             query={"force": "kill it even if it is running"},
-            errors=(404, 409),
+            errors=(404, 409, *WRITE_ERRORS),
         ),
         Route(
             "GET",
@@ -312,6 +354,14 @@ def _routes(engine: Engine) -> list[Route]:
             cordon,
             "Refuse new machines, keep the ones here",
             response=Capacity,
+            errors=WRITE_ERRORS,
         ),
-        Route("POST", "/v1/uncordon", uncordon, "Accept new machines again", response=Capacity),
+        Route(
+            "POST",
+            "/v1/uncordon",
+            uncordon,
+            "Accept new machines again",
+            response=Capacity,
+            errors=WRITE_ERRORS,
+        ),
     ]

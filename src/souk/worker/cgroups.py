@@ -58,6 +58,16 @@ class Cgroups:
             return False
         return True
 
+    def pids(self, machine_id: str) -> set[int]:
+        """Processes in the machine's cgroups, wherever they moved in the process tree."""
+        found: set[int] = set()
+        for d in self._dirs(machine_id):
+            try:
+                found.update(int(p) for p in (d / "cgroup.procs").read_text().split())
+            except (OSError, ValueError):
+                continue
+        return found
+
     def remove(self, machine_id: str) -> None:
         for d in self._dirs(machine_id):
             try:

@@ -14,6 +14,7 @@ import logging
 import os
 import shutil
 import signal
+import sqlite3
 import ssl
 from collections.abc import AsyncIterator
 
@@ -22,6 +23,7 @@ from aiohttp import web
 from souk import __version__
 from souk.catalog import node
 from souk.catalog.bus import Bus, Message
+from souk.catalog.connecting import ConnectingBus
 from souk.catalog.owner import Owner
 from souk.catalog.signing import Signer
 from souk.models.capacity import OfferCall, offers_subject
@@ -39,6 +41,7 @@ from souk.worker.oci.images import ImageCache
 from souk.worker.oci.registry import RegistryClient, RegistryConfig
 from souk.worker.rows import WorkerRows
 from souk.worker.settings import WorkerSettings
+from souk.worker.storage import check_data_dir, unusable
 
 log = logging.getLogger("souk.worker")
 
@@ -137,6 +140,16 @@ async def offering(engine: Engine, bus: Bus) -> AsyncIterator[None]:
         await sub.unsubscribe()
 
 
+def open_engine(settings: WorkerSettings, driver_name: str) -> Engine:
+    """The engine on its data directory; `DataDirUnusable` (one line) when that cannot be
+    created, written or opened."""
+    check_data_dir(settings.data_dir)
+    try:
+        return Engine(settings, make_driver(driver_name, settings))
+    except (OSError, sqlite3.Error) as exc:
+        raise unusable(settings.data_dir, exc) from exc
+
+
 async def serve(
     settings: WorkerSettings,
     driver_name: str,
@@ -145,16 +158,24 @@ async def serve(
     nats: str | None = None,
     tls: NodeFiles | None = None,
 ) -> None:
-    engine = Engine(settings, make_driver(driver_name, settings))
+    engine = open_engine(settings, driver_name)
     async with contextlib.AsyncExitStack() as stack:
         await stack.enter_async_context(running(engine))
         if nats:
+            # Serve first, join the catalog whenever NATS answers: the owner's rows wait in the
+            # database, and its first heartbeat on connecting tells the replicas to pull them.
+            # With node files, the bus sees its certificate and every row is signed by its key.
             key = node.NodeKey(tls) if tls is not None else None
-            bus = await stack.enter_async_context(
-                node.joined(nats, f"souk-worker-{settings.name}", tls, key)
-            )
-            await stack.enter_async_context(publishing(engine, bus, signer=key))
+            if key is not None:
+                await stack.enter_async_context(node.renewing(key))
+            connect = node.connector(nats, f"souk-worker-{settings.name}", tls, key)
+            bus = ConnectingBus(connect, f"NATS {nats}")
+            stack.push_async_callback(bus.close)
+            owner = await stack.enter_async_context(publishing(engine, bus, signer=key))
             await stack.enter_async_context(offering(engine, bus))
+            bus.on_connect(owner.heartbeat)
+            engine.bus_link = bus
+            bus.start()
         runner = web_runner(make_app(engine, secure=tls is not None))
         await runner.setup()
         ctx = tls_context(tls) if tls is not None else None

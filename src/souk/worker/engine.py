@@ -31,9 +31,12 @@ from souk.worker import admission, leases, queries
 from souk.worker.check_following import CheckFollowing
 from souk.worker.checks import HealthChecks
 from souk.worker.drivers.base import Drivers
+from souk.worker.errors import StorageFault
 from souk.worker.fsm import OPERATIONS
 from souk.worker.runner import Runner
 from souk.worker.settings import WorkerSettings
+from souk.worker.status import BusLink, StorageStatus, WorkerStatus, bus_status
+from souk.worker.storage import free_bytes
 from souk.worker.store import Commit, Store, Tx
 from souk.worker.supervision import Supervisor
 
@@ -53,6 +56,7 @@ class Engine:
         self.store.listeners.append(self._wake_waiters)
         self.store.listeners.append(self.following.on_commit)
         self.epoch = self._init_meta()
+        self.bus_link: BusLink | None = None  # set by whoever connects it to the catalog
 
     # --- start-up and recovery -------------------------------------------------------------
 
@@ -73,11 +77,13 @@ class Engine:
         """Log the start, adopt surviving processes, notice the ones that died meanwhile, resume
         operations. The start entry also gives even an empty worker a head to announce, so the
         catalog learns of it (its worker row) from the first heartbeat."""
-        await self.store.write(
-            lambda tx: tx.log(
-                "worker", self.settings.name, "boot", "started", data={"pid": os.getpid()}
+        boot = {"pid": os.getpid()}
+        try:
+            await self.store.write(
+                lambda tx: tx.log("worker", self.settings.name, "boot", "started", data=boot)
             )
-        )
+        except StorageFault:  # informative only; the worker serves (and says why) all the same
+            pass
         await self.supervisor.adopt()
         for machine_id in queries.machines_with_pending(self.store.read):
             self.runner.kick(machine_id)
@@ -85,7 +91,7 @@ class Engine:
         self.following.sync(queries.started_ids(self.store.read))
 
     async def close(self) -> None:
-        tasks = [*self.runner.tasks.cancel(), *self.supervisor.monitors.cancel()]
+        tasks = [*self.runner.tasks.cancel(), *self.supervisor.cancel()]
         await asyncio.gather(*tasks, return_exceptions=True)
         await self.checks.close()
         await self.drivers.close()
@@ -110,8 +116,8 @@ class Engine:
     ) -> Machine:
         """Queue start, stop, restart or destroy; returns once the operation is durably accepted."""
         op, params = OPERATIONS[op_name], params or {}
-        if await self.store.write(lambda tx: admission.accept(tx, machine_id, op, params, nonce)):
-            self.runner.kick(machine_id)
+        await self.store.write(lambda tx: admission.accept(tx, machine_id, op, params, nonce))
+        self.runner.kick(machine_id)  # also when already on its way: its queue must be running
         return self.get(machine_id, events=False)
 
     async def update(
@@ -187,8 +193,29 @@ class Engine:
         ]
 
     def offer(self, req: OfferRequest) -> Offer:
-        """Would this guest fit here now? A hint for ranking; only a reservation decides."""
-        return admission.offer(req, self.capacity(), self.drivers)
+        """Would this guest fit here now? A hint for ranking; only a reservation decides. A
+        worker whose data directory takes no writes cannot create anything: it offers nothing."""
+        offer = admission.offer(req, self.capacity(), self.drivers)
+        if self.store.watch.fault is not None:
+            offer.fits = False
+        return offer
+
+    def status(self) -> WorkerStatus:
+        """Whether changes can be recorded now, and whether the catalog's bus is reached."""
+        watch = self.store.watch
+        fault = watch.fault
+        storage = StorageStatus(
+            writable=fault is None,
+            reason=None if fault is None else fault.reason,
+            message=None if fault is None else fault.message,
+            since=watch.since,
+            free_bytes=free_bytes(self.settings.data_dir),
+            stalled_operations=0 if fault is None else queries.pending_count(self.store.read),
+        )
+        s = self.settings
+        return WorkerStatus(
+            worker=s.name, region=s.region, storage=storage, bus=bus_status(self.bus_link)
+        )
 
     def capacity(self) -> Capacity:
         return admission.capacity(self.store.read, self.settings)

@@ -58,3 +58,22 @@ class NoRoom(WorkerError):
     """The guest does not fit here: too big, the wrong cpus, or a kind of machine not run here."""
 
     reason = "insufficient_capacity"
+
+
+class MetadataTooLarge(WorkerError):
+    """A metadata patch that, merged with what the machine has, is over the limit."""
+
+    reason = "metadata_too_large"
+
+
+class StorageFault(WorkerError):
+    """The data directory cannot take the write: nothing was recorded, and the request may be
+    sent again once the cause is cleared."""
+
+    reason = "storage_unavailable"
+
+
+class StorageFull(StorageFault):
+    """The data directory's file system is full; `details` says how much is free and needed."""
+
+    reason = "insufficient_storage"

@@ -8,20 +8,30 @@ worker rotates a file that has grown past the budget: the current one becomes `.
 from __future__ import annotations
 
 import asyncio
+import errno
+import logging
 import shutil
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 STREAMS = ("stdout", "stderr")
+log = logging.getLogger("souk.worker.logs")
 
 
 def rotate_if_large(rundir: Path, max_bytes: int) -> None:
     for stream in STREAMS:
-        path = rundir / f"{stream}.log"
+        path, kept = rundir / f"{stream}.log", rundir / f"{stream}.log.1"
         try:
             if path.stat().st_size <= max_bytes:
                 continue
-            shutil.copyfile(path, rundir / f"{stream}.log.1")
+            kept.unlink(missing_ok=True)  # its room first: the copy may need it
+            try:
+                shutil.copyfile(path, kept)
+            except OSError as exc:
+                kept.unlink(missing_ok=True)
+                if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                    raise
+                # no room for the copy on a full disk: free the space, lose the old output
             with open(path, "r+b") as f:
                 f.truncate(0)
         except FileNotFoundError:
@@ -33,7 +43,10 @@ async def rotate_forever(machines_dir: Path, max_bytes: int, every: float = 1.0)
         await asyncio.sleep(every)
         if machines_dir.exists():
             for rundir in machines_dir.iterdir():
-                await asyncio.to_thread(rotate_if_large, rundir, max_bytes)
+                try:
+                    await asyncio.to_thread(rotate_if_large, rundir, max_bytes)
+                except OSError as exc:  # one machine's files must not stop everyone's rotation
+                    log.warning("rotating the logs in %s: %s", rundir, exc)
 
 
 def read_tail(rundir: Path, stream: str, max_bytes: int) -> bytes:

@@ -47,3 +47,20 @@ def find_by_marker(marker: str) -> int | None:
         if has_marker(pid, marker):
             return pid
     return None
+
+
+def processes_of(machine_id: str) -> list[int]:
+    """Live processes whose environment names this machine: its own and whatever they started,
+    in its process group or not (a reading of every process's environment: not for hot paths)."""
+    wanted = f"SOUK_MACHINE_ID={machine_id}".encode()
+    found: list[int] = []
+    for entry in os.scandir(PROC):
+        if not entry.name.isdigit():
+            continue
+        try:
+            environ = Path(entry.path, "environ").read_bytes()
+        except OSError:
+            continue
+        if wanted in environ.split(b"\0") and start_time(int(entry.name)) is not None:
+            found.append(int(entry.name))
+    return found

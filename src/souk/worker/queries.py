@@ -296,6 +296,11 @@ def has_pending(db: Db, machine_id: str) -> bool:
     return _one(db, sql, (machine_id,)) is not None
 
 
+def pending_count(db: Db) -> int:
+    row = _one(db, "SELECT COUNT(*) FROM operations WHERE done = 0")
+    return int(row[0]) if row is not None else 0
+
+
 def queued_after(db: Db, machine_id: str, op_id: int) -> bool:
     sql = "SELECT 1 FROM operations WHERE machine = ? AND done = 0 AND id > ?"
     return _one(db, sql, (machine_id, op_id)) is not None

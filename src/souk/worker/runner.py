@@ -1,9 +1,16 @@
 """The operation runner: one task per machine with queued operations, running them in order,
-one step at a time, each step found in the table of step implementations."""
+one step at a time, each step found in the table of step implementations.
+
+A step that fails because the data directory cannot take its commit (full, read-only) has not
+happened as far as the log knows: it is run again, after a backoff that any successful commit
+cuts short, so an acknowledged operation completes once the disk has room again. Any other
+failure fails the operation and the queue goes on.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 
@@ -12,6 +19,7 @@ from souk.worker.fsm import OPERATIONS
 from souk.worker.machine_tasks import MachineTasks
 from souk.worker.progress import StepRun, fail
 from souk.worker.steps import STEPS, StepHost
+from souk.worker.storage import patiently
 from souk.worker.store import Store
 
 log = logging.getLogger("souk.worker")
@@ -28,6 +36,7 @@ class Runner:
         self.tasks.ensure(machine_id, lambda: self._run_queue(machine_id))
 
     async def _run_queue(self, machine_id: str) -> None:
+        waits = 0  # storage faults in a row
         while True:
             row = queries.next_operation(self.store.read, machine_id)
             if row is None:
@@ -39,8 +48,16 @@ class Runner:
                 while index < len(op.steps):
                     run = StepRun(machine_id, row["id"], op, index, params)
                     index = await STEPS[op.steps[index].name](self.host, run)
+                    waits = 0
             except asyncio.CancelledError:
                 raise
-            except Exception as exc:  # a driver failure: the machine fails, the queue goes on
+            except Exception as exc:
+                if self.store.watch.fault_from(exc) is not None:
+                    # not logged as done: the step runs again (steps are idempotent)
+                    await self.store.watch.pause(waits)
+                    waits += 1
+                    continue
+                # a driver failure: the machine fails, the queue goes on
                 log.exception("operation %s on %s failed", op.name, machine_id)
-                await fail(self.store, machine_id, row["id"], op, str(exc))
+                failed = functools.partial(fail, self.store, machine_id, row["id"], op, str(exc))
+                await patiently(self.store.watch, failed)

@@ -10,12 +10,13 @@ declared name: checked when this module is imported.
 from __future__ import annotations
 
 import asyncio
+import logging
 import shutil
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Protocol
 
-from souk.models.machine import MachineConfig, StopConfig
+from souk.models.machine import MachineConfig, StopConfig, normalize_signal
 from souk.worker import app_users, queries
 from souk.worker.admission import reserve
 from souk.worker.drivers.base import Drivers, Launch
@@ -27,6 +28,9 @@ from souk.worker.store import Store, Tx, now_iso
 from souk.worker.supervision import Supervisor
 
 _STOP_STEPS = OPERATIONS["stop"].steps
+KILL_RETRY_MAX = 1.0  # between SIGKILLs to a machine's process that is not gone yet
+
+log = logging.getLogger("souk.worker")
 
 
 class StepHost(Protocol):
@@ -146,10 +150,20 @@ async def _begin_stop(w: StepHost, run: StepRun) -> int:
     return await advance(w.store, run)
 
 
+def _signal_named(run: StepRun, name: str) -> str:
+    """The signal as the drivers send it. Older workers queued stops with names such as "TERM"
+    or "15"; an operation already in the log must still run, so what cannot be read is SIGTERM."""
+    try:
+        return normalize_signal(name)
+    except ValueError:
+        log.warning("%s: unknown signal %r; SIGTERM instead", run.machine_id, name)
+        return "SIGTERM"
+
+
 @STEPS.implements("signal")
 async def _signal(w: StepHost, run: StepRun) -> int:
     m, config = run.machine_id, _stop_config(w, run)
-    signal = run.params.get("signal") or config.signal
+    signal = _signal_named(run, str(run.params.get("signal") or config.signal))
     timeout = run.params.get("timeout")
     await w.supervisor.running_driver(m).stop(
         m, w.supervisor.handle(m), signal, config.timeout if timeout is None else timeout
@@ -176,12 +190,20 @@ async def _begin_destroy(w: StepHost, run: StepRun) -> int:
 
 @STEPS.implements("kill")
 async def _kill(w: StepHost, run: StepRun) -> int:
+    """Stop whatever runs, and see that it is gone: the reservation is released after this step,
+    and must never be while any process of the machine lives."""
     m, config = run.machine_id, _stop_config(w, run)
     driver, handle = w.supervisor.running_driver(m), w.supervisor.handle(m)
     if run.params.get("force"):
         await driver.stop(m, handle, "SIGKILL", 0)
     else:
         await driver.stop(m, handle, config.signal, config.timeout)
+    delay = 0.01
+    while left := driver.remaining(m, handle):
+        log.warning("destroy of %s: processes %s still run; SIGKILL again", m, left)
+        await driver.stop(m, handle, "SIGKILL", 0)
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, KILL_RETRY_MAX)
     return await advance(w.store, run, pid=None)
 
 

@@ -4,12 +4,15 @@ the state it implies, written by one thread with group commit.
 Every write is a function run inside a transaction on the writer thread. Writes that arrive while a
 commit is in flight are batched into the next transaction, each under its own savepoint, so one
 fsync serves many requests and a failing write (a reservation that does not fit) rolls back alone.
+A commit the file system refuses (full, read-only) fails every write of its batch with a
+`StorageFault` and leaves the writer ready for the next batch: see `storage.py`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import sqlite3
 import threading
 import time
@@ -19,7 +22,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from souk.worker.storage import StorageWatch
+
 T = TypeVar("T")
+log = logging.getLogger("souk.worker.store")
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -170,6 +176,7 @@ class Store:
         self._closed = False
         self.listeners: list[Callable[[Commit], None]] = []
         self._loop: asyncio.AbstractEventLoop | None = None
+        self.watch = StorageWatch(path.parent)
         conn = self._connect()
         conn.executescript(SCHEMA)
         conn.commit()
@@ -187,7 +194,8 @@ class Store:
         return conn
 
     async def write(self, fn: Callable[[Tx], T]) -> T:
-        """Run `fn` in a transaction; returns once it is durably committed."""
+        """Run `fn` in a transaction; returns once it is durably committed. A commit the file
+        system refuses raises `StorageFault` (nothing of `fn` was kept)."""
         self._loop = asyncio.get_running_loop()
         future: Future[T] = Future()
         with self._cond:
@@ -195,7 +203,15 @@ class Store:
                 raise RuntimeError("store is closed")
             self._queue.append((fn, future))
             self._cond.notify()
-        return await asyncio.wrap_future(future)
+        try:
+            value = await asyncio.wrap_future(future)
+        except (sqlite3.Error, OSError) as exc:
+            fault = self.watch.fault_from(exc)
+            if fault is None:
+                raise
+            raise fault from exc
+        self.watch.cleared()
+        return value
 
     def _writer(self) -> None:
         conn = self._write_conn
@@ -216,6 +232,8 @@ class Store:
                     try:
                         value = fn(tx)
                     except BaseException as exc:  # a failed write rolls back alone
+                        if not conn.in_transaction:  # SQLite gave up the whole transaction
+                            raise
                         conn.execute("ROLLBACK TO w")
                         conn.execute("RELEASE w")
                         tx.first_seq, tx.last_seq, tx.touched = saved
@@ -224,16 +242,18 @@ class Store:
                     conn.execute("RELEASE w")
                     results.append((future, value, None))
                 conn.execute("COMMIT")
-            except BaseException as exc:
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
+            except BaseException as exc:  # the commit itself failed: the whole batch did
+                self._rollback(conn)
                 for _, future in batch:
                     if not future.cancelled():
                         future.set_exception(exc)
                 continue
             if tx.last_seq and self.listeners and self._loop is not None:
                 commit = Commit(tx.first_seq, tx.last_seq, frozenset(tx.touched))
-                self._loop.call_soon_threadsafe(self._notify, commit)
+                try:
+                    self._loop.call_soon_threadsafe(self._notify, commit)
+                except RuntimeError:  # the loop is gone (shutting down): nobody to tell
+                    pass
             for future, value, error in results:
                 if future.cancelled():  # its caller went away; the write stands all the same
                     continue
@@ -241,6 +261,16 @@ class Store:
                     future.set_exception(error)
                 else:
                     future.set_result(value)
+
+    @staticmethod
+    def _rollback(conn: sqlite3.Connection) -> None:
+        """After a failed batch; on a full or read-only disk SQLite may refuse even this, and the
+        writer must live on to serve the next batch."""
+        try:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+        except sqlite3.Error as exc:
+            log.warning("rollback failed: %s", exc)
 
     def _notify(self, commit: Commit) -> None:
         for listener in self.listeners:

@@ -3,21 +3,25 @@
 Every process a driver runs (or adopts after a worker restart) has a monitor task awaiting its
 exit. An exit an operation asked for is only logged; any other applies the machine's restart
 policy, which may queue a start, backing off exponentially while the process keeps crashing.
+An exit is recorded however long the data directory takes to accept the write (`patiently`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from souk.models.machine import MachineConfig, MachineState, RestartConfig
 from souk.worker import queries
 from souk.worker.drivers.base import Driver, Drivers, Handle
+from souk.worker.errors import StorageFault
 from souk.worker.fsm import OPERATIONS
 from souk.worker.machine_tasks import MachineTasks
 from souk.worker.progress import enqueue
+from souk.worker.storage import patiently
 from souk.worker.store import Store, Tx, now_iso
 
 BACKOFF_BASE = 0.05
@@ -27,7 +31,8 @@ STOPPING_OPS = ("stop", "restart", "update", "destroy")  # queued first, these e
 
 
 def backoff(streak: int) -> float:
-    return 0.0 if streak <= 1 else min(BACKOFF_BASE * 2 ** (streak - 2), BACKOFF_MAX)
+    # the power is bounded: a machine crashing for hours must not overflow the float
+    return 0.0 if streak <= 1 else min(BACKOFF_BASE * 2 ** min(streak - 2, 16), BACKOFF_MAX)
 
 
 @dataclass(frozen=True)
@@ -61,6 +66,7 @@ class Supervisor:
         self.drivers = drivers
         self.kick = kick
         self.monitors = MachineTasks()
+        self._later: set[asyncio.Task[None]] = set()  # writes a full disk put off at start
 
     def running_driver(self, machine_id: str) -> Driver:
         """The driver that started the machine's current process (its config may have moved on)."""
@@ -78,10 +84,31 @@ class Supervisor:
             found = self.drivers.require(row["driver"]).adopt(row["id"], row["marker"], handle)
             if found is not None:
                 if found != handle:
-                    await self.store.write(functools.partial(_adopted, row["id"], found))
+                    adopted = functools.partial(_adopted, row["id"], found)
+                    await self._now_or_later(functools.partial(self.store.write, adopted))
                 self.monitor(row["id"])
             elif row["state"] == "started":
-                await self.exited(row["id"], None)
+                await self._now_or_later(functools.partial(self._record_exit, row["id"], None))
+
+    async def _now_or_later(self, write: Callable[[], Awaitable[object]]) -> None:
+        """A write at start-up; on a full or read-only disk it goes on in the background, so
+        that the worker still comes up (and answers why nothing can change)."""
+        try:
+            await write()
+        except StorageFault:
+            task = asyncio.create_task(self._patiently(write))
+            self._later.add(task)
+            task.add_done_callback(self._later.discard)
+
+    async def _patiently(self, write: Callable[[], Awaitable[object]]) -> None:
+        await patiently(self.store.watch, write)
+
+    def cancel(self) -> list[asyncio.Task[None]]:
+        """Stop watching (the worker is closing); returns the tasks, to be awaited."""
+        later = list(self._later)
+        for task in later:
+            task.cancel()
+        return [*self.monitors.cancel(), *later]
 
     def monitor(self, machine_id: str) -> None:
         self.monitors.ensure(machine_id, lambda: self._watch(machine_id))
@@ -94,6 +121,11 @@ class Supervisor:
 
     async def exited(self, machine_id: str, code: int | None, ran: float = 0.0) -> None:
         """The process is gone. Expected when an operation stopped it; else apply the policy."""
+        record = functools.partial(self._record_exit, machine_id, code, ran)
+        await patiently(self.store.watch, record)
+
+    async def _record_exit(self, machine_id: str, code: int | None, ran: float = 0.0) -> None:
+        """One try at recording the exit (and queueing a restart if the policy says so)."""
 
         def commit(tx: Tx) -> bool:
             row = queries.existing_machine(tx, machine_id)

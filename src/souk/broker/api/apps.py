@@ -8,13 +8,15 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from souk.broker.api.state import Broker, broker_of
+from souk.broker.api.state import Broker, broker_of, sealer_of
 from souk.broker.auth import grant_of
 from souk.broker.registry import AppExists, AppNotFound, MetadataRefused
+from souk.broker.sealing import Unsealable
+from souk.broker.tokens import Scope
 from souk.models.api import App, AppOrganization, CreateAppRequest, ListAppsResponse
 from souk.models.catalog import AppRow
 from souk.models.machine import MetadataChange
-from souk.web import ApiError, read_model, reply
+from souk.web import ApiError, audience_of, read_model, reply
 
 
 def app_view(b: Broker, row: AppRow) -> App:
@@ -49,12 +51,12 @@ async def forward_registry(
 
 async def list_apps(request: web.Request) -> web.Response:
     b = broker_of(request)
-    grant = grant_of(request)
+    audience = audience_of(request)
     org = request.query.get("org_slug")
     apps = [
         app_view(b, r)
         for r in sorted(b.fleet.apps(), key=lambda r: r.name)
-        if grant.allows(r.name, write=False) and org in (None, r.org)
+        if audience.sees(r.name) and org in (None, r.org)
     ]
     return reply(ListAppsResponse(total_apps=len(apps), apps=apps))
 
@@ -62,8 +64,6 @@ async def list_apps(request: web.Request) -> web.Response:
 async def create_app(request: web.Request) -> web.Response:
     b = broker_of(request)
     body = await read_model(request, CreateAppRequest)
-    if not grant_of(request).allows(body.name, write=True):
-        raise ApiError(403, "forbidden", grant_of(request).why_not(body.name, True))
     if b.registry is None:
         return await forward_registry(request, "POST", "/v1/apps", body.model_dump())
     try:
@@ -96,28 +96,41 @@ async def delete_app(request: web.Request) -> web.Response:
     return web.Response(status=202)
 
 
+def shown_metadata(request: web.Request, name: str, metadata: dict[str, str]) -> web.Response:
+    """The app's metadata for this caller: sealed values opened if its token may deploy the
+    app, left out if not (see `souk.broker.sealing`)."""
+    may_open = grant_of(request).permits(Scope("deploy", app=name))
+    try:
+        return reply(sealer_of(request).shown(name, metadata, may_open))
+    except Unsealable as exc:
+        raise ApiError(500, "sealed_unreadable", str(exc), {"key": exc.key}) from None
+
+
 async def get_app_metadata(request: web.Request) -> web.Response:
     b = broker_of(request)
     name = request.match_info["app"]
     if b.registry is not None:
         try:
-            return reply(b.registry.metadata(name))
+            return shown_metadata(request, name, b.registry.metadata(name))
         except AppNotFound:
             raise ApiError(404, "not_found", f"app {name} not found") from None
     if b.registry_url:  # read from the writer: a deploy reads what it just wrote
         return await forward_registry(request, "GET", f"/v1/apps/{name}/metadata")
-    return reply(dict(b.require_app(name).metadata))
+    return shown_metadata(request, name, dict(b.require_app(name).metadata))
 
 
 async def patch_app_metadata(request: web.Request) -> web.Response:
+    """Values of sealed keys are sealed by the broker that hosts the registry, just before it
+    stores them; one that forwards the patch sends them on as they came."""
     b = broker_of(request)
     name = request.match_info["app"]
     body = await read_model(request, MetadataChange)
     if b.registry is None:
         path = f"/v1/apps/{name}/metadata"
         return await forward_registry(request, "PATCH", path, body.model_dump())
+    stored = sealer_of(request).seal_changes(name, body.set)
     try:
-        return reply(b.registry.patch_metadata(name, body.set, body.delete))
+        return shown_metadata(request, name, b.registry.patch_metadata(name, stored, body.delete))
     except AppNotFound:
         raise ApiError(404, "not_found", f"app {name} not found") from None
     except MetadataRefused as exc:

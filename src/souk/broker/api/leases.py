@@ -16,14 +16,16 @@ async def take(
     b: Broker, app: str, machine_id: str, ask: WorkerLeaseRequest, nonce: str | None = None
 ) -> Lease:
     """Take the lease, or refresh it with the nonce of the one held."""
-    return Lease.model_validate(await b.lease(app, machine_id, "POST", ask, nonce))
+    worker, address = b.locate(app, machine_id)
+    return await b.client.acquire_lease(worker, address, machine_id, ask, nonce)
 
 
 async def get_lease(request: web.Request) -> web.Response:
     b = broker_of(request)
     app, mid = machine_ids(request)
     await b.machine(app, mid)
-    return reply(Lease.model_validate(await b.lease(app, mid, "GET")))
+    worker, address = b.locate(app, mid)
+    return reply(await b.client.lease(worker, address, mid))
 
 
 async def create_lease(request: web.Request) -> web.Response:
@@ -41,5 +43,6 @@ async def release_lease(request: web.Request) -> web.Response:
     b = broker_of(request)
     app, mid = machine_ids(request)
     await b.machine(app, mid)
-    await b.lease(app, mid, "DELETE", nonce=lease_nonce(request))
+    worker, address = b.locate(app, mid)
+    await b.client.release_lease(worker, address, mid, lease_nonce(request))
     return reply(OkResponse())

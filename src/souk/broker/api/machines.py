@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 from typing import get_args
 
-import aiohttp
 from aiohttp import web
 
 from souk.broker.api import leases
@@ -132,7 +131,8 @@ async def update_machine(request: web.Request) -> web.Response:
         )
     update = UpdateMachine(config=body.config, start=False if body.skip_launch else None)
     try:
-        machine = await b.call(app, mid, "PUT", "", update, nonce=lease_nonce(request))
+        worker, address = b.locate(app, mid)
+        machine = await b.client.update(worker, address, mid, update, lease_nonce(request))
     except WorkerError as exc:
         if exc.http_status != 412:
             raise
@@ -148,32 +148,33 @@ async def update_machine(request: web.Request) -> web.Response:
 
 async def destroy_machine(request: web.Request) -> web.Response:
     app, mid = machine_ids(request)
-    params = {"force": "true"} if flag(request, "force") else None
-    machine = await broker_of(request).call(
-        app, mid, "DELETE", "", None, params, lease_nonce(request)
-    )
+    force = flag(request, "force")
+    b = broker_of(request)
+    worker, address = b.locate(app, mid)
+    machine = await b.client.destroy(worker, address, mid, force, lease_nonce(request))
     return reply(public(machine))
 
 
 async def start_machine(request: web.Request) -> web.Response:
-    return await _action(request, "/start")
+    b = broker_of(request)
+    app, mid = machine_ids(request)
+    worker, address = b.locate(app, mid)
+    return reply(public(await b.client.start(worker, address, mid, lease_nonce(request))))
 
 
 async def stop_machine(request: web.Request) -> web.Response:
+    b = broker_of(request)
+    app, mid = machine_ids(request)
     body = await read_model(request, StopRequest)
-    return await _action(request, "/stop", body)
+    worker, address = b.locate(app, mid)
+    return reply(public(await b.client.stop(worker, address, mid, body, lease_nonce(request))))
 
 
 async def restart_machine(request: web.Request) -> web.Response:
-    return await _action(request, "/restart")
-
-
-async def _action(request: web.Request, path: str, body: StopRequest | None = None) -> web.Response:
+    b = broker_of(request)
     app, mid = machine_ids(request)
-    machine = await broker_of(request).call(
-        app, mid, "POST", path, body, nonce=lease_nonce(request)
-    )
-    return reply(public(machine))
+    worker, address = b.locate(app, mid)
+    return reply(public(await b.client.restart(worker, address, mid, lease_nonce(request))))
 
 
 async def wait_machine(request: web.Request) -> web.Response:
@@ -218,20 +219,14 @@ async def machine_logs(request: web.Request) -> web.StreamResponse:
     b = broker_of(request)
     app, mid = machine_ids(request)
     await b.machine(app, mid)
-    _worker, address = b.locate(app, mid)
+    worker, address = b.locate(app, mid)
     params = {k: v for k, v in request.query.items() if k in ("stream", "follow")}
-    upstream = await b.client.session.get(
-        f"{address}/v1/machines/{mid}/logs",
-        params=params,
-        timeout=aiohttp.ClientTimeout(total=None, sock_connect=5),
-    )
-    try:
-        if upstream.status != 200:
-            raise ApiError(upstream.status, "error", (await upstream.text())[:500])
+    async with b.client.logs(worker, address, mid, params) as chunks:
         response = web.StreamResponse(headers={"Content-Type": "text/plain"})
         await response.prepare(request)
-        async for chunk in upstream.content.iter_any():
-            await response.write(chunk)
+        try:
+            async for chunk in chunks:
+                await response.write(chunk)
+        except WorkerError:
+            pass  # the worker went away mid-stream: the answer has started, so it just ends
         return response
-    finally:
-        upstream.release()

@@ -30,7 +30,8 @@ async def set_metadata(
         set={k: v for k, v in changes.items() if v},
         delete=[k for k, v in changes.items() if not v],
     )
-    return await b.call(app, mid, "PATCH", "/metadata", patch, nonce=lease_nonce(request))
+    worker, address = b.locate(app, mid)
+    return await b.client.patch_metadata(worker, address, mid, patch, lease_nonce(request))
 
 
 async def get_metadata(request: web.Request) -> web.Response:

@@ -1,6 +1,7 @@
-"""The broker's route table: every route it serves, declared once, so the server and its
-/openapi.json cannot disagree. One entry per route, each naming its handler in the module of
-its resource."""
+"""The broker's route table: every route it serves, declared once, so the server, its
+/openapi.json and its access checks cannot disagree. One entry per route, each naming its
+handler in the module of its resource and the permission a token needs to call it: read, write
+or deploy on the app it names (see docs/tokens.md), a fleet operation, or any valid token."""
 
 from __future__ import annotations
 
@@ -22,10 +23,14 @@ from souk.models.api import (
 )
 from souk.models.catalog import RevocationRow
 from souk.models.machine import MachineEvent, MetadataChange, StopRequest
-from souk.web import Route
+from souk.web import Permission, Route, in_body, in_path, in_query
 
 M = "/v1/apps/{app}/machines/{id}"
 META = M + "/metadata"
+APP = in_path("app")
+READ = Permission.app_read(APP, machine=in_path("id"))
+WRITE = Permission.app_write(APP, machine=in_path("id"))
+DEPLOY = Permission.app_deploy(APP, machine=in_path("id"))
 ROUTES: list[Route] = [
     Route(
         "GET",
@@ -34,6 +39,7 @@ ROUTES: list[Route] = [
         "List apps",
         response=ListAppsResponse,
         query={"org_slug": "only this organisation's"},
+        permission=Permission.app_read(own_rows=True),
     ),
     Route(
         "POST",
@@ -44,8 +50,17 @@ ROUTES: list[Route] = [
         App,
         201,
         errors=(403, 409, 503),
+        permission=Permission.app_deploy(app=in_body("name")),
     ),
-    Route("GET", "/v1/apps/{app}", apps.get_app, "An app", response=App, errors=(404,)),
+    Route(
+        "GET",
+        "/v1/apps/{app}",
+        apps.get_app,
+        "An app",
+        response=App,
+        errors=(404,),
+        permission=Permission.app_read(APP),
+    ),
     Route(
         "DELETE",
         "/v1/apps/{app}",
@@ -53,6 +68,7 @@ ROUTES: list[Route] = [
         "Delete an app with no machines",
         status=202,
         errors=(404, 409),
+        permission=Permission.app_deploy(APP),
     ),
     Route(
         "GET",
@@ -61,6 +77,7 @@ ROUTES: list[Route] = [
         "The app's metadata (souk extension)",
         response=dict[str, str],
         errors=(404, 503),
+        permission=Permission.app_read(APP),
     ),
     Route(
         "PATCH",
@@ -70,6 +87,7 @@ ROUTES: list[Route] = [
         MetadataChange,
         dict[str, str],
         errors=(400, 404, 413, 503),
+        permission=Permission.app_deploy(APP),
     ),
     Route(
         "GET",
@@ -84,6 +102,7 @@ ROUTES: list[Route] = [
             "include_deleted": "also destroyed machines",
             "metadata.KEY": "only machines whose metadata KEY has this value",
         },
+        permission=Permission.app_read(APP, region=in_query("region")),
     ),
     Route(
         "POST",
@@ -98,8 +117,17 @@ ROUTES: list[Route] = [
             " offers, p2c or catalog",
             "policy": "default, binpack or spread",
         },
+        permission=Permission.app_deploy(APP, region=in_body("region")),
     ),
-    Route("GET", M, machines.get_machine, "A machine", response=PublicMachine, errors=(404,)),
+    Route(
+        "GET",
+        M,
+        machines.get_machine,
+        "A machine",
+        response=PublicMachine,
+        errors=(404,),
+        permission=READ,
+    ),
     Route(
         "POST",
         M,
@@ -108,6 +136,7 @@ ROUTES: list[Route] = [
         UpdateMachineRequest,
         PublicMachine,
         errors=(404, 409, 412),
+        permission=DEPLOY,
     ),
     Route(
         "DELETE",
@@ -117,6 +146,7 @@ ROUTES: list[Route] = [
         response=PublicMachine,
         errors=(404, 409),
         query={"force": "even if it is running"},
+        permission=DEPLOY,
     ),
     Route(
         "POST",
@@ -125,6 +155,7 @@ ROUTES: list[Route] = [
         "Start",
         response=PublicMachine,
         errors=(404, 409),
+        permission=WRITE,
     ),
     Route(
         "POST",
@@ -134,6 +165,7 @@ ROUTES: list[Route] = [
         StopRequest,
         PublicMachine,
         errors=(404, 409),
+        permission=WRITE,
     ),
     Route(
         "POST",
@@ -142,6 +174,7 @@ ROUTES: list[Route] = [
         "Restart",
         response=PublicMachine,
         errors=(404, 409),
+        permission=WRITE,
     ),
     Route(
         "GET",
@@ -155,6 +188,7 @@ ROUTES: list[Route] = [
             "timeout": "seconds, at most 60",
             "instance_id": "only this version",
         },
+        permission=READ,
     ),
     Route(
         "GET",
@@ -163,6 +197,7 @@ ROUTES: list[Route] = [
         "The machine's events",
         response=list[MachineEvent],
         errors=(404,),
+        permission=READ,
     ),
     Route(
         "GET",
@@ -171,6 +206,7 @@ ROUTES: list[Route] = [
         "stdout or stderr (souk extension)",
         errors=(404,),
         query={"stream": "stdout or stderr", "follow": "keep streaming"},
+        permission=READ,
     ),
     Route(
         "POST",
@@ -179,6 +215,7 @@ ROUTES: list[Route] = [
         "Take out of the proxy's rotation",
         response=OkResponse,
         errors=(404, 409),
+        permission=WRITE,
     ),
     Route(
         "POST",
@@ -187,8 +224,17 @@ ROUTES: list[Route] = [
         "Back into the proxy's rotation",
         response=OkResponse,
         errors=(404, 409),
+        permission=WRITE,
     ),
-    Route("GET", META, metadata.get_metadata, "Metadata", response=dict[str, str], errors=(404,)),
+    Route(
+        "GET",
+        META,
+        metadata.get_metadata,
+        "Metadata",
+        response=dict[str, str],
+        errors=(404,),
+        permission=READ,
+    ),
     Route(
         "PATCH",
         META,
@@ -197,6 +243,7 @@ ROUTES: list[Route] = [
         MetadataPatch,
         status=204,
         errors=(404, 409, 412),
+        permission=WRITE,
     ),
     Route(
         "POST",
@@ -206,6 +253,7 @@ ROUTES: list[Route] = [
         MetadataValue,
         status=204,
         errors=(404, 409),
+        permission=WRITE,
     ),
     Route(
         "DELETE",
@@ -214,9 +262,16 @@ ROUTES: list[Route] = [
         "Remove one key",
         status=204,
         errors=(404, 409),
+        permission=WRITE,
     ),
     Route(
-        "GET", M + "/lease", leases.get_lease, "The current lease", response=Lease, errors=(404,)
+        "GET",
+        M + "/lease",
+        leases.get_lease,
+        "The current lease",
+        response=Lease,
+        errors=(404,),
+        permission=READ,
     ),
     Route(
         "POST",
@@ -226,6 +281,7 @@ ROUTES: list[Route] = [
         CreateLeaseRequest,
         Lease,
         errors=(404, 409),
+        permission=WRITE,
     ),
     Route(
         "DELETE",
@@ -234,6 +290,7 @@ ROUTES: list[Route] = [
         "Release a lease",
         response=OkResponse,
         errors=(404, 409),
+        permission=WRITE,
     ),
     Route(
         "GET",
@@ -243,6 +300,7 @@ ROUTES: list[Route] = [
         response=list[WorkerInfo],
         errors=(403,),
         query={"region": "only this region"},
+        permission=Permission.operator("read"),
     ),
     Route(
         "POST",
@@ -250,6 +308,7 @@ ROUTES: list[Route] = [
         fleet.cordon_worker,
         "Cordon a worker: no new machines (operator)",
         errors=(403, 404),
+        permission=Permission.operator("write"),
     ),
     Route(
         "POST",
@@ -257,6 +316,7 @@ ROUTES: list[Route] = [
         fleet.cordon_worker,
         "Uncordon a worker (operator)",
         errors=(403, 404),
+        permission=Permission.operator("write"),
     ),
     Route(
         "GET",
@@ -264,6 +324,7 @@ ROUTES: list[Route] = [
         tokens.current,
         "What the token presented allows",
         response=TokenInfo,
+        permission=Permission.token(),
     ),
     Route(
         "GET",
@@ -272,6 +333,7 @@ ROUTES: list[Route] = [
         "Revoked token ids (operator)",
         response=list[RevocationRow],
         errors=(403, 503),
+        permission=Permission.operator("read"),
     ),
     Route(
         "DELETE",
@@ -280,5 +342,6 @@ ROUTES: list[Route] = [
         "Revoke a token id and every token attenuated from it (operator); idempotent",
         response=RevocationRow,
         errors=(403, 503),
+        permission=Permission.operator("write"),
     ),
 ]

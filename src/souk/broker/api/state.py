@@ -5,14 +5,13 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
-from typing import Any
 
 from aiohttp import web
-from pydantic import BaseModel
 
 from souk.broker.fleet import Fleet
 from souk.broker.placement.pipeline import Placer
 from souk.broker.registry import AppRegistry
+from souk.broker.sealing import Sealer
 from souk.clients.workers import WorkerClient
 from souk.models.catalog import AppRow
 from souk.models.machine import Machine
@@ -91,46 +90,22 @@ class Broker:
 
     # --- calling a machine's worker ------------------------------------------------------
 
-    async def call(
-        self,
-        app: str,
-        machine_id: str,
-        method: str,
-        path: str,
-        body: BaseModel | None = None,
-        params: dict[str, str] | None = None,
-        nonce: str | None = None,
-    ) -> Machine:
-        """`method` on `/v1/machines/{id}{path}` of the machine's worker; its machine after."""
-        worker, address = self.locate(app, machine_id)
-        return await self.client.action(
-            worker, address, method, f"/v1/machines/{machine_id}{path}", body, params, nonce
-        )
-
     async def machine(self, app: str, machine_id: str) -> Machine:
-        machine = await self.call(app, machine_id, "GET", "")
+        """The machine as its worker has it now; 404 unless it belongs to `app`."""
+        worker, address = self.locate(app, machine_id)
+        machine = await self.client.machine(worker, address, machine_id)
         if machine.app != app:
             raise ApiError(404, "not_found", f"machine {machine_id} not found in app {app}")
         return machine
 
-    async def lease(
-        self,
-        app: str,
-        machine_id: str,
-        method: str,
-        body: BaseModel | None = None,
-        nonce: str | None = None,
-    ) -> Any:
-        """`method` on the machine's lease, kept by its worker, the lease's only writer; its
-        answer as it comes."""
-        worker, address = self.locate(app, machine_id)
-        return await self.client.request(
-            worker, address, method, f"/v1/machines/{machine_id}/lease", body, nonce=nonce
-        )
-
 
 BROKER = web.AppKey("broker", Broker)
+SEALER = web.AppKey("sealer", Sealer)  # made from the cluster secret, with the app
 
 
 def broker_of(request: web.Request) -> Broker:
     return request.app[BROKER]
+
+
+def sealer_of(request: web.Request) -> Sealer:
+    return request.app[SEALER]

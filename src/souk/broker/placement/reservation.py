@@ -57,13 +57,8 @@ class Reserver:
     def _cleanup(self, cand: Candidate, machine_id: str) -> None:
         async def destroy() -> None:
             try:
-                await self.client.request(
-                    cand.worker,
-                    cand.address,
-                    "DELETE",
-                    f"/v1/machines/{machine_id}",
-                    params={"force": "true"},
-                    timeout=CLEANUP_TIMEOUT,
+                await self.client.destroy(
+                    cand.worker, cand.address, machine_id, force=True, timeout=CLEANUP_TIMEOUT
                 )
             except WorkerError as exc:
                 if exc.http_status != 404:

@@ -21,7 +21,13 @@ from souk.cli.deploy.errors import DeployError
 from souk.cli.deploy.output import Outcome, machine_row, report, table
 from souk.cli.deploy.plan import MachineView, sort_fleet
 from souk.cli.deploy.progress import Progress
-from souk.cli.deploy.releases import RollbackError, current, releases, rollback_target
+from souk.cli.deploy.releases import (
+    RollbackError,
+    current,
+    deployable,
+    releases,
+    rollback_target,
+)
 from souk.cli.deploy.run import deploy, views
 from souk.clients.machines import MachinesClient
 
@@ -115,8 +121,9 @@ def rollback(
 
     async def go() -> Outcome | DeployError:
         async with connect(api, token) as client:
-            target = rollback_target(await client.app_metadata(name), version)
-        cfg = cfgmod.parse({**target.config, "app": name})
+            meta = await client.app_metadata(name)
+            target = rollback_target(meta, version)
+        cfg = cfgmod.parse({**deployable(meta, target), "app": name})
         progress.step(f"rolling back {name} to release {target.version} ({target.what()})")
         return await _deploy(
             api, token, cfg, progress, _strategy(strategy), f"rollback to {target.version}"
@@ -188,7 +195,7 @@ def scale_count(
                 raise RollbackError(f"{name} has no completed release yet: deploy it first")
             record = {r.version: r for r in releases(meta)}[cur]
             machines = await views(client, name)
-        cfg = cfgmod.parse({**record.config, "app": name})
+        cfg = cfgmod.parse({**deployable(meta, record), "app": name})
         counts = sort_fleet(machines).counts()
         counts[region] = count
         return await _deploy(api, token, cfg, progress, None, "", counts, cur)

@@ -71,7 +71,7 @@ class MachineView(BaseModel):
     @property
     def release(self) -> int | None:
         value = self.config.metadata.get(RELEASE_KEY, "")
-        return int(value) if value.isdigit() else None
+        return int(value) if value.isascii() and value.isdigit() else None
 
     @property
     def hidden(self) -> bool:

@@ -3,7 +3,10 @@ can list them and roll back without a database of its own.
 
 Keys (all in the app's metadata, values are strings):
 
-- `release.N`: the JSON of release N (its souk.toml, image or command, strategy, status);
+- `release.N`: the JSON of release N (its souk.toml without the values of its env, image or
+  command, strategy, status);
+- `sealed.release.N.env`: release N's env as JSON, under the `sealed.` prefix: the broker stores
+  it encrypted and shows it only to tokens that may deploy the app (see docs/deploy.md);
 - `release.current`: the number of the last release that completed;
 - at most the last KEEP_RELEASES releases are kept;
 - `deploy.lock`: JSON `{owner, release, expires_at}` while a deploy runs (advisory: the machine
@@ -20,6 +23,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ValidationError
 
 from souk.cli.command import CommandError
+from souk.cli.deploy.config import AppConfig
+from souk.models.wire import SEALED_PREFIX
 
 PREFIX = "release."
 CURRENT = "release.current"
@@ -35,14 +40,33 @@ class Release(BaseModel):
     strategy: str
     image: str | None = None
     command: list[str] | None = None
-    config: dict[str, Any]
+    config: dict[str, Any]  # souk.toml; its env values are kept apart, sealed (`env_key`)
+    env: list[str] = []  # the names of its env variables
     description: str = ""
     created_at: str
     finished_at: str | None = None
     error: str | None = None
 
+    @classmethod
+    def of(cls, cfg: AppConfig, version: int, strategy: str, description: str) -> Release:
+        config = cfg.model_dump(mode="json")
+        config.pop("env", None)
+        return cls(
+            version=version,
+            strategy=strategy,
+            image=cfg.image,
+            command=cfg.command,
+            config=config,
+            env=sorted(cfg.env),
+            description=description,
+            created_at=now_iso(),
+        )
+
     def key(self) -> str:
         return f"{PREFIX}{self.version}"
+
+    def env_key(self) -> str:
+        return env_key(self.version)
 
     def encode(self) -> str:
         return self.model_dump_json(exclude_none=True)
@@ -56,6 +80,39 @@ class Lock(BaseModel):
     owner: str
     release: int
     expires_at: float
+
+
+def env_key(version: int) -> str:
+    return f"{SEALED_PREFIX}{PREFIX}{version}.env"
+
+
+def recorded(cfg: AppConfig, record: Release) -> dict[str, str]:
+    """The metadata keys that record a new release: the record, and its env, sealed."""
+    keys = {record.key(): record.encode()}
+    if cfg.env:
+        keys[record.env_key()] = json.dumps(cfg.env, sort_keys=True)
+    return keys
+
+
+def deployable(meta: dict[str, str], record: Release) -> dict[str, Any]:
+    """The release's souk.toml with its env values back, to deploy it again. They come from the
+    sealed key, which the broker shows only to a token that may deploy the app; releases
+    recorded before env was sealed carry it in their config."""
+    if not record.env:
+        return dict(record.config)
+    raw = meta.get(record.env_key())
+    if raw is None:
+        raise RollbackError(
+            f"the environment of release {record.version} is sealed: it takes a token that may"
+            " deploy the app to read it"
+        )
+    try:
+        env = json.loads(raw)
+    except ValueError:
+        env = None
+    if not isinstance(env, dict) or set(env) != set(record.env):
+        raise RollbackError(f"the environment of release {record.version} is unreadable")
+    return {**record.config, "env": env}
 
 
 def now_iso() -> str:
@@ -77,7 +134,7 @@ def releases(meta: dict[str, str]) -> list[Release]:
 
 def current(meta: dict[str, str]) -> int | None:
     value = meta.get(CURRENT, "")
-    return int(value) if value.isdigit() else None
+    return int(value) if value.isascii() and value.isdigit() else None
 
 
 def next_version(meta: dict[str, str]) -> int:
@@ -85,14 +142,15 @@ def next_version(meta: dict[str, str]) -> int:
 
 
 def stale_releases(meta: dict[str, str], newest: int) -> list[str]:
-    """The keys of releases too old to keep once `newest` is recorded."""
-    return [
-        k for k in meta if is_release_key(k) and int(k[len(PREFIX) :]) <= newest - KEEP_RELEASES
-    ]
+    """The keys of releases too old to keep once `newest` is recorded, and of their env."""
+    old = [int(k[len(PREFIX) :]) for k in meta if is_release_key(k)]
+    gone = [n for n in old if n <= newest - KEEP_RELEASES]
+    return [f"{PREFIX}{n}" for n in gone] + [env_key(n) for n in gone if env_key(n) in meta]
 
 
 def is_release_key(key: str) -> bool:
-    return key.startswith(PREFIX) and key[len(PREFIX) :].isdigit()
+    number = key[len(PREFIX) :]
+    return key.startswith(PREFIX) and number.isascii() and number.isdigit()
 
 
 class RollbackError(CommandError):

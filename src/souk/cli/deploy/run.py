@@ -12,7 +12,14 @@ from souk.cli.deploy.leases import Leases
 from souk.cli.deploy.output import Outcome, machine_row
 from souk.cli.deploy.plan import MachineView, plan, sort_fleet
 from souk.cli.deploy.progress import Progress
-from souk.cli.deploy.releases import CURRENT, Release, next_version, now_iso, stale_releases
+from souk.cli.deploy.releases import (
+    CURRENT,
+    Release,
+    next_version,
+    now_iso,
+    recorded,
+    stale_releases,
+)
 from souk.cli.deploy.strategies import STRATEGIES, reconcile, rolling
 from souk.clients.machines import MachinesClient
 from souk.models.machine import MetadataChange
@@ -50,22 +57,12 @@ async def deploy(
             f"leased {len(leases.nonces)} machine(s) of {app}", machines=len(leases.nonces)
         )
         current = await views(api, app)  # as of holding the leases
-        record = Release(
-            version=number,
-            strategy=chosen,
-            image=cfg.image,
-            command=cfg.command,
-            config=cfg.model_dump(mode="json"),
-            description=description,
-            created_at=now_iso(),
-        )
+        record = Release.of(cfg, number, chosen, description)
         if new_release:
             meta = await api.app_metadata(app)
             if record.key() in meta:
                 raise DeployInProgress(f"deploy in progress: release {number} appeared meanwhile")
-            change = MetadataChange(
-                set={record.key(): record.encode()}, delete=stale_releases(meta, number)
-            )
+            change = MetadataChange(set=recorded(cfg, record), delete=stale_releases(meta, number))
             await api.patch_app_metadata(app, change)
         d = Deployer(api, cfg, number, progress, leases)
         desired = counts if counts is not None else dict(cfg.regions)

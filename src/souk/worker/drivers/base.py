@@ -71,7 +71,12 @@ class Driver(Protocol):
     async def stop(
         self, machine_id: str, handle: Handle | None, signal: str, timeout: float
     ) -> None:
-        """Send `signal`, then SIGKILL after `timeout` seconds; returns once it has exited."""
+        """Send `signal`, then SIGKILL after `timeout` seconds; returns once it has exited, and
+        nothing it started runs on."""
+
+    def remaining(self, machine_id: str, handle: Handle | None) -> list[int]:
+        """Host pids of the machine's processes still running (none once it is stopped): what
+        a destroy checks before it releases the machine's reservation."""
 
     async def cleanup(self, launch: Launch) -> None:
         """Release what the machine held on the host (network, mounts, cgroups)."""

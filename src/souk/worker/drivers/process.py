@@ -13,6 +13,7 @@ the cgroup and the log files, which stay root's.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 import signal as signals
@@ -141,8 +142,29 @@ class ProcessDriver:
     async def stop(
         self, machine_id: str, handle: Handle | None, signal: str, timeout: float
     ) -> None:
-        if handle is None or not procfs.is_alive(handle.pid, handle.pid_start):
-            return
+        if handle is not None and procfs.is_alive(handle.pid, handle.pid_start):
+            await self._stop_leader(machine_id, handle, signal, timeout)
+        await self._kill_remaining(machine_id, handle)
+
+    def remaining(self, machine_id: str, handle: Handle | None) -> list[int]:
+        pids = set(procfs.processes_of(machine_id)) | self.cgroups.pids(machine_id)
+        if handle is not None and procfs.is_alive(handle.pid, handle.pid_start):
+            pids.add(handle.pid)
+        return sorted(pid for pid in pids if procfs.start_time(pid) is not None)
+
+    async def _kill_remaining(self, machine_id: str, handle: Handle | None) -> None:
+        """Once the machine's process is gone, what it left running (a child that ignores the
+        signal, or one that left its process group) is killed, as a container's processes are
+        with its init: nothing of a stopped machine runs on."""
+        while left := self.remaining(machine_id, handle):
+            for pid in left:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signals.SIGKILL)
+            await asyncio.sleep(POLL)
+
+    async def _stop_leader(
+        self, machine_id: str, handle: Handle, signal: str, timeout: float
+    ) -> None:
         pending = self._exits.get(machine_id)
         _killpg(handle.pid, signals.Signals[signal])
         try:

@@ -101,9 +101,7 @@ class RuncDriver:
         )
         bundle = launch.rundir / "bundle"
         bundle.mkdir(mode=0o700, parents=True, exist_ok=True)
-        tmp = bundle / "config.json.tmp"
-        tmp.write_text(json.dumps(spec, indent=1))
-        os.replace(tmp, bundle / "config.json")
+        _write_private(bundle / "config.json", json.dumps(spec, indent=1).encode())
 
     async def spawn(self, launch: Launch) -> Handle:
         cid = self.container_id(launch.machine_id)
@@ -216,6 +214,13 @@ class RuncDriver:
         await self._runc("kill", "--all", cid, "KILL", check=False)
         await self._gone(machine_id, handle)
 
+    def remaining(self, machine_id: str, handle: Handle | None) -> list[int]:
+        """The container's init; the rest of the container dies with it (its own pid
+        namespace)."""
+        if handle is None or not procfs.is_alive(handle.pid, handle.pid_start):
+            return []
+        return [handle.pid]
+
     async def _gone(self, machine_id: str, handle: Handle) -> None:
         await self._exits.wait(machine_id)
         await poll_until_gone(handle, POLL)
@@ -233,6 +238,17 @@ def _image_dir(launch: Launch) -> Path:
     """Where the root filesystem goes: below the app's directory, which the container's root
     must be able to walk to in a user namespace."""
     return (launch.home or launch.rundir) / "image"
+
+
+def _write_private(path: Path, data: bytes) -> None:
+    """Replace `path` with `data`, readable by root alone from the start: a runtime spec holds
+    the machine's environment, secrets included."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.unlink(missing_ok=True)  # an earlier try's, maybe with looser bits
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as out:
+        out.write(data)
+    os.replace(tmp, path)
 
 
 def _log(path: Path) -> IO[bytes]:

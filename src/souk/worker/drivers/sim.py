@@ -41,5 +41,8 @@ class SimDriver:
         if exit_future is not None and not exit_future.done():
             exit_future.set_result(0)
 
+    def remaining(self, machine_id: str, handle: Handle | None) -> list[int]:
+        return []
+
     async def cleanup(self, launch: Launch) -> None:
         self._exits.pop(launch.machine_id)

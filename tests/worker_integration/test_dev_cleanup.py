@@ -1,0 +1,100 @@
+"""`souk dev` stopped with Ctrl-C (or SIGTERM) leaves no machine's process behind: machines
+outlive their worker on purpose, so the dev cluster stops them itself before it exits."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.machines import kill_machine_processes, live_pids
+from tests.support.ports import free_port
+from tests.support.waiting import wait_until
+
+WORKERS = 6
+
+
+class DevProcess:
+    """`souk dev` as a process of its own, reached over HTTP; nothing cleaned for it here."""
+
+    def __init__(self, data: Path) -> None:
+        self.data = data
+        self.url = f"http://127.0.0.1:{free_port()}"
+        argv = [
+            "souk",
+            "dev",
+            "--data-dir",
+            str(data),
+            "--listen",
+            self.url.removeprefix("http://"),
+        ]
+        argv += ["--proxy", f"127.0.0.1:{free_port()}"]
+        self.log = data.parent / "dev.log"
+        with self.log.open("wb") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", *argv],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        self.token = ""
+
+    def call(self, method: str, path: str, body: Any = None) -> Any:
+        req = urllib.request.Request(
+            self.url + path,
+            data=None if body is None else json.dumps(body).encode(),
+            method=method,
+            headers={"Authorization": f"Bearer {self.token}", "Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            payload = resp.read()
+        return json.loads(payload) if payload else None
+
+    def ready(self) -> bool:
+        if self.proc.poll() is not None:
+            raise RuntimeError(f"souk dev exited: {self.log.read_text()[-2000:]}")
+        token = self.data / "token"
+        if not token.exists() or not token.read_text().strip():
+            return False
+        self.token = token.read_text().strip()
+        try:
+            return len(self.call("GET", "/v1/workers")) == WORKERS
+        except (OSError, urllib.error.URLError):
+            return False
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_stopping_souk_dev_stops_every_machine(tmp_path: Path, sig: signal.Signals) -> None:
+    dev = DevProcess(tmp_path / "dev")
+    made: set[str] = set()
+    try:
+        wait_until(dev.ready, 30, "souk dev up")
+        dev.call("POST", "/v1/apps", {"name": "keep"})
+        for region in ("mad", "ams"):  # machines on two workers
+            body = {"region": region, "config": {"init": {"exec": ["sleep", "600"]}}}
+            made.add(dev.call("POST", "/v1/apps/keep/machines", body)["id"])
+        for mid in made:
+            wait_until(lambda m=mid: bool(live_pids(m)), 15, f"machine {mid} runs")
+
+        os.kill(dev.proc.pid, sig)
+        assert dev.proc.wait(60) == 0, dev.log.read_text()[-2000:]
+
+        assert {mid: live_pids(mid) for mid in made} == {mid: [] for mid in made}
+        assert f"stopping {len(made)} machines" in dev.log.read_text()
+    finally:
+        dev.kill()
+        kill_machine_processes(made)
