@@ -11,11 +11,12 @@ from pathlib import Path
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from cryptography.hazmat.primitives.serialization import Encoding
 
-from souk.catalog.node import NodeKey
+from souk.catalog.node import NodeKey, renewing
 from souk.pki import NodeFiles, client_context, load_cert, server_context
 from tests.pki.conftest import LOOPBACK, Pki
 from tests.security.test_cli_tls import SECRET, invoke, said, worker
 from tests.support.ports import free_port
+from tests.support.waiting import eventually
 
 OPEN_BUS = "nats://10.0.0.2:4222"
 
@@ -111,6 +112,16 @@ async def test_a_followed_connection_shows_the_renewed_certificate(pki: Pki) -> 
         key.refresh()
         await connect(context)
     assert seen == [first, der(files)] and first != der(files)
+
+
+async def test_a_key_that_signs_nothing_is_still_renewed(pki: Pki) -> None:
+    """A broker without the registry, or a proxy, signs nothing: a timer looks at its files, so
+    that its bus connection's next reconnect shows the renewed certificate."""
+    files = pki.node("proxy", "p1")
+    key = NodeKey(files, interval=0.05)
+    async with renewing(key):
+        pki.node("proxy", "p1", reuse_key=True)
+        await eventually(lambda: key.certificate == der(files), timeout=10)
 
 
 def test_a_worker_without_node_files_uses_an_open_bus_only_on_loopback(tmp_path: Path) -> None:
