@@ -6,8 +6,10 @@ answering offers, a broker hosting the app registry, and a proxy with its own re
 
 With `secure`, it is wired as a cluster across hosts should be: a CA of its own in the data dir
 (kept across runs), a certificate for every part, workers serving mutual TLS only, the broker
-reaching them with its own certificate, and the broker and proxy serving HTTPS. The bus stays
-in-process, so the catalog needs no TLS here.
+reaching them with its own certificate, and the broker and proxy serving HTTPS. The catalog is
+signed as well: each worker signs its rows with its key, the broker the app registry's, and the
+broker's and proxy's replicas apply nothing the cluster CA's certificates do not vouch for. Only
+the bus itself stays in-process, with no network side to secure.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from aiohttp import web
 from souk.broker.runtime import BrokerOptions, broker_site, until_signalled
 from souk.broker.tokens import mint, new_secret, read_secret
 from souk.catalog.bus import Bus, InProcessBus
+from souk.catalog.node import NodeKey, ca_trust
 from souk.catalog.replica import following
 from souk.models.machine import MachineState
 from souk.pki import NodeFiles, init_ca, issue_files
@@ -92,7 +95,8 @@ async def _start_worker(
     ctx = tls_context(tls) if tls is not None else None
     await web.TCPSite(runner, host, 0, ssl_context=ctx).start()
     url = f"{'https' if tls else 'http'}://{host}:{runner.addresses[0][1]}"
-    await stack.enter_async_context(publishing(engine, bus, url))
+    signer = NodeKey(tls) if tls is not None else None
+    await stack.enter_async_context(publishing(engine, bus, url, signer))
     await stack.enter_async_context(offering(engine, bus))
     return engine, url
 
@@ -153,8 +157,9 @@ async def dev_cluster(
         )
         api = await stack.enter_async_context(broker_site(opts, bus))
         token = mint(secret, operator=True)
-        replica = await stack.enter_async_context(following(bus, bootstrap=False))
         proxy_tls = pki.issue("proxy", "proxy") if pki else None
+        trust = ca_trust(proxy_tls) if proxy_tls else None
+        replica = await stack.enter_async_context(following(bus, bootstrap=False, trust=trust))
         proxy_opts = ProxyOptions(
             host=host,
             port=proxy_port,
@@ -183,7 +188,7 @@ def _secure_hints(dev: DevCluster) -> None:
     ca, op = dev.ca, dev.operator
     worker, url = next(iter(dev.workers.items()))
     print(f"  every part speaks TLS, checked against {ca}; workers take mutual TLS only")
-    print("  (the catalog bus is in-process here: nothing to secure)")
+    print("  catalog rows are signed by their owners and checked by every replica")
     print(f"curl --cacert {ca} -H 'souk-app: hello' {dev.proxy}/")
     print(f'curl --cacert {ca} -H "Authorization: Bearer $SOUK_TOKEN" {dev.api}/v1/apps')
     print(f"a worker ({worker}), as an operator:")

@@ -476,3 +476,26 @@ async def test_a_beat_with_a_good_tick_but_a_forged_head_starts_no_pull() -> Non
     await eventually(lambda: replica.guard.refused["bad_signature"] == 1)
     assert replica.owners["w1"].seen == src.seq and replica.stats["pulls"] == pulls
     await stop(owner, replica)
+
+
+async def test_an_owner_that_wrote_nothing_yet_is_left_out_of_a_snapshot() -> None:
+    """An app registry with no apps is known by its heartbeats only, at head 0, with no signed
+    header to relay: a snapshot leaves it out rather than hand over a head its recipient must
+    refuse (and count as unsigned); the recipient hears of it from the owner itself."""
+    bus, ca = InProcessBus(), Ca()
+    first = await secure_replica(bus, ca)
+    worker = SimRows("w1", "mad")
+    registry = SimRows(REGISTRY_OWNER, "global")
+    registry.rows.clear()
+    registry.seq = 0
+    owners = [
+        await start_owner(bus, worker, beat=60, signer=ca.node("worker", "w1").signer()),
+        await start_owner(bus, registry, beat=60, signer=ca.node("broker", "b1").signer()),
+    ]
+    await eventually(lambda: converged(first, [worker]) and REGISTRY_OWNER in first.owners)
+    fresh = Replica(bus, trust=ca.trust())
+    await fresh.start()
+    assert fresh.stats["snapshots_loaded"] == 1
+    await eventually(lambda: REGISTRY_OWNER in fresh.owners)  # from its answer to hello
+    assert converged(fresh, [worker]) and fresh.guard.refused == {}
+    await stop(*owners, first, fresh)

@@ -205,6 +205,7 @@ class WorkerNode(Part):
             "--no-fsync",
             "--nats",
             self.nats,
+            "--insecure",  # plain HTTP and an open bus, off loopback: the bed tests links
             "--log-level",
             "warning",
         ]
@@ -256,6 +257,7 @@ class BrokerNode(Part):
             str(self.secret),
             "--nats",
             self.nats,
+            "--insecure",
             *registry,
             "--log-level",
             "warning",

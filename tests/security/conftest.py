@@ -13,6 +13,7 @@ import pytest
 from aiohttp import web
 
 from souk.catalog.bus import Bus
+from souk.catalog.node import NodeKey
 from souk.pki import NodeFiles, init_ca, server_context
 from souk.web import runner as web_runner
 from souk.worker.daemon import make_app, make_driver, offering, publishing, running, tls_context
@@ -69,7 +70,7 @@ async def tls_worker(
     advertise: str | None = None,
 ) -> AsyncIterator[TlsWorker]:
     """A sim worker serving mutual TLS with a certificate for `name`; with a bus, it publishes
-    its rows (saying it is at `advertise`, if given) and answers offers on it."""
+    its rows signed with its key (saying it is at `advertise`, if given) and answers offers."""
     settings = WorkerSettings(
         name=name, region=region, data_dir=tmp / name, cpus=cpus, memory_mb=4096, durable=False
     )
@@ -81,7 +82,8 @@ async def tls_worker(
         app = make_app(engine, secure=True)
         url = await stack.enter_async_context(listening(app, tls_context(files)))
         if bus is not None:
-            await stack.enter_async_context(publishing(engine, bus, advertise or url))
+            signer = NodeKey(files)
+            await stack.enter_async_context(publishing(engine, bus, advertise or url, signer))
             await stack.enter_async_context(offering(engine, bus))
         yield TlsWorker(name, engine, app, url, files)
 

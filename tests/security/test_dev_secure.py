@@ -1,6 +1,7 @@
 """`souk dev --secure` (its cluster, in this process): a CA and certificates in the data dir,
-workers serving mutual TLS only, the broker and the proxy HTTPS. A machine is placed and listed
-through the broker, and an app scaled to zero answers through the proxy."""
+workers serving mutual TLS only, the broker and the proxy HTTPS, catalog rows signed by their
+owners and checked by the replicas. A machine is placed and listed through the broker, and an app
+scaled to zero answers through the proxy."""
 
 from __future__ import annotations
 
@@ -38,6 +39,11 @@ async def test_a_secure_dev_cluster_places_lists_and_serves(tmp_path: Path) -> N
             try:
                 listed = await api.machines("hello")
                 assert [m.id for m in listed] == [machine.id]
+                status = await api.catalog_status()
+                assert status["security"] == "signed"
+                assert set(status["refused"]) <= {"unknown_signer"}, status["refused"]
+                heads = {o["owner"]: o["head"] for o in status["owners"]}
+                assert all(heads[w] > 0 for w in dev.workers), heads
                 assert machine.state != "started"
                 await answers_through_the_proxy(dev, machine.id)
                 assert (await api.machine("hello", machine.id)).state == "started"

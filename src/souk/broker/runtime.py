@@ -1,4 +1,8 @@
-"""Running a broker (`souk broker`), with a catalog replica or a static list of workers."""
+"""Running a broker (`souk broker`), with a catalog replica or a static list of workers.
+
+Given its node files, the broker is a node of a secured cluster on the catalog's side too: it
+reaches the bus with its certificate, its replica applies only rows their owners signed (checked
+against the cluster CA), and the app registry it may host signs its rows with the broker's key."""
 
 from __future__ import annotations
 
@@ -6,7 +10,7 @@ import asyncio
 import contextlib
 import logging
 import signal
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,11 +23,13 @@ from souk.broker.placement.policies import policy_named
 from souk.broker.registry import AppRegistry
 from souk.broker.server import make_app
 from souk.catalog import http as catalog_http
-from souk.catalog.bus import Bus, NatsBus
+from souk.catalog import node
+from souk.catalog.bus import Bus
 from souk.catalog.connecting import ConnectingBus
 from souk.catalog.owner import Owner
 from souk.catalog.protocol import HELLO
 from souk.catalog.replica import following
+from souk.catalog.signing import Signer
 from souk.clients.workers import WorkerClient
 from souk.pki import NodeFiles
 from souk.web import Route
@@ -47,7 +53,8 @@ class BrokerOptions:
     policy: str = "default"
     nats: str | None = None  # follow the catalog over NATS instead of polling `workers`
     catalog_dir: Path | None = None  # where the replica keeps its SQLite copy
-    # The broker's node files: it reaches workers over mutual TLS, and only over it.
+    # The broker's node files: it reaches workers over mutual TLS, and only over it; its bus
+    # connection shows them, its replica trusts their CA only, its registry signs with them.
     tls: NodeFiles | None = None
     listener: ServerCert | None = None  # serve the Machines API over HTTPS
 
@@ -64,7 +71,7 @@ async def _refresh_forever(fleet: StaticFleet) -> None:
 @contextlib.asynccontextmanager
 async def broker_site(opts: BrokerOptions, bus: Bus | None = None) -> AsyncIterator[str]:
     """A running broker; yields its base URL. With a bus (or `opts.nats`), its fleet is a catalog
-    replica; without, a `StaticFleet` polling `opts.workers`."""
+    replica, signed when `opts.tls` is given; without, a `StaticFleet` polling `opts.workers`."""
     async with contextlib.AsyncExitStack() as stack:
         client = WorkerClient(tls=opts.tls)
         registry = AppRegistry(opts.registry_dir / "apps.db") if opts.registry_dir else None
@@ -74,23 +81,33 @@ async def broker_site(opts: BrokerOptions, bus: Bus | None = None) -> AsyncItera
         extra: list[Route] = []
         before_place = None
         up = True  # whether the bus is connected now
+        on_bus = bus is not None or bool(opts.nats)
+        key = node.NodeKey(opts.tls) if opts.tls is not None and on_bus else None
+        if key is not None:
+            await stack.enter_async_context(node.renewing(key))
         if bus is None and opts.nats:
-            nats_bus = await _connecting(opts.nats, "souk-broker")
+            connect = node.connector(opts.nats, "souk-broker", opts.tls, key)
+            nats_bus = await _connecting(connect, f"NATS {opts.nats}")
             stack.push_async_callback(nats_bus.close)
             up, bus = nats_bus.bus is not None, nats_bus
         if bus is not None:
             path = opts.catalog_dir / "catalog.db" if opts.catalog_dir else ":memory:"
+            trust = node.ca_trust(opts.tls) if opts.tls is not None else None
             # With NATS down, serve at once: the replica learns the workers from their
             # heartbeats once it connects, with no snapshot to wait for now.
             replica = await stack.enter_async_context(
                 following(
-                    bus, path, bootstrap=opts.nats is not None and up, settle=2.0 if up else 0.0
+                    bus,
+                    path,
+                    bootstrap=opts.nats is not None and up,
+                    settle=2.0 if up else 0.0,
+                    trust=trust,
                 )
             )
             fleet = CatalogFleet(replica, registry)
             extra = catalog_http.routes(replica)
             if registry is not None:
-                await stack.enter_async_context(registry_owner(bus, registry))
+                await stack.enter_async_context(registry_owner(bus, registry, key))
         else:
             apps = registry if registry is not None else AppRegistry()
             static = StaticFleet(opts.workers, apps, client)
@@ -114,10 +131,10 @@ async def broker_site(opts: BrokerOptions, bus: Bus | None = None) -> AsyncItera
         yield f"{scheme}://{opts.host}:{runner.addresses[0][1]}"
 
 
-async def _connecting(nats: str, name: str) -> ConnectingBus:
+async def _connecting(connect: Callable[[], Awaitable[Bus]], where: str) -> ConnectingBus:
     """NATS connected in the background; waits a moment for it, so that a start with NATS up
     bootstraps its replica as before."""
-    bus = ConnectingBus(lambda: NatsBus.connect(nats, name=name), f"NATS {nats}")
+    bus = ConnectingBus(connect, where)
     bus.on_connect(lambda: bus.publish(HELLO, b"{}"))  # owners answer with a heartbeat
     bus.start()
     await bus.wait_connected(CONNECT_GRACE)
@@ -125,9 +142,12 @@ async def _connecting(nats: str, name: str) -> ConnectingBus:
 
 
 @contextlib.asynccontextmanager
-async def registry_owner(bus: Bus, registry: AppRegistry) -> AsyncIterator[Owner]:
-    """The registry as the owner of the catalog's apps rows."""
-    owner = Owner(bus, registry)
+async def registry_owner(
+    bus: Bus, registry: AppRegistry, signer: Signer | None = None
+) -> AsyncIterator[Owner]:
+    """The registry as the owner of the catalog's apps rows, signed by its broker's key on a
+    signed catalog (any broker's certificate may sign them)."""
+    owner = Owner(bus, registry, signer=signer)
     registry.listeners.append(owner.committed)
     await owner.start()
     try:

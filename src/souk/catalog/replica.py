@@ -676,6 +676,9 @@ class Replica:
                 },
             )
             for o, st in owners.items()
+            # Signed, a head is relayed with the header that brought it; one known only from
+            # heartbeats (head 0) has none, and its recipient hears it from the owner anyway.
+            if not secure or proofs.get(o) is not None
         ]
         certs = [(fp, b64(der)) for fp, der in self.store.certs().items()] if secure else []
         pieces: list[tuple[list[Any], list[Any], list[Any]]]

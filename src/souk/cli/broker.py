@@ -10,7 +10,7 @@ import typer
 from souk.broker import runtime
 from souk.broker.tokens import read_secret
 from souk.cli.serving import LOG_LEVEL, log_to_stderr, parse_listen
-from souk.cli.tls import TLS_CERT, TLS_DIR_HELP, TLS_KEY, node_files, server_cert
+from souk.cli.tls import TLS_CERT, TLS_DIR_HELP, TLS_KEY, node_files, open_bus, server_cert
 
 
 def run(
@@ -34,19 +34,28 @@ def run(
     deadline: float = typer.Option(2.0, help="Seconds a placement may take before 412."),
     policy: str = typer.Option("default", help="Placement policy: default, binpack, spread."),
     tls_dir: Path | None = typer.Option(
-        None, help=f"{TLS_DIR_HELP} Reach workers over mutual TLS, and only so."
+        None,
+        help=f"{TLS_DIR_HELP} Reach workers over mutual TLS, and only so; reach the bus with "
+        "them, apply only catalog rows their owners signed, sign the app registry's.",
     ),
     tls_name: str | None = typer.Option(
         None, help="This broker's name in --tls-dir (default: the one key there)."
     ),
     tls_cert: Path | None = TLS_CERT,
     tls_key: Path | None = TLS_KEY,
+    insecure: bool = typer.Option(
+        False, help="Without --tls-dir: follow an open bus other than loopback, unsigned rows."
+    ),
     log_level: str = LOG_LEVEL,
 ) -> None:
     """Serve the public Machines API and place machines on workers."""
     log_to_stderr(log_level)
     host, port = parse_listen(listen)
     tls = node_files(tls_dir, "broker", tls_name) if tls_dir is not None else None
+    if tls is not None and insecure:
+        raise typer.BadParameter("--insecure is for a broker without --tls-dir: drop one")
+    if tls is None:
+        open_bus(nats, insecure)
     listener = server_cert(tls_cert, tls_key)
     try:
         secret = read_secret(secret_file)

@@ -10,7 +10,7 @@ import typer
 
 from souk.cli.client import CA, api_ca, api_token, api_url
 from souk.cli.serving import LOG_LEVEL, log_to_stderr, parse_listen
-from souk.cli.tls import TLS_CERT, TLS_KEY, server_cert
+from souk.cli.tls import TLS_CERT, TLS_DIR_HELP, TLS_KEY, node_files, open_bus, server_cert
 
 
 def run(
@@ -43,6 +43,17 @@ def run(
     ca: Path | None = CA,
     tls_cert: Path | None = TLS_CERT,
     tls_key: Path | None = TLS_KEY,
+    tls_dir: Path | None = typer.Option(
+        None,
+        help=f"{TLS_DIR_HELP} Reach the bus with them and apply only catalog rows their "
+        "owners signed.",
+    ),
+    tls_name: str | None = typer.Option(
+        None, help="This proxy's name in --tls-dir (default: the one key there)."
+    ),
+    insecure: bool = typer.Option(
+        False, help="Without --tls-dir: follow an open bus other than loopback, unsigned rows."
+    ),
     log_level: str = LOG_LEVEL,
 ) -> None:
     """Serve HTTP for every app: route to started machines, scale from zero, stop idle ones."""
@@ -50,6 +61,11 @@ def run(
 
     log_to_stderr(log_level)
     host, port = parse_listen(listen)
+    tls = node_files(tls_dir, "proxy", tls_name) if tls_dir is not None else None
+    if tls is not None and insecure:
+        raise typer.BadParameter("--insecure is for a proxy without --tls-dir: drop one")
+    if tls is None:
+        open_bus(nats, insecure)
     listener = server_cert(tls_cert, tls_key)
     url = api_url(api)
     opts = ProxyOptions(
@@ -66,5 +82,6 @@ def run(
         catalog_dir=catalog_dir,
         ca=api_ca(ca, api),
         listener=listener,
+        tls=tls,
     )
     asyncio.run(serve(opts))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ipaddress
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import typer
 
@@ -73,3 +74,18 @@ def loopback(host: str) -> bool:
         return ipaddress.ip_address(host.strip("[]")).is_loopback
     except ValueError:
         return False
+
+
+def open_bus(nats: str | None, insecure: bool) -> None:
+    """Without node files a part joins the bus anonymously and its rows go unsigned (or it
+    applies unsigned ones): as the worker's plain HTTP, only on loopback unless `--insecure`."""
+    if not nats or insecure:
+        return
+    for url in (u.strip() for u in nats.split(",") if u.strip()):
+        host = urlsplit(url if "://" in url else f"nats://{url}").hostname or ""
+        if not loopback(host):
+            raise typer.BadParameter(
+                f"{url} is not loopback: give --tls-dir (mutual TLS to the bus, signed catalog "
+                "rows), or --insecure to use an open bus and unsigned rows",
+                param_hint="--nats",
+            )

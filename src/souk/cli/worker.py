@@ -8,7 +8,7 @@ from pathlib import Path
 import typer
 
 from souk.cli.serving import LOG_LEVEL, log_to_stderr, parse_listen
-from souk.cli.tls import TLS_DIR_HELP, loopback, node_files
+from souk.cli.tls import TLS_DIR_HELP, loopback, node_files, open_bus
 from souk.models.machine import CpuKind
 from souk.worker.daemon import serve
 from souk.worker.settings import WorkerSettings
@@ -42,10 +42,14 @@ def run(
         None, help="NATS server URL(s), comma-separated: publish this worker's catalog rows."
     ),
     tls_dir: Path | None = typer.Option(
-        None, help=f"{TLS_DIR_HELP} NAME is --name. Serve mutual TLS only."
+        None,
+        help=f"{TLS_DIR_HELP} NAME is --name. Serve mutual TLS only; reach the bus with them "
+        "and sign this worker's catalog rows with its key.",
     ),
     insecure: bool = typer.Option(
-        False, help="Without --tls-dir, serve plain HTTP on an address other than loopback."
+        False,
+        help="Without --tls-dir: serve plain HTTP on an address other than loopback, and "
+        "publish unsigned rows to a bus other than loopback.",
     ),
     log_level: str = LOG_LEVEL,
 ) -> None:
@@ -54,7 +58,7 @@ def run(
     host, port = parse_listen(listen)
     tls = node_files(tls_dir, "worker", name) if tls_dir is not None else None
     if tls is not None and insecure:
-        raise typer.BadParameter("--insecure serves plain HTTP: drop it, or --tls-dir")
+        raise typer.BadParameter("--insecure is for a worker without --tls-dir: drop one")
     if tls is not None and advertise is not None and not advertise.startswith("https://"):
         raise typer.BadParameter("with --tls-dir, an https:// URL", param_hint="--advertise")
     if tls is None and not insecure and not loopback(host):
@@ -63,6 +67,8 @@ def run(
             "plain HTTP to anyone who can reach it",
             param_hint="--listen",
         )
+    if tls is None:
+        open_bus(nats, insecure)
     kinds: list[CpuKind] = []
     for kind in cpu_kind:
         if kind not in ("shared", "performance"):

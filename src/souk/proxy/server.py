@@ -18,10 +18,11 @@ from typing import Any
 
 from aiohttp import web
 
-from souk.catalog.bus import NatsBus
+from souk.catalog import node
 from souk.catalog.replica import following
 from souk.catalog.view import CatalogView
 from souk.clients.machines import MachinesClient
+from souk.pki import NodeFiles
 from souk.proxy.forward import Forwarder, app_header, make_session
 from souk.proxy.idle import Autostop, stop_task
 from souk.proxy.own import OwnRoutes, own_routes
@@ -50,6 +51,8 @@ class ProxyOptions:
     catalog_dir: Path | None = None
     ca: Path | None = None  # the CA an https broker's certificate is checked against
     listener: ServerCert | None = None  # serve HTTPS
+    # The proxy's node files: its bus connection shows them, its replica trusts their CA only.
+    tls: NodeFiles | None = None
 
 
 class Proxy:
@@ -137,17 +140,18 @@ async def proxy_site(view: CatalogView, opts: ProxyOptions) -> AsyncIterator[tup
 
 
 async def serve(opts: ProxyOptions) -> None:
-    """`souk proxy`: a replica following NATS, and the proxy over it, until a signal."""
+    """`souk proxy`: a replica following NATS (signed, given node files), and the proxy over it,
+    until a signal."""
     if not opts.nats:
         raise ValueError("souk proxy needs a catalog: --nats")
-    bus = await NatsBus.connect(opts.nats, name="souk-proxy")
     async with contextlib.AsyncExitStack() as stack:
-        stack.push_async_callback(bus.close)
+        bus = await stack.enter_async_context(node.joined(opts.nats, "souk-proxy", opts.tls))
         path: Path | str = ":memory:"
         if opts.catalog_dir is not None:
             opts.catalog_dir.mkdir(parents=True, exist_ok=True)
             path = opts.catalog_dir / "catalog.db"
-        replica = await stack.enter_async_context(following(bus, path))
+        trust = node.ca_trust(opts.tls) if opts.tls is not None else None
+        replica = await stack.enter_async_context(following(bus, path, trust=trust))
         _, url = await stack.enter_async_context(proxy_site(replica, opts))
         print(f"souk proxy ready on {url} (apps at <app>.{opts.domain})", flush=True)
         stop = asyncio.Event()

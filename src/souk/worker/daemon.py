@@ -1,8 +1,10 @@
 """Wires a worker together: its engine, its driver and its HTTP server.
 
 Given its node files, the server speaks mutual TLS only, and each route answers the roles
-`api.ACCESS` names, by the certificate the caller showed; without them, plain HTTP to anyone
-(`souk worker` allows that only on loopback, or with --insecure)."""
+`api.ACCESS` names, by the certificate the caller showed; the bus is reached with the same
+certificate, and every row the worker publishes is signed with its key. Without them, plain HTTP
+to anyone and unsigned rows on an open bus (`souk worker` allows that only on loopback, or with
+--insecure)."""
 
 from __future__ import annotations
 
@@ -19,9 +21,11 @@ from collections.abc import AsyncIterator
 from aiohttp import web
 
 from souk import __version__
-from souk.catalog.bus import Bus, Message, NatsBus
+from souk.catalog import node
+from souk.catalog.bus import Bus, Message
 from souk.catalog.connecting import ConnectingBus
 from souk.catalog.owner import Owner
+from souk.catalog.signing import Signer
 from souk.models.capacity import OfferCall, offers_subject
 from souk.pki import NodeFiles, reloading_server_context, role_middleware
 from souk.web import add_routes, error_middleware
@@ -97,10 +101,13 @@ async def running(engine: Engine) -> AsyncIterator[Engine]:
 
 
 @contextlib.asynccontextmanager
-async def publishing(engine: Engine, bus: Bus, address: str | None = None) -> AsyncIterator[Owner]:
-    """The worker as the owner of its catalog rows: each commit published as it lands."""
+async def publishing(
+    engine: Engine, bus: Bus, address: str | None = None, signer: Signer | None = None
+) -> AsyncIterator[Owner]:
+    """The worker as the owner of its catalog rows: each commit published as it lands, signed
+    with its node key when given one (a signed catalog takes no other)."""
     rows = WorkerRows(engine, address or engine.settings.address)
-    owner = Owner(bus, rows)
+    owner = Owner(bus, rows, signer=signer)
     rows.attach(owner)
     await owner.start()
     try:
@@ -157,11 +164,14 @@ async def serve(
         if nats:
             # Serve first, join the catalog whenever NATS answers: the owner's rows wait in the
             # database, and its first heartbeat on connecting tells the replicas to pull them.
-            bus = ConnectingBus(
-                lambda: NatsBus.connect(nats, name=f"souk-worker-{settings.name}"), f"NATS {nats}"
-            )
+            # With node files, the bus sees its certificate and every row is signed by its key.
+            key = node.NodeKey(tls) if tls is not None else None
+            if key is not None:
+                await stack.enter_async_context(node.renewing(key))
+            connect = node.connector(nats, f"souk-worker-{settings.name}", tls, key)
+            bus = ConnectingBus(connect, f"NATS {nats}")
             stack.push_async_callback(bus.close)
-            owner = await stack.enter_async_context(publishing(engine, bus))
+            owner = await stack.enter_async_context(publishing(engine, bus, signer=key))
             await stack.enter_async_context(offering(engine, bus))
             bus.on_connect(owner.heartbeat)
             engine.bus_link = bus
