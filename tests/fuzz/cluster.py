@@ -34,6 +34,11 @@ CHECKS = (
     "allow_header_conformance",
 )
 
+# Left out: the catalog's change stream (it streams until the client leaves, so every case ends
+# in a read timeout), and revoking a token (a fuzzer that finds its own token's id, as the links
+# from GET /v1/tokens/current lead it to, locks itself out for the rest of the run).
+EXCLUDED_PATHS = ("/v1/catalog/changes", "/v1/tokens/{id}")
+
 
 @dataclass(frozen=True)
 class FuzzCluster:
@@ -106,6 +111,8 @@ async def schemathesis(
     argv = [sys.executable, "-m", "schemathesis.cli", "run", f"{base}/openapi.json"]
     argv += ["--checks", ",".join(CHECKS), "--max-examples", str(max_examples), "--no-color"]
     argv += ["--request-timeout", "30", "--seed", "1"]
+    for path in EXCLUDED_PATHS:
+        argv += ["--exclude-path", path]
     if max_time is not None:
         argv += ["--max-time", str(int(max_time))]
     if phases:
