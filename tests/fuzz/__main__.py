@@ -9,19 +9,26 @@ import sys
 import tempfile
 from pathlib import Path
 
-from tests.fuzz.cluster import fuzz_cluster, schemathesis
+from tests.fuzz.cluster import BROKER_EXCLUDED, config, fuzz_cluster, schemathesis
 
 
 async def fuzz(max_examples: int, max_time: float | None, report: Path | None) -> bool:
     with tempfile.TemporaryDirectory(prefix="souk-fuzz-") as tmp:
         async with fuzz_cluster(Path(tmp)) as cluster:
-            worker = next(iter(cluster.workers.values()))
+            worker = next(iter(cluster.workers.values()))  # the one with the machine
+            seeded = config(Path(tmp) / "schemathesis.toml", cluster.app, cluster.machine)
+            run = {"max_time": max_time, "report": report, "config_file": seeded}
             outcomes = [
                 await schemathesis(
-                    "broker", cluster.broker, cluster.token, max_examples, max_time, report=report
+                    "broker",
+                    cluster.broker,
+                    cluster.token,
+                    max_examples,
+                    excluded=BROKER_EXCLUDED,
+                    **run,
                 ),
                 # a worker without TLS checks no caller: no token to send
-                await schemathesis("worker", worker, None, max_examples, max_time, report=report),
+                await schemathesis("worker", worker, None, max_examples, **run),
             ]
     for outcome in outcomes:
         print(f"=== {outcome.target}: {'ok' if outcome.ok else 'FAILED'}")

@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import re
 import sys
+import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import aiohttp
 from aiohttp import web
 
 from souk.broker.runtime import BrokerOptions, broker_site
@@ -23,6 +26,8 @@ from souk.worker.engine import Engine
 from souk.worker.settings import WorkerSettings
 
 WORKERS = (("mad1", "mad"), ("ams1", "ams"))
+APP = "fuzz"
+MACHINE = {"region": "mad", "config": {"init": {"exec": ["sleep", "60"]}}}
 # What a fuzz run insists on: no 5xx, and answers that match the document (status codes,
 # content types, bodies), with `Allow` on every 405.
 CHECKS = (
@@ -34,10 +39,13 @@ CHECKS = (
     "allow_header_conformance",
 )
 
-# Left out: the catalog's change stream (it streams until the client leaves, so every case ends
-# in a read timeout), and revoking a token (a fuzzer that finds its own token's id, as the links
-# from GET /v1/tokens/current lead it to, locks itself out for the rest of the run).
-EXCLUDED_PATHS = ("/v1/catalog/changes", "/v1/tokens/{id}")
+# Left out everywhere: waiting for a state, which blocks up to a minute by design (every case
+# that leaves out `timeout` would wait it out). On the broker: the catalog's change stream (it
+# streams until the client leaves, so every case ends in a read timeout), and revoking a token (a
+# fuzzer that finds its own token's id, as the links from GET /v1/tokens/current lead it to,
+# locks itself out for the rest of the run).
+EXCLUDED_REGEX = r"/wait$"
+BROKER_EXCLUDED = ("/v1/catalog/changes", "/v1/tokens/{id}")
 
 
 @dataclass(frozen=True)
@@ -45,6 +53,8 @@ class FuzzCluster:
     broker: str
     token: str  # an operator token: every broker route is open to it
     workers: dict[str, str]  # name -> URL
+    app: str  # an app that exists, with...
+    machine: str  # ...a machine (on the first worker), for the paths that name them
 
 
 @contextlib.asynccontextmanager
@@ -77,7 +87,42 @@ async def fuzz_cluster(data_dir: Path) -> AsyncIterator[FuzzCluster]:
             "127.0.0.1", 0, secret, list(workers.values()), registry_dir=data_dir / "registry"
         )
         broker = await stack.enter_async_context(broker_site(opts, bus))
-        yield FuzzCluster(broker, mint(secret, operator=True), workers)
+        token = mint(secret, operator=True)
+        machine = await _seed(broker, token)
+        yield FuzzCluster(broker, token, workers, APP, machine)
+
+
+async def _seed(broker: str, token: str) -> str:
+    """An app and a machine of it, so that fuzzing reaches past "no such app/machine"; the
+    machine is placed once the broker's replica lists the workers."""
+    headers = {"Authorization": f"Bearer {token}"}
+    async with aiohttp.ClientSession(broker, headers=headers) as http:
+        async with http.post("/v1/apps", json={"name": APP}) as resp:
+            assert resp.status == 201, await resp.text()
+        deadline = time.monotonic() + 20
+        while True:
+            async with http.post(f"/v1/apps/{APP}/machines", json=MACHINE) as resp:
+                if resp.status == 200:
+                    return str((await resp.json())["id"])
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"could not place a machine: {await resp.text()}")
+            await asyncio.sleep(0.1)
+
+
+def config(path: Path, app: str, machine: str) -> Path:
+    """A schemathesis config: path parameters named `app` and `id` take the seeded app and
+    machine most of the time, generated values otherwise."""
+    lines = [
+        "[dictionaries.apps]",
+        f"values = [{json.dumps(app)}]",
+        "[dictionaries.machines]",
+        f"values = [{json.dumps(machine)}]",
+        "[parameters]",
+        '"path.app" = { dictionary = "apps", probability = 0.8 }',
+        '"path.id" = { dictionary = "machines", probability = 0.8 }',
+    ]
+    path.write_text("\n".join(lines) + "\n")
+    return path
 
 
 @dataclass(frozen=True)
@@ -105,13 +150,19 @@ async def schemathesis(
     max_time: float | None = None,
     phases: Sequence[str] = (),
     report: Path | None = None,
+    config_file: Path | None = None,
+    excluded: Sequence[str] = (),
 ) -> Outcome:
     """`st run` against `base`'s /openapi.json, in a subprocess (it speaks HTTP synchronously,
     while this process serves the cluster)."""
-    argv = [sys.executable, "-m", "schemathesis.cli", "run", f"{base}/openapi.json"]
+    argv = [sys.executable, "-m", "schemathesis.cli"]
+    if config_file is not None:
+        argv += ["--config-file", str(config_file)]
+    argv += ["run", f"{base}/openapi.json"]
     argv += ["--checks", ",".join(CHECKS), "--max-examples", str(max_examples), "--no-color"]
     argv += ["--request-timeout", "30", "--seed", "1"]
-    for path in EXCLUDED_PATHS:
+    argv += ["--exclude-path-regex", EXCLUDED_REGEX]
+    for path in excluded:
         argv += ["--exclude-path", path]
     if max_time is not None:
         argv += ["--max-time", str(int(max_time))]
