@@ -152,15 +152,19 @@ async def schemathesis(
     report: Path | None = None,
     config_file: Path | None = None,
     excluded: Sequence[str] = (),
+    seed: int | None = None,
 ) -> Outcome:
     """`st run` against `base`'s /openapi.json, in a subprocess (it speaks HTTP synchronously,
-    while this process serves the cluster)."""
+    while this process serves the cluster). Without a seed, each run explores anew; the seed it
+    picked is in its output, to replay a finding."""
     argv = [sys.executable, "-m", "schemathesis.cli"]
     if config_file is not None:
         argv += ["--config-file", str(config_file)]
     argv += ["run", f"{base}/openapi.json"]
     argv += ["--checks", ",".join(CHECKS), "--max-examples", str(max_examples), "--no-color"]
-    argv += ["--request-timeout", "30", "--seed", "1"]
+    argv += ["--request-timeout", "30"]
+    if seed is not None:
+        argv += ["--seed", str(seed)]
     argv += ["--exclude-path-regex", EXCLUDED_REGEX]
     for path in excluded:
         argv += ["--exclude-path", path]
