@@ -45,7 +45,8 @@ async def test_wait_times_out_with_408(client: Client) -> None:
     body = {**SLEEP, "start": False}
     mid = (await (await client.post("/v1/machines", json=body)).json())["id"]
     resp = await client.get(f"/v1/machines/{mid}/wait", params={"state": "started", "timeout": "0"})
-    assert resp.status == 408 and (await resp.json())["state"] == "created"
+    body = await error_of(resp, 408)  # the error shape the document gives 408, and the state
+    assert (body["status"], body["state"], body["ok"]) == ("timeout", "created", False)
 
 
 async def test_logs_hold_what_the_process_printed(client: Client) -> None:

@@ -6,7 +6,7 @@ import math
 import re
 from typing import Annotated, Any
 
-from pydantic import BeforeValidator, PlainSerializer
+from pydantic import BeforeValidator, PlainSerializer, WithJsonSchema
 
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 _PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
@@ -45,8 +45,17 @@ def format_duration(seconds: float) -> str:
     return f"{round(seconds * 1000)}ms"
 
 
+# What the documents say: a string, as sent (and as Fly's API describes its durations); plain
+# seconds and {"time.Duration": ns} are still read, for clients written against either.
+DURATION_SCHEMA = {
+    "type": "string",
+    "pattern": r"^(\d+(\.\d+)?(ms|s|m|h))+$",
+    "examples": ["5s", "250ms", "1m30s"],
+}
+
 Duration = Annotated[
     float,
     BeforeValidator(parse_duration),
     PlainSerializer(format_duration, return_type=str, when_used="json"),
+    WithJsonSchema(DURATION_SCHEMA),
 ]

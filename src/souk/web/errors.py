@@ -64,6 +64,8 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         if exc.status < 400:
             raise
         return _http_exception(request, exc)
+    except ConnectionResetError:  # the client left (a stream it stopped reading): no one to answer
+        raise
     except Exception:
         log.exception("unhandled error on %s %s", request.method, request.path)
         return json_error(500, "internal_error", "internal error; see the server's log")

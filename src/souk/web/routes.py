@@ -231,6 +231,12 @@ def reply(value: Any, status: int = 200) -> web.Response:
 _PATH_PARAM = re.compile(r"\{(\w+)(?::[^}]*)?\}")
 
 
+def _refusals(permission: Permission | None) -> tuple[int, ...]:
+    """What a server checking callers may answer before the handler runs: 401 (no or bad
+    credentials) and 403 (they do not allow this request), on every route but public ones."""
+    return () if permission is not None and permission.need == "public" else (401, 403)
+
+
 def openapi_document(routes: Sequence[Route], title: str, version: str) -> dict[str, Any]:
     """OpenAPI 3.1 from the route table and the pydantic models' JSON Schemas."""
     schemas: dict[str, Any] = {}
@@ -274,7 +280,7 @@ def openapi_document(routes: Sequence[Route], title: str, version: str) -> dict[
         if route.response is not None:
             ok["content"] = {"application/json": {"schema": schema_ref(route.response)}}
         op["responses"][str(route.status)] = ok
-        for code in sorted({400, *route.errors}):
+        for code in sorted({400, *route.errors, *_refusals(route.permission)}):
             op["responses"][str(code)] = {
                 "description": "error",
                 "content": {"application/json": {"schema": error_ref}},

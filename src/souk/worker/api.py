@@ -10,6 +10,7 @@ from aiohttp import web
 
 from souk.models.api import NONCE_HEADER, Lease, WorkerLeaseRequest
 from souk.models.capacity import Capacity, Offer, OfferRequest
+from souk.models.errors import ErrorBody
 from souk.models.machine import (
     CreateMachine,
     Machine,
@@ -207,7 +208,14 @@ def _routes(engine: Engine) -> list[Route]:
             request.query.get("instance_id"),
         )
         result = WaitResult(ok=ok, state=machine.state, instance_id=machine.instance_id)
-        return reply(result, status=200 if ok else 408)
+        if ok:
+            return reply(result)
+        # an error like any other (as documented), that still says where the machine is
+        message = f"machine {machine.id} did not reach {state} within {timeout:g}s"
+        body = ErrorBody(error=message, status="timeout", code="timeout").model_dump(
+            exclude_none=True
+        )
+        return reply({**body, **result.model_dump(mode="json")}, status=408)
 
     async def events(request: web.Request) -> web.Response:
         engine.get(machine_id(request), events=False)

@@ -338,7 +338,8 @@ ROUTES: list[Route] = [
     ),
     Route(
         "DELETE",
-        "/v1/tokens/{id}",
+        # not the paths of the routes above: DELETE there is not allowed (405), as documented
+        "/v1/tokens/{id:(?!current$|revoked$)[^/]+}",
         tokens.revoke,
         "Revoke a token id and every token attenuated from it (operator); idempotent",
         response=RevocationRow,
