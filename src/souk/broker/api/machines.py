@@ -219,6 +219,7 @@ async def wait_machine(request: web.Request) -> web.Response:
         {
             "error": f"machine {mid} did not reach {state} within {timeout:g}s",
             "status": "timeout",
+            "code": "timeout",
             "state": result.state,
             "instance_id": result.instance_id,
         },
