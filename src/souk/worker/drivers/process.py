@@ -23,6 +23,7 @@ from typing import IO, Any
 from souk.worker import procfs
 from souk.worker.cgroups import Cgroups
 from souk.worker.drivers.base import Handle, HostUser, Launch
+from souk.worker.drivers.exits import poll_until_gone, until_gone
 
 POLL = 0.05
 
@@ -113,24 +114,8 @@ class ProcessDriver:
         return found
 
     async def _watch(self, handle: Handle) -> int | None:
-        """Wait for a process that is not our child: pidfd where we have it, else polling."""
-        try:
-            fd = os.pidfd_open(handle.pid)
-        except OSError:
-            fd = -1
-        if fd >= 0:
-            loop = asyncio.get_running_loop()
-            exited = loop.create_future()
-            loop.add_reader(fd, _resolve, exited)
-            try:
-                if procfs.is_alive(handle.pid, handle.pid_start):
-                    await exited
-            finally:
-                loop.remove_reader(fd)
-                os.close(fd)
-        else:
-            while procfs.is_alive(handle.pid, handle.pid_start):
-                await asyncio.sleep(POLL)
+        """A process that is not our child (adopted): its exit code is not ours to read."""
+        await until_gone(handle, POLL)
         return None
 
     async def wait(self, machine_id: str) -> int | None:
@@ -171,7 +156,7 @@ class ProcessDriver:
             if pending is not None:
                 await asyncio.wait_for(asyncio.shield(pending), timeout)
             else:
-                await asyncio.wait_for(_until_gone(handle), timeout)
+                await asyncio.wait_for(poll_until_gone(handle, POLL), timeout)
             return
         except TimeoutError:
             pass
@@ -179,7 +164,7 @@ class ProcessDriver:
         if pending is not None:
             await asyncio.shield(pending)
         else:
-            await _until_gone(handle)
+            await poll_until_gone(handle, POLL)
 
     async def cleanup(self, launch: Launch) -> None:
         self._exits.pop(launch.machine_id, None)
@@ -210,13 +195,3 @@ def _killpg(pid: int, sig: int) -> None:
         os.killpg(pid, sig)
     except ProcessLookupError:
         pass
-
-
-async def _until_gone(handle: Handle) -> None:
-    while procfs.is_alive(handle.pid, handle.pid_start):
-        await asyncio.sleep(POLL)
-
-
-def _resolve(future: asyncio.Future[None]) -> None:
-    if not future.done():
-        future.set_result(None)
