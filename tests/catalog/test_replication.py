@@ -8,6 +8,7 @@ import sqlite3
 from pathlib import Path
 
 from souk.catalog.bus import Faults, InProcessBus
+from souk.catalog.owner import BATCH_BYTES
 from souk.catalog.protocol import Batch, Change, changes_subject, encode
 from souk.catalog.replica import Replica
 from souk.catalog.sim import SimRows
@@ -257,4 +258,31 @@ async def test_faults_on_the_bus_still_converge() -> None:
     await eventually(lambda: converged(replica, sources), timeout=20)
     for o in owners:
         await o.stop()
+    await replica.stop()
+
+
+async def test_a_burst_bigger_than_a_bus_message_is_split_into_batches_that_converge() -> None:
+    bus = InProcessBus()
+    sizes: list[int] = []
+    sent = bus.publish
+
+    async def measured(subject: str, data: bytes, reply: str | None = None) -> None:
+        if subject.startswith(changes_subject("mad", "w1").rsplit(".", 1)[0]):
+            sizes.append(len(data))
+        await sent(subject, data, reply)
+
+    bus.publish = measured  # type: ignore[method-assign]
+    replica = Replica(bus)
+    await replica.start(bootstrap=False)
+    src = SimRows("w1", "mad")
+    owner = await start_owner(bus, src, beat=60)
+    big = "x" * 60_000  # a machine near the metadata limit
+    for i in range(20):  # one publish: committed in one turn of the loop
+        change = src.machine("web", key=f"m{i}")
+        assert change.row is not None
+        src.put("machines", f"m{i}", {**change.row, "metadata": {"blob": big}})
+    await eventually(lambda: converged(replica, [src]))
+    assert len(replica.machines(app="web")) == 20
+    assert len(sizes) >= 4 and max(sizes) < BATCH_BYTES + 70_000
+    await owner.stop()
     await replica.stop()

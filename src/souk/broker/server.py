@@ -15,8 +15,7 @@ from souk.broker.api.state import BROKER, IDEMPOTENCY, SEALER, Broker
 from souk.broker.auth import MachineRegion, make_auth, undeclared
 from souk.broker.sealing import Sealer
 from souk.web import ApiError, Route, add_routes, error_middleware
-
-MAX_BODY = 1 << 20
+from souk.web.body import MAX_BODY_BYTES
 
 
 def machine_region(broker: Broker) -> MachineRegion:
@@ -46,7 +45,7 @@ def make_app(broker: Broker, secret: bytes, extra: Sequence[Route] = ()) -> web.
         raise ValueError(f"routes without a permission: {', '.join(missing)}")
     auth = make_auth(secret, broker.fleet.revoked, machine_region(broker))
     app = web.Application(
-        middlewares=[error_middleware, auth, worker_errors], client_max_size=MAX_BODY
+        middlewares=[error_middleware, auth, worker_errors], client_max_size=MAX_BODY_BYTES
     )
     app[BROKER] = broker
     app[SEALER] = Sealer(secret)

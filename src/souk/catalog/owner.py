@@ -36,6 +36,31 @@ from souk.catalog.signing import Signer, TickChain, b64, beat_statement, header_
 
 log = logging.getLogger("souk.catalog.owner")
 HEARTBEAT_EVERY = 1.0
+# What one batch may carry of rows, well under NATS's default max_payload (1 MiB), so that a
+# burst of commits (or big rows) never makes a message the bus refuses: that would stall the
+# owner's replication with nothing but a bus error to show for it.
+BATCH_BYTES = 256 * 1024
+
+
+def split(changes: list[Change], head: int) -> list[tuple[int, list[Change]]]:
+    """The changes of one publish as batches of at most `BATCH_BYTES` of rows each, in sequence
+    order, each with the head it reaches (the last reaches `head`). A row bigger than that
+    travels alone; the worker's body limit keeps every row well under the bus's own limit."""
+    changes.sort(key=lambda c: c.seq)
+    parts: list[tuple[int, list[Change]]] = []
+    part: list[Change] = []
+    size = 0
+    for change in changes:
+        row_size = len(orjson.dumps(change.row)) if change.row is not None else 0
+        if part and size + row_size > BATCH_BYTES:
+            parts.append((part[-1].seq, part))
+            part, size = [], 0
+        part.append(change)
+        size += row_size
+    parts.append((head, part))
+    if len(parts) > 1:
+        log.warning("a publish of %d changes split into %d batches", len(changes), len(parts))
+    return parts
 
 
 class RowSource(Protocol):
@@ -131,17 +156,19 @@ class Owner:
                     if held is None or change.seq >= held.seq:
                         latest[(change.table, change.key)] = change
             head = max(self.published, pending[-1].head)
-            src = self.source
-            batch = Batch(
-                src.owner, src.region, src.epoch, self.published, head, list(latest.values())
-            )
-            if self.signer is not None:
-                batch.fp, batch.sig = self._sign("batch", batch.prev, head, False, batch.changes)
-                if self._cert_due:
-                    batch.cert, self._cert_due = b64(self.signer.certificate), False
-            self.published = head
-            self.batches += 1
-            await self.bus.publish(changes_subject(src.region, src.owner), encode(batch))
+            for part_head, changes in split(list(latest.values()), head):
+                await self._publish(part_head, changes)
+
+    async def _publish(self, head: int, changes: list[Change]) -> None:
+        src = self.source
+        batch = Batch(src.owner, src.region, src.epoch, self.published, head, changes)
+        if self.signer is not None:
+            batch.fp, batch.sig = self._sign("batch", batch.prev, head, False, batch.changes)
+            if self._cert_due:
+                batch.cert, self._cert_due = b64(self.signer.certificate), False
+        self.published = head
+        self.batches += 1
+        await self.bus.publish(changes_subject(src.region, src.owner), encode(batch))
 
     def _sign(
         self, kind: str, prev: int, head: int, more: bool, changes: list[Change]
@@ -193,6 +220,9 @@ class Owner:
             log.warning("bad pull request: %s", exc)
             return
         changes, head, more = self.source.changes_since(req.since, req.limit)
+        parts = split(changes, head)
+        if len(parts) > 1:  # the rest in the next pull, as with a count limit
+            (head, changes), more = parts[0], True
         src = self.source
         reply = PullReply(src.owner, src.region, src.epoch, head, more, changes, req.since)
         if self.signer is not None:
