@@ -45,7 +45,7 @@ BATCH_BYTES = 256 * 1024
 def split(changes: list[Change], head: int) -> list[tuple[int, list[Change]]]:
     """The changes of one publish as batches of at most `BATCH_BYTES` of rows each, in sequence
     order, each with the head it reaches (the last reaches `head`). A row bigger than that
-    travels alone; the worker's body limit keeps every row well under the bus's own limit."""
+    travels alone."""
     changes.sort(key=lambda c: c.seq)
     parts: list[tuple[int, list[Change]]] = []
     part: list[Change] = []

@@ -20,9 +20,7 @@ from souk.web.errors import ApiError
 M = TypeVar("M", bound=BaseModel)
 
 MAX_DEPTH = 64
-# A request body's limit on every souk server. A machine's config becomes a catalog row, and a
-# row must fit one bus message (NATS's default max_payload is 1 MiB) with room to spare.
-MAX_BODY_BYTES = 512 * 1024
+MAX_BODY_BYTES = 1 << 20  # a request body's limit on every souk server
 BODY_KEY = web.RequestKey("json_body", object)  # the parsed body, so a second read is free
 
 # Strings are skipped whole (brackets inside them are text); what remains of a valid document
