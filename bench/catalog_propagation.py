@@ -34,9 +34,7 @@ import argparse
 import asyncio
 import contextlib
 import cProfile
-import datetime
 import gc
-import ipaddress
 import json
 import os
 import pstats
@@ -52,10 +50,6 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-from cryptography import x509
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
@@ -65,7 +59,7 @@ from _harness import machine_info, pct
 from souk.catalog import owner as owner_module
 from souk.catalog import replica as replica_module
 from souk.catalog.bus import NatsBus
-from souk.catalog.certs import bus_options, load_ca
+from souk.catalog.certs import bus_options
 from souk.catalog.owner import Owner
 from souk.catalog.permissions import Node, render
 from souk.catalog.protocol import PREFIX, Batch, encode
@@ -73,6 +67,8 @@ from souk.catalog.replica import following
 from souk.catalog.signing import Ed25519Signer
 from souk.catalog.sim import SimRows
 from souk.catalog.trust import CaTrust
+from souk.pki import NodeFiles, load_ca
+from tests.catalog.pki import Ca
 from tests.support.ports import free_port
 
 REGIONS = ["mad", "ams", "ord", "nrt"]
@@ -187,82 +183,27 @@ PLAIN, SIGNED, SIGNED_TLS = Mode("plain"), Mode("signed", True), Mode("signed+tl
 
 
 class Pki:
-    """A cluster CA and node certificates as the cluster PKI issues them: Ed25519, subject
-    O=souk, OU=<role>, CN=<name>, URI name souk://<role>/<name>."""
+    """A cluster CA, issued from by `souk.pki` in memory, and nodes' files in `workdir`, one
+    directory each, as `souk certs issue --out DIR` writes them."""
 
     def __init__(self, workdir: Path) -> None:
-        self.dir = workdir
-        self.key = Ed25519PrivateKey.generate()
-        subject = x509.Name(
-            [
-                x509.NameAttribute(NameOID.ORGANIZATION_NAME, "souk"),
-                x509.NameAttribute(NameOID.COMMON_NAME, "bench CA"),
-            ]
-        )
-        self.ca = self._build(subject, subject, self.key.public_key(), True, [])
-        self.ca_path = workdir / "ca.crt"
-        self.ca_path.write_bytes(self.ca.public_bytes(serialization.Encoding.PEM))
-
-    def _build(
-        self, subject: x509.Name, issuer: x509.Name, public: Any, ca: bool, sans: list[Any]
-    ) -> x509.Certificate:
-        now = datetime.datetime.now(datetime.UTC)
-        builder = (
-            x509.CertificateBuilder()
-            .subject_name(subject)
-            .issuer_name(issuer)
-            .public_key(public)
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=5))
-            .not_valid_after(now + datetime.timedelta(days=1))
-            .add_extension(x509.BasicConstraints(ca=ca, path_length=0 if ca else None), True)
-        )
-        if not ca:
-            usages = [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]
-            builder = builder.add_extension(x509.ExtendedKeyUsage(usages), False)
-            builder = builder.add_extension(x509.SubjectAlternativeName(sans), False)
-        return builder.sign(self.key, None)
-
-    def issue(self, role: str, name: str) -> tuple[Ed25519PrivateKey, x509.Certificate]:
-        key = Ed25519PrivateKey.generate()
-        subject = x509.Name(
-            [
-                x509.NameAttribute(NameOID.ORGANIZATION_NAME, "souk"),
-                x509.NameAttribute(NameOID.ORGANIZATIONAL_UNIT_NAME, role),
-                x509.NameAttribute(NameOID.COMMON_NAME, name),
-            ]
-        )
-        sans: list[Any] = [
-            x509.UniformResourceIdentifier(f"souk://{role}/{name}"),
-            x509.DNSName(name),
-        ]
-        if name == "localhost":
-            sans.append(x509.IPAddress(ipaddress.ip_address("127.0.0.1")))
-        return key, self._build(subject, self.ca.subject, key.public_key(), False, sans)
+        self.dir = workdir / "tls"
+        self.ca = Ca(common_name="bench CA")
+        self.ca_path = self.ca.write(workdir)
 
     def signer(self, role: str, name: str) -> Ed25519Signer:
-        key, cert = self.issue(role, name)
-        raw = serialization.Encoding.Raw, serialization.PrivateFormat.Raw
-        seed = key.private_bytes(*raw, serialization.NoEncryption())
-        return Ed25519Signer(seed, cert.public_bytes(serialization.Encoding.DER))
+        return self.ca.node(role, name).signer()
 
-    def files(self, role: str, name: str) -> tuple[Path, Path]:
-        key, cert = self.issue(role, name)
-        cert_path, key_path = self.dir / f"{role}-{name}.crt", self.dir / f"{role}-{name}.key"
-        cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-        key_path.write_bytes(
-            key.private_bytes(
-                serialization.Encoding.PEM,
-                serialization.PrivateFormat.PKCS8,
-                serialization.NoEncryption(),
-            )
-        )
-        return cert_path, key_path
+    def files(self, role: str, name: str, sans: Sequence[str] = ()) -> NodeFiles:
+        files = NodeFiles.in_dir(self.dir / name, name)
+        if not files.cert.exists():
+            self.ca.node(role, name, sans=sans).write(self.dir / name)
+        return files
 
     def config(self, port: int) -> Path:
         """The authenticated bus, as `souk nats config` writes it: two replicas (operators)
         and, for the owners that share one connection here, a user that may speak for all."""
-        cert, key = self.files("bus", "localhost")
+        server = self.files("bus", "localhost", sans=["127.0.0.1"])
         fleet = {
             "user": "souk://worker/fleet",
             "permissions": {
@@ -279,16 +220,13 @@ class Pki:
             },
         }
         nodes = [Node("operator", f"replica{i}") for i in (1, 2)]
-        text = render(nodes, self.ca_path, cert, key, "127.0.0.1", port, extra_users=[fleet])
+        text = render(nodes, server, "127.0.0.1", port, extra_users=[fleet])
         path = self.dir / "nats-tls.conf"
         path.write_text(text)
         return path
 
     def bus_options(self, role: str, name: str) -> dict[str, Any]:
-        cert = self.dir / f"{role}-{name}.crt"
-        if not cert.exists():
-            self.files(role, name)
-        return bus_options(self.ca_path, cert, self.dir / f"{role}-{name}.key")
+        return bus_options(self.files(role, name))
 
 
 # --- the owners' side ------------------------------------------------------------------------
@@ -398,17 +336,17 @@ async def replica_process(
 ) -> None:
     """Child process: a replica following every region; prints `ready` once subscribed and
     `converged` once it holds every owner's rows; on EOF on stdin writes its samples to `out`.
-    `security`: the CA to check signatures against, and its own certificate and key for TLS
-    ("-" for none)."""
+    `security`: the CA to check signatures against, and the directory of its own node files
+    for TLS ("-" for none)."""
     samples: list[tuple[float, float]] = []  # (commit, visible) wall-clock times
     received: list[tuple[float, float]] = []  # (commit, decoded here)
     counters: list[tuple[float, int, int, int]] = []  # (wall, gaps, pulls, refused)
     stamp_batches(replica_module, "decode_batch", received)
     pauses = GcPauses()
     profiler = cProfile.Profile() if profile else None
-    ca, cert, key = (None if v == "-" else Path(v) for v in security)
+    ca, tls = (None if v == "-" else Path(v) for v in security)
     trust = None if ca is None else CaTrust(load_ca(ca))
-    options = {} if ca is None or cert is None or key is None else bus_options(ca, cert, key)
+    options = {} if tls is None else bus_options(NodeFiles.find(tls))
     bus = await NatsBus.connect(url, name="bench-replica", **options)
     async with following(bus, out.with_suffix(".db"), trust=trust) as replica:
 
@@ -473,7 +411,7 @@ class Child:
         machines: int,
         out: Path,
         profile: bool,
-        security: tuple[str, str, str] = ("-", "-", "-"),
+        security: tuple[str, str] = ("-", "-"),
     ) -> Child:
         args = [url, str(workers), str(machines), "1" if profile else "0", *security]
         return await cls.start("--replica-process", args, out)
@@ -796,13 +734,12 @@ async def measure_fleet(
     replicas: list[Child] = []
     windows: list[Window] = []
 
-    def security(n: int) -> tuple[str, str, str]:
+    def security(n: int) -> tuple[str, str]:
         if not mode.signed or pki is None:
-            return ("-", "-", "-")
+            return ("-", "-")
         if not mode.tls:
-            return (str(pki.ca_path), "-", "-")
-        cert, key = pki.files("operator", f"replica{n}")
-        return (str(pki.ca_path), str(cert), str(key))
+            return (str(pki.ca_path), "-")
+        return (str(pki.ca_path), str(pki.files("operator", f"replica{n}").cert.parent))
 
     def out(n: int) -> Path:
         return workdir / f"r{n}-{owners}-{mode.name}.json"

@@ -5,10 +5,15 @@ from __future__ import annotations
 
 import sqlite3
 import time
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives.serialization import Encoding
+from cryptography.x509.oid import NameOID
 
+from souk.catalog.certs import bus_options, load_signer
 from souk.catalog.protocol import (
     REGISTRY_OWNER,
     changes_subject,
@@ -26,6 +31,7 @@ from souk.catalog.signing import (
 )
 from souk.catalog.store import ReplicaStore
 from souk.catalog.trust import CaTrust, Refused
+from souk.pki import PkiError, new_key
 from tests.catalog.pki import Ca
 
 
@@ -83,7 +89,13 @@ def test_a_certificate_counts_only_for_its_owner_its_role_and_its_time() -> None
     assert trust.verifier(REGISTRY_OWNER, broker) is not None
     with pytest.raises(Refused):
         trust.verifier("b1", broker)  # a broker writes no worker's rows
-    for der in (Ca().node("worker", "w1").der, ca.node("worker", "w9", days=-1).der, b"junk"):
+    for role, name in (("worker", REGISTRY_OWNER), ("proxy", "w1"), ("operator", "w1")):
+        other = trust.learn(ca.node(role, name).der)
+        for owner in ("w1", REGISTRY_OWNER):
+            with pytest.raises(Refused) as refused:
+                trust.verifier(owner, other)
+            assert refused.value.reason == "wrong_owner"
+    for der in (Ca().node("worker", "w1").der, ca.node("worker", "w9", age_days=2).der, b"junk"):
         with pytest.raises(Refused) as refused:
             trust.learn(der)
         assert refused.value.reason == "bad_certificate"
@@ -92,6 +104,59 @@ def test_a_certificate_counts_only_for_its_owner_its_role_and_its_time() -> None
     with pytest.raises(Refused) as refused:
         later.verifier("w1", fp)
     assert refused.value.reason == "bad_certificate"
+
+
+def test_a_certificate_the_cluster_pki_would_not_take_is_refused() -> None:
+    """A certificate is read by `souk.pki`, as strictly as a TLS peer's: signed by the CA but
+    without its URI name (or any other layout) it is no identity."""
+    ca = Ca()
+    now = datetime.now(UTC)
+    key = new_key()
+    subject = x509.Name(
+        [
+            x509.NameAttribute(NameOID.ORGANIZATION_NAME, "souk"),
+            x509.NameAttribute(NameOID.ORGANIZATIONAL_UNIT_NAME, "worker"),
+            x509.NameAttribute(NameOID.COMMON_NAME, "w1"),
+        ]
+    )
+    bare = (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(ca.cert.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - timedelta(minutes=5))
+        .not_valid_after(now + timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .sign(ca.key, None)
+    )
+    with pytest.raises(Refused) as refused:
+        ca.trust().learn(bare.public_bytes(Encoding.DER))
+    assert refused.value.reason == "bad_certificate" and "extension" in str(refused.value)
+
+
+def test_a_node_signs_from_its_files_only_the_rows_it_may(tmp_path: Path) -> None:
+    ca = Ca()
+    files = ca.node("worker", "w1").write(tmp_path / "w1")
+    signer = load_signer(files, "w1")
+    trust = ca.trust()
+    assert trust.learn(signer.certificate) == signer.fingerprint
+    verifier = trust.verifier("w1", signer.fingerprint)
+    assert verifier is not None and verifier.verify(signer.sign(b"rows"), b"rows")
+    assert bus_options(files)["inbox_prefix"] == "_INBOX.worker.w1"
+    with pytest.raises(PkiError, match="may not sign 'w2'"):
+        load_signer(files, "w2")
+    broker = ca.node("broker", "b1").write(tmp_path / "b1")
+    assert load_signer(broker, REGISTRY_OWNER).fingerprint != signer.fingerprint
+    with pytest.raises(PkiError, match="may not sign"):
+        load_signer(broker, "b1")
+    other = ca.node("worker", "w1").write(tmp_path / "other")
+    files.key.write_bytes(other.key.read_bytes())
+    with pytest.raises(PkiError, match="is not the key of"):
+        load_signer(files, "w1")
+    expired = ca.node("worker", "w1", age_days=2).write(tmp_path / "expired")
+    with pytest.raises(PkiError, match="expired"):
+        load_signer(expired, "w1")
 
 
 def test_a_replica_file_from_before_proofs_opens_and_keeps_its_rows(tmp_path: Path) -> None:
