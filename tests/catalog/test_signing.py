@@ -8,6 +8,7 @@ import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import orjson
 import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives.serialization import Encoding
@@ -16,15 +17,20 @@ from cryptography.x509.oid import NameOID
 from souk.catalog.certs import bus_options, load_signer
 from souk.catalog.protocol import (
     REGISTRY_OWNER,
+    Change,
     changes_subject,
     pull_subject,
     subject_names,
     token,
 )
 from souk.catalog.signing import (
+    Signed,
     TickChain,
+    head_proof_header,
+    header_for,
     leaf,
     root_from_path,
+    row_proof_header,
     tick_follows,
     tree,
     unb64,
@@ -49,6 +55,33 @@ def test_every_leaf_of_every_tree_leads_to_its_root() -> None:
     one = leaf("workers", "w1", 1, b"{}")
     assert tree([one]) == (one, [[]])
     assert root_from_path(one, 0, 1, [one]) is None  # a path longer than the tree is tall
+
+
+def test_what_owners_sign_and_replicas_relay_keeps_its_bytes() -> None:
+    """Statements and proofs are stored in replica files and checked by replicas of other
+    versions: the bytes of each stay as they were first made."""
+    changes = [
+        Change("machines", "m1", 7, {"b": 1, "a": "x"}),
+        Change("machines", "m2", 8, None),
+        Change("workers", "w1", 9, {"id": "w1"}),
+    ]
+    header, texts, paths = header_for("batch", "w1", "mad", "e1", 6, 9, False, changes, "f" * 32)
+    root = "cr4LUBozmENeFKXTb8uz+m4ifOe89QkgAJvhdDca3Y8="
+    fp = '"ffffffffffffffffffffffffffffffff"'
+    assert header.statement() == (
+        f'["souk.catalog/1","batch","w1","mad","e1",6,9,false,3,"{root}",{fp}]'.encode()
+    )
+    assert texts == [b'{"a":"x","b":1}', b"null", b'{"id":"w1"}']
+    signed = Signed(header, "c2ln", texts, paths)
+    part = f'"batch","mad","e1",6,9,false,3,{fp},"c2ln"'
+    assert signed.head_proof() == f'[{part},"{root}"]'.encode()
+    last = "ZsTUnjE4vT2x1+OEhgSptyjTN7ugcu1KFesBez2RhE8="
+    assert signed.row_proof(2) == f'[{part},2,["{last}"]]'.encode()
+    for i, change in enumerate(changes):
+        proof = orjson.loads(signed.row_proof(i))
+        again = row_proof_header("w1", change.table, change.key, change.seq, texts[i], proof)
+        assert again == (header, b"sig")
+    assert head_proof_header("w1", orjson.loads(signed.head_proof())) == (header, b"sig")
 
 
 def test_a_tick_chain_is_followed_across_lost_beats_and_renewed_when_used_up() -> None:
