@@ -340,7 +340,7 @@ async def replica_process(
     for TLS ("-" for none)."""
     samples: list[tuple[float, float]] = []  # (commit, visible) wall-clock times
     received: list[tuple[float, float]] = []  # (commit, decoded here)
-    counters: list[tuple[float, int, int, int]] = []  # (wall, gaps, pulls, refused)
+    counters: list[tuple[float, int, int, int, int]] = []  # (wall, gaps, pulls, refused, batches)
     stamp_batches(replica_module, "decode_batch", received)
     pauses = GcPauses()
     profiler = cProfile.Profile() if profile else None
@@ -358,8 +358,9 @@ async def replica_process(
         async def sample() -> None:
             while True:
                 refused = sum(replica.guard.refused.values())
+                stats = replica.stats
                 counters.append(
-                    (time.time(), replica.stats["gaps"], replica.stats["pulls"], refused)
+                    (time.time(), stats["gaps"], stats["pulls"], refused, stats["batches"])
                 )
                 await asyncio.sleep(0.1)
 
@@ -574,6 +575,7 @@ class Row:
     heartbeats_per_s: float
     heartbeat_bytes_per_s: float
     replica_cpu_pct: float  # of one core, the first replica
+    replica_cpu_us_per_batch: float  # its CPU time over the batches it applied (beats included)
     owners_cpu_pct: float  # of one core, this process (owners and the load driver)
     server_cpu_pct: float  # of one core, nats-server
     others_cpu_pct: float  # of one core, the rest of the host (not this benchmark)
@@ -631,14 +633,15 @@ def cpu_now(pids: dict[str, int]) -> dict[str, float]:
     return times
 
 
-def counted(samples: list[list[float]], t0: float, t1: float) -> tuple[int, int, int]:
-    """From a replica's (wall, gaps, pulls, refused) samples: how many of each it had within
-    t0..t1."""
+def counted(samples: list[list[float]], t0: float, t1: float) -> tuple[int, int, int, int]:
+    """From a replica's (wall, gaps, pulls, refused, batches) samples: how many of each it had
+    within t0..t1."""
     inside = [s for s in samples if t0 <= s[0] <= t1]
     if len(inside) < 2:
-        return 0, 0, 0
+        return 0, 0, 0, 0
     first, last = inside[0], inside[-1]
-    return int(last[1] - first[1]), int(last[2] - first[2]), int(last[3] - first[3])
+    gaps, pulls, refused, batches = (int(b - a) for a, b in zip(first[1:], last[1:], strict=True))
+    return gaps, pulls, refused, batches
 
 
 def stage(stamps: Sequence[Sequence[float]], t0: float, t1: float) -> list[float]:
@@ -672,7 +675,7 @@ def summarize(
     ch = [b - a for a, b in zip(w.counts0["ch"], w.counts1["ch"], strict=True)]
     hb = [b - a for a, b in zip(w.counts0["hb"], w.counts1["hb"], strict=True)]
     p99 = pct(first, 99)
-    gaps, pulls, refused = counted(results[0]["counters"], w.t0, w.t1)
+    gaps, pulls, refused, batches = counted(results[0]["counters"], w.t0, w.t1)
     cpu = {k: 100 * (w.cpu1[k] - w.cpu0[k]) / seconds for k in w.cpu0}
     ours = cpu["owners"] + cpu["nats"] + sum(v for k, v in cpu.items() if k.startswith("replica"))
     return Row(
@@ -694,6 +697,7 @@ def summarize(
         heartbeats_per_s=hb[0] / seconds,
         heartbeat_bytes_per_s=hb[1] / seconds,
         replica_cpu_pct=cpu["replica1"],
+        replica_cpu_us_per_batch=1e4 * cpu["replica1"] * seconds / max(batches, 1),
         owners_cpu_pct=cpu["owners"],
         server_cpu_pct=cpu["nats"],
         others_cpu_pct=max(0.0, cpu["host"] - ours),
@@ -918,6 +922,7 @@ def tables(report: Report) -> list[Table]:
         "heartbeats/s",
         "heartbeat kB/s",
         "replica CPU",
+        "replica µs/batch",
         "owners CPU",
         "nats-server CPU",
         "rest of host CPU",
@@ -936,6 +941,7 @@ def tables(report: Report) -> list[Table]:
             f"{r.heartbeats_per_s:,.0f}",
             f"{r.heartbeat_bytes_per_s / 1000:.0f}",
             f"{r.replica_cpu_pct:.0f}%",
+            f"{r.replica_cpu_us_per_batch:.0f}",
             f"{r.owners_cpu_pct:.0f}%",
             f"{r.server_cpu_pct:.0f}%",
             f"{r.others_cpu_pct:.0f}%",
@@ -1007,6 +1013,7 @@ def security_cost(report: Report) -> Table:
         "p50 ms",
         "p99 ms",
         "replica CPU",
+        "replica µs/batch",
         "owners CPU",
         "nats-server CPU",
         "B/change",
@@ -1030,6 +1037,7 @@ def security_cost(report: Report) -> Table:
             vs(r.p50_ms, base.p50_ms),
             vs(r.p99_ms, base.p99_ms),
             vs(r.replica_cpu_pct, base.replica_cpu_pct, "%"),
+            vs(r.replica_cpu_us_per_batch, base.replica_cpu_us_per_batch),
             vs(r.owners_cpu_pct, base.owners_cpu_pct, "%"),
             vs(r.server_cpu_pct, base.server_cpu_pct, "%"),
             vs(r.bytes_per_change, base.bytes_per_change),
@@ -1038,10 +1046,37 @@ def security_cost(report: Report) -> Table:
     return table
 
 
+def per_message(stats: pstats.Stats) -> str:
+    """What one batch and one heartbeat cost the replica, and how much of a batch the signature
+    checks are (theirs per batch: the few of heartbeats included)."""
+    wanted = {
+        (os.path.join("catalog", "replica.py"), "_on_batch"),
+        (os.path.join("catalog", "replica.py"), "_on_beat"),
+        (os.path.join("catalog", "signing.py"), "verify"),
+    }
+    found: dict[str, tuple[int, float]] = {}
+    entries = stats.stats.items()  # type: ignore[attr-defined]
+    for (file, _, func), (_, calls, _, cumulative, _) in entries:
+        if any(file.endswith(where) and func == name for where, name in wanted):
+            found[func] = (calls, cumulative)
+    batches, batch_s = found.get("_on_batch", (0, 0.0))
+    beats, beat_s = found.get("_on_beat", (0, 0.0))
+    if not batches:
+        return "no batches"
+    verify_us = 1e6 * found.get("verify", (0, 0.0))[1] / batches
+    batch_us = 1e6 * batch_s / batches
+    beat_us = 1e6 * beat_s / beats if beats else 0.0
+    return (
+        f"{batches:,} batches: {batch_us:.1f} µs each, signature checks {verify_us:.1f} µs, "
+        f"the rest {batch_us - verify_us:.1f} µs; {beats:,} heartbeats: {beat_us:.1f} µs each "
+        "(wall clock, under the profiler)"
+    )
+
+
 def profile_summary(path: Path, console: Console) -> None:
     for prof in sorted(path.parent.glob(f"{path.stem}-*")):
-        console.print(f"[bold]{prof.name}[/]: top functions by own time")
         stats = pstats.Stats(str(prof))
+        console.print(f"[bold]{prof.name}[/]: {per_message(stats)}; top functions by own time")
         stats.sort_stats("tottime").print_stats(15)
 
 
