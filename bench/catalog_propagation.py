@@ -67,7 +67,7 @@ from souk.catalog.replica import following
 from souk.catalog.signing import Ed25519Signer
 from souk.catalog.sim import SimRows
 from souk.catalog.trust import CaTrust
-from souk.pki import NodeFiles, load_ca
+from souk.pki import NodeFiles, load_cas
 from tests.catalog.pki import Ca
 from tests.support.ports import free_port
 
@@ -345,7 +345,7 @@ async def replica_process(
     pauses = GcPauses()
     profiler = cProfile.Profile() if profile else None
     ca, tls = (None if v == "-" else Path(v) for v in security)
-    trust = None if ca is None else CaTrust(load_ca(ca))
+    trust = None if ca is None else CaTrust(load_cas(ca))
     options = {} if tls is None else bus_options(NodeFiles.find(tls))
     bus = await NatsBus.connect(url, name="bench-replica", **options)
     async with following(bus, out.with_suffix(".db"), trust=trust) as replica:

@@ -51,7 +51,7 @@ class Ca:
         self.cert = new_ca(self.key, self.common_name)
 
     def trust(self) -> CaTrust:
-        return CaTrust(self.cert)
+        return CaTrust([self.cert])
 
     def node(
         self, role: str, name: str, days: int = 1, sans: Sequence[str] = (), age_days: int = 0

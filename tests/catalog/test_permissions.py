@@ -106,3 +106,23 @@ def test_souk_nats_config_takes_only_a_bus_certificate_of_the_ca_beside_it(
     ok = runner.invoke(app, ["nats", "config", *named, "--node", "broker:b1"])
     assert ok.exit_code == 0, ok.output
     assert str(two / "nats-2.crt") in (tmp_path / "x.conf").read_text()
+
+
+def test_souk_catalog_serve_takes_one_way_to_trust_and_checks_its_files(tmp_path: Path) -> None:
+    ca = Ca()
+    proxy = ca.node("proxy", "cat1").write(tmp_path / "cat1")
+    runner = CliRunner()
+    serve = ["catalog", "serve", "--nats", "nats://127.0.0.1:1"]
+    for choice in (
+        [],
+        ["--insecure", "--ca", str(proxy.ca)],
+        ["--tls-dir", str(tmp_path / "cat1"), "--insecure"],
+    ):
+        result = runner.invoke(app, [*serve, *choice])
+        assert result.exit_code == 2 and "give one of" in " ".join(result.output.split())
+    proxy.key.write_bytes(ca.node("proxy", "cat1").write(tmp_path / "other").key.read_bytes())
+    result = runner.invoke(app, [*serve, "--tls-dir", str(tmp_path / "cat1")])
+    assert result.exit_code == 2 and "is not the key of" in " ".join(result.output.split())
+    worker = ca.node("worker", "w1").write(tmp_path / "w1")
+    result = runner.invoke(app, [*serve, "--ca", str(worker.cert)])
+    assert result.exit_code == 2 and "no CA" in " ".join(result.output.split())

@@ -167,7 +167,7 @@ class CountingTrust(CaTrust):
 
 async def test_quiet_heartbeats_are_checked_by_their_tick_not_their_signature() -> None:
     bus, ca = InProcessBus(), Ca()
-    trust = CountingTrust(ca.cert)
+    trust = CountingTrust([ca.cert])
     replica = Replica(bus, trust=trust)
     await replica.start(bootstrap=False)
     src = SimRows("w1", "mad")

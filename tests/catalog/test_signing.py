@@ -110,7 +110,7 @@ def test_names_become_one_subject_token_each() -> None:
 
 def test_a_certificate_counts_only_for_its_owner_its_role_and_its_time() -> None:
     ca = Ca()
-    trust = CaTrust(ca.cert)
+    trust = CaTrust([ca.cert])
     w1 = ca.node("worker", "w1")
     fp = trust.learn(w1.der)
     assert trust.verifier("w1", fp) is not None
@@ -132,7 +132,11 @@ def test_a_certificate_counts_only_for_its_owner_its_role_and_its_time() -> None
         with pytest.raises(Refused) as refused:
             trust.learn(der)
         assert refused.value.reason == "bad_certificate"
-    later = CaTrust(ca.cert, clock=lambda: time.time() + 3 * 86400)  # after w1's expires
+    new = Ca()  # the CA being replaced: both trusted meanwhile, each for its own
+    both = CaTrust([ca.cert, new.cert])
+    assert both.verifier("w1", both.learn(w1.der)) is not None
+    assert both.verifier("w2", both.learn(new.node("worker", "w2").der)) is not None
+    later = CaTrust([ca.cert], clock=lambda: time.time() + 3 * 86400)  # after w1's expires
     later.known = trust.known
     with pytest.raises(Refused) as refused:
         later.verifier("w1", fp)

@@ -16,7 +16,7 @@ from souk.pki import (
     identity_of,
     init_ca,
     issue_files,
-    load_ca,
+    load_cas,
     load_cert,
     load_key,
 )
@@ -150,7 +150,26 @@ def test_a_part_finds_and_checks_its_own_files(pki: Pki, other_pki: Pki):
         NodeFiles.find(directory)
 
 
-def test_only_a_ca_certificate_loads_as_a_ca(pki: Pki):
-    assert load_ca(pki.ca_dir / "ca.crt") == load_cert(pki.ca_dir / "ca.crt")
-    with pytest.raises(PkiError, match="is not a CA certificate"):
-        load_ca(pki.node("worker", "w1").cert)
+def test_a_bundle_of_two_cas_checks_the_nodes_of_either(pki: Pki, other_pki: Pki):
+    """While the CA is replaced, ca.crt holds the old and the new: a part checks against both."""
+    old, new = pki.node("worker", "w1"), other_pki.node("worker", "w2")
+    bundle = old.ca.read_bytes() + (other_pki.ca_dir / "ca.crt").read_bytes()
+    for files in (old, new):
+        files.ca.write_bytes(bundle)
+    assert load_cas(old.ca) == [
+        load_cert(pki.ca_dir / "ca.crt"),
+        load_cert(other_pki.ca_dir / "ca.crt"),
+    ]
+    assert old.check().name == "w1" and new.check().name == "w2"
+    expired = pki.node("worker", "old", age_days=40)
+    expired.ca.write_bytes(bundle)
+    with pytest.raises(PkiError, match="expired"):  # the reason of the CA that signed it
+        expired.check()
+    alone = replace(new, ca=pki.ca_dir / "ca.crt")
+    with pytest.raises(PkiError, match="not the CA's"):
+        alone.check()
+    with pytest.raises(PkiError, match="holds a certificate that is no CA"):
+        load_cas(old.cert)
+    (pki.root / "empty.crt").write_text("")
+    with pytest.raises(PkiError, match="cannot read a certificate"):
+        load_cas(pki.root / "empty.crt")

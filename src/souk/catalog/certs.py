@@ -4,6 +4,7 @@ its node files (`souk certs issue --out DIR`). Certificates are read by `souk.pk
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
@@ -21,7 +22,7 @@ from souk.pki import (
     identity_of,
     load_cert,
     load_key,
-    verify_issued_by,
+    verify_issued_by_one_of,
 )
 
 WORKER = "worker"  # signs its own rows: its certificate's name is its worker id
@@ -37,14 +38,14 @@ def signs_for(identity: Identity) -> str | None:
     return None
 
 
-def certified(der: bytes, ca: x509.Certificate, now: datetime) -> Identity:
-    """Who a certificate met on the bus (DER) speaks for, once `ca` is found to have issued it
-    and it is valid at `now`; PkiError otherwise."""
+def certified(der: bytes, cas: Sequence[x509.Certificate], now: datetime) -> Identity:
+    """Who a certificate met on the bus (DER) speaks for, once one of `cas` is found to have
+    issued it and it is valid at `now`; PkiError otherwise."""
     try:
         cert = x509.load_der_x509_certificate(der)
     except ValueError as exc:
         raise PkiError(f"not a certificate: {exc}") from None
-    verify_issued_by(cert, ca, now)
+    verify_issued_by_one_of(cert, cas, now)
     return identity_of(cert)
 
 

@@ -9,7 +9,7 @@ their own, and snapshots carry the ones their rows need.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Protocol
@@ -58,10 +58,13 @@ class _Known:
 
 
 class CaTrust:
-    """Certificates issued by one cluster CA, checked once each and kept by fingerprint."""
+    """Certificates issued by the cluster CA (or by either of two while it is replaced),
+    checked once each and kept by fingerprint."""
 
-    def __init__(self, ca: x509.Certificate, clock: Callable[[], float] = time.time) -> None:
-        self.ca = ca
+    def __init__(
+        self, cas: Sequence[x509.Certificate], clock: Callable[[], float] = time.time
+    ) -> None:
+        self.cas = list(cas)
         self.clock = clock
         self.known: dict[str, _Known] = {}
 
@@ -70,7 +73,7 @@ class CaTrust:
         if fp in self.known:
             return fp
         try:
-            identity = certified(certificate, self.ca, datetime.fromtimestamp(self.clock(), UTC))
+            identity = certified(certificate, self.cas, datetime.fromtimestamp(self.clock(), UTC))
         except PkiError as exc:
             raise Refused("bad_certificate", str(exc)) from None
         self.known[fp] = _Known(

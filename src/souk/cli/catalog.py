@@ -23,7 +23,7 @@ from souk.catalog.trust import CaTrust, Trust
 from souk.cli.client import connect
 from souk.cli.command import run
 from souk.cli.serving import LOG_LEVEL, log_to_stderr, parse_listen
-from souk.pki import NodeFiles, PkiError, load_ca
+from souk.pki import NodeFiles, PkiError, load_cas
 from souk.web import add_routes, error_middleware
 
 app = typer.Typer(help="The catalog: every worker's rows, replicated.", no_args_is_help=True)
@@ -62,9 +62,9 @@ def serve(
         if tls_dir is not None:
             files = NodeFiles.find(tls_dir, tls_name)
             options = bus_options(files)
-            trust = CaTrust(load_ca(files.ca))
+            trust = CaTrust(load_cas(files.ca))
         elif ca is not None:
-            trust = CaTrust(load_ca(ca))
+            trust = CaTrust(load_cas(ca))
     except PkiError as exc:
         raise typer.BadParameter(str(exc)) from None
     asyncio.run(

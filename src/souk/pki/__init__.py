@@ -6,14 +6,14 @@ from souk.pki.files import (
     NodeFiles,
     init_ca,
     issue_files,
-    load_ca,
+    load_cas,
     load_cert,
     load_key,
     save_cert,
     save_key,
 )
 from souk.pki.identity import ROLES, Identity, PkiError, identity_of
-from souk.pki.issue import issue, new_ca, new_key, verify_issued_by
+from souk.pki.issue import issue, new_ca, new_key, verify_issued_by, verify_issued_by_one_of
 from souk.pki.tls import (
     Reloader,
     client_context,
@@ -35,7 +35,7 @@ __all__ = [
     "init_ca",
     "issue",
     "issue_files",
-    "load_ca",
+    "load_cas",
     "load_cert",
     "load_key",
     "new_ca",
@@ -48,4 +48,5 @@ __all__ = [
     "save_key",
     "server_context",
     "verify_issued_by",
+    "verify_issued_by_one_of",
 ]

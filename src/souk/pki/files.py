@@ -15,7 +15,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from souk.pki.identity import Identity, PkiError, check_name, check_role, identity_of
-from souk.pki.issue import CA_DAYS, NODE_DAYS, issue, new_ca, new_key, verify_issued_by
+from souk.pki.issue import CA_DAYS, NODE_DAYS, issue, new_ca, new_key, verify_issued_by_one_of
 
 KEY_MODE = 0o600
 CERT_MODE = 0o644
@@ -53,7 +53,7 @@ class NodeFiles:
         handshake: the certificate issued by the CA beside it, valid now, a souk identity (of
         `role`, if given), and the key the certificate's."""
         cert = load_cert(self.cert)
-        verify_issued_by(cert, load_cert(self.ca), now)
+        verify_issued_by_one_of(cert, load_cas(self.ca), now)
         ident = identity_of(cert)
         if role is not None and ident.role != role:
             raise PkiError(f"{self.cert} is the certificate of a {ident.role}, not of a {role}")
@@ -117,16 +117,23 @@ def load_cert(path: Path) -> x509.Certificate:
         raise PkiError(f"cannot read a certificate from {path}: {exc}") from exc
 
 
-def load_ca(path: Path) -> x509.Certificate:
-    """A CA certificate to check others against; PkiError for one that is no CA."""
-    cert = load_cert(path)
+def load_cas(path: Path) -> list[x509.Certificate]:
+    """The CA certificates in a file (`ca.crt`: one, or the old and the new while the CA is
+    replaced); PkiError if it holds none, or a certificate that is no CA."""
     try:
-        is_ca = cert.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
-    except x509.ExtensionNotFound:
-        is_ca = False
-    if not is_ca:
-        raise PkiError(f"{path} is not a CA certificate")
-    return cert
+        cas = x509.load_pem_x509_certificates(path.read_bytes())
+    except (OSError, ValueError) as exc:
+        raise PkiError(f"cannot read a certificate from {path}: {exc}") from exc
+    for cert in cas:
+        try:
+            is_ca = cert.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
+        except x509.ExtensionNotFound:
+            is_ca = False
+        if not is_ca:
+            raise PkiError(
+                f"{path} holds a certificate that is no CA: {cert.subject.rfc4514_string()}"
+            )
+    return cas
 
 
 def init_ca(

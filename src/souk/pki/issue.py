@@ -174,3 +174,22 @@ def verify_issued_by(
             raise PkiError(f"the {what} is not valid before {c.not_valid_before_utc:{_WHEN}}")
         if now > c.not_valid_after_utc:
             raise PkiError(f"the {what} expired on {c.not_valid_after_utc:{_WHEN}}")
+
+
+def verify_issued_by_one_of(
+    cert: x509.Certificate, cas: Sequence[x509.Certificate], now: datetime | None = None
+) -> x509.Certificate:
+    """`verify_issued_by` against a bundle (the old and the new CA, while the CA is replaced):
+    the CA that issued `cert`, or PkiError with the reason the one that signed it (or else the
+    first) gives."""
+    if not cas:
+        raise PkiError("no CA certificate to check against")
+    for ca in cas:
+        try:
+            cert.verify_directly_issued_by(ca)
+        except (InvalidSignature, ValueError, TypeError):
+            continue
+        verify_issued_by(cert, ca, now)
+        return ca
+    verify_issued_by(cert, cas[0], now)
+    raise PkiError("the certificate was not issued by any of these CAs")  # not reached
