@@ -24,8 +24,15 @@ second nats-server configured as `souk nats config` makes it: mutual TLS, users 
 certificates, permissions; the owners share one connection and one certificate, here); a last
 table gives each secured phase's p50, p99 and CPU over the plain one's.
 
+With `--replay`, no NATS and no other process: the owners' messages are recorded in process, then
+handed one at a time to a fresh replica, plain and signed; it reports the replica's CPU time and
+wall-clock time per batch and per heartbeat, which a busy shared host blurs far less than the
+end-to-end runs.
+
 Usage: .venv/bin/python bench/catalog_propagation.py [--owners 100,1000] [--rates 500,2000]
        [--seconds 20] [--quick] [--json] [--profile-replica FILE] [--keep DIR] [--secure]
+       .venv/bin/python bench/catalog_propagation.py --replay [--owners 1000]
+       [--replay-changes 10000] [--profile-replica FILE]
 """
 
 from __future__ import annotations
@@ -58,12 +65,12 @@ from _harness import machine_info, pct
 
 from souk.catalog import owner as owner_module
 from souk.catalog import replica as replica_module
-from souk.catalog.bus import NatsBus
+from souk.catalog.bus import InProcessBus, Message, NatsBus
 from souk.catalog.certs import bus_options
 from souk.catalog.owner import Owner
 from souk.catalog.permissions import Node, render
 from souk.catalog.protocol import PREFIX, Batch, encode
-from souk.catalog.replica import following
+from souk.catalog.replica import Replica, following
 from souk.catalog.signing import Ed25519Signer
 from souk.catalog.sim import SimRows
 from souk.catalog.trust import CaTrust
@@ -258,11 +265,15 @@ class Fleet:
     rng: random.Random = field(default_factory=lambda: random.Random(7))
 
     def change(self) -> None:
-        """One committed change: a machine row of a random owner, started or stopped."""
-        src = self.rng.choice(self.sources)
-        slot = self.rng.randrange(MACHINES_PER_OWNER)
-        state = self.rng.choice(("started", "stopped"))
-        src.machine(app_of(src, slot), state=state, key=f"{src.owner}-m{slot}")
+        one_change(self.rng, self.sources)
+
+
+def one_change(rng: random.Random, sources: list[SimRows]) -> None:
+    """One committed change: a machine row of a random owner, started or stopped."""
+    src = rng.choice(sources)
+    slot = rng.randrange(MACHINES_PER_OWNER)
+    state = rng.choice(("started", "stopped"))
+    src.machine(app_of(src, slot), state=state, key=f"{src.owner}-m{slot}")
 
 
 def app_of(src: SimRows, slot: int) -> str:
@@ -1046,6 +1057,179 @@ def security_cost(report: Report) -> Table:
     return table
 
 
+# --- in-process replay: the replica's CPU per message, without NATS or other processes --------
+
+
+class RecordingBus(InProcessBus):
+    """Keeps every batch and heartbeat published, to hand them to a replica later."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.kept: list[Message] = []
+
+    async def publish(self, subject: str, data: bytes, reply: str | None = None) -> None:
+        if subject.startswith((f"{PREFIX}.ch.", f"{PREFIX}.hb.")):
+            self.kept.append(Message(subject, data, reply))
+        await super().publish(subject, data, reply)
+
+
+@dataclass
+class Recorded:
+    start: list[Message]  # each owner's rows and heartbeats as it starts: the fleet, learnt
+    batches: list[Message]  # then one change per batch (a few together, now and then)
+    beats: list[Message]  # then heartbeats that bring no news
+
+
+async def record(owners: int, changes: int, pki: Pki | None) -> Recorded:
+    """What `owners` owners publish (each signing with its own key, given `pki`): their rows and
+    a heartbeat with their apps, then `changes` random changes, then four quiet heartbeats each."""
+    bus = RecordingBus()
+    sources: list[SimRows] = []
+    started: list[Owner] = []
+    for i in range(owners):
+        src = SimRows(f"w{i:04d}", REGIONS[i % len(REGIONS)])
+        signer = pki.signer("worker", src.owner) if pki is not None else None
+        owner = Owner(bus, src, heartbeat_every=3600, signer=signer)
+        owner.published = 0  # its first batch carries the worker row it starts with
+        src.publisher = owner
+        await owner.start()
+        owner.committed(src.seq, list(src.rows.values()))
+        for slot in range(MACHINES_PER_OWNER):
+            src.machine(app_of(src, slot), key=f"{src.owner}-m{slot}")
+        sources.append(src)
+        started.append(owner)
+    await asyncio.sleep(0.1)
+    for owner in started:
+        await owner.heartbeat()  # with its apps: news, checked by signature
+    start = len(bus.kept)
+    rng = random.Random(7)
+    for _ in range(changes):
+        one_change(rng, sources)
+        await asyncio.sleep(0)  # its owner publishes it
+    await asyncio.sleep(0.1)
+    middle = len(bus.kept)
+    for _ in range(4):
+        for owner in started:
+            await owner.heartbeat()
+    for owner in started:
+        await owner.stop()
+    for sub in list(bus.subscriptions):
+        await sub.unsubscribe()
+    return Recorded(bus.kept[:start], bus.kept[start:middle], bus.kept[middle:])
+
+
+@dataclass
+class Replayed:
+    mode: str
+    owners: int
+    batches: int
+    batch_cpu_us: float  # CPU time over the batches, per batch (commits included)
+    batch_p10_us: float  # per batch, wall clock: the least disturbed tenth
+    batch_p50_us: float
+    beats: int
+    beat_cpu_us: float
+    beat_p50_us: float
+
+
+async def replay(
+    mode: str,
+    rec: Recorded,
+    owners: int,
+    trust: CaTrust | None,
+    workdir: Path,
+    profile: Path | None,
+) -> Replayed:
+    """A fresh replica (SQLite in a file, as in production) is handed the recorded messages
+    directly, one at a time, each committed at once."""
+    path = workdir / f"replay-{owners}-{mode}.db"
+    path.unlink(missing_ok=True)
+    replica = Replica(InProcessBus(), path, trust=trust)
+    await replica.start(bootstrap=False)
+
+    async def one(msg: Message) -> float:
+        began = time.perf_counter()
+        if msg.subject.startswith(f"{PREFIX}.ch."):
+            await replica._on_batch(msg)
+        else:
+            await replica._on_beat(msg)
+        replica._flush()
+        return time.perf_counter() - began
+
+    for msg in rec.start:
+        await one(msg)
+    profiler = cProfile.Profile() if profile is not None else None
+    if profiler is not None:
+        profiler.enable()
+    cpu0 = time.process_time()
+    batches = sorted([await one(msg) for msg in rec.batches])
+    cpu1 = time.process_time()
+    beats = sorted([await one(msg) for msg in rec.beats])
+    cpu2 = time.process_time()
+    if profiler is not None and profile is not None:
+        profiler.disable()
+        profiler.dump_stats(profile.with_name(f"{profile.stem}-replay-{owners}-{mode}.prof"))
+    if sum(replica.guard.refused.values()) or replica.stats["gaps"]:
+        raise SystemExit(f"the replay went wrong: {replica.status()['refused']}, {replica.stats}")
+    await replica.stop()
+    return Replayed(
+        mode,
+        owners,
+        len(batches),
+        1e6 * (cpu1 - cpu0) / len(batches),
+        1e6 * batches[len(batches) // 10],
+        1e6 * batches[len(batches) // 2],
+        len(beats),
+        1e6 * (cpu2 - cpu1) / len(beats),
+        1e6 * beats[len(beats) // 2],
+    )
+
+
+async def measure_replay(args: argparse.Namespace) -> list[Replayed]:
+    with tempfile.TemporaryDirectory(prefix="souk-bench-") as tmp:
+        workdir = Path(tmp) if args.keep is None else args.keep
+        workdir.mkdir(parents=True, exist_ok=True)
+        pki = Pki(workdir)
+        results = []
+        for owners in args.owners:
+            for mode in (PLAIN, SIGNED):
+                rec = await record(owners, args.replay_changes, pki if mode.signed else None)
+                trust = CaTrust([pki.ca.cert]) if mode.signed else None
+                profile = args.profile_replica if mode.signed else None
+                results.append(await replay(mode.name, rec, owners, trust, workdir, profile))
+    return results
+
+
+def replay_table(results: list[Replayed]) -> Table:
+    table = Table(title="the replica alone, messages handed over in process: µs per message")
+    for name in (
+        "owners",
+        "mode",
+        "batches",
+        "CPU/batch",
+        "p10 batch",
+        "p50 batch",
+        "beats",
+        "CPU/beat",
+        "p50 beat",
+    ):
+        table.add_column(name, justify="right")
+    plain = {r.owners: r for r in results if r.mode == PLAIN.name}
+    for r in results:
+        base = plain[r.owners]
+        pairs = [
+            (r.batch_cpu_us, base.batch_cpu_us),
+            (r.batch_p10_us, base.batch_p10_us),
+            (r.batch_p50_us, base.batch_p50_us),
+            (r.beat_cpu_us, base.beat_cpu_us),
+            (r.beat_p50_us, base.beat_p50_us),
+        ]
+        cells = [f"{v:.1f}" if r is base else f"{v:.1f} ({v / b:.2f}x)" for v, b in pairs]
+        table.add_row(
+            f"{r.owners:,}", r.mode, f"{r.batches:,}", *cells[:3], f"{r.beats:,}", *cells[3:]
+        )
+    return table
+
+
 def per_message(stats: pstats.Stats) -> str:
     """What one batch and one heartbeat cost the replica, and how much of a batch the signature
     checks are (theirs per batch: the few of heartbeats included)."""
@@ -1118,12 +1302,31 @@ def main() -> None:
     parser.add_argument(
         "--keep", type=Path, help="keep the replicas' samples, databases and logs in this dir"
     )
+    parser.add_argument(
+        "--replay",
+        action="store_true",
+        help="instead: the replica alone, plain and signed, handed recorded messages in process"
+        " (CPU per message that a busy shared host does not blur; --profile-replica profiles"
+        " the signed one)",
+    )
+    parser.add_argument(
+        "--replay-changes", type=int, default=10_000, help="with --replay: changes recorded"
+    )
     args = parser.parse_args()
     args.owners = [int(s) for s in args.owners.split(",")]
     args.rates = [int(s) for s in args.rates.split(",")]
     if args.quick:
         args.seconds, args.warmup = 5.0, 1.0
     err = Console(stderr=True)
+    if args.replay:
+        replayed = asyncio.run(measure_replay(args))
+        if args.json:
+            print(json.dumps([asdict(r) for r in replayed], indent=2))
+        else:
+            Console().print(f"machine: {machine_info()}", replay_table(replayed))
+        if args.profile_replica is not None:
+            profile_summary(args.profile_replica, err)
+        return
     columns = (TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn())
     with Progress(*columns, console=err, transient=args.json) as progress:
         report = asyncio.run(measure(args, progress))

@@ -172,7 +172,8 @@ _SIGNED_PART = 9  # the fields both proofs begin with (`Header.proof`)
 
 class Header(NamedTuple):
     """What an owner signs for a batch (`kind` "batch") or a pull reply ("pull"; `prev` is the
-    pull's `since`). A tuple, made once per message a replica checks."""
+    pull's `since`), its fields in the order they are signed. A tuple: one is made for every
+    message a replica checks."""
 
     kind: str
     owner: str
@@ -217,6 +218,7 @@ class Signed(NamedTuple):
     paths: list[list[bytes]]
 
     def row_proof(self, index: int) -> bytes:
+        """What proves a row to a replica it is relayed to, with the row itself."""
         return self.header.proof(self.sig, index, [b64(p) for p in self.paths[index]])
 
     def head_proof(self) -> bytes:
