@@ -1323,7 +1323,8 @@ def main() -> None:
         if args.json:
             print(json.dumps([asdict(r) for r in replayed], indent=2))
         else:
-            Console().print(f"machine: {machine_info()}", replay_table(replayed))
+            console = Console() if sys.stdout.isatty() else Console(width=170)
+            console.print(f"machine: {machine_info()}", replay_table(replayed))
         if args.profile_replica is not None:
             profile_summary(args.profile_replica, err)
         return
