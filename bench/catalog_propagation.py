@@ -24,8 +24,15 @@ second nats-server configured as `souk nats config` makes it: mutual TLS, users 
 certificates, permissions; the owners share one connection and one certificate, here); a last
 table gives each secured phase's p50, p99 and CPU over the plain one's.
 
+With `--replay`, no NATS and no other process: the owners' messages are recorded in process, then
+handed one at a time to a fresh replica, plain and signed; it reports the replica's CPU time and
+wall-clock time per batch and per heartbeat, which a busy shared host blurs far less than the
+end-to-end runs.
+
 Usage: .venv/bin/python bench/catalog_propagation.py [--owners 100,1000] [--rates 500,2000]
        [--seconds 20] [--quick] [--json] [--profile-replica FILE] [--keep DIR] [--secure]
+       .venv/bin/python bench/catalog_propagation.py --replay [--owners 1000]
+       [--replay-changes 10000] [--profile-replica FILE]
 """
 
 from __future__ import annotations
@@ -34,9 +41,7 @@ import argparse
 import asyncio
 import contextlib
 import cProfile
-import datetime
 import gc
-import ipaddress
 import json
 import os
 import pstats
@@ -52,10 +57,6 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-from cryptography import x509
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
@@ -64,15 +65,17 @@ from _harness import machine_info, pct
 
 from souk.catalog import owner as owner_module
 from souk.catalog import replica as replica_module
-from souk.catalog.bus import NatsBus
-from souk.catalog.certs import bus_options, load_ca
+from souk.catalog.bus import InProcessBus, Message, NatsBus
+from souk.catalog.certs import bus_options
 from souk.catalog.owner import Owner
 from souk.catalog.permissions import Node, render
 from souk.catalog.protocol import PREFIX, Batch, encode
-from souk.catalog.replica import following
+from souk.catalog.replica import Replica, following
 from souk.catalog.signing import Ed25519Signer
 from souk.catalog.sim import SimRows
 from souk.catalog.trust import CaTrust
+from souk.pki import NodeFiles, load_cas
+from tests.catalog.pki import Ca
 from tests.support.ports import free_port
 
 REGIONS = ["mad", "ams", "ord", "nrt"]
@@ -187,82 +190,27 @@ PLAIN, SIGNED, SIGNED_TLS = Mode("plain"), Mode("signed", True), Mode("signed+tl
 
 
 class Pki:
-    """A cluster CA and node certificates as the cluster PKI issues them: Ed25519, subject
-    O=souk, OU=<role>, CN=<name>, URI name souk://<role>/<name>."""
+    """A cluster CA, issued from by `souk.pki` in memory, and nodes' files in `workdir`, one
+    directory each, as `souk certs issue --out DIR` writes them."""
 
     def __init__(self, workdir: Path) -> None:
-        self.dir = workdir
-        self.key = Ed25519PrivateKey.generate()
-        subject = x509.Name(
-            [
-                x509.NameAttribute(NameOID.ORGANIZATION_NAME, "souk"),
-                x509.NameAttribute(NameOID.COMMON_NAME, "bench CA"),
-            ]
-        )
-        self.ca = self._build(subject, subject, self.key.public_key(), True, [])
-        self.ca_path = workdir / "ca.crt"
-        self.ca_path.write_bytes(self.ca.public_bytes(serialization.Encoding.PEM))
-
-    def _build(
-        self, subject: x509.Name, issuer: x509.Name, public: Any, ca: bool, sans: list[Any]
-    ) -> x509.Certificate:
-        now = datetime.datetime.now(datetime.UTC)
-        builder = (
-            x509.CertificateBuilder()
-            .subject_name(subject)
-            .issuer_name(issuer)
-            .public_key(public)
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=5))
-            .not_valid_after(now + datetime.timedelta(days=1))
-            .add_extension(x509.BasicConstraints(ca=ca, path_length=0 if ca else None), True)
-        )
-        if not ca:
-            usages = [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]
-            builder = builder.add_extension(x509.ExtendedKeyUsage(usages), False)
-            builder = builder.add_extension(x509.SubjectAlternativeName(sans), False)
-        return builder.sign(self.key, None)
-
-    def issue(self, role: str, name: str) -> tuple[Ed25519PrivateKey, x509.Certificate]:
-        key = Ed25519PrivateKey.generate()
-        subject = x509.Name(
-            [
-                x509.NameAttribute(NameOID.ORGANIZATION_NAME, "souk"),
-                x509.NameAttribute(NameOID.ORGANIZATIONAL_UNIT_NAME, role),
-                x509.NameAttribute(NameOID.COMMON_NAME, name),
-            ]
-        )
-        sans: list[Any] = [
-            x509.UniformResourceIdentifier(f"souk://{role}/{name}"),
-            x509.DNSName(name),
-        ]
-        if name == "localhost":
-            sans.append(x509.IPAddress(ipaddress.ip_address("127.0.0.1")))
-        return key, self._build(subject, self.ca.subject, key.public_key(), False, sans)
+        self.dir = workdir / "tls"
+        self.ca = Ca(common_name="bench CA")
+        self.ca_path = self.ca.write(workdir)
 
     def signer(self, role: str, name: str) -> Ed25519Signer:
-        key, cert = self.issue(role, name)
-        raw = serialization.Encoding.Raw, serialization.PrivateFormat.Raw
-        seed = key.private_bytes(*raw, serialization.NoEncryption())
-        return Ed25519Signer(seed, cert.public_bytes(serialization.Encoding.DER))
+        return self.ca.node(role, name).signer()
 
-    def files(self, role: str, name: str) -> tuple[Path, Path]:
-        key, cert = self.issue(role, name)
-        cert_path, key_path = self.dir / f"{role}-{name}.crt", self.dir / f"{role}-{name}.key"
-        cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-        key_path.write_bytes(
-            key.private_bytes(
-                serialization.Encoding.PEM,
-                serialization.PrivateFormat.PKCS8,
-                serialization.NoEncryption(),
-            )
-        )
-        return cert_path, key_path
+    def files(self, role: str, name: str, sans: Sequence[str] = ()) -> NodeFiles:
+        files = NodeFiles.in_dir(self.dir / name, name)
+        if not files.cert.exists():
+            self.ca.node(role, name, sans=sans).write(self.dir / name)
+        return files
 
     def config(self, port: int) -> Path:
         """The authenticated bus, as `souk nats config` writes it: two replicas (operators)
         and, for the owners that share one connection here, a user that may speak for all."""
-        cert, key = self.files("bus", "localhost")
+        server = self.files("bus", "localhost", sans=["127.0.0.1"])
         fleet = {
             "user": "souk://worker/fleet",
             "permissions": {
@@ -279,16 +227,13 @@ class Pki:
             },
         }
         nodes = [Node("operator", f"replica{i}") for i in (1, 2)]
-        text = render(nodes, self.ca_path, cert, key, "127.0.0.1", port, extra_users=[fleet])
+        text = render(nodes, server, "127.0.0.1", port, extra_users=[fleet])
         path = self.dir / "nats-tls.conf"
         path.write_text(text)
         return path
 
     def bus_options(self, role: str, name: str) -> dict[str, Any]:
-        cert = self.dir / f"{role}-{name}.crt"
-        if not cert.exists():
-            self.files(role, name)
-        return bus_options(self.ca_path, cert, self.dir / f"{role}-{name}.key")
+        return bus_options(self.files(role, name))
 
 
 # --- the owners' side ------------------------------------------------------------------------
@@ -320,11 +265,15 @@ class Fleet:
     rng: random.Random = field(default_factory=lambda: random.Random(7))
 
     def change(self) -> None:
-        """One committed change: a machine row of a random owner, started or stopped."""
-        src = self.rng.choice(self.sources)
-        slot = self.rng.randrange(MACHINES_PER_OWNER)
-        state = self.rng.choice(("started", "stopped"))
-        src.machine(app_of(src, slot), state=state, key=f"{src.owner}-m{slot}")
+        one_change(self.rng, self.sources)
+
+
+def one_change(rng: random.Random, sources: list[SimRows]) -> None:
+    """One committed change: a machine row of a random owner, started or stopped."""
+    src = rng.choice(sources)
+    slot = rng.randrange(MACHINES_PER_OWNER)
+    state = rng.choice(("started", "stopped"))
+    src.machine(app_of(src, slot), state=state, key=f"{src.owner}-m{slot}")
 
 
 def app_of(src: SimRows, slot: int) -> str:
@@ -398,17 +347,17 @@ async def replica_process(
 ) -> None:
     """Child process: a replica following every region; prints `ready` once subscribed and
     `converged` once it holds every owner's rows; on EOF on stdin writes its samples to `out`.
-    `security`: the CA to check signatures against, and its own certificate and key for TLS
-    ("-" for none)."""
+    `security`: the CA to check signatures against, and the directory of its own node files
+    for TLS ("-" for none)."""
     samples: list[tuple[float, float]] = []  # (commit, visible) wall-clock times
     received: list[tuple[float, float]] = []  # (commit, decoded here)
-    counters: list[tuple[float, int, int, int]] = []  # (wall, gaps, pulls, refused)
+    counters: list[tuple[float, int, int, int, int]] = []  # (wall, gaps, pulls, refused, batches)
     stamp_batches(replica_module, "decode_batch", received)
     pauses = GcPauses()
     profiler = cProfile.Profile() if profile else None
-    ca, cert, key = (None if v == "-" else Path(v) for v in security)
-    trust = None if ca is None else CaTrust(load_ca(ca))
-    options = {} if ca is None or cert is None or key is None else bus_options(ca, cert, key)
+    ca, tls = (None if v == "-" else Path(v) for v in security)
+    trust = None if ca is None else CaTrust(load_cas(ca))
+    options = {} if tls is None else bus_options(NodeFiles.find(tls))
     bus = await NatsBus.connect(url, name="bench-replica", **options)
     async with following(bus, out.with_suffix(".db"), trust=trust) as replica:
 
@@ -420,8 +369,9 @@ async def replica_process(
         async def sample() -> None:
             while True:
                 refused = sum(replica.guard.refused.values())
+                stats = replica.stats
                 counters.append(
-                    (time.time(), replica.stats["gaps"], replica.stats["pulls"], refused)
+                    (time.time(), stats["gaps"], stats["pulls"], refused, stats["batches"])
                 )
                 await asyncio.sleep(0.1)
 
@@ -473,7 +423,7 @@ class Child:
         machines: int,
         out: Path,
         profile: bool,
-        security: tuple[str, str, str] = ("-", "-", "-"),
+        security: tuple[str, str] = ("-", "-"),
     ) -> Child:
         args = [url, str(workers), str(machines), "1" if profile else "0", *security]
         return await cls.start("--replica-process", args, out)
@@ -636,6 +586,7 @@ class Row:
     heartbeats_per_s: float
     heartbeat_bytes_per_s: float
     replica_cpu_pct: float  # of one core, the first replica
+    replica_cpu_us_per_batch: float  # its CPU time over the batches it applied (beats included)
     owners_cpu_pct: float  # of one core, this process (owners and the load driver)
     server_cpu_pct: float  # of one core, nats-server
     others_cpu_pct: float  # of one core, the rest of the host (not this benchmark)
@@ -693,14 +644,15 @@ def cpu_now(pids: dict[str, int]) -> dict[str, float]:
     return times
 
 
-def counted(samples: list[list[float]], t0: float, t1: float) -> tuple[int, int, int]:
-    """From a replica's (wall, gaps, pulls, refused) samples: how many of each it had within
-    t0..t1."""
+def counted(samples: list[list[float]], t0: float, t1: float) -> tuple[int, int, int, int]:
+    """From a replica's (wall, gaps, pulls, refused, batches) samples: how many of each it had
+    within t0..t1."""
     inside = [s for s in samples if t0 <= s[0] <= t1]
     if len(inside) < 2:
-        return 0, 0, 0
+        return 0, 0, 0, 0
     first, last = inside[0], inside[-1]
-    return int(last[1] - first[1]), int(last[2] - first[2]), int(last[3] - first[3])
+    gaps, pulls, refused, batches = (int(b - a) for a, b in zip(first[1:], last[1:], strict=True))
+    return gaps, pulls, refused, batches
 
 
 def stage(stamps: Sequence[Sequence[float]], t0: float, t1: float) -> list[float]:
@@ -734,7 +686,7 @@ def summarize(
     ch = [b - a for a, b in zip(w.counts0["ch"], w.counts1["ch"], strict=True)]
     hb = [b - a for a, b in zip(w.counts0["hb"], w.counts1["hb"], strict=True)]
     p99 = pct(first, 99)
-    gaps, pulls, refused = counted(results[0]["counters"], w.t0, w.t1)
+    gaps, pulls, refused, batches = counted(results[0]["counters"], w.t0, w.t1)
     cpu = {k: 100 * (w.cpu1[k] - w.cpu0[k]) / seconds for k in w.cpu0}
     ours = cpu["owners"] + cpu["nats"] + sum(v for k, v in cpu.items() if k.startswith("replica"))
     return Row(
@@ -756,6 +708,7 @@ def summarize(
         heartbeats_per_s=hb[0] / seconds,
         heartbeat_bytes_per_s=hb[1] / seconds,
         replica_cpu_pct=cpu["replica1"],
+        replica_cpu_us_per_batch=1e4 * cpu["replica1"] * seconds / max(batches, 1),
         owners_cpu_pct=cpu["owners"],
         server_cpu_pct=cpu["nats"],
         others_cpu_pct=max(0.0, cpu["host"] - ours),
@@ -796,13 +749,12 @@ async def measure_fleet(
     replicas: list[Child] = []
     windows: list[Window] = []
 
-    def security(n: int) -> tuple[str, str, str]:
+    def security(n: int) -> tuple[str, str]:
         if not mode.signed or pki is None:
-            return ("-", "-", "-")
+            return ("-", "-")
         if not mode.tls:
-            return (str(pki.ca_path), "-", "-")
-        cert, key = pki.files("operator", f"replica{n}")
-        return (str(pki.ca_path), str(cert), str(key))
+            return (str(pki.ca_path), "-")
+        return (str(pki.ca_path), str(pki.files("operator", f"replica{n}").cert.parent))
 
     def out(n: int) -> Path:
         return workdir / f"r{n}-{owners}-{mode.name}.json"
@@ -981,6 +933,7 @@ def tables(report: Report) -> list[Table]:
         "heartbeats/s",
         "heartbeat kB/s",
         "replica CPU",
+        "replica µs/batch",
         "owners CPU",
         "nats-server CPU",
         "rest of host CPU",
@@ -999,6 +952,7 @@ def tables(report: Report) -> list[Table]:
             f"{r.heartbeats_per_s:,.0f}",
             f"{r.heartbeat_bytes_per_s / 1000:.0f}",
             f"{r.replica_cpu_pct:.0f}%",
+            f"{r.replica_cpu_us_per_batch:.0f}",
             f"{r.owners_cpu_pct:.0f}%",
             f"{r.server_cpu_pct:.0f}%",
             f"{r.others_cpu_pct:.0f}%",
@@ -1070,6 +1024,7 @@ def security_cost(report: Report) -> Table:
         "p50 ms",
         "p99 ms",
         "replica CPU",
+        "replica µs/batch",
         "owners CPU",
         "nats-server CPU",
         "B/change",
@@ -1093,6 +1048,7 @@ def security_cost(report: Report) -> Table:
             vs(r.p50_ms, base.p50_ms),
             vs(r.p99_ms, base.p99_ms),
             vs(r.replica_cpu_pct, base.replica_cpu_pct, "%"),
+            vs(r.replica_cpu_us_per_batch, base.replica_cpu_us_per_batch),
             vs(r.owners_cpu_pct, base.owners_cpu_pct, "%"),
             vs(r.server_cpu_pct, base.server_cpu_pct, "%"),
             vs(r.bytes_per_change, base.bytes_per_change),
@@ -1101,10 +1057,210 @@ def security_cost(report: Report) -> Table:
     return table
 
 
+# --- in-process replay: the replica's CPU per message, without NATS or other processes --------
+
+
+class RecordingBus(InProcessBus):
+    """Keeps every batch and heartbeat published, to hand them to a replica later."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.kept: list[Message] = []
+
+    async def publish(self, subject: str, data: bytes, reply: str | None = None) -> None:
+        if subject.startswith((f"{PREFIX}.ch.", f"{PREFIX}.hb.")):
+            self.kept.append(Message(subject, data, reply))
+        await super().publish(subject, data, reply)
+
+
+@dataclass
+class Recorded:
+    start: list[Message]  # each owner's rows and heartbeats as it starts: the fleet, learnt
+    batches: list[Message]  # then one change per batch (a few together, now and then)
+    beats: list[Message]  # then heartbeats that bring no news
+
+
+async def record(owners: int, changes: int, pki: Pki | None) -> Recorded:
+    """What `owners` owners publish (each signing with its own key, given `pki`): their rows and
+    a heartbeat with their apps, then `changes` random changes, then four quiet heartbeats each."""
+    bus = RecordingBus()
+    sources: list[SimRows] = []
+    started: list[Owner] = []
+    for i in range(owners):
+        src = SimRows(f"w{i:04d}", REGIONS[i % len(REGIONS)])
+        signer = pki.signer("worker", src.owner) if pki is not None else None
+        owner = Owner(bus, src, heartbeat_every=3600, signer=signer)
+        owner.published = 0  # its first batch carries the worker row it starts with
+        src.publisher = owner
+        await owner.start()
+        owner.committed(src.seq, list(src.rows.values()))
+        for slot in range(MACHINES_PER_OWNER):
+            src.machine(app_of(src, slot), key=f"{src.owner}-m{slot}")
+        sources.append(src)
+        started.append(owner)
+    await asyncio.sleep(0.1)
+    for owner in started:
+        await owner.heartbeat()  # with its apps: news, checked by signature
+    start = len(bus.kept)
+    rng = random.Random(7)
+    for _ in range(changes):
+        one_change(rng, sources)
+        await asyncio.sleep(0)  # its owner publishes it
+    await asyncio.sleep(0.1)
+    middle = len(bus.kept)
+    for _ in range(4):
+        for owner in started:
+            await owner.heartbeat()
+    for owner in started:
+        await owner.stop()
+    for sub in list(bus.subscriptions):
+        await sub.unsubscribe()
+    return Recorded(bus.kept[:start], bus.kept[start:middle], bus.kept[middle:])
+
+
+@dataclass
+class Replayed:
+    mode: str
+    owners: int
+    batches: int
+    batch_cpu_us: float  # CPU time over the batches, per batch (commits included)
+    batch_p10_us: float  # per batch, wall clock: the least disturbed tenth
+    batch_p50_us: float
+    beats: int
+    beat_cpu_us: float
+    beat_p50_us: float
+
+
+async def replay(
+    mode: str,
+    rec: Recorded,
+    owners: int,
+    trust: CaTrust | None,
+    workdir: Path,
+    profile: Path | None,
+) -> Replayed:
+    """A fresh replica (SQLite in a file, as in production) is handed the recorded messages
+    directly, one at a time, each committed at once."""
+    path = workdir / f"replay-{owners}-{mode}.db"
+    path.unlink(missing_ok=True)
+    replica = Replica(InProcessBus(), path, trust=trust)
+    await replica.start(bootstrap=False)
+
+    async def one(msg: Message) -> float:
+        began = time.perf_counter()
+        if msg.subject.startswith(f"{PREFIX}.ch."):
+            await replica._on_batch(msg)
+        else:
+            await replica._on_beat(msg)
+        replica._flush()
+        return time.perf_counter() - began
+
+    for msg in rec.start:
+        await one(msg)
+    profiler = cProfile.Profile() if profile is not None else None
+    if profiler is not None:
+        profiler.enable()
+    cpu0 = time.process_time()
+    batches = sorted([await one(msg) for msg in rec.batches])
+    cpu1 = time.process_time()
+    beats = sorted([await one(msg) for msg in rec.beats])
+    cpu2 = time.process_time()
+    if profiler is not None and profile is not None:
+        profiler.disable()
+        profiler.dump_stats(profile.with_name(f"{profile.stem}-replay-{owners}-{mode}.prof"))
+    if sum(replica.guard.refused.values()) or replica.stats["gaps"]:
+        raise SystemExit(f"the replay went wrong: {replica.status()['refused']}, {replica.stats}")
+    await replica.stop()
+    return Replayed(
+        mode,
+        owners,
+        len(batches),
+        1e6 * (cpu1 - cpu0) / len(batches),
+        1e6 * batches[len(batches) // 10],
+        1e6 * batches[len(batches) // 2],
+        len(beats),
+        1e6 * (cpu2 - cpu1) / len(beats),
+        1e6 * beats[len(beats) // 2],
+    )
+
+
+async def measure_replay(args: argparse.Namespace) -> list[Replayed]:
+    with tempfile.TemporaryDirectory(prefix="souk-bench-") as tmp:
+        workdir = Path(tmp) if args.keep is None else args.keep
+        workdir.mkdir(parents=True, exist_ok=True)
+        pki = Pki(workdir)
+        results = []
+        for owners in args.owners:
+            for mode in (PLAIN, SIGNED):
+                rec = await record(owners, args.replay_changes, pki if mode.signed else None)
+                trust = CaTrust([pki.ca.cert]) if mode.signed else None
+                profile = args.profile_replica if mode.signed else None
+                results.append(await replay(mode.name, rec, owners, trust, workdir, profile))
+    return results
+
+
+def replay_table(results: list[Replayed]) -> Table:
+    table = Table(title="the replica alone, messages handed over in process: µs per message")
+    for name in (
+        "owners",
+        "mode",
+        "batches",
+        "CPU/batch",
+        "p10 batch",
+        "p50 batch",
+        "beats",
+        "CPU/beat",
+        "p50 beat",
+    ):
+        table.add_column(name, justify="right")
+    plain = {r.owners: r for r in results if r.mode == PLAIN.name}
+    for r in results:
+        base = plain[r.owners]
+        pairs = [
+            (r.batch_cpu_us, base.batch_cpu_us),
+            (r.batch_p10_us, base.batch_p10_us),
+            (r.batch_p50_us, base.batch_p50_us),
+            (r.beat_cpu_us, base.beat_cpu_us),
+            (r.beat_p50_us, base.beat_p50_us),
+        ]
+        cells = [f"{v:.1f}" if r is base else f"{v:.1f} ({v / b:.2f}x)" for v, b in pairs]
+        table.add_row(
+            f"{r.owners:,}", r.mode, f"{r.batches:,}", *cells[:3], f"{r.beats:,}", *cells[3:]
+        )
+    return table
+
+
+def per_message(stats: pstats.Stats) -> str:
+    """What one batch and one heartbeat cost the replica, and how much of a batch the signature
+    checks are (theirs per batch: the few of heartbeats included)."""
+    wanted = {
+        (os.path.join("catalog", "replica.py"), "_on_batch"),
+        (os.path.join("catalog", "replica.py"), "_on_beat"),
+        (os.path.join("catalog", "signing.py"), "verify"),
+    }
+    found: dict[str, tuple[int, float]] = {}
+    entries = stats.stats.items()  # type: ignore[attr-defined]
+    for (file, _, func), (_, calls, _, cumulative, _) in entries:
+        if any(file.endswith(where) and func == name for where, name in wanted):
+            found[func] = (calls, cumulative)
+    batches, batch_s = found.get("_on_batch", (0, 0.0))
+    beats, beat_s = found.get("_on_beat", (0, 0.0))
+    if not batches:
+        return "no batches"
+    verify_us = 1e6 * found.get("verify", (0, 0.0))[1] / batches
+    batch_us = 1e6 * batch_s / batches
+    beat_us = 1e6 * beat_s / beats if beats else 0.0
+    return (
+        f"{batches:,} batches: {batch_us:.1f} µs each, signature checks {verify_us:.1f} µs, "
+        f"the rest {batch_us - verify_us:.1f} µs; {beats:,} heartbeats: {beat_us:.1f} µs each "
+        "(wall clock, under the profiler)"
+    )
+
+
 def profile_summary(path: Path, console: Console) -> None:
     for prof in sorted(path.parent.glob(f"{path.stem}-*")):
-        console.print(f"[bold]{prof.name}[/]: top functions by own time")
         stats = pstats.Stats(str(prof))
+        console.print(f"[bold]{prof.name}[/]: {per_message(stats)}; top functions by own time")
         stats.sort_stats("tottime").print_stats(15)
 
 
@@ -1146,12 +1302,32 @@ def main() -> None:
     parser.add_argument(
         "--keep", type=Path, help="keep the replicas' samples, databases and logs in this dir"
     )
+    parser.add_argument(
+        "--replay",
+        action="store_true",
+        help="instead: the replica alone, plain and signed, handed recorded messages in process"
+        " (CPU per message that a busy shared host does not blur; --profile-replica profiles"
+        " the signed one)",
+    )
+    parser.add_argument(
+        "--replay-changes", type=int, default=10_000, help="with --replay: changes recorded"
+    )
     args = parser.parse_args()
     args.owners = [int(s) for s in args.owners.split(",")]
     args.rates = [int(s) for s in args.rates.split(",")]
     if args.quick:
         args.seconds, args.warmup = 5.0, 1.0
     err = Console(stderr=True)
+    if args.replay:
+        replayed = asyncio.run(measure_replay(args))
+        if args.json:
+            print(json.dumps([asdict(r) for r in replayed], indent=2))
+        else:
+            console = Console() if sys.stdout.isatty() else Console(width=170)
+            console.print(f"machine: {machine_info()}", replay_table(replayed))
+        if args.profile_replica is not None:
+            profile_summary(args.profile_replica, err)
+        return
     columns = (TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn())
     with Progress(*columns, console=err, transient=args.json) as progress:
         report = asyncio.run(measure(args, progress))

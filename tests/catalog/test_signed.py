@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 
@@ -38,39 +38,20 @@ from tests.catalog.pki import Ca
 from tests.support.catalog import converged, start_owner
 from tests.support.waiting import eventually
 
+Sent = TypeVar("Sent", Batch, PullReply)
 
-def signed_batch(signer: Signer, batch: Batch) -> Batch:
-    rows = [(c.table, c.key, c.seq, c.row) for c in batch.changes]
-    header, _, _ = header_for(
-        "batch",
-        batch.owner,
-        batch.region,
-        batch.epoch,
-        batch.prev,
-        batch.head,
-        False,
-        rows,
-        signer.fingerprint,
+
+def signed(signer: Signer, msg: Sent) -> Sent:
+    """`msg` signed as its owner signs a batch or a pull reply."""
+    kind, prev, more = (
+        ("batch", msg.prev, False) if isinstance(msg, Batch) else ("pull", msg.since, msg.more)
     )
-    batch.fp, batch.sig = signer.fingerprint, b64(signer.sign(header.statement()))
-    return batch
-
-
-def signed_reply(signer: Signer, reply: PullReply) -> PullReply:
-    rows = [(c.table, c.key, c.seq, c.row) for c in reply.changes]
+    fp = signer.fingerprint
     header, _, _ = header_for(
-        "pull",
-        reply.owner,
-        reply.region,
-        reply.epoch,
-        reply.since,
-        reply.head,
-        reply.more,
-        rows,
-        signer.fingerprint,
+        kind, msg.owner, msg.region, msg.epoch, prev, msg.head, more, msg.changes, fp
     )
-    reply.fp, reply.sig = signer.fingerprint, b64(signer.sign(header.statement()))
-    return reply
+    msg.fp, msg.sig = fp, b64(signer.sign(header.statement()))
+    return msg
 
 
 def signed_beat(signer: Signer, beat: Heartbeat, n: int = 1) -> Heartbeat:
@@ -186,7 +167,7 @@ class CountingTrust(CaTrust):
 
 async def test_quiet_heartbeats_are_checked_by_their_tick_not_their_signature() -> None:
     bus, ca = InProcessBus(), Ca()
-    trust = CountingTrust(ca.cert)
+    trust = CountingTrust([ca.cert])
     replica = Replica(bus, trust=trust)
     await replica.start(bootstrap=False)
     src = SimRows("w1", "mad")
@@ -221,7 +202,7 @@ async def test_a_forged_worker_row_never_reaches_placement() -> None:
         seen = sum(replica.guard.refused.values())
         await bus.publish(heartbeat_subject("mad", "evil"), encode(beat))
         await eventually(lambda s=seen: sum(replica.guard.refused.values()) > s)  # type: ignore[misc]
-        forged = signed_batch(signer, Batch("evil", "mad", "e1", 0, 1, list(batch.changes)))
+        forged = signed(signer, Batch("evil", "mad", "e1", 0, 1, list(batch.changes)))
         await bus.publish(changes_subject("mad", "evil"), encode(forged))
     await eventually(lambda: sum(replica.guard.refused.values()) >= 8)
     assert replica.worker("evil") is None and replica.placeable("mad") == []
@@ -283,10 +264,10 @@ async def test_forged_pull_answers_change_nothing() -> None:
         PullReply(
             "w1", "mad", "e1", real.seq, False, [Change("machines", "m1", real.seq, bad_row)]
         ),
-        signed_reply(
+        signed(
             w2_key, PullReply("w1", "mad", "e1", real.seq, False, genuine[0], replica.head("w1"))
         ),
-        signed_reply(
+        signed(
             w1_key, PullReply("w1", "mad", "e1", genuine[1], False, genuine[0], replica.head("w1"))
         ),
     ]

@@ -18,7 +18,7 @@ import orjson
 import pytest
 
 from souk.catalog.bus import Message, NatsBus
-from souk.catalog.certs import bus_options
+from souk.catalog.certs import bus_options, load_signer
 from souk.catalog.owner import Owner
 from souk.catalog.protocol import (
     SNAPSHOT,
@@ -30,6 +30,7 @@ from souk.catalog.protocol import (
     pull_subject,
 )
 from souk.catalog.sim import SimRows
+from souk.pki import NodeFiles
 from tests.catalog.pki import Ca, NodeCert
 from tests.support.catalog_cluster import ReplicaProcess
 from tests.support.nats import NATS, NatsServer
@@ -52,35 +53,30 @@ FUTURE = "ffffffffffffffff-0"
 class SecureBus:
     dir: Path
     ca: Ca
-    ca_path: Path
     certs: dict[str, NodeCert] = field(default_factory=dict)
-    files: dict[str, tuple[Path, Path]] = field(default_factory=dict)
+    files: dict[str, NodeFiles] = field(default_factory=dict)
     servers: list[NatsServer] = field(default_factory=list)
 
     @property
     def url(self) -> str:
         return self.servers[0].url
 
-    def add(self, role: str, name: str) -> None:
-        self.certs[name] = self.ca.node(role, name)
-        self.files[name] = self.certs[name].write(self.dir)
+    def add(self, role: str, name: str, sans: Sequence[str] = ()) -> None:
+        """A node's files, as `souk certs issue --out DIR/NAME` writes them."""
+        self.certs[name] = self.ca.node(role, name, sans=sans)
+        self.files[name] = self.certs[name].write(self.dir / name)
 
     def configure(
         self, port: int, nodes: list[str], cluster: Sequence[str] = (), cluster_port: int = 0
     ) -> Path:
         """`souk nats config`, run as an operator would."""
-        server_cert, server_key = self.files["localhost"]
         out = self.dir / f"nats-{port}.conf"
         argv = [
             str(SOUK),
             "nats",
             "config",
-            "--ca",
-            str(self.ca_path),
-            "--server-cert",
-            str(server_cert),
-            "--server-key",
-            str(server_key),
+            "--tls-dir",
+            str(self.dir / "localhost"),
             "--out",
             str(out),
             "--host",
@@ -94,26 +90,19 @@ class SecureBus:
         subprocess.run(argv, check=True, capture_output=True)
         return out
 
-    def options(self, name: str) -> dict[str, Any]:
-        cert, key = self.files[name]
-        return bus_options(self.ca_path, cert, key)
-
     async def connect(self, name: str, server: int = 0) -> NatsBus:
-        return await NatsBus.connect(self.servers[server].url, name=name, **self.options(name))
+        options = bus_options(self.files[name])
+        return await NatsBus.connect(self.servers[server].url, name=name, **options)
 
     def replica(self, name: str, log: str) -> ReplicaProcess:
-        cert, key = self.files[name]
-        security = ["--ca", str(self.ca_path), "--cert", str(cert), "--key", str(key)]
+        security = ["--tls-dir", str(self.dir / name)]
         return ReplicaProcess(self.url, self.dir / log, security=security)
 
 
 @pytest.fixture(scope="module")
 def secure(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecureBus]:
-    directory = tmp_path_factory.mktemp("secure")
-    ca = Ca()
-    bus = SecureBus(directory, ca, ca.write(directory))
-    server = ca.node("bus", "localhost", ips=("127.0.0.1",))
-    bus.certs["localhost"], bus.files["localhost"] = server, server.write(directory)
+    bus = SecureBus(tmp_path_factory.mktemp("secure"), Ca())
+    bus.add("bus", "localhost", sans=["127.0.0.1"])
     for node in NODES:
         role, _, name = node.partition(":")
         bus.add(role, name.partition("@")[0])
@@ -153,15 +142,13 @@ async def _can_connect(url: str, tls: ssl.SSLContext | None) -> bool:
 async def test_only_the_nodes_the_cluster_ca_certified_and_the_bus_names_connect(
     secure: SecureBus,
 ) -> None:
-    def context(cert: tuple[Path, Path] | None) -> ssl.SSLContext:
-        tls = ssl.create_default_context(cafile=str(secure.ca_path))
-        if cert is not None:
-            tls.load_cert_chain(*map(str, cert))
+    def context(files: NodeFiles | None) -> ssl.SSLContext:
+        tls = ssl.create_default_context(cafile=str(secure.files["w1"].ca))
+        if files is not None:
+            tls.load_cert_chain(files.cert, files.key)
         return tls
 
-    elsewhere = secure.dir / "elsewhere"
-    elsewhere.mkdir(exist_ok=True)
-    stranger = Ca().node("worker", "w1").write(elsewhere)  # named w1, by another CA
+    stranger = Ca().node("worker", "w1").write(secure.dir / "elsewhere")  # by another CA
     assert await _can_connect(secure.url, context(secure.files["w1"]))
     assert not await _can_connect(secure.url, None)  # anonymous
     assert not await _can_connect(secure.url, context(None))  # TLS, no certificate
@@ -230,7 +217,9 @@ async def test_a_signed_catalog_over_the_bus_refuses_every_forgery(secure: Secur
     buses, owners = [], []
     for src in sources:
         bus = await secure.connect(src.owner)
-        owner = Owner(bus, src, heartbeat_every=0.2, signer=secure.certs[src.owner].signer())
+        owner = Owner(
+            bus, src, heartbeat_every=0.2, signer=load_signer(secure.files[src.owner], src.owner)
+        )
         src.publisher = owner
         await owner.start()
         buses.append(bus)
@@ -323,7 +312,7 @@ async def test_servers_in_a_cluster_route_over_tls(secure: SecureBus) -> None:
         NatsServer(a, config=secure.configure(a, nodes, [f"nats-route://localhost:{rb}"], ra)),
         NatsServer(b, config=secure.configure(b, nodes, [f"nats-route://localhost:{ra}"], rb)),
     ]
-    clustered = SecureBus(secure.dir, secure.ca, secure.ca_path, secure.certs, secure.files)
+    clustered = SecureBus(secure.dir, secure.ca, secure.certs, secure.files)
     clustered.servers = servers
     for s in servers:
         s.start()

@@ -3,12 +3,23 @@
 from __future__ import annotations
 
 import os
+import shutil
 import stat
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from souk.pki import PkiError, identity_of, init_ca, issue_files, load_cert, load_key
+from souk.pki import (
+    NodeFiles,
+    PkiError,
+    identity_of,
+    init_ca,
+    issue_files,
+    load_cas,
+    load_cert,
+    load_key,
+)
 from souk.pki.files import save_key
 from souk.pki.issue import new_key
 from tests.pki.conftest import Pki
@@ -110,3 +121,55 @@ def test_loading_refuses_other_keys_and_garbage(tmp_path: Path):
     (tmp_path / "junk.crt").write_text("not a certificate")
     with pytest.raises(PkiError, match="cannot read a certificate"):
         load_cert(tmp_path / "junk.crt")
+
+
+def test_a_part_finds_and_checks_its_own_files(pki: Pki, other_pki: Pki):
+    files = pki.node("worker", "w1")
+    directory = files.cert.parent
+    assert NodeFiles.find(directory) == files == NodeFiles.find(directory, "w1")
+    ident = files.check(role="worker")
+    assert (ident.role, ident.name) == ("worker", "w1")
+    with pytest.raises(PkiError, match="certificate of a worker, not of a bus"):
+        files.check(role="bus")
+    with pytest.raises(PkiError, match="bad name"):
+        NodeFiles.find(directory, "W1")
+    with pytest.raises(PkiError, match=r"one NAME\.key, not none"):
+        NodeFiles.find(directory.parent)
+
+    stranger = replace(other_pki.node("worker", "w2"), ca=files.ca)
+    with pytest.raises(PkiError, match="not the CA's"):
+        stranger.check()
+    with pytest.raises(PkiError, match="expired"):
+        pki.node("worker", "old", age_days=40).check()
+    other = pki.node("worker", "w3")
+    files.key.write_bytes(other.key.read_bytes())
+    with pytest.raises(PkiError, match="is not the key of"):
+        files.check()
+    shutil.copy(other.key, directory / "w3.key")
+    with pytest.raises(PkiError, match=r"one NAME\.key, not w1, w3"):
+        NodeFiles.find(directory)
+
+
+def test_a_bundle_of_two_cas_checks_the_nodes_of_either(pki: Pki, other_pki: Pki):
+    """While the CA is replaced, ca.crt holds the old and the new: a part checks against both."""
+    old, new = pki.node("worker", "w1"), other_pki.node("worker", "w2")
+    bundle = old.ca.read_bytes() + (other_pki.ca_dir / "ca.crt").read_bytes()
+    for files in (old, new):
+        files.ca.write_bytes(bundle)
+    assert load_cas(old.ca) == [
+        load_cert(pki.ca_dir / "ca.crt"),
+        load_cert(other_pki.ca_dir / "ca.crt"),
+    ]
+    assert old.check().name == "w1" and new.check().name == "w2"
+    expired = pki.node("worker", "old", age_days=40)
+    expired.ca.write_bytes(bundle)
+    with pytest.raises(PkiError, match="expired"):  # the reason of the CA that signed it
+        expired.check()
+    alone = replace(new, ca=pki.ca_dir / "ca.crt")
+    with pytest.raises(PkiError, match="not the CA's"):
+        alone.check()
+    with pytest.raises(PkiError, match="holds a certificate that is no CA"):
+        load_cas(old.cert)
+    (pki.root / "empty.crt").write_text("")
+    with pytest.raises(PkiError, match="cannot read a certificate"):
+        load_cas(pki.root / "empty.crt")

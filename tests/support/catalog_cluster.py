@@ -31,7 +31,7 @@ class ReplicaProcess:
     unreachable_after: float = 2.0
     port: int = field(default_factory=free_port)
     proc: subprocess.Popen[bytes] | None = None
-    security: list[str] = field(default_factory=lambda: ["--insecure"])  # or --ca, --cert ...
+    security: list[str] = field(default_factory=lambda: ["--insecure"])  # or --tls-dir DIR
 
     @property
     def url(self) -> str:

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from souk.catalog.protocol import Change, Heartbeat
+from souk.catalog.protocol import Batch, Change, Heartbeat, PullReply
 from souk.catalog.signing import (
     CHAIN_LENGTH,
     Header,
@@ -110,33 +110,30 @@ class Guard:
         except ValueError:
             raise Refused("bad_signature", "not base64") from None
 
-    def changes(
-        self,
-        kind: str,
-        owner: str,
-        region: str,
-        epoch: str,
-        prev: int,
-        head: int,
-        more: bool,
-        changes: list[Change],
-        fp: str,
-        sig: str,
-        cert: str = "",
+    def batch(self, batch: Batch) -> Signed:
+        """A batch, checked against its owner's key; raises Refused."""
+        return self._signed("batch", batch.owner, batch.prev, False, batch, batch.cert)
+
+    def pull_reply(self, owner: str, reply: PullReply) -> Signed:
+        """An answer to a pull from `owner`, checked against its key; raises Refused."""
+        return self._signed("pull", owner, reply.since, reply.more, reply)
+
+    def _signed(
+        self, kind: str, owner: str, prev: int, more: bool, msg: Batch | PullReply, cert: str = ""
     ) -> Signed:
-        """A batch or pull reply, checked against its owner's key; raises Refused."""
         if cert:
             try:
                 self.learn(cert)
             except Refused as exc:
                 self.refuse(exc, f"the certificate on a {kind} of {owner!r}")
-        key = self._key(owner, fp)
-        signature = self._sig(sig)
-        rows = [(c.table, c.key, c.seq, c.row) for c in changes]
-        header, texts, paths = header_for(kind, owner, region, epoch, prev, head, more, rows, fp)
+        key = self._key(owner, msg.fp)
+        signature = self._sig(msg.sig)
+        header, texts, paths = header_for(
+            kind, owner, msg.region, msg.epoch, prev, msg.head, more, msg.changes, msg.fp
+        )
         if not key.verify(signature, header.statement()):
-            raise Refused("bad_signature", f"{kind} of {owner!r} up to {head}")
-        return Signed(header, sig, texts, paths)
+            raise Refused("bad_signature", f"{kind} of {owner!r} up to {msg.head}")
+        return Signed(header, msg.sig, texts, paths)
 
     def beat(self, beat: Heartbeat, applied: int | None) -> bool:
         """A heartbeat, accepted or Refused. `applied` is the head this replica holds for the

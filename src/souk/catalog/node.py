@@ -19,10 +19,10 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from cryptography.hazmat.primitives.serialization import Encoding
 
 from souk.catalog.bus import NatsBus
-from souk.catalog.certs import bus_options, load_ca
+from souk.catalog.certs import bus_options
 from souk.catalog.signing import Ed25519Signer
 from souk.catalog.trust import CaTrust
-from souk.pki import NodeFiles, PkiError, load_cert, load_key
+from souk.pki import NodeFiles, PkiError, load_cas, load_cert, load_key
 
 log = logging.getLogger("souk.catalog.node")
 
@@ -113,7 +113,7 @@ class NodeKey:
 
 def ca_trust(files: NodeFiles) -> CaTrust:
     """A replica's trust: rows count only if signed by their owner's key, certified by the CA."""
-    return CaTrust(load_ca(files.ca))
+    return CaTrust(load_cas(files.ca))
 
 
 def connector(
@@ -126,7 +126,7 @@ def connector(
     the current certificate (see `renewing`)."""
     if files is None:
         return lambda: NatsBus.connect(servers, name=name)
-    options = bus_options(files.ca, files.cert, files.key)
+    options = bus_options(files)
     if key is not None:
         key.follow(options["tls"])
     return lambda: NatsBus.connect(servers, name=name, **options)

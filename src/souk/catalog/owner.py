@@ -175,9 +175,8 @@ class Owner:
     ) -> tuple[str, str]:
         assert self.signer is not None
         src, fp = self.source, self.signer.fingerprint
-        rows = [(c.table, c.key, c.seq, c.row) for c in changes]
         header, _, _ = header_for(
-            kind, src.owner, src.region, src.epoch, prev, head, more, rows, fp
+            kind, src.owner, src.region, src.epoch, prev, head, more, changes, fp
         )
         return fp, b64(self.signer.sign(header.statement()))
 

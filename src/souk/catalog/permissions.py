@@ -21,7 +21,6 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from souk.catalog.protocol import (
@@ -38,8 +37,10 @@ from souk.catalog.protocol import (
     token,
 )
 from souk.models.capacity import offers_subject
+from souk.pki import NodeFiles, PkiError
+from souk.pki.identity import check_name, identity_uri
 
-ROLES = ("worker", "broker", "proxy", "operator")
+ROLES = ("worker", "broker", "proxy", "operator")  # the bus's clients; "bus" is its server
 SNAPSHOT_ANSWERS = 100_000  # chunks one snapshot request may be answered with
 
 
@@ -55,17 +56,23 @@ class Node:
 
     @property
     def user(self) -> str:
-        return f"souk://{self.role}/{self.name}"
+        """The URI name in its certificate, which nats-server maps it by."""
+        return identity_uri(self.role, self.name)
 
 
 def parse_node(text: str) -> Node:
-    """`ROLE:NAME`, or `worker:NAME@REGION`."""
+    """`ROLE:NAME`, or `worker:NAME@REGION`; NAME as in its certificate (a lower-case DNS name,
+    a worker's id)."""
     role, sep, rest = text.partition(":")
     name, _, region = rest.partition("@")
     if not sep or not name:
         raise ConfigError(f"{text!r}: write a node as ROLE:NAME (or worker:NAME@REGION)")
     if role not in ROLES:
         raise ConfigError(f"{text!r}: the role is one of {', '.join(ROLES)}")
+    try:
+        check_name(name)
+    except PkiError as exc:
+        raise ConfigError(f"{text!r}: {exc}") from None
     if region and role != "worker":
         raise ConfigError(f"{text!r}: only a worker has a region")
     return Node(role, name, region or None)
@@ -144,9 +151,7 @@ def _value(value: Any, indent: int) -> str:
 
 def render(
     nodes: Sequence[Node],
-    ca: Path,
-    server_cert: Path,
-    server_key: Path,
+    server: NodeFiles,
     host: str = "0.0.0.0",
     port: int = 4222,
     routes: Sequence[str] = (),
@@ -154,9 +159,10 @@ def render(
     cluster_name: str = "souk",
     extra_users: Sequence[dict[str, Any]] = (),
 ) -> str:
-    """The whole configuration file. With `routes`, the server joins a cluster whose route
-    connections use the same TLS and accept only peers whose certificate names one of the
-    routes' hosts (`verify_cert_and_check_known_urls`). `extra_users`: users with permissions
+    """The whole configuration file; `server`: the files of the bus's own certificate (role
+    `bus`) and of the CA it checks clients against. With `routes`, the server joins a cluster
+    whose route connections use the same TLS and accept only peers whose certificate names one
+    of the routes' hosts (`verify_cert_and_check_known_urls`). `extra_users`: users with permissions
     of their own, as nats-server reads them (a benchmark speaking for a thousand owners)."""
     if not nodes:
         raise ConfigError("no nodes: give at least one --node ROLE:NAME")
@@ -164,9 +170,9 @@ def render(
     if len(set(users)) != len(users):
         raise ConfigError("a node is given twice")
     tls = {
-        "cert_file": str(server_cert.resolve()),
-        "key_file": str(server_key.resolve()),
-        "ca_file": str(ca.resolve()),
+        "cert_file": str(server.cert.resolve()),
+        "key_file": str(server.key.resolve()),
+        "ca_file": str(server.ca.resolve()),
     }
     config: dict[str, Any] = {
         "listen": f"{host}:{port}",

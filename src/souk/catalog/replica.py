@@ -24,10 +24,10 @@ import os
 import socket
 import time
 from collections import defaultdict
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 from pydantic import ValidationError
@@ -40,6 +40,7 @@ from souk.catalog.protocol import (
     REGISTRY_OWNER,
     SNAPSHOT,
     WILDCARD,
+    Batch,
     Change,
     HeadClaim,
     Heartbeat,
@@ -85,6 +86,7 @@ BEAT_GRACE = 0.25  # how long a heartbeat's news may run ahead of its batches be
 SNAPSHOT_CHUNK = 1000  # rows, heads or certificates per chunk: each well under NATS's 1 MB
 CERT_RETRY = 1.0  # seconds between two requests for one owner's certificate
 _ids = itertools.count(1)
+_Sent = TypeVar("_Sent", Batch, Heartbeat)  # what an owner publishes on its own subjects
 
 
 @dataclass
@@ -369,34 +371,27 @@ class Replica:
 
     # --- messages ------------------------------------------------------------------------------
 
-    async def _on_batch(self, msg: Message) -> None:
+    def _received(self, msg: Message, decode: Callable[[bytes], _Sent], what: str) -> _Sent | None:
+        """A batch or heartbeat, decoded, if it came on its owner's own subject."""
         try:
-            batch = decode_batch(msg.data)
+            sent = decode(msg.data)
         except ProtocolError as exc:
             self.stats["bad_messages"] += 1
-            log.warning("dropped a malformed batch: %s", exc)
-            return
-        if subject_names(msg.subject) != (batch.region, batch.owner):
-            self.guard.refuse(Refused("wrong_subject"), f"a batch on {msg.subject}")
-            return
-        if not self.follows(batch.region):
+            log.warning("dropped a malformed %s: %s", what, exc)
+            return None
+        if subject_names(msg.subject) != (sent.region, sent.owner):
+            self.guard.refuse(Refused("wrong_subject"), f"a {what} on {msg.subject}")
+            return None
+        return sent
+
+    async def _on_batch(self, msg: Message) -> None:
+        batch = self._received(msg, decode_batch, "batch")
+        if batch is None or not self.follows(batch.region):
             return
         signed = None
         if self.guard.secure:
             try:
-                signed = self.guard.changes(
-                    "batch",
-                    batch.owner,
-                    batch.region,
-                    batch.epoch,
-                    batch.prev,
-                    batch.head,
-                    False,
-                    batch.changes,
-                    batch.fp,
-                    batch.sig,
-                    batch.cert,
-                )
+                signed = self.guard.batch(batch)
             except Refused as exc:
                 self.guard.refuse(exc, f"a batch of {batch.owner!r}")
                 return
@@ -404,20 +399,28 @@ class Replica:
         if st is None:
             return
         self.stats["batches"] += 1
-        if signed is None or batch.head > st.head:
-            self._heard(st, batch.head)  # signed: an old batch replayed is no sign of life
         contiguous = batch.prev <= st.head and not self.bootstrapping
-        proof = None if signed is None else orjson.dumps(signed.head_proof())
-        self._apply(
-            batch.owner,
-            batch.region,
-            batch.changes,
-            (st, batch.head, proof) if contiguous else None,
-            signed,
-        )
+        self._take(batch.owner, st, batch.region, batch.head, batch.changes, signed, contiguous)
         if not contiguous:
             self.stats["gaps"] += 1
             self._maybe_pull(batch.owner)
+
+    def _take(
+        self,
+        owner: str,
+        st: OwnerState,
+        region: str,
+        head: int,
+        changes: list[Change],
+        signed: Signed | None,
+        contiguous: bool,
+    ) -> None:
+        """Applies a batch or pull reply that reaches `head`, moving the owner's head there if
+        it follows on from what is held (`contiguous`)."""
+        if signed is None or head > st.head:
+            self._heard(st, head)  # signed: an old message replayed is no sign of life
+        proof = None if signed is None else signed.head_proof()
+        self._apply(owner, region, changes, (st, head, proof) if contiguous else None, signed)
 
     def _advance(self, owner: str, st: OwnerState, head: int, proof: bytes | None) -> None:
         if head > st.head:
@@ -425,14 +428,8 @@ class Replica:
             self.store.save_owner(owner, st.region, st.epoch, head, proof)
 
     async def _on_beat(self, msg: Message) -> None:
-        try:
-            beat = decode_heartbeat(msg.data)
-        except ProtocolError as exc:
-            self.stats["bad_messages"] += 1
-            log.warning("dropped a malformed heartbeat: %s", exc)
-            return
-        if subject_names(msg.subject) != (beat.region, beat.owner):
-            self.guard.refuse(Refused("wrong_subject"), f"a heartbeat on {msg.subject}")
+        beat = self._received(msg, decode_heartbeat, "heartbeat")
+        if beat is None:
             return
         checked = True
         if self.guard.secure:
@@ -493,18 +490,7 @@ class Replica:
                 signed = None
                 if self.guard.secure:
                     try:
-                        signed = self.guard.changes(
-                            "pull",
-                            owner,
-                            reply.region,
-                            reply.epoch,
-                            reply.since,
-                            reply.head,
-                            reply.more,
-                            reply.changes,
-                            reply.fp,
-                            reply.sig,
-                        )
+                        signed = self.guard.pull_reply(owner, reply)
                     except Refused as exc:
                         self.guard.refuse(exc, f"a pull reply for {owner!r}")
                         self.stats["pull_failures"] += 1
@@ -515,12 +501,7 @@ class Replica:
                 current = self._owner(owner, reply.region, reply.epoch)
                 if current is None:
                     return
-                if signed is None or reply.head > current.head:
-                    self._heard(current, reply.head)
-                proof = None if signed is None else orjson.dumps(signed.head_proof())
-                self._apply(
-                    owner, reply.region, reply.changes, (current, reply.head, proof), signed
-                )
+                self._take(owner, current, reply.region, reply.head, reply.changes, signed, True)
                 if current is not st or not reply.more:
                     return
         finally:

@@ -18,19 +18,18 @@ thousand times a second at a thousand owners.
 
 from __future__ import annotations
 
-import base64
+import binascii
 import hashlib
 import os
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import nacl.exceptions
 import nacl.signing
 import orjson
 
-from souk.catalog.protocol import Heartbeat
+from souk.catalog.protocol import Change, Heartbeat
 
 DOMAIN = "souk.catalog/1"  # every statement starts with it: no other signed thing reads as one
 DIGEST = 32
@@ -95,12 +94,13 @@ def fingerprint(certificate: bytes) -> str:
 
 
 def b64(data: bytes) -> str:
-    return base64.b64encode(data).decode()
+    return binascii.b2a_base64(data, newline=False).decode()
 
 
 def unb64(text: str) -> bytes:
-    """Raises ValueError on anything that is not base64."""
-    return base64.b64decode(text, validate=True)
+    """Raises ValueError on anything that is not base64 (as `base64.b64decode(validate=True)`,
+    without its wrapping, which cost as much as the decoding: it runs for every message)."""
+    return binascii.a2b_base64(text, strict_mode=True)
 
 
 def _hash(data: bytes) -> bytes:
@@ -167,11 +167,13 @@ def root_from_path(leaf_hash: bytes, index: int, count: int, path: Sequence[byte
 
 # --- signed headers and the proofs a replica keeps --------------------------------------------
 
+_SIGNED_PART = 9  # the fields both proofs begin with (`Header.proof`)
 
-@dataclass(frozen=True)
-class Header:
+
+class Header(NamedTuple):
     """What an owner signs for a batch (`kind` "batch") or a pull reply ("pull"; `prev` is the
-    pull's `since`)."""
+    pull's `since`), its fields in the order they are signed. A tuple: one is made for every
+    message a replica checks."""
 
     kind: str
     owner: str
@@ -180,45 +182,34 @@ class Header:
     prev: int
     head: int
     more: bool
-    count: int
-    root: bytes
+    size: int  # how many rows
+    root: str  # the hash tree's root, base64: as it is signed and relayed
     fp: str
 
     def statement(self) -> bytes:
+        return orjson.dumps([DOMAIN, *self])
+
+    def proof(self, sig: str, *rest: Any) -> bytes:
+        """A proof as stored and relayed (JSON): the header without its owner (a proof is kept
+        with the owner's rows) and its root (a row's proof leads to it), the signature, then
+        `rest`: the root for a head's proof, the row's place and path for a row's."""
         return orjson.dumps(
             [
-                DOMAIN,
                 self.kind,
-                self.owner,
                 self.region,
                 self.epoch,
                 self.prev,
                 self.head,
                 self.more,
-                self.count,
-                b64(self.root),
+                self.size,
                 self.fp,
+                sig,
+                *rest,
             ]
         )
 
-    def head_proof(self, sig: str) -> list[Any]:
-        """What proves the owner's head to a replica this is relayed to."""
-        return [
-            self.kind,
-            self.region,
-            self.epoch,
-            self.prev,
-            self.head,
-            self.more,
-            self.count,
-            self.fp,
-            sig,
-            b64(self.root),
-        ]
 
-
-@dataclass(frozen=True)
-class Signed:
+class Signed(NamedTuple):
     """A message whose signature checked out, with what its rows' proofs are made of."""
 
     header: Header
@@ -227,26 +218,12 @@ class Signed:
     paths: list[list[bytes]]
 
     def row_proof(self, index: int) -> bytes:
-        """A row's proof as stored and relayed: header, signature, place and path (JSON)."""
-        h = self.header
-        return orjson.dumps(
-            [
-                h.kind,
-                h.region,
-                h.epoch,
-                h.prev,
-                h.head,
-                h.more,
-                h.count,
-                h.fp,
-                self.sig,
-                index,
-                [b64(p) for p in self.paths[index]],
-            ]
-        )
+        """What proves a row to a replica it is relayed to, with the row itself."""
+        return self.header.proof(self.sig, index, [b64(p) for p in self.paths[index]])
 
-    def head_proof(self) -> list[Any]:
-        return self.header.head_proof(self.sig)
+    def head_proof(self) -> bytes:
+        """What proves the owner's head to a replica this is relayed to."""
+        return self.header.proof(self.sig, self.header.root)
 
 
 def header_for(
@@ -257,29 +234,24 @@ def header_for(
     prev: int,
     head: int,
     more: bool,
-    rows: Sequence[tuple[str, str, int, dict[str, Any] | None]],
+    changes: Sequence[Change],
     fp: str,
 ) -> tuple[Header, list[bytes], list[list[bytes]]]:
-    """The header an owner signs for these rows (table, key, seq, row), with their texts and
-    paths."""
-    texts = [row_text(row) for _, _, _, row in rows]
-    leaves = [leaf(t, k, s, text) for (t, k, s, _), text in zip(rows, texts, strict=True)]
+    """The header an owner signs for these changes, with their row texts and paths."""
+    if len(changes) == 1:  # most batches: the tree is its one leaf
+        c = changes[0]
+        text = row_text(c.row)
+        root = leaf(c.table, c.key, c.seq, text)
+        return Header(kind, owner, region, epoch, prev, head, more, 1, b64(root), fp), [text], [[]]
+    texts = [row_text(c.row) for c in changes]
+    leaves = [leaf(c.table, c.key, c.seq, text) for c, text in zip(changes, texts, strict=True)]
     root, paths = tree(leaves)
-    return Header(kind, owner, region, epoch, prev, head, more, len(rows), root, fp), texts, paths
+    header = Header(kind, owner, region, epoch, prev, head, more, len(changes), b64(root), fp)
+    return header, texts, paths
 
 
-def row_proof_header(
-    owner: str, table: str, key: str, seq: int, text: bytes, proof: list[Any]
-) -> tuple[Header, bytes]:
-    """The header a stored row proof stands for, and its signature; ValueError if malformed."""
-    try:
-        kind, region, epoch, prev, head, more, count, fp, sig, index, path = proof
-        hashes = [unb64(p) for p in path]
-        root = root_from_path(leaf(table, key, seq, text), int(index), int(count), hashes)
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"malformed row proof: {exc}") from None
-    if root is None:
-        raise ValueError("the row's path does not lead to a root")
+def _from_signed_part(owner: str, part: Sequence[Any], root: str) -> tuple[Header, bytes]:
+    kind, region, epoch, prev, head, more, count, fp, sig = part
     header = Header(
         str(kind),
         owner,
@@ -295,23 +267,35 @@ def row_proof_header(
     return header, unb64(str(sig))
 
 
-def head_proof_header(owner: str, proof: list[Any]) -> tuple[Header, bytes]:
-    """The header a stored head proof stands for, and its signature; ValueError if malformed."""
+def _proof_fields(proof: Any, extra: int, what: str) -> list[Any]:
+    if not isinstance(proof, list) or len(proof) != _SIGNED_PART + extra:
+        raise ValueError(f"malformed {what}: not a list of {_SIGNED_PART + extra}")
+    return proof
+
+
+def row_proof_header(
+    owner: str, table: str, key: str, seq: int, text: bytes, proof: Any
+) -> tuple[Header, bytes]:
+    """The header a stored row proof stands for, and its signature; ValueError if malformed."""
+    fields = _proof_fields(proof, 2, "row proof")
     try:
-        kind, region, epoch, prev, head, more, count, fp, sig, root = proof
-        header = Header(
-            str(kind),
-            owner,
-            str(region),
-            str(epoch),
-            int(prev),
-            int(head),
-            bool(more),
-            int(count),
-            unb64(str(root)),
-            str(fp),
-        )
-        return header, unb64(str(sig))
+        count, index, path = fields[6], fields[_SIGNED_PART], fields[_SIGNED_PART + 1]
+        hashes = [unb64(p) for p in path]
+        root = root_from_path(leaf(table, key, seq, text), int(index), int(count), hashes)
+        if root is None:
+            raise ValueError("the row's path does not lead to a root")
+        return _from_signed_part(owner, fields[:_SIGNED_PART], b64(root))
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"malformed row proof: {exc}") from None
+
+
+def head_proof_header(owner: str, proof: Any) -> tuple[Header, bytes]:
+    """The header a stored head proof stands for, and its signature; ValueError if malformed."""
+    fields = _proof_fields(proof, 1, "head proof")
+    try:
+        root = str(fields[_SIGNED_PART])
+        unb64(root)
+        return _from_signed_part(owner, fields[:_SIGNED_PART], root)
     except (TypeError, ValueError) as exc:
         raise ValueError(f"malformed head proof: {exc}") from None
 

@@ -9,18 +9,16 @@ their own, and snapshots carry the ones their rows need.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Protocol
 
 from cryptography import x509
 
-from souk.catalog.certs import CertificateError, Identity, identity_of
-from souk.catalog.protocol import REGISTRY_OWNER
+from souk.catalog.certs import certified, signs_for
 from souk.catalog.signing import Ed25519Verifier, Verifier, fingerprint
-
-WORKER = "worker"
-BROKER = "broker"  # the app registry's rows are a broker's
+from souk.pki import PkiError
 
 
 class Refused(Exception):
@@ -48,29 +46,25 @@ class Trust(Protocol):
         ...
 
 
-def required_role(owner: str) -> str:
-    return BROKER if owner == REGISTRY_OWNER else WORKER
-
-
-def may_sign(identity: Identity, owner: str) -> bool:
-    """A worker signs its own rows; the app registry's, any broker."""
-    if owner == REGISTRY_OWNER:
-        return identity.role == BROKER
-    return identity.role == WORKER and identity.name == owner
-
-
-@dataclass
+@dataclass(frozen=True, slots=True)
 class _Known:
+    """A checked certificate, reduced to what each message needs of it."""
+
     der: bytes
-    identity: Identity
+    who: str  # "role 'name'", for refusals
+    owner: str | None  # the one owner it may sign for (`certs.signs_for`)
+    not_after: float  # seconds since the epoch
     verifier: Verifier
 
 
 class CaTrust:
-    """Certificates issued by one cluster CA, checked once each and kept by fingerprint."""
+    """Certificates issued by the cluster CA (or by either of two while it is replaced),
+    checked once each and kept by fingerprint."""
 
-    def __init__(self, ca: x509.Certificate, clock: Callable[[], float] = time.time) -> None:
-        self.ca = ca
+    def __init__(
+        self, cas: Sequence[x509.Certificate], clock: Callable[[], float] = time.time
+    ) -> None:
+        self.cas = list(cas)
         self.clock = clock
         self.known: dict[str, _Known] = {}
 
@@ -79,20 +73,25 @@ class CaTrust:
         if fp in self.known:
             return fp
         try:
-            identity = identity_of(certificate, self.ca, self.clock())
-        except CertificateError as exc:
+            identity = certified(certificate, self.cas, datetime.fromtimestamp(self.clock(), UTC))
+        except PkiError as exc:
             raise Refused("bad_certificate", str(exc)) from None
-        self.known[fp] = _Known(certificate, identity, Ed25519Verifier(identity.public_key))
+        self.known[fp] = _Known(
+            certificate,
+            f"{identity.role} {identity.name!r}",
+            signs_for(identity),
+            identity.not_after.timestamp(),
+            Ed25519Verifier(identity.public_key.public_bytes_raw()),
+        )
         return fp
 
     def verifier(self, owner: str, fp: str) -> Verifier | None:
         known = self.known.get(fp)
         if known is None:
             return None
-        if not may_sign(known.identity, owner):
-            who = f"{known.identity.role} {known.identity.name!r}"
-            raise Refused("wrong_owner", f"{who} may not sign {owner!r}'s rows")
-        if self.clock() > known.identity.not_after:
+        if known.owner != owner:
+            raise Refused("wrong_owner", f"{known.who} may not sign {owner!r}'s rows")
+        if self.clock() > known.not_after:
             raise Refused("bad_certificate", f"the certificate of {owner!r} expired")
         return known.verifier
 

@@ -21,7 +21,7 @@ from souk.broker.auth import make_auth
 from souk.broker.tokens import read_secret
 from souk.catalog import http as catalog_http
 from souk.catalog.bus import NatsBus
-from souk.catalog.certs import bus_options, load_ca
+from souk.catalog.certs import bus_options
 from souk.catalog.connecting import ConnectingBus
 from souk.catalog.protocol import HELLO
 from souk.catalog.replica import Replica, following
@@ -29,6 +29,7 @@ from souk.catalog.trust import CaTrust, Trust
 from souk.cli.client import connect
 from souk.cli.command import run
 from souk.cli.serving import LOG_LEVEL, log_to_stderr, parse_listen
+from souk.pki import NodeFiles, PkiError, load_cas
 from souk.web import add_routes, error_middleware, open_access
 from souk.web import runner as web_runner
 
@@ -48,14 +49,19 @@ def serve(
         " does; without, anyone who reaches it reads everything.",
     ),
     log_level: str = LOG_LEVEL,
+    tls_dir: Path | None = typer.Option(
+        None,
+        file_okay=False,
+        help="This node's files (`souk certs issue --out DIR`): mutual TLS to the bus, and "
+        "only rows their owners signed, checked against the ca.crt there.",
+    ),
+    tls_name: str | None = typer.Option(
+        None, help="NAME of the files in --tls-dir (default: the one NAME.key there)."
+    ),
     ca: Path | None = typer.Option(
-        None, help="The cluster CA: apply only rows their owners signed."
+        None, dir_okay=False, help="The cluster CA alone: only signed rows, on an open bus."
     ),
-    cert: Path | None = typer.Option(None, help="This node's certificate, for TLS to the bus."),
-    key: Path | None = typer.Option(None, help="Its private key."),
-    insecure: bool = typer.Option(
-        False, help="Without a CA: apply unsigned rows (a bus like `souk dev`'s)."
-    ),
+    insecure: bool = typer.Option(False, help="Apply unsigned rows (a bus like `souk dev`'s)."),
 ) -> None:
     """Follow the catalog and serve it over HTTP (read-only). Without --secret-file it checks
     no tokens: bind it to a private address."""
@@ -67,12 +73,19 @@ def serve(
             secret = read_secret(secret_file)
         except (OSError, ValueError) as exc:
             raise typer.BadParameter(str(exc), param_hint="--secret-file") from exc
-    if (ca is None) == (not insecure):
-        raise typer.BadParameter("give --ca (a signed catalog) or --insecure, not both")
-    if (cert is None) != (key is None) or (cert is not None and ca is None):
-        raise typer.BadParameter("--cert and --key go together, with --ca")
-    trust = None if ca is None else CaTrust(load_ca(ca))
-    options = {} if ca is None or cert is None or key is None else bus_options(ca, cert, key)
+    if [tls_dir is not None, ca is not None, insecure].count(True) != 1:
+        raise typer.BadParameter("give one of --tls-dir, --ca (signed) or --insecure")
+    trust: Trust | None = None
+    options: dict[str, Any] = {}
+    try:
+        if tls_dir is not None:
+            files = NodeFiles.find(tls_dir, tls_name)
+            options = bus_options(files)
+            trust = CaTrust(load_cas(files.ca))
+        elif ca is not None:
+            trust = CaTrust(load_cas(ca))
+    except PkiError as exc:
+        raise typer.BadParameter(str(exc)) from None
     asyncio.run(
         _serve(
             nats, host, port, data_dir, region or None, unreachable_after, trust, options, secret

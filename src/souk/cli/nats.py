@@ -7,15 +7,23 @@ from pathlib import Path
 import typer
 
 from souk.catalog.permissions import ConfigError, parse_node, render
+from souk.pki import NodeFiles, PkiError
 
 app = typer.Typer(help="The NATS bus: an authenticated configuration.", no_args_is_help=True)
 
 
 @app.command()
 def config(
-    ca: Path = typer.Option(..., exists=True, dir_okay=False, help="The cluster CA (PEM)."),
-    server_cert: Path = typer.Option(..., exists=True, dir_okay=False, help="Server cert (PEM)."),
-    server_key: Path = typer.Option(..., exists=True, dir_okay=False, help="Its key (PEM)."),
+    tls_dir: Path = typer.Option(
+        ...,
+        exists=True,
+        file_okay=False,
+        help="The bus's node files, as `souk certs issue --role bus --out DIR` writes them: "
+        "NAME.crt, NAME.key and the cluster's ca.crt.",
+    ),
+    tls_name: str | None = typer.Option(
+        None, help="NAME of the files in --tls-dir (default: the one NAME.key there)."
+    ),
     out: Path = typer.Option(..., help="Write the configuration here."),
     node: list[str] = typer.Option(
         [], help="A node allowed on the bus, ROLE:NAME or worker:NAME@REGION (repeatable)."
@@ -30,9 +38,14 @@ def config(
     """Write a nats-server configuration with mutual TLS, one user per node (mapped from its
     certificate) and subject permissions by role; no anonymous access."""
     try:
+        server = NodeFiles.find(tls_dir, tls_name)
+        server.check(role="bus")
+    except PkiError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--tls-dir") from None
+    try:
         nodes = [parse_node(n) for n in node]
         routes = [r.strip() for r in cluster.split(",") if r.strip()]
-        text = render(nodes, ca, server_cert, server_key, host, port, routes, cluster_port)
+        text = render(nodes, server, host, port, routes, cluster_port)
     except ConfigError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None

@@ -2,9 +2,18 @@
 contexts that reload renewed certificates, and role checks for HTTP routes."""
 
 from souk.pki.access import ANYONE, AccessTable, peer_identity, role_middleware
-from souk.pki.files import NodeFiles, init_ca, issue_files, load_cert, load_key, save_cert, save_key
+from souk.pki.files import (
+    NodeFiles,
+    init_ca,
+    issue_files,
+    load_cas,
+    load_cert,
+    load_key,
+    save_cert,
+    save_key,
+)
 from souk.pki.identity import ROLES, Identity, PkiError, identity_of
-from souk.pki.issue import issue, new_ca, new_key, verify_issued_by
+from souk.pki.issue import issue, new_ca, new_key, verify_issued_by, verify_issued_by_one_of
 from souk.pki.tls import (
     Reloader,
     client_context,
@@ -27,6 +36,7 @@ __all__ = [
     "init_ca",
     "issue",
     "issue_files",
+    "load_cas",
     "load_cert",
     "load_key",
     "new_ca",
@@ -40,4 +50,5 @@ __all__ = [
     "server_context",
     "switching",
     "verify_issued_by",
+    "verify_issued_by_one_of",
 ]

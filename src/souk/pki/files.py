@@ -13,8 +13,8 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from souk.pki.identity import PkiError, check_name, check_role
-from souk.pki.issue import CA_DAYS, NODE_DAYS, issue, new_ca, new_key
+from souk.pki.identity import Identity, PkiError, check_name, check_role, identity_of
+from souk.pki.issue import CA_DAYS, NODE_DAYS, issue, new_ca, new_key, verify_issued_by_one_of
 from souk.secret_files import write_file
 
 KEY_MODE = 0o600
@@ -35,6 +35,32 @@ class NodeFiles:
     @classmethod
     def in_dir(cls, directory: Path, name: str) -> NodeFiles:
         return cls(directory / f"{name}.crt", directory / f"{name}.key", directory / CA_CERT)
+
+    @classmethod
+    def find(cls, directory: Path, name: str | None = None) -> NodeFiles:
+        """The files of `name` in `directory`, or of the one NAME.key there if no name is given
+        (`souk certs issue --out DIR` writes one per name)."""
+        if name is None:
+            keys = sorted(p.stem for p in directory.glob("*.key") if p.name != CA_KEY)
+            if len(keys) != 1:
+                found = ", ".join(keys) or "none"
+                raise PkiError(f"{directory} should hold one NAME.key, not {found}; name one")
+            name = keys[0]
+        return cls.in_dir(directory, check_name(name))
+
+    def check(self, role: str | None = None, now: datetime | None = None) -> Identity:
+        """Who these files make a part, once checked as it starts rather than at its first
+        handshake: the certificate issued by the CA beside it, valid now, a souk identity (of
+        `role`, if given), and the key the certificate's."""
+        cert = load_cert(self.cert)
+        verify_issued_by_one_of(cert, load_cas(self.ca), now)
+        ident = identity_of(cert)
+        if role is not None and ident.role != role:
+            raise PkiError(f"{self.cert} is the certificate of a {ident.role}, not of a {role}")
+        key = load_key(self.key)
+        if key.public_key().public_bytes_raw() != ident.public_key.public_bytes_raw():
+            raise PkiError(f"{self.key} is not the key of {self.cert}")
+        return ident
 
 
 def make_dir(path: Path) -> None:
@@ -76,6 +102,25 @@ def load_cert(path: Path) -> x509.Certificate:
         return x509.load_pem_x509_certificate(path.read_bytes())
     except (OSError, ValueError) as exc:
         raise PkiError(f"cannot read a certificate from {path}: {exc}") from exc
+
+
+def load_cas(path: Path) -> list[x509.Certificate]:
+    """The CA certificates in a file (`ca.crt`: one, or the old and the new while the CA is
+    replaced); PkiError if it holds none, or a certificate that is no CA."""
+    try:
+        cas = x509.load_pem_x509_certificates(path.read_bytes())
+    except (OSError, ValueError) as exc:
+        raise PkiError(f"cannot read a certificate from {path}: {exc}") from exc
+    for cert in cas:
+        try:
+            is_ca = cert.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
+        except x509.ExtensionNotFound:
+            is_ca = False
+        if not is_ca:
+            raise PkiError(
+                f"{path} holds a certificate that is no CA: {cert.subject.rfc4514_string()}"
+            )
+    return cas
 
 
 def init_ca(

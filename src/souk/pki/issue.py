@@ -156,21 +156,38 @@ def verify_issued_by(
 ) -> None:
     """Raise PkiError unless `ca_cert` is a CA that signed `cert` and both are valid at `now`.
     For certificates met outside a TLS handshake, e.g. one carried with a signed catalog row."""
+    verify_issued_by_one_of(cert, [ca_cert], now)
+
+
+def verify_issued_by_one_of(
+    cert: x509.Certificate, cas: Sequence[x509.Certificate], now: datetime | None = None
+) -> x509.Certificate:
+    """`verify_issued_by` against a bundle (the old and the new CA, while the CA is replaced):
+    the CA that signed `cert`, once both are found valid at `now`. Each signature is checked
+    once; PkiError with the first CA's reason if none signed it."""
     now = now or datetime.now(UTC)
-    try:
-        constraints = ca_cert.extensions.get_extension_for_class(x509.BasicConstraints).value
-    except x509.ExtensionNotFound:
-        constraints = None
-    if constraints is None or not constraints.ca:
-        raise PkiError("the issuer given is not a CA certificate")
-    try:
-        cert.verify_directly_issued_by(ca_cert)
-    except InvalidSignature as exc:
-        raise PkiError("the certificate's signature is not the CA's") from exc
-    except (ValueError, TypeError) as exc:
-        raise PkiError(f"the certificate was not issued by this CA: {exc}") from exc
-    for what, c in (("CA certificate", ca_cert), ("certificate", cert)):
-        if now < c.not_valid_before_utc:
-            raise PkiError(f"the {what} is not valid before {c.not_valid_before_utc:{_WHEN}}")
-        if now > c.not_valid_after_utc:
-            raise PkiError(f"the {what} expired on {c.not_valid_after_utc:{_WHEN}}")
+    refused: PkiError | None = None
+    for ca in cas:
+        try:
+            constraints = ca.extensions.get_extension_for_class(x509.BasicConstraints).value
+        except x509.ExtensionNotFound:
+            constraints = None
+        try:
+            if constraints is None or not constraints.ca:
+                raise PkiError("the issuer given is not a CA certificate")
+            try:
+                cert.verify_directly_issued_by(ca)  # refuses another issuer name before any math
+            except InvalidSignature as exc:
+                raise PkiError("the certificate's signature is not the CA's") from exc
+            except (ValueError, TypeError) as exc:
+                raise PkiError(f"the certificate was not issued by this CA: {exc}") from exc
+        except PkiError as exc:
+            refused = refused or exc
+            continue
+        for what, c in (("CA certificate", ca), ("certificate", cert)):
+            if now < c.not_valid_before_utc:
+                raise PkiError(f"the {what} is not valid before {c.not_valid_before_utc:{_WHEN}}")
+            if now > c.not_valid_after_utc:
+                raise PkiError(f"the {what} expired on {c.not_valid_after_utc:{_WHEN}}")
+        return ca
+    raise refused or PkiError("no CA certificate to check against")
