@@ -108,8 +108,8 @@ def configured_bus(pki: Pki, directory: Path) -> NatsServer:
     conf = directory / "nats.conf"
     subprocess.run(
         [
-            *(str(SOUK), "nats", "config", "--ca", str(server.ca)),
-            *("--server-cert", str(server.cert), "--server-key", str(server.key)),
+            *(str(SOUK), "nats", "config", "--tls-dir", str(server.cert.parent)),
+            *("--tls-name", "nats-1"),
             *("--out", str(conf), "--host", "127.0.0.1", "--port", str(port)),
             *(arg for node in NODES for arg in ("--node", node)),
         ],
