@@ -28,7 +28,7 @@ from souk.pki import (
     server_context,
 )
 from souk.web import error_middleware
-from tests.pki.conftest import LOOPBACK, Pki, forged, serving
+from tests.support.pki import LOOPBACK, Pki, forged, serving
 
 RULES: dict[str, set[str]] = {
     "GET /v1/capacity": {"broker", "operator"},

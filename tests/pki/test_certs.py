@@ -24,7 +24,7 @@ from souk.pki import (
     verify_issued_by,
 )
 from souk.pki.identity import check_name
-from tests.pki.conftest import forged
+from tests.support.pki import forged
 
 NOW = datetime(2030, 6, 1, 12, 0, tzinfo=UTC)
 

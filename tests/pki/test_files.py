@@ -22,7 +22,7 @@ from souk.pki import (
 )
 from souk.pki.files import save_key
 from souk.pki.issue import new_key
-from tests.pki.conftest import Pki
+from tests.support.pki import Pki
 
 
 def mode(path: Path) -> int:

@@ -16,8 +16,8 @@ from cryptography import x509
 from nats.aio.client import Client
 
 from souk.pki import NodeFiles, client_context, identity_of
-from tests.pki.conftest import LOOPBACK, Pki
 from tests.support.nats import NATS, needs_nats
+from tests.support.pki import LOOPBACK, Pki
 from tests.support.ports import free_port
 from tests.support.waiting import wait_until
 

@@ -28,7 +28,7 @@ from souk.pki import (
 )
 from souk.pki.files import save_key
 from souk.pki.issue import new_key
-from tests.pki.conftest import LOOPBACK, Pki, serving
+from tests.support.pki import LOOPBACK, Pki, serving
 
 
 async def whoami(request: web.Request) -> web.Response:

@@ -14,27 +14,22 @@ from aiohttp import web
 
 from souk.catalog.bus import Bus
 from souk.catalog.node import NodeKey
-from souk.pki import NodeFiles, init_ca, server_context
+from souk.pki import NodeFiles, server_context
 from souk.web import runner as web_runner
 from souk.worker.daemon import make_app, make_driver, offering, publishing, running, tls_context
 from souk.worker.engine import Engine
 from souk.worker.settings import WorkerSettings
-from tests.pki.conftest import LOOPBACK, Pki
+from tests.support.pki import LOOPBACK, Pki, new_pki
 
 
 @pytest.fixture
 def pki(tmp_path: Path) -> Pki:
-    made = Pki(tmp_path)
-    init_ca(made.ca_dir)
-    return made
+    return new_pki(tmp_path)
 
 
 @pytest.fixture
 def other_pki(tmp_path: Path) -> Pki:
-    """Another CA with the same common name: nothing it issues is trusted by the first."""
-    made = Pki(tmp_path, "other-ca")
-    init_ca(made.ca_dir)
-    return made
+    return new_pki(tmp_path, "other-ca")
 
 
 @contextlib.asynccontextmanager

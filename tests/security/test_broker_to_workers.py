@@ -19,8 +19,8 @@ from souk.broker.tokens import mint
 from souk.catalog.bus import InProcessBus
 from souk.clients.workers import WorkerClient, WorkerError
 from souk.pki import NodeFiles
-from tests.pki.conftest import Pki
 from tests.security.conftest import Impostor, TlsWorker, impostor, tls_worker
+from tests.support.pki import Pki
 from tests.support.waiting import eventually
 
 SECRET = b"security-test-secret-0123456789"

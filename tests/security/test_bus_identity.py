@@ -13,8 +13,8 @@ from cryptography.hazmat.primitives.serialization import Encoding
 
 from souk.catalog.node import NodeKey, renewing
 from souk.pki import NodeFiles, client_context, load_cert, server_context
-from tests.pki.conftest import LOOPBACK, Pki
 from tests.security.test_cli_tls import SECRET, invoke, said, worker
+from tests.support.pki import LOOPBACK, Pki
 from tests.support.ports import free_port
 from tests.support.waiting import eventually
 

@@ -19,8 +19,8 @@ from souk.catalog.bus import InProcessBus
 from souk.cli.main import app as souk
 from souk.cli.tls import loopback
 from souk.web.tls import ServerCert
-from tests.pki.conftest import LOOPBACK, Pki
 from tests.security.conftest import listening
+from tests.support.pki import LOOPBACK, Pki
 from tests.support.ports import free_port
 from tests.support.waiting import eventually
 

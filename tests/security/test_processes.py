@@ -26,9 +26,9 @@ import pytest
 
 from souk.broker.tokens import mint, new_secret
 from souk.pki import NodeFiles, client_context, init_ca
-from tests.pki.conftest import Pki
 from tests.support.hello import hello_config
 from tests.support.nats import NatsServer, needs_nats
+from tests.support.pki import Pki
 from tests.support.ports import free_port
 from tests.support.waiting import wait_until
 from tests.support.worker_process import SOUK, CatalogWorker

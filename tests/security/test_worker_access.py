@@ -13,8 +13,8 @@ import pytest
 
 from souk.pki import ROLES, client_context
 from souk.worker.api import ACCESS
-from tests.pki.conftest import Pki
 from tests.security.conftest import TlsWorker, tls_worker
+from tests.support.pki import Pki
 
 NO_SUCH_MACHINE = "m0nothere"
 Answer = tuple[int | str, Any]  # ("refused", why) when TLS turned the connection away
