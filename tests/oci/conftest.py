@@ -13,23 +13,19 @@ from souk.worker.oci.auth import Credentials
 from souk.worker.oci.images import ImageCache
 from souk.worker.oci.registry import RegistryClient
 from tests.support.images import Layer, busybox_layer, layer
-from tests.support.registry import REGISTRY, Registry, image_caches, running_registry
+from tests.support.registry import Registry, image_caches, registry_or_skip
 
 
 @pytest.fixture
 def registry(tmp_path: Path) -> Iterator[Registry]:
-    if REGISTRY is None:
-        pytest.skip("docker-registry is not installed")
-    with running_registry(tmp_path / "registry") as found:
+    with registry_or_skip(tmp_path / "registry") as found:
         yield found
 
 
 @pytest.fixture
 def basic_registry(tmp_path: Path) -> Iterator[Registry]:
     """A registry behind htpasswd (HTTP Basic) auth."""
-    if REGISTRY is None:
-        pytest.skip("docker-registry is not installed")
-    with running_registry(tmp_path / "basic-registry", Credentials("alice", "s3cret")) as found:
+    with registry_or_skip(tmp_path / "basic-registry", Credentials("alice", "s3cret")) as found:
         yield found
 
 

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from souk.worker.oci.auth import Credentials
 from souk.worker.oci.images import ImageCache
 from souk.worker.oci.manifest import Descriptor
@@ -95,6 +97,15 @@ def htpasswd(username: str, password: str) -> str:
         import crypt
 
         return f"{username}:{crypt.crypt(password, crypt.mksalt(crypt.METHOD_BLOWFISH))}\n"
+
+
+@contextlib.contextmanager
+def registry_or_skip(root: Path, credentials: Credentials | None = None) -> Iterator[Registry]:
+    """`running_registry` for a test, which is skipped where docker-registry is not installed."""
+    if REGISTRY is None:
+        pytest.skip("docker-registry is not installed")
+    with running_registry(root, credentials) as found:
+        yield found
 
 
 @contextlib.contextmanager

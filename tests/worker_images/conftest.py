@@ -8,14 +8,12 @@ from pathlib import Path
 import pytest
 
 from souk.worker.oci.registry import RegistryClient
-from tests.support.registry import REGISTRY, Registry, running_registry
+from tests.support.registry import Registry, registry_or_skip
 
 
 @pytest.fixture
 def registry(tmp_path: Path) -> Iterator[Registry]:
-    if REGISTRY is None:
-        pytest.skip("docker-registry is not installed")
-    with running_registry(tmp_path / "registry") as found:
+    with registry_or_skip(tmp_path / "registry") as found:
         yield found
 
 

@@ -14,7 +14,7 @@ from souk.worker.engine import Engine
 from souk.worker.oci.registry import RegistryClient
 from souk.worker.settings import WorkerSettings
 from tests.support.engines import settings
-from tests.support.registry import REGISTRY, Registry, running_registry
+from tests.support.registry import Registry, registry_or_skip
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="only a root worker has ids to give")
 
@@ -42,9 +42,7 @@ async def destroy_all(engine: Engine) -> None:
 
 @pytest.fixture
 def registry(tmp_path: Path) -> Iterator[Registry]:
-    if REGISTRY is None:
-        pytest.skip("docker-registry is not installed")
-    with running_registry(tmp_path / "registry") as found:
+    with registry_or_skip(tmp_path / "registry") as found:
         yield found
 
 
