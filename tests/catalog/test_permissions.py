@@ -94,7 +94,7 @@ def test_souk_nats_config_takes_only_a_bus_certificate_of_the_ca_beside_it(
         return " ".join(result.output.split())
 
     worker = ca.node("worker", "w1").write(tmp_path / "w1")
-    assert "certificate of a worker, not of a bus" in config(worker.cert.parent)
+    assert "certificate of worker w1, not of a bus" in config(worker.cert.parent)
     stranger = Ca().node("bus", "nats-1").write(tmp_path / "stranger")
     stranger.ca.write_bytes(ca.cert.public_bytes(Encoding.PEM))  # another CA's bus certificate
     assert "not the CA's" in config(stranger.cert.parent)

@@ -43,11 +43,16 @@ def eventually(check: Callable[[], Any], timeout: float = 15.0, what: str = "") 
 
 
 def http(
-    method: str, url: str, body: Any = None, token: str | None = None, timeout: float = 10.0
+    method: str,
+    url: str,
+    body: Any = None,
+    token: str | None = None,
+    timeout: float = 10.0,
+    headers: dict[str, str] | None = None,
 ) -> tuple[int, Any]:
     """One request; any HTTP status comes back, only transport errors raise (OSError)."""
     data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(url, data=data, method=method)
+    req = urllib.request.Request(url, data=data, method=method, headers=headers or {})
     req.add_header("Content-Type", "application/json")
     if token:
         req.add_header("Authorization", f"Bearer {token}")
@@ -119,9 +124,10 @@ class Part:
         body: Any = None,
         token: str | None = None,
         timeout: float = 10.0,
+        headers: dict[str, str] | None = None,
     ) -> tuple[int, Any]:
         """A request from the observer."""
-        return self.bed.call(http, method, url + path, body, token, timeout)
+        return self.bed.call(http, method, url + path, body, token, timeout, headers)
 
 
 @dataclass
@@ -267,9 +273,14 @@ class BrokerNode(Part):
         return http("GET", self.url + "/v1/catalog/workers", token=self.token, timeout=1)[0] == 200
 
     def api(
-        self, method: str, path: str, body: Any = None, timeout: float = 10.0
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        timeout: float = 10.0,
+        headers: dict[str, str] | None = None,
     ) -> tuple[int, Any]:
-        return self.call(self.url, method, path, body, self.token, timeout)
+        return self.call(self.url, method, path, body, self.token, timeout, headers)
 
     def reachable(self) -> dict[str, bool]:
         """Every worker this broker's catalog replica knows: is it heard from?"""
@@ -278,12 +289,20 @@ class BrokerNode(Part):
         return {w["id"]: not w["unreachable"] for w in body}
 
     def create(
-        self, app: str, region: str = "mad", timeout: float = 15.0, query: str = "", **extra: Any
+        self,
+        app: str,
+        region: str = "mad",
+        timeout: float = 15.0,
+        query: str = "",
+        key: str | None = None,
+        **extra: Any,
     ) -> tuple[int, Any]:
-        """`POST /v1/apps/{app}/machines[?query]` with a sleeper; `extra` goes into the body."""
+        """`POST /v1/apps/{app}/machines[?query]` with a sleeper; `extra` goes into the body,
+        `key` into an Idempotency-Key header."""
         body = {"region": region, "config": SLEEPER, **extra}
         path = f"/v1/apps/{app}/machines" + (f"?{query}" if query else "")
-        return self.api("POST", path, body, timeout)
+        headers = {"Idempotency-Key": key} if key else None
+        return self.api("POST", path, body, timeout, headers)
 
     def listed(self, app: str) -> set[str]:
         """Ids of the app's machines as `GET /v1/apps/{app}/machines` lists them."""

@@ -129,7 +129,7 @@ def test_a_part_finds_and_checks_its_own_files(pki: Pki, other_pki: Pki):
     assert NodeFiles.find(directory) == files == NodeFiles.find(directory, "w1")
     ident = files.check(role="worker")
     assert (ident.role, ident.name) == ("worker", "w1")
-    with pytest.raises(PkiError, match="certificate of a worker, not of a bus"):
+    with pytest.raises(PkiError, match="certificate of worker w1, not of a bus"):
         files.check(role="bus")
     with pytest.raises(PkiError, match="bad name"):
         NodeFiles.find(directory, "W1")

@@ -17,6 +17,7 @@ from __future__ import annotations
 import time
 from typing import Any, Protocol
 
+from souk.catalog.connecting import link_state
 from souk.models.catalog import WorkerRow
 
 STALE = 300.0  # a worker not heard from by any means for this long is unreachable
@@ -39,11 +40,7 @@ class BusLink:
 
     @property
     def up(self) -> bool:
-        state = getattr(self.bus, "state", None)
-        if state is not None:
-            return bool(state == "connected")
-        nc = getattr(self.bus, "nc", None)
-        return nc is None or bool(getattr(nc, "is_connected", True))
+        return link_state(self.bus) == "connected"
 
 
 class Liveness:

@@ -27,6 +27,17 @@ RETRY_MAX = 5.0
 LinkState = Literal["connecting", "connected", "disconnected"]
 
 
+def link_state(bus: object) -> LinkState:
+    """A bus's link as its client knows it: a `ConnectingBus` says; a NATS bus asks its client;
+    an in-process bus is always connected."""
+    state = getattr(bus, "state", None)
+    if state in ("connecting", "connected", "disconnected"):
+        return state  # type: ignore[no-any-return]
+    nc = getattr(bus, "nc", None)
+    down = nc is not None and not getattr(nc, "is_connected", True)
+    return "disconnected" if down else "connected"
+
+
 class _Later:
     """A subscription asked for before the connection: made on it once it is up."""
 

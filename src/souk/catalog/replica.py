@@ -33,6 +33,7 @@ import orjson
 from pydantic import ValidationError
 
 from souk.catalog.bus import Bus, Message, Subscription
+from souk.catalog.connecting import link_state
 from souk.catalog.guard import Guard
 from souk.catalog.protocol import (
     GLOBAL_REGION,
@@ -750,6 +751,7 @@ class Replica:
         now = time.monotonic()
         return {
             "replica": self.name,
+            "bus": link_state(self.bus),
             "regions": None if self.regions is None else sorted(self.regions),
             "owners": [
                 {

@@ -176,8 +176,16 @@ def status(
     if as_json:
         print(json.dumps(data, indent=2))
         return
+    bus = data.get("bus", "connected")
+    shown = bus if bus == "connected" else f"[red]{bus}[/red]: rows may be stale"
     table = Table(
-        "owner", "region", "head", "lag", "silent (s)", "reachable", title=f"{data['replica']}"
+        "owner",
+        "region",
+        "head",
+        "lag",
+        "silent (s)",
+        "reachable",
+        title=f"{data['replica']} (bus {shown})",
     )
     for o in data["owners"]:
         reachable = "[red]no[/red]" if o["unreachable"] else "yes"

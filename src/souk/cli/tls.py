@@ -10,7 +10,7 @@ from urllib.parse import urlsplit
 
 import typer
 
-from souk.pki import NodeFiles, PkiError, identity_of, load_cert, load_key, verify_issued_by
+from souk.pki import NodeFiles, PkiError
 from souk.web.tls import ServerCert
 
 TLS_DIR_HELP = (
@@ -23,33 +23,20 @@ TLS_KEY = typer.Option(None, "--tls-key", help="The key of --tls-cert (PEM).")
 
 def node_files(directory: Path, role: str, name: str | None = None) -> NodeFiles:
     """The node files in `directory` for a part of `role` named `name` (default: the one key
-    there), once checked: issued by the CA beside them, valid now, for that role and name, and
-    matching their key."""
-    hint = "--tls-dir"
-    if name is None:
-        keys = sorted(p.stem for p in directory.glob("*.key") if p.stem != "ca")
-        if len(keys) != 1:
-            found = ", ".join(keys) or "none"
-            raise typer.BadParameter(
-                f"{directory} should hold one NAME.key; found {found} (name it: --tls-name)",
-                param_hint=hint,
-            )
-        name = keys[0]
-    files = NodeFiles.in_dir(directory, name)
+    there), once checked (`NodeFiles.check`), and named as asked."""
     try:
-        cert = load_cert(files.cert)
-        verify_issued_by(cert, load_cert(files.ca))
-        ident = identity_of(cert)
-        key = load_key(files.key)
+        files = NodeFiles.find(directory, name)
     except PkiError as exc:
-        raise typer.BadParameter(str(exc), param_hint=hint) from exc
-    if (ident.role, ident.name) != (role, name):
+        raise typer.BadParameter(f"{exc} with --tls-name", param_hint="--tls-dir") from exc
+    try:
+        ident = files.check(role)
+    except PkiError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--tls-dir") from exc
+    if name is not None and ident.name != name:
         raise typer.BadParameter(
-            f"{files.cert} is the certificate of {ident.role} {ident.name}, not of {role} {name}",
-            param_hint=hint,
+            f"{files.cert} is the certificate of {role} {ident.name}, not of {role} {name}",
+            param_hint="--tls-dir",
         )
-    if key.public_key().public_bytes_raw() != ident.public_key.public_bytes_raw():
-        raise typer.BadParameter(f"{files.key} is not the key of {files.cert}", param_hint=hint)
     return files
 
 

@@ -56,7 +56,9 @@ class NodeFiles:
         verify_issued_by_one_of(cert, load_cas(self.ca), now)
         ident = identity_of(cert)
         if role is not None and ident.role != role:
-            raise PkiError(f"{self.cert} is the certificate of a {ident.role}, not of a {role}")
+            raise PkiError(
+                f"{self.cert} is the certificate of {ident.role} {ident.name}, not of a {role}"
+            )
         key = load_key(self.key)
         if key.public_key().public_bytes_raw() != ident.public_key.public_bytes_raw():
             raise PkiError(f"{self.key} is not the key of {self.cert}")

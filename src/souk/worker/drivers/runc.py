@@ -20,7 +20,7 @@ from souk.worker import procfs
 from souk.worker.drivers.base import Handle, Launch
 from souk.worker.drivers.exits import ExitCodes, poll_until_gone, until_gone
 from souk.worker.oci import network
-from souk.worker.oci.images import ImageCache
+from souk.worker.oci.images import Image, ImageCache
 from souk.worker.oci.spec import runtime_spec
 
 POLL = 0.02
@@ -78,9 +78,23 @@ class RuncDriver:
     async def prepare(self, launch: Launch) -> None:
         if not launch.config.image:
             raise RuncError("the runc driver runs images; this machine names none")
-        image = await self.images.pull(launch.config.image)
-        rootfs = await self.images.prepare_rootfs(image, _image_dir(launch), launch.user)
-        netns = await network.setup(launch.machine_id, launch.private_ip)
+        reference = launch.config.image
+
+        async def root() -> tuple[Image, Path]:
+            image = await self.images.pull(reference)
+            return image, await self.images.prepare_rootfs(image, _image_dir(launch), launch.user)
+
+        # The network is independent of the image: both are made at once (the `ip` runs are
+        # most of a warm start's own cost). Both end before a failure of either is raised, and
+        # `cleanup` undoes whatever exists.
+        made, net = await asyncio.gather(
+            root(), network.setup(launch.machine_id, launch.private_ip), return_exceptions=True
+        )
+        if isinstance(made, BaseException):
+            raise made
+        if isinstance(net, BaseException):
+            raise net
+        (image, rootfs), netns = made, net
         env = {
             "SOUK_MACHINE_ID": launch.machine_id,
             "SOUK_APP_NAME": launch.app,
