@@ -28,7 +28,7 @@ from souk.catalog.replica import Replica, following
 from souk.catalog.trust import CaTrust, Trust
 from souk.cli.client import connect
 from souk.cli.command import run
-from souk.cli.serving import LOG_LEVEL, log_to_stderr, parse_listen
+from souk.cli.serving import LOG_FORMAT, LOG_LEVEL, log_to_stderr, parse_listen
 from souk.pki import NodeFiles, PkiError, load_cas
 from souk.web import add_routes, error_middleware, open_access
 from souk.web import runner as web_runner
@@ -49,6 +49,7 @@ def serve(
         " does; without, anyone who reaches it reads everything.",
     ),
     log_level: str = LOG_LEVEL,
+    log_format: str = LOG_FORMAT,
     tls_dir: Path | None = typer.Option(
         None,
         file_okay=False,
@@ -65,7 +66,7 @@ def serve(
 ) -> None:
     """Follow the catalog and serve it over HTTP (read-only). Without --secret-file it checks
     no tokens: bind it to a private address."""
-    log_to_stderr(log_level)
+    log_to_stderr(log_level, log_format, "catalog", "catalog")
     host, port = parse_listen(listen)
     secret = None
     if secret_file is not None:
