@@ -23,6 +23,7 @@ from souk.catalog import http as catalog_http
 from souk.catalog.bus import NatsBus
 from souk.catalog.certs import bus_options
 from souk.catalog.connecting import ConnectingBus
+from souk.catalog.metrics import watch_replica
 from souk.catalog.protocol import HELLO
 from souk.catalog.replica import Replica, following
 from souk.catalog.trust import CaTrust, Trust
@@ -30,8 +31,9 @@ from souk.cli.client import connect
 from souk.cli.command import run
 from souk.cli.serving import LOG_FORMAT, LOG_LEVEL, log_to_stderr, parse_listen
 from souk.pki import NodeFiles, PkiError, load_cas
-from souk.web import add_routes, error_middleware, open_access
+from souk.web import Permission, Route, add_routes, error_middleware, open_access
 from souk.web import runner as web_runner
+from souk.web.metrics import METRICS_PATH, Metrics, serve_metrics
 
 app = typer.Typer(help="The catalog: every worker's rows, replicated.", no_args_is_help=True)
 
@@ -106,7 +108,16 @@ def catalog_app(replica: Replica, secret: bytes | None) -> web.Application:
 
         access = make_auth(secret, replica.revoked, machine_region)
     http = web.Application(middlewares=[error_middleware, access])
-    add_routes(http, catalog_http.routes(replica), "souk catalog", __version__)
+    metrics = Metrics("souk_catalog_node")
+    watch_replica(metrics, replica)
+    own = Route(
+        "GET",
+        METRICS_PATH,
+        serve_metrics(metrics),
+        "Prometheus metrics (text format)",
+        permission=Permission.operator("read"),
+    )
+    add_routes(http, [*catalog_http.routes(replica), own], "souk catalog", __version__)
     return http
 
 
