@@ -59,7 +59,7 @@ class BrokerMetrics:
         create = m.histogram(
             "placement_seconds",
             "A create's placement end to end: to a reserved machine or a 412",
-            ("strategy", "outcome"),
+            ("outcome", "strategy"),
         )
         asked = m.counter("offers_asked_total", "Workers asked for an offer", ("strategy",))
         answered = m.counter("offers_answered_total", "Offers received", ("strategy",))
