@@ -101,6 +101,7 @@ async def test_catalog_serve_with_a_secret_checks_tokens_as_a_broker(tmp_path: P
                     "/v1/catalog/apps/{app}/regions",
                     "/v1/catalog/status",
                     "/v1/catalog/changes",
+                    "/metrics",
                 }
                 fill = {"app": "demo", "id": demo["id"]}
                 problems, made = await walk(url, table.values(), kinds, fill, BODY)

@@ -36,7 +36,9 @@ async def ask(session: aiohttp.ClientSession, base: str, key: str, ctx: ssl.SSLC
     url = base + path.replace("{id}", NO_SUCH_MACHINE)
     try:
         async with session.request(method, url, ssl=ctx, server_hostname="w1") as resp:
-            return resp.status, await resp.json(content_type=None)
+            if resp.content_type == "application/json":
+                return resp.status, await resp.json()
+            return resp.status, await resp.text()  # /metrics: Prometheus' text format
     except aiohttp.ClientConnectionError as exc:
         return "refused", str(exc)
 

@@ -18,6 +18,7 @@ from aiohttp import web
 
 from souk.broker.api.state import Broker
 from souk.broker.fleet import CatalogFleet, Fleet, StaticFleet
+from souk.broker.metrics import BrokerMetrics
 from souk.broker.placement.pipeline import DEFAULT_DEADLINE, Placer
 from souk.broker.placement.policies import policy_named
 from souk.broker.registry import AppRegistry
@@ -26,6 +27,7 @@ from souk.catalog import http as catalog_http
 from souk.catalog import node
 from souk.catalog.bus import Bus
 from souk.catalog.connecting import ConnectingBus
+from souk.catalog.metrics import watch_replica
 from souk.catalog.owner import Owner
 from souk.catalog.protocol import HELLO
 from souk.catalog.replica import following
@@ -57,6 +59,7 @@ class BrokerOptions:
     # connection shows them, its replica trusts their CA only, its registry signs with them.
     tls: NodeFiles | None = None
     listener: ServerCert | None = None  # serve the Machines API over HTTPS
+    metrics: bool = True  # False: placement records no metrics (benchmarks measure the cost)
 
 
 async def _refresh_forever(fleet: StaticFleet) -> None:
@@ -78,6 +81,7 @@ async def broker_site(opts: BrokerOptions, bus: Bus | None = None) -> AsyncItera
         if registry is not None:
             stack.callback(registry.close)
         fleet: Fleet
+        metrics = BrokerMetrics(opts.metrics)
         extra: list[Route] = []
         before_place = None
         up = True  # whether the bus is connected now
@@ -105,6 +109,7 @@ async def broker_site(opts: BrokerOptions, bus: Bus | None = None) -> AsyncItera
                 )
             )
             fleet = CatalogFleet(replica, registry)
+            watch_replica(metrics.metrics, replica)
             extra = catalog_http.routes(replica)
             if registry is not None:
                 await stack.enter_async_context(registry_owner(bus, registry, key))
@@ -119,7 +124,9 @@ async def broker_site(opts: BrokerOptions, bus: Bus | None = None) -> AsyncItera
             async def before_place() -> None:
                 await static.refresh(machines=False)
 
-        placer = Placer(fleet, client, policy_named(opts.policy), opts.deadline, bus=bus)
+        placer = Placer(
+            fleet, client, policy_named(opts.policy), opts.deadline, bus=bus, metrics=metrics
+        )
         broker = Broker(fleet, client, placer, registry, opts.registry_url, before_place)
         runner = web_runner(make_app(broker, opts.secret, extra))
         await runner.setup()

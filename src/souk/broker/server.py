@@ -45,7 +45,8 @@ def make_app(broker: Broker, secret: bytes, extra: Sequence[Route] = ()) -> web.
         raise ValueError(f"routes without a permission: {', '.join(missing)}")
     auth = make_auth(secret, broker.fleet.revoked, machine_region(broker))
     app = web.Application(
-        middlewares=[error_middleware, auth, worker_errors], client_max_size=MAX_BODY_BYTES
+        middlewares=[error_middleware, broker.placer.metrics.middleware(), auth, worker_errors],
+        client_max_size=MAX_BODY_BYTES,
     )
     app[BROKER] = broker
     app[SEALER] = Sealer(secret)

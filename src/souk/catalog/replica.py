@@ -62,6 +62,7 @@ from souk.catalog.protocol import (
 from souk.catalog.signing import Signed, b64, row_text
 from souk.catalog.store import ReplicaStore
 from souk.catalog.trust import Refused, Trust
+from souk.logsetup import about
 from souk.models.catalog import (
     AppRow,
     ImageRow,
@@ -147,6 +148,7 @@ class Replica:
         self.bootstrapping = False
         self.ready = asyncio.Event()
         self.stats: dict[str, int] = defaultdict(int)
+        self.on_apply: Callable[[float], None] | None = None  # told each apply's seconds
         self.guard = Guard(trust, self._want_cert, self.store.save_cert)
         self._cert_asked: dict[str, float] = {}
         self._hello_at = -CERT_RETRY
@@ -252,7 +254,7 @@ class Replica:
         head, the owner's proof of it) in the same transaction (committed at `_flush`); returns
         how many rows changed. Each row is stored with its owner's proof: from the message it
         came in (`signed`), or as relayed (`proofs`: (row text, proof) per change)."""
-        applied = 0
+        applied, began = 0, time.perf_counter()
         fresh = self._unflushed
         self.store.begin()
         try:
@@ -290,6 +292,8 @@ class Replica:
         finally:
             self._flush_soon()
         self.stats["applied"] += applied
+        if self.on_apply is not None:
+            self.on_apply(time.perf_counter() - began)
         return applied
 
     def _flush_soon(self) -> None:
@@ -331,7 +335,14 @@ class Replica:
             return model
         if self.store.quarantine(owner, change.table, change.key, change.seq, change.row, error):
             self.stats["quarantined"] += 1
-            log.warning("quarantined %s/%s from %s: %s", change.table, change.key, owner, error)
+            log.warning(
+                "quarantined %s/%s from %s: %s",
+                change.table,
+                change.key,
+                owner,
+                error,
+                extra=about(change.key, "quarantined", kind=change.table, owner=owner),
+            )
         return False
 
     def _index(self, owner: str, table: str, key: str, entry: Entry | None) -> None:

@@ -143,6 +143,9 @@ class ReplicaStore:
         )
         return cur.rowcount > 0
 
+    def quarantine_count(self) -> int:
+        return int(self.conn.execute("SELECT COUNT(*) FROM quarantine").fetchone()[0])
+
     def quarantined(self) -> list[dict[str, Any]]:
         cur = self.conn.execute(
             "SELECT owner, tbl, key, seq, error, at FROM quarantine ORDER BY at DESC LIMIT 1000"

@@ -9,7 +9,7 @@ import typer
 
 from souk.broker import runtime
 from souk.broker.tokens import read_secret
-from souk.cli.serving import LOG_LEVEL, log_to_stderr, parse_listen
+from souk.cli.serving import LOG_FORMAT, LOG_LEVEL, log_to_stderr, parse_listen
 from souk.cli.tls import TLS_CERT, TLS_DIR_HELP, TLS_KEY, node_files, open_bus, server_cert
 
 
@@ -47,9 +47,10 @@ def run(
         False, help="Without --tls-dir: follow an open bus other than loopback, unsigned rows."
     ),
     log_level: str = LOG_LEVEL,
+    log_format: str = LOG_FORMAT,
 ) -> None:
     """Serve the public Machines API and place machines on workers."""
-    log_to_stderr(log_level)
+    log_to_stderr(log_level, log_format, "broker", "broker")
     host, port = parse_listen(listen)
     tls = node_files(tls_dir, "broker", tls_name) if tls_dir is not None else None
     if tls is not None and insecure:

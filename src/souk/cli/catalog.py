@@ -23,15 +23,17 @@ from souk.catalog import http as catalog_http
 from souk.catalog.bus import NatsBus
 from souk.catalog.certs import bus_options
 from souk.catalog.connecting import ConnectingBus
+from souk.catalog.metrics import watch_replica
 from souk.catalog.protocol import HELLO
 from souk.catalog.replica import Replica, following
 from souk.catalog.trust import CaTrust, Trust
 from souk.cli.client import connect
 from souk.cli.command import run
-from souk.cli.serving import LOG_LEVEL, log_to_stderr, parse_listen
+from souk.cli.serving import LOG_FORMAT, LOG_LEVEL, log_to_stderr, parse_listen
 from souk.pki import NodeFiles, PkiError, load_cas
-from souk.web import add_routes, error_middleware, open_access
+from souk.web import Permission, Route, add_routes, error_middleware, open_access
 from souk.web import runner as web_runner
+from souk.web.metrics import METRICS_PATH, Metrics, serve_metrics
 
 app = typer.Typer(help="The catalog: every worker's rows, replicated.", no_args_is_help=True)
 
@@ -49,6 +51,7 @@ def serve(
         " does; without, anyone who reaches it reads everything.",
     ),
     log_level: str = LOG_LEVEL,
+    log_format: str = LOG_FORMAT,
     tls_dir: Path | None = typer.Option(
         None,
         file_okay=False,
@@ -65,7 +68,7 @@ def serve(
 ) -> None:
     """Follow the catalog and serve it over HTTP (read-only). Without --secret-file it checks
     no tokens: bind it to a private address."""
-    log_to_stderr(log_level)
+    log_to_stderr(log_level, log_format, "catalog", "catalog")
     host, port = parse_listen(listen)
     secret = None
     if secret_file is not None:
@@ -105,7 +108,16 @@ def catalog_app(replica: Replica, secret: bytes | None) -> web.Application:
 
         access = make_auth(secret, replica.revoked, machine_region)
     http = web.Application(middlewares=[error_middleware, access])
-    add_routes(http, catalog_http.routes(replica), "souk catalog", __version__)
+    metrics = Metrics("souk_catalog_node")
+    watch_replica(metrics, replica)
+    own = Route(
+        "GET",
+        METRICS_PATH,
+        serve_metrics(metrics),
+        "Prometheus metrics (text format)",
+        permission=Permission.operator("read"),
+    )
+    add_routes(http, [*catalog_http.routes(replica), own], "souk catalog", __version__)
     return http
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import typer
 
 from souk.cli.client import CA, api_ca, api_token, api_url
-from souk.cli.serving import LOG_LEVEL, log_to_stderr, parse_listen
+from souk.cli.serving import LOG_FORMAT, LOG_LEVEL, log_to_stderr, parse_listen
 from souk.cli.tls import TLS_CERT, TLS_DIR_HELP, TLS_KEY, node_files, open_bus, server_cert
 
 
@@ -55,11 +55,12 @@ def run(
         False, help="Without --tls-dir: follow an open bus other than loopback, unsigned rows."
     ),
     log_level: str = LOG_LEVEL,
+    log_format: str = LOG_FORMAT,
 ) -> None:
     """Serve HTTP for every app: route to started machines, scale from zero, stop idle ones."""
     from souk.proxy.server import ProxyOptions, serve
 
-    log_to_stderr(log_level)
+    log_to_stderr(log_level, log_format, "proxy", "proxy")
     host, port = parse_listen(listen)
     tls = node_files(tls_dir, "proxy", tls_name) if tls_dir is not None else None
     if tls is not None and insecure:

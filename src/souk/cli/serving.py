@@ -1,13 +1,18 @@
 """What every long-running command (worker, broker, proxy, catalog, dev) shares: the address
-it listens on and how it logs."""
+it listens on and how it logs (`souk.logsetup`)."""
 
 from __future__ import annotations
 
-import logging
-
 import typer
 
+from souk import logsetup
+
 LOG_LEVEL = typer.Option("info", "--log-level", help="debug, info, warning or error.")
+LOG_FORMAT = typer.Option(
+    "text",
+    "--log-format",
+    help="text, or json: one object per line, each with the resource it is about and its state.",
+)
 
 
 def parse_listen(listen: str) -> tuple[str, int]:
@@ -17,5 +22,10 @@ def parse_listen(listen: str) -> tuple[str, int]:
     return host, int(port)
 
 
-def log_to_stderr(level: str) -> None:
-    logging.basicConfig(level=level.upper(), format="%(asctime)s %(name)s %(message)s")
+def log_to_stderr(
+    level: str, fmt: str = "text", resource: str = "souk", kind: str = "process"
+) -> None:
+    """Every line names a resource: `resource` (this part, of `kind`) unless it names its own."""
+    if fmt not in logsetup.FORMATS:
+        raise typer.BadParameter(f"one of {', '.join(logsetup.FORMATS)}", param_hint="--log-format")
+    logsetup.setup(level, fmt, resource, kind)  # type: ignore[arg-type]

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from souk.cli.serving import LOG_LEVEL, log_to_stderr, parse_listen
+from souk.cli.serving import LOG_FORMAT, LOG_LEVEL, log_to_stderr, parse_listen
 from souk.cli.tls import TLS_DIR_HELP, loopback, node_files, open_bus
 from souk.models.machine import CpuKind
 from souk.worker.daemon import serve
@@ -52,9 +52,10 @@ def run(
         "publish unsigned rows to a bus other than loopback.",
     ),
     log_level: str = LOG_LEVEL,
+    log_format: str = LOG_FORMAT,
 ) -> None:
     """Run a worker daemon: the source of truth for every machine on this host."""
-    log_to_stderr(log_level)
+    log_to_stderr(log_level, log_format, name, "worker")
     host, port = parse_listen(listen)
     tls = node_files(tls_dir, "worker", name) if tls_dir is not None else None
     if tls is not None and insecure:

@@ -8,7 +8,7 @@ from typing import Any, Literal, get_args
 from pydantic import BaseModel, ConfigDict, Field
 
 from souk.models.capacity import Capacity
-from souk.models.machine import CpuKind, Machine, MachineState
+from souk.models.machine import CpuKind, Machine, MachineState, MetricsConfig
 
 
 class Row(BaseModel):
@@ -58,6 +58,7 @@ class MachineRow(Row):
     ports: list[int] = []  # internal ports of its services, reachable at private_ip
     standby_for: list[str] = []
     metadata: dict[str, str] = {}
+    metrics: MetricsConfig | None = None  # where its own metrics are scraped (Fly's)
     updated_at: str
 
 
@@ -119,6 +120,7 @@ def machine_row(m: Machine) -> MachineRow:
         ports=[service.internal_port for service in m.config.services],
         standby_for=m.config.standbys,
         metadata=m.config.metadata,
+        metrics=m.config.metrics,
         updated_at=m.updated_at,
     )
 

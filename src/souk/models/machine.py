@@ -155,6 +155,14 @@ class Check(Strict):
     grace_period: Duration = 0.0
 
 
+class MetricsConfig(Strict):
+    """Where the machine's own Prometheus metrics are (Fly's `config.metrics`): scraped at its
+    private address; the broker lists them at `/v1/prometheus/targets`."""
+
+    port: int = Field(ge=1, le=65535)
+    path: str = Field("/metrics", pattern=r"^/[!-~]*$", max_length=256)
+
+
 class MachineConfig(Strict):
     image: str | None = Field(None, max_length=512)
     init: InitConfig = InitConfig()
@@ -167,6 +175,7 @@ class MachineConfig(Strict):
     checks: dict[str, Check] = {}
     standbys: list[str] = []
     auto_destroy: bool = False
+    metrics: MetricsConfig | None = None
 
     @field_validator("env")
     @classmethod

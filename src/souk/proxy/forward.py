@@ -29,6 +29,7 @@ from souk.clients.machines import MachinesApiError, MachinesClient
 from souk.proxy.routing import APP_HEADER, FAILED_FOR, Backend, Choice, Loads, Marks, Router
 from souk.proxy.wake import Waker, port_open
 from souk.web.errors import json_error
+from souk.web.metrics import OFF, Off
 
 log = logging.getLogger("souk.proxy.forward")
 
@@ -172,6 +173,7 @@ class Forwarder:
         self.domain = domain
         self.start_timeout = start_timeout
         self._apps: dict[str, tuple[bool, float]] = {}
+        self.upstream_seconds: Off = OFF  # the proxy's histogram, once it has metrics
         self.stats: dict[str, int] = {
             "requests": 0,
             "retries": 0,
@@ -297,6 +299,7 @@ class Forwarder:
         self, request: web.Request, body: RequestBody, backend: Backend, app: str
     ) -> web.StreamResponse | str:
         """The response, or why the attempt failed: "connect" (nothing was sent) or "sent"."""
+        began = time.perf_counter()
         try:
             try:
                 upstream = await self.session.request(
@@ -313,6 +316,7 @@ class Forwarder:
             except (aiohttp.ClientError, TimeoutError) as exc:
                 log.info("%s of %s failed the request: %s", backend.id, app, exc)
                 return "sent"
+            self.upstream_seconds.observe(time.perf_counter() - began)
             try:
                 return await self._relay(request, upstream, backend)
             finally:

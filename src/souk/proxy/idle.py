@@ -19,7 +19,9 @@ import time
 from collections import defaultdict
 
 from souk.clients.machines import MachinesApiError, MachinesClient
+from souk.logsetup import about
 from souk.models.catalog import MachineRow
+from souk.proxy.metrics import ProxyMetrics
 from souk.proxy.routing import STOPPING_FOR, Router, hidden
 
 log = logging.getLogger("souk.proxy.idle")
@@ -33,6 +35,7 @@ class Autostop:
         self.idle_timeout = idle_timeout
         self.first_seen: dict[str, float] = {}  # started machine id -> when this proxy saw it
         self.stopped: list[str] = []  # machines this proxy stopped, for reporting and tests
+        self.metrics: ProxyMetrics | None = None
 
     @property
     def every(self) -> float:
@@ -91,13 +94,18 @@ class Autostop:
         return [row.id for row, ok in zip(chosen, results, strict=True) if ok]
 
     async def _stop(self, row: MachineRow) -> bool:
-        log.info("stopping %s of %s in %s: idle", row.id, row.app, row.region)
+        what = about(row.id, row.state, app=row.app)
+        log.info("stopping %s of %s in %s: idle", row.id, row.app, row.region, extra=what)
         try:
             await self.broker.stop(row.app, row.id)
         except MachinesApiError as exc:
-            log.warning("could not stop idle %s of %s: %s", row.id, row.app, exc)
+            log.warning("could not stop idle %s of %s: %s", row.id, row.app, exc, extra=what)
             self.router.marks.clear("stopping", row.id)
+            if self.metrics is not None:
+                self.metrics.autostops["failed"].inc()
             return False
+        if self.metrics is not None:
+            self.metrics.autostops["ok"].inc()
         self.stopped.append(row.id)
         del self.stopped[:-1000]
         return True

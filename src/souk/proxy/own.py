@@ -21,20 +21,35 @@ from souk.models.api import TokenInfo
 from souk.models.errors import ErrorBody
 from souk.web import Permission, Route
 from souk.web.errors import json_error
+from souk.web.metrics import METRICS_PATH, Metrics, serve_metrics
 
 HEALTH_PATH = "/.souk/health"
 STATUS_PATH = "/.souk/status"
 CHECK_TIMEOUT = 10.0
 
 
-def own_routes(status: Callable[[], dict[str, Any]]) -> list[Route]:
+def own_routes(status: Callable[[], dict[str, Any]], metrics: Metrics | None = None) -> list[Route]:
     async def health(_: web.Request) -> web.Response:
         return web.json_response({"ok": True})
 
     async def show_status(_: web.Request) -> web.Response:
         return web.json_response(status())
 
+    observed = (
+        []
+        if metrics is None
+        else [
+            Route(
+                "GET",
+                METRICS_PATH,
+                serve_metrics(metrics),
+                "Prometheus metrics (text format)",
+                permission=Permission.operator("read"),
+            )
+        ]
+    )
     return [
+        *observed,
         Route("GET", HEALTH_PATH, health, "Whether it runs", permission=Permission.public()),
         Route(
             "GET",

@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import logging
 import signal
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,12 +20,14 @@ from typing import Any
 from aiohttp import web
 
 from souk.catalog import node
-from souk.catalog.replica import following
+from souk.catalog.metrics import watch_replica
+from souk.catalog.replica import Replica, following
 from souk.catalog.view import CatalogView
 from souk.clients.machines import MachinesClient
 from souk.pki import NodeFiles
 from souk.proxy.forward import Forwarder, app_header, make_session
 from souk.proxy.idle import Autostop, stop_task
+from souk.proxy.metrics import ProxyMetrics
 from souk.proxy.own import OwnRoutes, own_routes
 from souk.proxy.policy import Policies
 from souk.proxy.routing import Loads, Marks, Router, app_of
@@ -53,6 +56,7 @@ class ProxyOptions:
     listener: ServerCert | None = None  # serve HTTPS
     # The proxy's node files: its bus connection shows them, its replica trusts their CA only.
     tls: NodeFiles | None = None
+    metrics: bool = True  # False: requests record no metrics (benchmarks measure the cost)
 
 
 class Proxy:
@@ -79,7 +83,14 @@ class Proxy:
             opts.domain,
             opts.start_timeout,
         )
-        self.own = OwnRoutes(own_routes(self.status), self.session, opts.api)
+        self.metrics = ProxyMetrics(opts.metrics)
+        self.forwarder.upstream_seconds = self.metrics.upstream_seconds
+        self.waker.metrics = self.autostop.metrics = self.metrics
+        self.metrics.watch(self.forwarder.stats, lambda: sum(self.loads.inflight.values()))
+        if isinstance(view, Replica):
+            watch_replica(self.metrics.metrics, view)
+        routes = own_routes(self.status, self.metrics.metrics)
+        self.own = OwnRoutes(routes, self.session, opts.api)
         self._idle_task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
@@ -104,7 +115,10 @@ class Proxy:
                 "app_not_found",
                 f"name an app: a Host of <app>.{self.opts.domain}, or a souk-app header",
             )
-        return await self.forwarder.handle(request, app)
+        began = time.perf_counter()
+        response = await self.forwarder.handle(request, app)
+        self.metrics.answered(response.status, time.perf_counter() - began)
+        return response
 
     def status(self) -> dict[str, Any]:
         return {

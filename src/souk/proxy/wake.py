@@ -22,7 +22,9 @@ from collections.abc import Coroutine
 from typing import Any
 
 from souk.clients.machines import MachinesApiError, MachinesClient
+from souk.logsetup import about
 from souk.models.catalog import MachineRow
+from souk.proxy.metrics import ProxyMetrics
 from souk.proxy.routing import Backend, Router, backend_of, is_standby
 
 log = logging.getLogger("souk.proxy.wake")
@@ -60,6 +62,7 @@ class Waker:
         self._lost: dict[str, tuple[str, float]] = {}  # lost machine id -> (app, when seen)
         self._tasks: set[asyncio.Task[Any]] = set()
         self.starts = 0  # machines this proxy asked the broker to start
+        self.metrics: ProxyMetrics | None = None
 
     # --- scale from zero / more room ---------------------------------------------------------
 
@@ -139,17 +142,29 @@ class Waker:
         backend = backend_of(row)
         if backend is None:
             return None
-        log.info("starting %s of %s in %s on demand", row.id, row.app, row.region)
+        log.info(
+            "starting %s of %s in %s on demand",
+            row.id,
+            row.app,
+            row.region,
+            extra=about(row.id, row.state, app=row.app),
+        )
         self.starts += 1
+        began = time.perf_counter()
         self.router.marks.clear("stopping", row.id)
         # In use while it starts: a machine slower to accept than the idle timeout must not be
         # stopped by autostop under the request that woke it.
         self.router.loads.acquire(row.id)
         try:
             if not await self._started(row, backend, deadline):
+                if self.metrics is not None:
+                    self.metrics.cold_starts["failed"].inc()
                 return None
         finally:
             self.router.loads.release(row.id, row.app)
+        if self.metrics is not None:
+            self.metrics.cold_starts["ok"].inc()
+            self.metrics.cold_start_seconds.observe(time.perf_counter() - began)
         self.router.marks.woke(row)
         self.router.marks.clear("failed", row.id)
         return backend

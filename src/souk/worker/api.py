@@ -23,6 +23,7 @@ from souk.models.machine import (
 )
 from souk.pki import AccessTable
 from souk.web import ApiError, Route, read_model, reply
+from souk.web.metrics import METRICS_PATH, serve_metrics
 from souk.web.routes import Handler
 from souk.worker import logs
 from souk.worker.admission import Fences
@@ -97,6 +98,9 @@ ACCESS = AccessTable(
         "POST /v1/cordon": _BROKERS,  # a broker forwards an operator token's request
         "POST /v1/uncordon": _BROKERS,
         "GET /openapi.json": _BROKERS,
+        # Prometheus shows an operator certificate; the numbers name no machine, but they tell
+        # how busy the host is, which is nobody else's business.
+        "GET /metrics": ("operator",),
     }
 )
 
@@ -389,5 +393,11 @@ def _routes(engine: Engine) -> list[Route]:
             "Accept new machines again",
             response=Capacity,
             errors=WRITE_ERRORS,
+        ),
+        Route(
+            "GET",
+            METRICS_PATH,
+            serve_metrics(engine.metrics.metrics),
+            "Prometheus metrics (text format)",
         ),
     ]

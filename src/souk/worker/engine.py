@@ -33,6 +33,7 @@ from souk.worker.checks import HealthChecks
 from souk.worker.drivers.base import Drivers
 from souk.worker.errors import StorageFault
 from souk.worker.fsm import OPERATIONS
+from souk.worker.metrics import WorkerMetrics
 from souk.worker.runner import Runner
 from souk.worker.settings import WorkerSettings
 from souk.worker.status import BusLink, StorageStatus, WorkerStatus, bus_status
@@ -47,9 +48,13 @@ class Engine:
         self.drivers = drivers
         settings.data_dir.mkdir(parents=True, exist_ok=True)
         self.store = Store(settings.db_path, durable=settings.durable)
+        self.metrics = WorkerMetrics(settings.metrics)
+        self.store.on_batch = self.metrics.batch if settings.metrics else None
         self.marked_here: set[str] = set()  # spawn markers no earlier worker run can have used
-        self.runner = Runner(self.store, self)
+        self.runner = Runner(self.store, self, self.metrics)
         self.supervisor = Supervisor(self.store, drivers, self.runner.kick)
+        self.supervisor.restarts = self.metrics.restarts
+        self.metrics.watch(self.capacity, lambda: queries.machine_states(self.store.read))
         self.checks = HealthChecks()
         self.following = CheckFollowing(self.store, self.checks)
         self._changed: dict[str, asyncio.Event] = {}

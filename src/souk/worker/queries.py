@@ -98,6 +98,14 @@ def machines(db: Db, app: str | None, include_destroyed: bool) -> list[Row]:
     return db.execute(sql + " ORDER BY created_at, id", args).fetchall()
 
 
+def machine_states(db: Db) -> dict[str, int]:
+    """Machines per state (destroyed ones left out): for metrics, read at scrape time."""
+    rows = db.execute(
+        "SELECT state, COUNT(*) FROM machines WHERE state != 'destroyed' GROUP BY state"
+    )
+    return {row[0]: int(row[1]) for row in rows}
+
+
 def apps(db: Db) -> list[str]:
     rows = db.execute("SELECT DISTINCT app FROM machines WHERE state != 'destroyed' ORDER BY app")
     return [row[0] for row in rows]

@@ -13,10 +13,13 @@ import asyncio
 import functools
 import json
 import logging
+import time
 
+from souk.logsetup import about
 from souk.worker import queries
 from souk.worker.fsm import OPERATIONS
 from souk.worker.machine_tasks import MachineTasks
+from souk.worker.metrics import WorkerMetrics
 from souk.worker.progress import StepRun, fail
 from souk.worker.steps import STEPS, StepHost
 from souk.worker.storage import patiently
@@ -26,9 +29,10 @@ log = logging.getLogger("souk.worker")
 
 
 class Runner:
-    def __init__(self, store: Store, host: StepHost) -> None:
+    def __init__(self, store: Store, host: StepHost, metrics: WorkerMetrics | None = None) -> None:
         self.store = store
         self.host = host
+        self.metrics = metrics or WorkerMetrics(enabled=False)
         self.tasks = MachineTasks()
 
     def kick(self, machine_id: str) -> None:
@@ -44,11 +48,15 @@ class Runner:
             op = OPERATIONS[row["op"]]
             params = json.loads(row["params"])
             index = row["next_step"]
+            timed, outcomes = self.metrics.steps[op.name], self.metrics.operations[op.name]
             try:
                 while index < len(op.steps):
                     run = StepRun(machine_id, row["id"], op, index, params)
-                    index = await STEPS[op.steps[index].name](self.host, run)
+                    name, began = op.steps[index].name, time.perf_counter()
+                    index = await STEPS[name](self.host, run)
+                    timed[name].observe(time.perf_counter() - began)
                     waits = 0
+                outcomes["done"].inc()
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
@@ -58,6 +66,14 @@ class Runner:
                     waits += 1
                     continue
                 # a driver failure: the machine fails, the queue goes on
-                log.exception("operation %s on %s failed", op.name, machine_id)
+                outcomes["failed"].inc()
+                found = queries.machine(self.store.read, machine_id)
+                state = found["state"] if found is not None else None
+                log.exception(
+                    "operation %s on %s failed",
+                    op.name,
+                    machine_id,
+                    extra=about(machine_id, state, op=op.name),
+                )
                 failed = functools.partial(fail, self.store, machine_id, row["id"], op, str(exc))
                 await patiently(self.store.watch, failed)

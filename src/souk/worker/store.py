@@ -175,6 +175,8 @@ class Store:
         self._cond = threading.Condition()
         self._closed = False
         self.listeners: list[Callable[[Commit], None]] = []
+        # Told (writes in the group, seconds from BEGIN to COMMIT) by the writer thread.
+        self.on_batch: Callable[[int, float], None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self.watch = StorageWatch(path.parent)
         conn = self._connect()
@@ -224,6 +226,7 @@ class Store:
                 batch, self._queue = self._queue, []
             tx = Tx(conn)
             results: list[tuple[Future[Any], Any, BaseException | None]] = []
+            began = time.perf_counter()
             try:
                 conn.execute("BEGIN IMMEDIATE")
                 for fn, future in batch:
@@ -248,6 +251,8 @@ class Store:
                     if not future.cancelled():
                         future.set_exception(exc)
                 continue
+            if self.on_batch is not None:
+                self.on_batch(len(batch), time.perf_counter() - began)
             if tx.last_seq and self.listeners and self._loop is not None:
                 commit = Commit(tx.first_seq, tx.last_seq, frozenset(tx.touched))
                 try:

@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from souk.models.machine import MachineConfig, MachineState, RestartConfig
+from souk.web.metrics import OFF, Off
 from souk.worker import queries
 from souk.worker.drivers.base import Driver, Drivers, Handle
 from souk.worker.errors import StorageFault
@@ -65,6 +66,7 @@ class Supervisor:
         self.store = store
         self.drivers = drivers
         self.kick = kick
+        self.restarts: Off = OFF  # the worker's restart counter, once it has metrics
         self.monitors = MachineTasks()
         self._later: set[asyncio.Task[None]] = set()  # writes a full disk put off at start
 
@@ -155,6 +157,7 @@ class Supervisor:
             return then.restart
 
         if await self.store.write(commit):
+            self.restarts.inc()
             self.kick(machine_id)
 
 

@@ -5,7 +5,9 @@ or deploy on the app it names (see docs/tokens.md), a fleet operation, or any va
 
 from __future__ import annotations
 
-from souk.broker.api import apps, fleet, leases, machines, metadata, tokens
+from typing import Any
+
+from souk.broker.api import apps, fleet, leases, machines, metadata, observe, tokens
 from souk.models.api import (
     App,
     CreateAppRequest,
@@ -345,5 +347,21 @@ ROUTES: list[Route] = [
         response=RevocationRow,
         errors=(403, 503),
         permission=Permission.operator("write"),
+    ),
+    Route(
+        "GET",
+        "/metrics",
+        observe.metrics,
+        "Prometheus metrics of this broker and its catalog replica (text format)",
+        permission=Permission.operator("read"),
+    ),
+    Route(
+        "GET",
+        "/v1/prometheus/targets",
+        observe.prometheus_targets,
+        "Machines' own metrics (config.metrics), for Prometheus' HTTP service discovery",
+        response=list[dict[str, Any]],
+        query={"app": "only this app", "region": "only this region"},
+        permission=Permission.app_read(in_query("app"), region=in_query("region"), own_rows=True),
     ),
 ]

@@ -43,6 +43,7 @@ from typing import Any
 
 from souk.broker.fleet import Fleet
 from souk.broker.liveness import BusLink, Link, Liveness
+from souk.broker.metrics import BrokerMetrics
 from souk.broker.placement import offers
 from souk.broker.placement.candidates import Candidate, CandidateCache
 from souk.broker.placement.policies import POLICIES, Policy
@@ -103,6 +104,7 @@ class Placer:
         on_decision: DecisionHook | None = None,
         offers_up_to: int = OFFERS_UP_TO,
         sample: int = SAMPLE,
+        metrics: BrokerMetrics | None = None,
     ) -> None:
         self.fleet = fleet
         self.client = client
@@ -113,6 +115,7 @@ class Placer:
         self.on_decision = on_decision
         self.offers_up_to = offers_up_to
         self.sample = sample
+        self.metrics = metrics or BrokerMetrics()
         self.cache = CandidateCache()
         self.liveness = Liveness()
         self.link: Link | None = BusLink(bus) if bus is not None else None
@@ -151,10 +154,12 @@ class Placer:
                         cand, create, timeout, refused.refusals, id_prefix
                     )
                     if machine is not None:
+                        self.metrics.placed[strategy].observe(time.perf_counter() - began)
                         return machine
                 if time.monotonic() >= end:
                     break
         self._unreachable(region, reachable, refused)
+        self.metrics.refused(strategy, time.perf_counter() - began, refused.refusals)
         raise refused
 
     def usable(self, region: str) -> tuple[list[WorkerRow], set[str]]:
@@ -256,11 +261,18 @@ class Placer:
                     self.liveness.answered(row.id)
         late = WorkerError("", 0, "timeout", "no time left to ask")
         ordered = [answers.get(r.id, late) for r in rows]
-        return offers.offered(rows, ordered, guest, refusals)
+        before = len(refusals)
+        cands = offers.offered(rows, ordered, guest, refusals)
+        offered = sum(1 for a in ordered if not isinstance(a, BaseException))
+        self.metrics.offers(strategy, len(rows), offered, refusals[before:])
+        return cands
 
     def _decided(self, strategy: Strategy, began: float, ranked: Ranked) -> None:
-        if self.on_decision is not None and ranked:
-            self.on_decision(strategy, time.perf_counter() - began)
+        if ranked:
+            took = time.perf_counter() - began
+            self.metrics.decision[strategy].observe(took)
+            if self.on_decision is not None:
+                self.on_decision(strategy, took)
 
     def _unreachable(self, region: str, reachable: list[WorkerRow], refused: NoCapacity) -> None:
         """The region's unreachable workers, first among the refusals. Looked up only to
