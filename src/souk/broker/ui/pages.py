@@ -93,6 +93,10 @@ def _badges(w: WorkerRow, reachable: bool) -> str:
     return "".join(out)
 
 
+def _count(n: int, what: str) -> str:
+    return f"{n} {what}" if n == 1 else f"{n} {what}s"
+
+
 def _state(state: str) -> str:
     return f'<span class="state s-{esc(state)}">{esc(state)}</span>'
 
@@ -125,9 +129,9 @@ def _worker_card(w: WorkerRow, reachable: bool, machines: list[MachineRow]) -> s
     listing = f'<ul class="machines">{rows}</ul>' if rows else '<p class="dim">no machines</p>'
     return f"""<article class="worker {classes}" data-worker="{esc(w.id)}" id="worker-{esc(w.id)}">
 <header><h3>{esc(w.id)}</h3>{_badges(w, reachable)}</header>
-{_bar(f"CPU ({kinds})", w.cpus_reserved, w.cpus_total)}
+{_bar("CPU", w.cpus_reserved, w.cpus_total)}
 {_bar("memory", w.memory_mb_reserved, w.memory_mb_total, " MB")}
-<p class="dim mono">{esc(w.address)}</p>
+<p class="dim">{esc(kinds)} CPUs · <span class="mono">{esc(w.address)}</span></p>
 {listing}
 </article>"""
 
@@ -151,7 +155,7 @@ def fleet_main(b: Broker) -> str:
         cards = "".join(_worker_card(w, w.id in reachable, by_worker[w.id]) for w in workers)
         out.append(
             f'<section class="region" data-region="{esc(region)}"><h2>{esc(region)}'
-            f" <small>{len(workers)} workers · {count} machines</small></h2>"
+            f" <small>{_count(len(workers), 'worker')} · {_count(count, 'machine')}</small></h2>"
             f'<div class="workers">{cards}</div></section>'
         )
     return "".join(out)
@@ -275,7 +279,7 @@ async def app_main(b: Broker, name: str) -> str:
     recent = sorted(machines, key=lambda m: m.updated_at, reverse=True)[:EVENTS_OF]
     events = _events_table(await _events(b, [(m.id, m.app, m.worker_id) for m in recent]))
     return (
-        f"<h1>App {esc(name)} <small>{len(machines)} machines</small></h1>"
+        f"<h1>App {esc(name)} <small>{_count(len(machines), 'machine')}</small></h1>"
         f"<h2>Machines by region and state</h2>{summary}{table}"
         f"<h2>Releases</h2>{release_table}<h2>Recent events</h2>{events}"
     )
