@@ -55,6 +55,14 @@ def test_the_journal_keeps_only_the_last_decisions() -> None:
     assert len(journal) == 3
     assert journal.get("m0") is None and journal.get("m1") is None
     assert journal.get("m4") is not None
+    # and fewer when they name many workers: memory stays bounded either way
+    heavy = Journal(limit=100, weight=10)
+    for i in range(5):
+        heavy.record(decision(f"m{i}", [[(1.0, cand(f"w{n}")) for n in range(4)]], []))
+    assert len(heavy) == 2 and heavy.get("m3") is not None and heavy.get("m4") is not None
+    big = decision("big", [[(1.0, cand(f"w{n}")) for n in range(50)]], [])
+    heavy.record(big)
+    assert len(heavy) == 1 and heavy.get("big") is big  # the newest is always kept
 
 
 def test_an_explanation_merges_ranks_offers_and_refusals() -> None:

@@ -22,6 +22,7 @@ from souk.models.machine import GuestConfig
 from souk.models.placement import PlacementCandidate, PlacementExplanation
 
 KEEP = 1000  # creates explained per broker
+WEIGHT = 200_000  # workers named by all the kept decisions together, at most
 
 
 @dataclass(slots=True)
@@ -39,6 +40,7 @@ class Decision:
     winner: str
     decided_at: float
     took: float
+    weight: int = 0  # the workers it names: what it holds in memory, roughly
 
     def explain(self) -> PlacementExplanation:
         seen: OrderedDict[str, PlacementCandidate] = OrderedDict()
@@ -81,19 +83,27 @@ class Decision:
 
 
 class Journal:
-    """The last `limit` decisions by machine id, oldest dropped first."""
+    """The last `limit` decisions by machine id, oldest dropped first; fewer when they name
+    more than `weight` workers in all (a create naming an image ranks a whole region)."""
 
-    __slots__ = ("_kept", "limit")
+    __slots__ = ("_kept", "_weight", "limit", "weight")
 
-    def __init__(self, limit: int = KEEP) -> None:
+    def __init__(self, limit: int = KEEP, weight: int = WEIGHT) -> None:
         self.limit = limit
+        self.weight = weight
+        self._weight = 0
         self._kept: OrderedDict[str, Decision] = OrderedDict()
 
     def record(self, decision: Decision) -> None:
         kept = self._kept
+        decision.weight = len(decision.refusals) + sum(map(len, decision.rounds))
+        old = kept.pop(decision.machine, None)
+        if old is not None:
+            self._weight -= old.weight
         kept[decision.machine] = decision
-        if len(kept) > self.limit:
-            kept.popitem(last=False)
+        self._weight += decision.weight
+        while len(kept) > 1 and (len(kept) > self.limit or self._weight > self.weight):
+            self._weight -= kept.popitem(last=False)[1].weight
 
     def get(self, machine_id: str) -> Decision | None:
         return self._kept.get(machine_id)
