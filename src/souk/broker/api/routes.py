@@ -391,11 +391,12 @@ ROUTES: list[Route] = [
         "POST",
         "/ui/login",
         ui.login,
-        "Dashboard: keep a token in an HttpOnly cookie",
+        "Dashboard: keep a token in an HttpOnly cookie, then to the fleet page",
+        status=303,
         errors=(400,),
         permission=PUBLIC,
     ),
-    Route("POST", "/ui/logout", ui.logout, "Dashboard: log out", permission=PUBLIC),
+    Route("POST", "/ui/logout", ui.logout, "Dashboard: log out", status=303, permission=PUBLIC),
     *(
         Route("GET", f"/ui/static/{name}", ui.static, f"Dashboard: {name}", permission=PUBLIC)
         for name in ui.STATIC
