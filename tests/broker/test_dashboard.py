@@ -37,6 +37,15 @@ async def test_the_login_keeps_an_operator_token_in_a_cookie_for_the_dashboard_o
     text = await page.text()
     for worker in ("m1", "m2", "a1"):
         assert f'data-worker="{worker}"' in text
+    # a cordoned worker and one the broker cannot reach are marked so
+    await ok(await c.call("POST", "/v1/workers/m1/cordon", token=op))
+    await c.fleet.refresh()  # type: ignore[attr-defined]  # the static fleet's picture
+    c.fleet._reachable.discard("a1")  # type: ignore[attr-defined]  # as a failed refresh does
+    text = await (await get(c, "/ui", cookie(op))).text()
+    assert 'class="worker cordoned" data-worker="m1"' in text
+    assert 'class="worker unreachable" data-worker="a1"' in text
+    assert 'class="worker " data-worker="m2"' in text
+    assert '<span class="badge unreachable">unreachable</span>' in text
     # the cookie is the dashboard's: the API takes bearer tokens only
     await err(await get(c, "/v1/workers", cookie(op)), 401)
     # a fragment is the page's main part alone, for live updates
