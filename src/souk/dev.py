@@ -226,6 +226,12 @@ async def stop_machines(engines: list[Engine]) -> int:
     return len(live)
 
 
+def dashboard_url(dev: DevCluster) -> str:
+    """The dashboard's login link: the token rides in the fragment, which the browser keeps to
+    itself (no server or proxy log sees it); the page logs in with it and forgets it."""
+    return f"{dev.api}/ui/login#token={dev.token}"
+
+
 async def run_dev(
     data_dir: Path, host: str, port: int, proxy_port: int, driver: str, secure: bool = False
 ) -> None:
@@ -233,6 +239,7 @@ async def run_dev(
         print(f"souk dev: 3 regions ({', '.join(REGIONS)}) x 2 workers")
         print(f"  broker (Machines API): {dev.api}")
         print(f"  proxy: {dev.proxy}  (apps at <app>.{dev.domain}, or header 'souk-app: <app>')")
+        print(f"  dashboard: {dashboard_url(dev)}")
         if secure:
             _secure_hints(dev)
         print(f"export SOUK_API={dev.api}")

@@ -14,6 +14,8 @@ from souk.broker.api.routes import ROUTES
 from souk.broker.api.state import BROKER, IDEMPOTENCY, SEALER, Broker
 from souk.broker.auth import MachineRegion, make_auth, undeclared
 from souk.broker.sealing import Sealer
+from souk.broker.ui import pages as ui_pages
+from souk.broker.ui.session import ui_session
 from souk.web import ApiError, Route, add_routes, error_middleware
 from souk.web.body import MAX_BODY_BYTES
 
@@ -45,13 +47,20 @@ def make_app(broker: Broker, secret: bytes, extra: Sequence[Route] = ()) -> web.
         raise ValueError(f"routes without a permission: {', '.join(missing)}")
     auth = make_auth(secret, broker.fleet.revoked, machine_region(broker))
     app = web.Application(
-        middlewares=[error_middleware, broker.placer.metrics.middleware(), auth, worker_errors],
+        middlewares=[
+            error_middleware,
+            broker.placer.metrics.middleware(),
+            ui_session,
+            auth,
+            worker_errors,
+        ],
         client_max_size=MAX_BODY_BYTES,
     )
     app[BROKER] = broker
     app[SEALER] = Sealer(secret)
     app[IDEMPOTENCY] = hmac.new(secret, b"souk idempotency keys", hashlib.sha256).digest()
     add_routes(app, routes, "souk Machines API", __version__)
+    ui_pages.install(app)
 
     async def close(_: web.Application) -> None:
         await broker.placer.reserver.close()

@@ -99,6 +99,33 @@ def list_(
     show([_flat(m) for m in rows], COLUMNS, as_json, title=f"machines of {app}")
 
 
+WHY_COLUMNS = ["worker", "outcome", "score", "rank", "cpus_free", "memory_mb_free", "reason"]
+
+
+@machines.command("why")
+def why(
+    machine_id: str,
+    app: str = APP,
+    api: str | None = API,
+    token: str | None = TOKEN,
+    as_json: bool = JSON,
+) -> None:
+    """Why a machine is where it is: every worker looked at, its score or why it refused.
+    Operator tokens; only the broker that placed the machine knows (docs/observability.md)."""
+    found = _call(api, token, lambda c: c.placement(app, machine_id))
+    if as_json:
+        print(json.dumps(found.model_dump(mode="json"), indent=2))
+        return
+    rows = [
+        {k: "" if v is None else v for k, v in c.model_dump().items()} for c in found.candidates
+    ]
+    title = (
+        f"{found.machine} placed on {found.winner} in {found.region}"
+        f" ({found.strategy} strategy, {found.policy} policy, {found.took_ms:.1f} ms)"
+    )
+    show(rows, WHY_COLUMNS, False, title=title)
+
+
 @machines.command("status")
 def status(
     machine_id: str,

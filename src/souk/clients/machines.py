@@ -28,6 +28,7 @@ from souk.models.api import (
 )
 from souk.models.catalog import RevocationRow
 from souk.models.machine import MachineState, MetadataChange, StopRequest
+from souk.models.placement import PlacementExplanation
 
 WAIT_MAX = 60.0  # the broker's own bound on one wait
 
@@ -161,6 +162,11 @@ class MachinesClient(HttpClient):
 
     async def machine(self, app: str, machine_id: str) -> PublicMachine:
         return await self._machine("GET", app, machine_id)
+
+    async def placement(self, app: str, machine_id: str) -> PlacementExplanation:
+        """Why the machine is where it is, from the broker that placed it (operator)."""
+        path = _machine_path(app, machine_id, "placement")
+        return PlacementExplanation.model_validate_json(await self._call("GET", path))
 
     async def create(
         self, app: str, req: CreateMachineRequest, strategy: str | None = None

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from souk.broker.api import apps, fleet, leases, machines, metadata, observe, tokens
+from souk.broker.api import apps, fleet, leases, machines, metadata, observe, placement, tokens
+from souk.broker.ui import pages as ui
 from souk.models.api import (
     App,
     CreateAppRequest,
@@ -25,6 +26,7 @@ from souk.models.api import (
 )
 from souk.models.catalog import RevocationRow
 from souk.models.machine import MachineEvent, MetadataChange, StopRequest
+from souk.models.placement import PlacementExplanation
 from souk.web import Permission, Route, in_body, in_path, in_query
 
 M = "/v1/apps/{app}/machines/{id}"
@@ -33,6 +35,7 @@ APP = in_path("app")
 READ = Permission.app_read(APP, machine=in_path("id"))
 WRITE = Permission.app_write(APP, machine=in_path("id"))
 DEPLOY = Permission.app_deploy(APP, machine=in_path("id"))
+PUBLIC = Permission.public()
 ROUTES: list[Route] = [
     Route(
         "GET",
@@ -212,6 +215,16 @@ ROUTES: list[Route] = [
         permission=READ,
     ),
     Route(
+        "GET",
+        M + "/placement",
+        placement.get_placement,
+        "Why the machine was placed where it is (operator): the candidates, each worker's"
+        " score or refusal, the winner; kept by the broker that placed it, for its last creates",
+        response=PlacementExplanation,
+        errors=(403, 404),
+        permission=Permission.operator("read"),
+    ),
+    Route(
         "POST",
         M + "/cordon",
         metadata.cordon_machine,
@@ -363,5 +376,47 @@ ROUTES: list[Route] = [
         response=list[dict[str, Any]],
         query={"app": "only this app", "region": "only this region"},
         permission=Permission.app_read(in_query("app"), region=in_query("region"), own_rows=True),
+    ),
+    # The dashboard (souk.broker.ui): pages for operators, reached with a bearer token or the
+    # login cookie; the login form and the static files are public.
+    Route("GET", "/ui", ui.fleet_page, "Dashboard: the fleet", permission=Permission.operator()),
+    Route("GET", "/ui/apps", ui.apps_page, "Dashboard: apps", permission=Permission.operator()),
+    Route(
+        "GET",
+        "/ui/apps/{app}",
+        ui.app_page,
+        "Dashboard: an app's machines, releases and events",
+        errors=(404,),
+        permission=Permission.operator(),
+    ),
+    Route(
+        "GET",
+        "/ui/apps/{app}/machines/{id}",
+        ui.machine_page,
+        "Dashboard: a machine and its placement explained",
+        errors=(404,),
+        permission=Permission.operator(),
+    ),
+    Route(
+        "GET",
+        "/ui/events",
+        ui.events,
+        "Dashboard: server-sent events when the catalog changes",
+        permission=Permission.operator(),
+    ),
+    Route("GET", "/ui/login", ui.login_form, "Dashboard: log in", permission=PUBLIC),
+    Route(
+        "POST",
+        "/ui/login",
+        ui.login,
+        "Dashboard: keep a token in an HttpOnly cookie, then to the fleet page",
+        status=303,
+        errors=(400,),
+        permission=PUBLIC,
+    ),
+    Route("POST", "/ui/logout", ui.logout, "Dashboard: log out", status=303, permission=PUBLIC),
+    *(
+        Route("GET", f"/ui/static/{name}", ui.static, f"Dashboard: {name}", permission=PUBLIC)
+        for name in ui.STATIC
     ),
 ]

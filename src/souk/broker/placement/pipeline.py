@@ -46,6 +46,7 @@ from souk.broker.liveness import BusLink, Link, Liveness
 from souk.broker.metrics import BrokerMetrics
 from souk.broker.placement import offers
 from souk.broker.placement.candidates import Candidate, CandidateCache
+from souk.broker.placement.journal import Decision, Journal
 from souk.broker.placement.policies import POLICIES, Policy
 from souk.broker.placement.reservation import Reserver
 from souk.broker.placement.stages import (
@@ -121,6 +122,7 @@ class Placer:
         self.link: Link | None = BusLink(bus) if bus is not None else None
         self.reserver = Reserver(client, self.liveness)
         self._regions: dict[str, tuple[float, list[WorkerRow]]] = {}
+        self.journal = Journal()  # the last creates' decisions, to explain them
 
     async def place(
         self,
@@ -141,10 +143,12 @@ class Placer:
         guest = create.config.guest
         feasible_rounds = self._feasible(reachable, doubtful, strategy, create, avoid, end, refused)
         share = self.deadline * RESERVE_SHARE
+        decided: list[Ranked] = []  # kept by reference for the journal, never copied
         async with contextlib.aclosing(feasible_rounds) as rounds:  # 1. candidates, 2. feasible
             async for cands in rounds:
                 ranked = rank(cands, guest, policy or self.policy, self.rng)  # 3. ranked
                 self._decided(strategy, began, ranked)
+                decided.append(ranked)
                 last = ranked[-1][1] if ranked else None
                 for cand, remaining in picked(ranked, end, refused.refusals):  # 4. picked
                     # One worker that does not answer may spend a share of the deadline, not
@@ -155,6 +159,21 @@ class Placer:
                     )
                     if machine is not None:
                         self.metrics.placed[strategy].observe(time.perf_counter() - began)
+                        self.journal.record(
+                            Decision(
+                                machine.id,
+                                create.app,
+                                region,
+                                strategy,
+                                policy or self.policy,
+                                guest,
+                                decided,
+                                refused.refusals,
+                                machine.worker,
+                                time.time(),
+                                time.perf_counter() - began,
+                            )
+                        )
                         return machine
                 if time.monotonic() >= end:
                     break
