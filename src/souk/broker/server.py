@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from aiohttp import web
 
 from souk import __version__
-from souk.broker.api.errors import worker_errors
+from souk.broker.api.errors import fly_statuses, worker_errors
 from souk.broker.api.routes import ROUTES
 from souk.broker.api.state import BROKER, IDEMPOTENCY, SEALER, Broker
 from souk.broker.auth import MachineRegion, make_auth, undeclared
@@ -45,7 +45,8 @@ def make_app(broker: Broker, secret: bytes, extra: Sequence[Route] = ()) -> web.
         raise ValueError(f"routes without a permission: {', '.join(missing)}")
     auth = make_auth(secret, broker.fleet.revoked, machine_region(broker))
     app = web.Application(
-        middlewares=[error_middleware, auth, worker_errors], client_max_size=MAX_BODY_BYTES
+        middlewares=[fly_statuses, error_middleware, auth, worker_errors],
+        client_max_size=MAX_BODY_BYTES,
     )
     app[BROKER] = broker
     app[SEALER] = Sealer(secret)
