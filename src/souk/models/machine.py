@@ -430,7 +430,8 @@ class MachineConfig(Strict):
     @field_validator("dns")
     @classmethod
     def _no_dns(cls, value: Any) -> Any:
-        if value and any(v not in (None, False, "", []) for k, v in value.items()):
+        settings = {k: v for k, v in value.items() if k != "skip_registration"} if value else {}
+        if any(v not in (None, False, "", []) for v in settings.values()):
             raise unsupported("souk's machines use the worker's resolver; no DNS settings")
         return value
 

@@ -27,6 +27,7 @@ from souk.worker import procfs
 from souk.worker.cgroups import Cgroups
 from souk.worker.drivers.base import Handle, HostUser, Launch
 from souk.worker.drivers.exits import poll_until_gone, until_gone
+from souk.worker.drivers import processes
 from souk.worker.drivers.processes import SPEC_ENV
 
 POLL = 0.05
@@ -71,7 +72,7 @@ class ProcessDriver:
         argv, env, identity = launch.config.argv(), machine_env(launch), _identity(launch.user)
         several = bool(launch.config.processes)
         if several:  # one launcher runs them all: see processes.py
-            argv = [sys.executable, "-m", "souk.worker.drivers.processes"]
+            argv = [sys.executable, "-I", processes.__file__]  # stdlib only: runs as a file
             env = {**env, SPEC_ENV: json.dumps(process_specs(launch))}
             identity = {}  # it starts each process as its own ids
         with _log(launch.rundir / "stdout.log") as out, _log(launch.rundir / "stderr.log") as err:

@@ -1,6 +1,7 @@
 """Several processes in one machine (Fly's `processes`), for the process driver.
 
-The driver runs this module as the machine's one process (its handle, in the machine's process
+The driver runs this file (it imports only the standard library, so it runs as a script
+wherever the interpreter is, whatever the machine's environment) as the machine's one process (its handle, in the machine's process
 group and cgroup), with the processes to run in `SOUK_PROCESSES`: each its own command,
 environment and host ids. It waits for the driver's go (its stdin closing, once the cgroup
 holds it), starts them all, and exits when the first of them does, with that one's status,
