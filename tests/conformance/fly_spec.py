@@ -83,10 +83,10 @@ def strict_types(value: Any, schema: dict[str, Any], where: str) -> None:
     wanted = _JSON_TYPES[kind]
     if not isinstance(value, wanted) or (kind in ("integer", "number") and isinstance(value, bool)):
         raise AssertionError(f"{where}: {type(value).__name__} where the spec has a {kind}")
-    if kind == "array":
+    if isinstance(value, list):
         for i, item in enumerate(value):
             strict_types(item, schema.get("items", {}), f"{where}[{i}]")
-    elif kind == "object":
+    elif isinstance(value, dict):
         properties = schema.get("properties", {})
         extra = schema.get("additionalProperties")
         for key, item in value.items():

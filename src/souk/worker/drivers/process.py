@@ -25,9 +25,9 @@ from typing import IO, Any
 from souk.models.machine import MachineProcess
 from souk.worker import procfs
 from souk.worker.cgroups import Cgroups
+from souk.worker.drivers import processes
 from souk.worker.drivers.base import Handle, HostUser, Launch
 from souk.worker.drivers.exits import poll_until_gone, until_gone
-from souk.worker.drivers import processes
 from souk.worker.drivers.processes import SPEC_ENV
 
 POLL = 0.05

@@ -1,12 +1,13 @@
 """Several processes in one machine (Fly's `processes`), for the process driver.
 
-The driver runs this file (it imports only the standard library, so it runs as a script
-wherever the interpreter is, whatever the machine's environment) as the machine's one process (its handle, in the machine's process
+The driver runs this file as the machine's one process (its handle, in the machine's process
 group and cgroup), with the processes to run in `SOUK_PROCESSES`: each its own command,
-environment and host ids. It waits for the driver's go (its stdin closing, once the cgroup
-holds it), starts them all, and exits when the first of them does, with that one's status,
-after asking the others to stop: a machine is up while all its processes are. Signals the
-machine is sent reach every process through the process group; this one only waits.
+environment and host ids. It imports only the standard library, so it runs as a script
+wherever the interpreter is, whatever the machine's environment. It waits for the driver's
+go (its stdin closing, once the cgroup holds it), starts them all, and exits when the first
+of them does, with that one's status, after asking the others to stop: a machine is up while
+all its processes are. Signals the machine is sent reach every process through the process
+group; this one only waits.
 
 Run as root (by a root worker), it starts each process as the host ids it was given, which
 the driver takes from the app's own span only; as anyone else, as itself.
