@@ -188,7 +188,7 @@ class StopConfig(Strict):
 
 
 class ServicePort(Strict):
-    port: int = Field(ge=1, le=65535)
+    port: int | None = Field(None, ge=1, le=65535)  # required: ranges are refused below
     handlers: list[str] = []
     force_https: bool = False  # the proxy redirects plain HTTP on this port to https
     start_port: int | None = None
@@ -206,6 +206,12 @@ class ServicePort(Strict):
     @classmethod
     def _no_options(cls, value: Any) -> Any:
         return refuse_set(value, "souk's proxy has no per-port HTTP, TLS or PROXY options yet")
+
+    @model_validator(mode="after")
+    def _one_port(self) -> ServicePort:
+        if self.port is None:
+            raise ValueError("port: a service's port needs a number")
+        return self
 
 
 class ServiceConcurrency(Strict):
