@@ -62,7 +62,9 @@ async def test_no_region_takes_the_best_offer_of_every_region(lopsided: Cluster)
     for _ in range(2):  # mad cannot hold 2 cpus: every one goes to ams
         m = await body_of(await c.call("POST", M, json=body), 200)
         assert m["region"] == "ams"
-    c.broker.server.app[BROKER].default_region = "mad"  # as `souk broker --default-region mad`
+    app = c.broker.app
+    assert app is not None
+    app[BROKER].default_region = "mad"  # as `souk broker --default-region mad`
     small = {"config": {**EXEC, "size": "shared-cpu-1x"}}
     m = await body_of(await c.call("POST", M, json=small), 200)
     assert (m["region"], m["config"]["guest"]["cpus"]) == ("mad", 1)
