@@ -34,3 +34,6 @@ if [ "$(id -u)" = 0 ]; then
         done
     done
 fi
+
+# Fly's spec, fetched by scripts/fetch-fly-spec.sh
+[ -f tests/conformance/.fly-openapi.json ] || ./scripts/fetch-fly-spec.sh || true

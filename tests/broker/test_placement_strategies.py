@@ -147,6 +147,6 @@ async def test_a_lease_taken_through_one_broker_holds_at_another(
         lease = await (await c.call("POST", f"{M}/{mid}/lease", json={"ttl": 30})).json()
         async with second_broker(c, registry) as other:  # its picture includes the machine
             resp = await other.post(f"{M}/{mid}/stop", headers=c.auth())
-            assert resp.status == 409 and (await resp.json())["status"] == "lease_held"
+            assert resp.status == 409 and (await resp.json())["code"] == "lease_held"
             held = {**c.auth(), "fly-machine-lease-nonce": lease["nonce"]}
             assert (await other.post(f"{M}/{mid}/stop", headers=held)).status == 200

@@ -97,7 +97,7 @@ async def test_a_sealed_value_opens_only_where_it_was_sealed(one: Cluster) -> No
     registry.patch_metadata("demo", {"sealed.b": moved}, [])  # copied to another key
     resp = await one.call("GET", META)
     body = await resp.json()
-    assert resp.status == 500 and body["status"] == "sealed_unreadable"
+    assert resp.status == 500 and body["code"] == "sealed_unreadable"
     assert body["details"]["key"] == "sealed.b" and PASSWORD not in json.dumps(body)
     # Deleting it needs no reading.
     await ok(await one.call("PATCH", META, json={"delete": ["sealed.b"]}))

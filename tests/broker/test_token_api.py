@@ -47,9 +47,9 @@ async def test_a_caveat_nobody_can_check_is_a_401_with_a_reason(small: Cluster) 
     ]:
         token = append_raw(small.tokens["demo"], caveat)
         body = await err(await small.call("GET", M, token=token), 401)
-        assert body["status"] == reason, body
+        assert body["code"] == reason, body
     expired = attenuate(small.tokens["demo"], ["expires=1"])
-    assert (await err(await small.call("GET", M, token=expired), 401))["status"] == "token_expired"
+    assert (await err(await small.call("GET", M, token=expired), 401))["code"] == "token_expired"
 
 
 async def test_introspection_shows_what_the_token_allows(small: Cluster) -> None:
@@ -125,7 +125,7 @@ async def test_apps_caveat_on_a_create_reads_the_name_from_the_body(small: Clust
     await err(await c.call("POST", "/v1/apps", token=token, json={"name": "other"}), 403)
     await ok(await c.call("POST", "/v1/apps", token=token, json={"name": "shop"}), 201)
     body = await err(await c.call("POST", "/v1/apps", token=token, data=b"[" * 100_000), 400)
-    assert body["status"] == "invalid_json"
+    assert body["code"] == "invalid_json"
 
 
 async def test_fleet_operations_and_caveats(small: Cluster) -> None:
@@ -149,14 +149,14 @@ async def test_revocation_on_one_broker(small: Cluster) -> None:
     await err(await c.call("DELETE", f"/v1/tokens/{victim_id}", token=c.tokens["admin"]), 403)
     await err(await c.call("DELETE", f"/v1/tokens/{victim_id}", token=victim), 403)
     body = await err(await c.call("DELETE", "/v1/tokens/nope", token=c.tokens["operator"]), 400)
-    assert body["status"] == "invalid"
+    assert body["code"] == "invalid"
     row = await ok(await c.call("DELETE", f"/v1/tokens/{victim_id}", token=c.tokens["operator"]))
     assert row["id"] == victim_id
     again = await ok(await c.call("DELETE", f"/v1/tokens/{victim_id}", token=c.tokens["operator"]))
     assert again == row  # idempotent
     for token in (victim, copy):
         body = await err(await c.call("GET", M, token=token), 401)
-        assert body["status"] == "token_revoked"
+        assert body["code"] == "token_revoked"
     listed = await ok(await c.call("GET", "/v1/tokens/revoked", token=c.tokens["operator"]))
     assert [r["id"] for r in listed] == [victim_id]
     await ok(await c.call("GET", M, token=c.tokens["demo"]))  # other tokens are untouched
@@ -191,13 +191,13 @@ async def test_a_revocation_reaches_every_broker(tmp_path: Path) -> None:
         # Revoked through the broker without the registry: forwarded to it.
         async with session.delete(f"{other}/v1/tokens/{victim_id}", headers=op) as resp:
             assert resp.status == 200, await resp.text()
-        assert (await status_of(session, home, victim))[1]["status"] == "token_revoked"
+        assert (await status_of(session, home, victim))[1]["code"] == "token_revoked"
         for _ in range(200):  # the other broker learns it from the catalog
             status, body = await status_of(session, other, victim)
             if status == 401:
                 break
             await asyncio.sleep(0.01)
-        assert body["status"] == "token_revoked"
+        assert body["code"] == "token_revoked"
         assert (await status_of(session, other, mint(SECRET)))[0] == 200
     # The registry keeps it across a restart.
     registry = AppRegistry(tmp_path / "registry" / "apps.db")
@@ -237,4 +237,4 @@ async def test_souk_tokens_revoke(small: Cluster) -> None:
     done = await asyncio.to_thread(runner.invoke, cli, [*args, "--token", small.tokens["operator"]])
     assert done.exit_code == 0, done.output
     body = await err(await small.call("GET", M, token=victim), 401)
-    assert body["status"] == "token_revoked"
+    assert body["code"] == "token_revoked"

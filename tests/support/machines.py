@@ -69,7 +69,7 @@ def api_pid(machine: dict[str, Any]) -> int | None:
     """The pid the worker reports for the machine's current process: its newest spawn or
     adoption event (events come newest first)."""
     for event in machine["events"]:
-        if event["type"].endswith(".spawn") or event["type"] == "event.adopted":
+        if event["step"] in ("spawn", "adopted"):
             pid = event["request"].get("pid")
             return int(pid) if pid is not None else None
     return None

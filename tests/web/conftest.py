@@ -38,7 +38,9 @@ class Reply:
 
     @property
     def reason(self) -> Any:
-        return self.body.get("status") if isinstance(self.body, dict) else None
+        if not isinstance(self.body, dict):
+            return None
+        return self.body.get("code") or self.body.get("status")
 
 
 async def raw(url: str, request: bytes) -> Reply:

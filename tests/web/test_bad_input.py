@@ -65,7 +65,7 @@ async def test_a_stop_with_a_bad_signal_is_a_400_and_the_machine_keeps_running(
         for signal in ["15", "SIGBOGUS", "sig term"]:
             for url in (servers.broker + machine, f"{servers.worker}/v1/machines/{m['id']}"):
                 status, body = await call(http, "POST", url + "/stop", {"signal": signal})
-                assert (status, body["status"]) == (400, "invalid"), (url, body)
+                assert (status, body["code"]) == (400, "invalid"), (url, body)
                 assert body["details"]["problems"][0]["field"] == "signal"
         status, got = await call(http, "GET", servers.broker + machine)
         assert got["state"] == "started"
@@ -95,16 +95,16 @@ async def test_oversized_metadata_is_a_413(servers: Servers, http: aiohttp.Clien
     big = {f"key{i}": "x" * 1000 for i in range(70)}  # ~70 KiB
     config = {**SLEEP, "metadata": big}
     status, body = await call(http, "POST", servers.broker + M, {"region": "mad", "config": config})
-    assert (status, body["status"]) == (413, "metadata_too_large"), body
+    assert (status, body["code"]) == (413, "metadata_too_large"), body
     worker_body = {"app": "demo", "start": False, "config": config}
     status, body = await call(http, "POST", servers.worker + "/v1/machines", worker_body)
-    assert (status, body["status"]) == (413, "metadata_too_large"), body
+    assert (status, body["code"]) == (413, "metadata_too_large"), body
     status, m = await call(http, "POST", servers.broker + M, {"region": "mad", "config": SLEEP})
     assert status == 200, m
     try:
         url = f"{servers.broker}{M}/{m['id']}/metadata"
         status, body = await call(http, "PATCH", url, {"metadata": big})
-        assert (status, body["status"]) == (413, "metadata_too_large"), body
+        assert (status, body["code"]) == (413, "metadata_too_large"), body
         status, _ = await call(http, "PATCH", url, {"metadata": {"a": "b"}})
         assert status == 204
     finally:

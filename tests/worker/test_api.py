@@ -38,7 +38,7 @@ async def test_create_wait_stop_destroy_over_http(client: Client) -> None:
     listed = await (await client.get("/v1/machines", params={"include_deleted": "true"})).json()
     assert mid in [m["id"] for m in listed]
     events = await (await client.get(f"/v1/machines/{mid}/events")).json()
-    assert events[0]["type"] == "destroy.end_destroy"
+    assert (events[0]["type"], events[0]["step"]) == ("destroy", "end_destroy")
 
 
 async def test_wait_times_out_with_408(client: Client) -> None:
@@ -165,7 +165,7 @@ async def test_metadata_changes_in_place_without_a_restart(client: Client) -> No
     assert machine["config"]["metadata"] == {"b": "2"}
     assert machine["instance_id"] == created["instance_id"] and machine["state"] == "started"
     events = await (await client.get(f"/v1/machines/{mid}/events")).json()
-    assert not any(e["type"].startswith("stop.") for e in events)
+    assert not any(e["type"] == "stop" for e in events)
     await client.delete(f"/v1/machines/{mid}", params={"force": "true"})
 
 
@@ -182,6 +182,9 @@ async def test_update_answers_with_the_new_version(client: Client) -> None:
         params={"state": "started", "instance_id": updated["instance_id"], "timeout": "10"},
     )
     assert resp.status == 200
-    steps = [e["type"] for e in await (await client.get(f"/v1/machines/{mid}/events")).json()]
+    steps = [
+        f"{e['type']}.{e['step']}"
+        for e in await (await client.get(f"/v1/machines/{mid}/events")).json()
+    ]
     assert "update.apply_config" in steps and "stop.end_stop" in steps
     await client.delete(f"/v1/machines/{mid}", params={"force": "true"})

@@ -72,8 +72,8 @@ async def test_lifecycle_create_stop_start_destroy(engine: Engine) -> None:
     assert not alive(pid2)
     assert engine.capacity().reserved.cpus == 0
     assert not engine.settings.rundir(m.id).exists()
-    steps = [e.type for e in reversed(engine.events(m.id))]
-    assert steps[:4] == ["create.reserve", "start.accepted", "start.begin_start", "start.spawn"]
+    steps = [f"{e.type}.{e.step}" for e in reversed(engine.events(m.id))]
+    assert steps[:4] == ["launch.reserve", "start.accepted", "start.begin_start", "start.spawn"]
     assert steps[-1] == "destroy.end_destroy"
     consistent(engine.settings.db_path)
 
@@ -111,7 +111,7 @@ async def test_stop_escalates_to_sigkill_after_the_timeout(engine: Engine) -> No
     await engine.submit(m.id, "stop", {"signal": "SIGTERM"})
     assert (await engine.wait(m.id, "stopped", 10, None))[0]
     assert not alive(pid)
-    assert any(e.type == "stop.signal" for e in engine.events(m.id))
+    assert any((e.type, e.step) == ("stop", "signal") for e in engine.events(m.id))
 
 
 @pytest.mark.parametrize(
@@ -236,7 +236,7 @@ async def test_a_restarted_worker_adopts_its_processes(tmp_path: Path) -> None:
 
     async with running(Engine(s, make_driver("process", s))) as again:
         assert (await started(again, m.id)) == pid  # adopted, not started twice
-        assert any(e.type == "start.spawn" for e in again.events(m.id))
+        assert any((e.type, e.step) == ("start", "spawn") for e in again.events(m.id))
         os.killpg(pid, signal.SIGKILL)  # the adopted process dies: policy `always` restarts it
         for _ in range(200):
             if again.get(m.id, events=False).restart_count == 1:
@@ -272,6 +272,6 @@ async def test_a_command_that_cannot_run_fails_the_machine(engine: Engine) -> No
     m = await engine.create(request(["/nonexistent/command"]))
     ok, machine = await engine.wait(m.id, "failed", 10, None)
     assert ok, machine.state
-    errors = [e for e in engine.events(m.id) if e.type == "start.error"]
+    errors = [e for e in engine.events(m.id) if (e.type, e.step) == ("start", "error")]
     assert errors and "nonexistent" in errors[0].request["error"]
     assert engine.capacity().reserved.cpus == 1  # failed, not destroyed: still reserved

@@ -109,7 +109,9 @@ async def test_a_stop_logged_with_an_old_signal_name_still_runs(engine: Engine, 
         await engine.store.write(lambda tx: enqueue(tx, m.id, stop, "started", {"signal": name}))
         engine.runner.kick(m.id)
         assert (await engine.wait(m.id, "stopped", 10, None))[0]
-        signalled = [e.request for e in engine.events(m.id) if e.type == "stop.signal"]
+        signalled = [
+            e.request for e in engine.events(m.id) if (e.type, e.step) == ("stop", "signal")
+        ]
         assert signalled == [{"signal": "SIGTERM"}]
     finally:
         kill_machine_processes({m.id})

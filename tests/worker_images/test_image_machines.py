@@ -97,7 +97,7 @@ async def test_a_worker_without_an_image_registry_refuses_cleanly(tmp_path: Path
         machine = await engine.create(CreateMachine(app="web", config=config))
         ok, failed = await engine.wait(machine.id, "failed", 30, None)
         assert ok, failed.state
-        errors = [e for e in engine.events(machine.id) if e.type == "start.error"]
+        errors = [e for e in engine.events(machine.id) if (e.type, e.step) == ("start", "error")]
         assert errors
 
 

@@ -27,7 +27,7 @@ def the_pid(worker: WorkerProcess, machine_id: str) -> int:
 
 
 def spawns(worker: WorkerProcess, machine_id: str) -> int:
-    return sum(1 for e in worker.machine(machine_id)["events"] if e["type"].endswith(".spawn"))
+    return sum(1 for e in worker.machine(machine_id)["events"] if e["step"] == "spawn")
 
 
 def until(check: Any, timeout: float = 15.0) -> None:

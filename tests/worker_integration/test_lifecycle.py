@@ -23,7 +23,7 @@ LOOP = {
 
 
 def spawns(machine: dict[str, Any]) -> int:
-    return sum(1 for e in machine["events"] if e["type"].endswith(".spawn"))
+    return sum(1 for e in machine["events"] if e["step"] == "spawn")
 
 
 def running_pid(worker: WorkerProcess, machine_id: str) -> int:

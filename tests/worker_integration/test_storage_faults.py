@@ -60,7 +60,11 @@ def test_an_operation_waits_out_a_full_disk_and_completes(tmp_path: Path) -> Non
 
             filler.unlink()
             stopped = worker.wait(mid, "stopped", timeout=20)  # with no request to wake it
-            steps = [e["type"] for e in reversed(stopped["events"]) if e["type"].startswith("stop")]
+            steps = [
+                f"{e['type']}.{e['step']}"
+                for e in reversed(stopped["events"])
+                if e["type"] == "stop"
+            ]
             assert steps == ["stop.accepted", "stop.begin_stop", "stop.signal", "stop.end_stop"]
             assert worker.ok("GET", "/v1/status")["storage"]["writable"] is True
             worker.ok("POST", f"/v1/machines/{idle}/start")

@@ -57,8 +57,11 @@ async def scope_of(
         if not limited:  # nothing checks it: the body is left to the handler
             return None
         body = await read_json(request)
-        value = body.get(where.name) if isinstance(body, dict) else None
-        return value if isinstance(value, str) else None
+        for name in (where.name, *where.aliases):
+            value = body.get(name) if isinstance(body, dict) else None
+            if value is not None:
+                return value if isinstance(value, str) else None
+        return None
 
     p = permission
     app = await named(p.app, grant.apps is not None)

@@ -60,6 +60,7 @@ class BrokerOptions:
     tls: NodeFiles | None = None
     listener: ServerCert | None = None  # serve the Machines API over HTTPS
     metrics: bool = True  # False: placement records no metrics (benchmarks measure the cost)
+    default_region: str | None = None  # for creates that name none (else: every region's best)
 
 
 async def _refresh_forever(fleet: StaticFleet) -> None:
@@ -127,7 +128,15 @@ async def broker_site(opts: BrokerOptions, bus: Bus | None = None) -> AsyncItera
         placer = Placer(
             fleet, client, policy_named(opts.policy), opts.deadline, bus=bus, metrics=metrics
         )
-        broker = Broker(fleet, client, placer, registry, opts.registry_url, before_place)
+        broker = Broker(
+            fleet,
+            client,
+            placer,
+            registry,
+            opts.registry_url,
+            before_place,
+            default_region=opts.default_region,
+        )
         runner = web_runner(make_app(broker, opts.secret, extra))
         await runner.setup()
         stack.push_async_callback(runner.cleanup)

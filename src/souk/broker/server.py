@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from aiohttp import web
 
 from souk import __version__
-from souk.broker.api.errors import worker_errors
+from souk.broker.api.errors import fly_statuses, worker_errors
 from souk.broker.api.routes import ROUTES
 from souk.broker.api.state import BROKER, IDEMPOTENCY, SEALER, Broker
 from souk.broker.auth import MachineRegion, make_auth, undeclared
@@ -48,6 +48,7 @@ def make_app(broker: Broker, secret: bytes, extra: Sequence[Route] = ()) -> web.
     auth = make_auth(secret, broker.fleet.revoked, machine_region(broker))
     app = web.Application(
         middlewares=[
+            fly_statuses,
             error_middleware,
             broker.placer.metrics.middleware(),
             ui_session,

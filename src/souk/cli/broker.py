@@ -33,6 +33,11 @@ def run(
     ),
     deadline: float = typer.Option(2.0, help="Seconds a placement may take before 412."),
     policy: str = typer.Option("default", help="Placement policy: default, binpack, spread."),
+    default_region: str | None = typer.Option(
+        None,
+        help="Where a create that names no region goes (default: the best offer of every"
+        " region, as the market ranks them).",
+    ),
     tls_dir: Path | None = typer.Option(
         None,
         help=f"{TLS_DIR_HELP} Reach workers over mutual TLS, and only so; reach the bus with "
@@ -77,6 +82,7 @@ def run(
         catalog_dir=catalog_dir,
         tls=tls,
         listener=listener,
+        default_region=default_region,
     )
     asyncio.run(runtime.serve(opts))
 

@@ -48,7 +48,7 @@ def _refusal(payload: bytes) -> tuple[str, str, dict[str, Any] | None]:
         body = ErrorBody.model_validate_json(payload)
     except ValidationError:
         return "error", payload[:500].decode(errors="replace"), None
-    return body.status, body.error, body.details
+    return body.code or body.status, body.error, body.details  # code: souk's own reason
 
 
 @dataclass(frozen=True)

@@ -8,9 +8,9 @@ accepted and ignored so that existing clients are not refused; anything else unk
 from __future__ import annotations
 
 import re
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from souk.models.machine import APP_NAME, Machine, MachineConfig, check_metadata_size_in_model
 
@@ -41,7 +41,11 @@ class _FlyIgnored(Strict):
 
 class CreateMachineRequest(_FlyIgnored):
     name: str | None = Field(None, max_length=63)
-    region: str = Field(description="Exactly one region; souk never places anywhere else.")
+    region: str | None = Field(
+        None,
+        description="Exactly one region; souk never places anywhere else. Left out: the"
+        " broker's default region if it has one, else the best offer of every region.",
+    )
     config: MachineConfig
     skip_launch: bool = False
     lease_ttl: int | None = Field(None, ge=1, le=3600)
@@ -54,8 +58,8 @@ class CreateMachineRequest(_FlyIgnored):
 
     @field_validator("region")
     @classmethod
-    def _one_region(cls, region: str) -> str:
-        return _check_region(region)
+    def _one_region(cls, region: str | None) -> str | None:
+        return None if region is None else _check_region(region)
 
 
 class UpdateMachineRequest(_FlyIgnored):
@@ -68,10 +72,22 @@ class UpdateMachineRequest(_FlyIgnored):
 
 
 class CreateAppRequest(Strict):
+    """`name`, or `app_name` as Fly's older documentation and clients send it."""
+
     name: str = Field(max_length=63)
     org_slug: str = "personal"
     network: str | None = None
     enable_subdomains: bool | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _app_name_alias(cls, data: Any) -> Any:
+        if not isinstance(data, dict) or "app_name" not in data:
+            return data
+        rest = {k: v for k, v in data.items() if k != "app_name"}
+        if rest.get("name") not in (None, data["app_name"]):
+            raise ValueError("name and app_name differ: send one of them")
+        return {**rest, "name": data["app_name"]}
 
     @field_validator("name")
     @classmethod
@@ -102,11 +118,23 @@ class ListAppsResponse(BaseModel):
     apps: list[App]
 
 
+class ImageRef(BaseModel):
+    """An image machine's image, split as Fly shows it."""
+
+    registry: str
+    repository: str
+    tag: str = ""
+    digest: str = ""
+    labels: dict[str, str] = {}
+
+
 class PublicMachine(Machine):
-    """Fly's machine shape plus souk's own fields (`worker`, `restart_count`, `exit_code`)."""
+    """Fly's machine shape plus souk's own fields (`worker`, `restart_count`, `exit_code`).
+    Sent with empty (None) fields left out, as Fly's omitempty does."""
 
     host_status: Literal["ok", "unknown", "unreachable"] = "ok"
     nonce: str | None = Field(None, description="The lease nonce, when lease_ttl was given.")
+    image_ref: ImageRef | None = None
 
 
 class CreateLeaseRequest(Strict):
@@ -182,3 +210,19 @@ class TokenInfo(BaseModel):
     machines: list[str] | None
     regions: list[str] | None
     expires: int | None = Field(description="Unix seconds; None: it does not expire.")
+
+
+def image_ref(image: str) -> ImageRef:
+    """`registry/repository:tag@digest` split as Fly's `image_ref` shows it; a name without a
+    registry host is Docker Hub's, as Docker reads it."""
+    rest, _, digest = image.partition("@")
+    tag = ""
+    slash, colon = rest.rfind("/"), rest.rfind(":")
+    if colon > slash:
+        rest, tag = rest[:colon], rest[colon + 1 :]
+    first, sep, remainder = rest.partition("/")
+    if sep and ("." in first or ":" in first or first == "localhost"):
+        registry, repository = first, remainder
+    else:
+        registry, repository = "docker.io", rest if "/" in rest else f"library/{rest}"
+    return ImageRef(registry=registry, repository=repository, tag=tag, digest=digest)

@@ -8,7 +8,7 @@ from typing import Any, Literal, get_args
 from pydantic import BaseModel, ConfigDict, Field
 
 from souk.models.capacity import Capacity
-from souk.models.machine import CpuKind, Machine, MachineState, MetricsConfig
+from souk.models.machine import CpuKind, Machine, MachineMetrics, MachineState
 
 
 class Row(BaseModel):
@@ -58,7 +58,7 @@ class MachineRow(Row):
     ports: list[int] = []  # internal ports of its services, reachable at private_ip
     standby_for: list[str] = []
     metadata: dict[str, str] = {}
-    metrics: MetricsConfig | None = None  # where its own metrics are scraped (Fly's)
+    metrics: MachineMetrics | None = None  # where its own metrics are scraped (Fly's)
     updated_at: str
 
 

@@ -90,10 +90,56 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+def unsupported(why: str) -> PydanticCustomError:
+    """A field of Fly's config that souk cannot honour: refused (400 `unsupported`, naming the
+    field) rather than ignored, since ignoring it would change what the user gets."""
+    return PydanticCustomError("unsupported", why)
+
+
+def refuse_set(value: Any, why: str) -> Any:
+    """`value` if it is empty (as Fly's clients send unset fields), else `unsupported`."""
+    if value in (None, False, 0, "", [], {}):
+        return value
+    raise unsupported(why)
+
+
+# Fly's `size` presets: (cpu_kind, cpus, memory_mb), as Fly maps them to guests.
+SIZES: dict[str, tuple[CpuKind, int, int]] = {
+    **{f"shared-cpu-{n}x": ("shared", n, 256 * n) for n in (1, 2, 4, 8)},
+    **{f"performance-{n}x": ("performance", n, 2048 * n) for n in (1, 2, 4, 8, 16)},
+}
+
+
+def no_nul(argv: list[str] | None) -> list[str] | None:
+    if argv and any("\0" in arg for arg in argv):
+        raise ValueError("an argument cannot contain a NUL character")
+    return argv
+
+
 class GuestConfig(Strict):
     cpu_kind: CpuKind = "shared"
     cpus: int = Field(1, ge=1, le=256)
     memory_mb: int = Field(256, ge=16, le=1 << 22)
+    gpus: int | None = None
+    gpu_kind: str | None = None
+    host_dedication_id: str | None = None
+    kernel_args: list[str] | None = None
+    persist_rootfs: Literal["never"] | None = None
+
+    @field_validator("gpus", "gpu_kind")
+    @classmethod
+    def _no_gpus(cls, value: Any) -> Any:
+        return refuse_set(value, "souk's workers offer no GPUs")
+
+    @field_validator("host_dedication_id")
+    @classmethod
+    def _no_dedication(cls, value: Any) -> Any:
+        return refuse_set(value, "souk has no dedicated hosts; the market picks the worker")
+
+    @field_validator("kernel_args")
+    @classmethod
+    def _no_kernel(cls, value: Any) -> Any:
+        return refuse_set(value, "souk's machines share the worker's kernel: no kernel arguments")
 
 
 class InitConfig(Strict):
@@ -101,18 +147,34 @@ class InitConfig(Strict):
     entrypoint: list[str] | None = None
     cmd: list[str] | None = None
     tty: bool = False
+    kernel_args: list[str] | None = None
+    swap_size_mb: int | None = None
 
     @field_validator("exec", "entrypoint", "cmd")
     @classmethod
     def _no_nul(cls, argv: list[str] | None) -> list[str] | None:
-        if argv and any("\0" in arg for arg in argv):
-            raise ValueError("an argument cannot contain a NUL character")
-        return argv
+        return no_nul(argv)
+
+    @field_validator("kernel_args")
+    @classmethod
+    def _no_kernel(cls, value: Any) -> Any:
+        return refuse_set(value, "souk's machines share the worker's kernel: no kernel arguments")
+
+    @field_validator("swap_size_mb")
+    @classmethod
+    def _no_swap(cls, value: Any) -> Any:
+        return refuse_set(value, "souk's machines get no swap of their own; size memory_mb instead")
 
 
 class RestartConfig(Strict):
     policy: RestartPolicy = "on-failure"
     max_retries: int = Field(10, ge=0, le=1000)
+    gpu_bid_price: float | None = None
+
+    @field_validator("gpu_bid_price")
+    @classmethod
+    def _no_bid(cls, value: Any) -> Any:
+        return refuse_set(value, "souk has no spot market for GPUs")
 
 
 class StopConfig(Strict):
@@ -126,8 +188,30 @@ class StopConfig(Strict):
 
 
 class ServicePort(Strict):
-    port: int = Field(ge=1, le=65535)
+    port: int | None = Field(None, ge=1, le=65535)  # required: ranges are refused below
     handlers: list[str] = []
+    force_https: bool = False  # the proxy redirects plain HTTP on this port to https
+    start_port: int | None = None
+    end_port: int | None = None
+    http_options: dict[str, Any] | None = None
+    tls_options: dict[str, Any] | None = None
+    proxy_proto_options: dict[str, Any] | None = None
+
+    @field_validator("start_port", "end_port")
+    @classmethod
+    def _no_ranges(cls, value: Any) -> Any:
+        return refuse_set(value, "souk's proxy forwards single ports, not ranges")
+
+    @field_validator("http_options", "tls_options", "proxy_proto_options")
+    @classmethod
+    def _no_options(cls, value: Any) -> Any:
+        return refuse_set(value, "souk's proxy has no per-port HTTP, TLS or PROXY options yet")
+
+    @model_validator(mode="after")
+    def _one_port(self) -> ServicePort:
+        if self.port is None:
+            raise ValueError("port: a service's port needs a number")
+        return self
 
 
 class ServiceConcurrency(Strict):
@@ -136,38 +220,177 @@ class ServiceConcurrency(Strict):
     hard_limit: int = Field(25, ge=1)
 
 
-class Service(Strict):
-    protocol: Literal["tcp", "udp"] = "tcp"
-    internal_port: int = Field(ge=1, le=65535)
-    ports: list[ServicePort] = []
-    autostop: Literal["off", "stop", "suspend"] | bool = "off"
-    autostart: bool = True
-    min_machines_running: int = Field(0, ge=0)
-    concurrency: ServiceConcurrency | None = None
+class HttpHeader(Strict):
+    """One header of an http check, as Fly writes them: a name and its values."""
+
+    name: str = Field(min_length=1, max_length=256, pattern=r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
+    values: list[str] = []
+
+    @field_validator("values")
+    @classmethod
+    def _one_line(cls, values: list[str]) -> list[str]:
+        if any("\r" in v or "\n" in v or "\0" in v for v in values):
+            raise ValueError("a header value is one line")
+        return values
 
 
 class Check(Strict):
+    """A health check; `port` may be left out in a service's checks (its internal port)."""
+
     type: Literal["tcp", "http"] = "tcp"
-    port: int = Field(ge=1, le=65535)
+    port: int | None = Field(None, ge=1, le=65535)
     path: str | None = None
     interval: Duration = 15.0
     timeout: Duration = 2.0
     grace_period: Duration = 0.0
+    method: str | None = Field(None, pattern=r"^[A-Za-z]{1,16}$")
+    headers: list[HttpHeader] = []
+    protocol: Literal["http", "https"] | None = None
+    tls_server_name: str | None = Field(None, max_length=253)
+    tls_skip_verify: bool | None = None
+    kind: Literal["informational", "readiness"] | None = None
 
 
-class MetricsConfig(Strict):
-    """Where the machine's own Prometheus metrics are (Fly's `config.metrics`): scraped at its
-    private address; the broker lists them at `/v1/prometheus/targets`."""
+class Service(Strict):
+    protocol: Literal["tcp", "udp"] = "tcp"
+    internal_port: int = Field(ge=1, le=65535)
+    ports: list[ServicePort] = []
+    autostop: Literal["off", "stop", "suspend"] = "off"
+    autostart: bool = True
+    min_machines_running: int = Field(0, ge=0)
+    concurrency: ServiceConcurrency | None = None
+    checks: list[Check] = []
+    force_instance_key: str | None = None
+    force_instance_description: str | None = None
 
-    port: int = Field(ge=1, le=65535)
-    path: str = Field("/metrics", pattern=r"^/[!-~]*$", max_length=256)
+    @field_validator("autostop", mode="before")
+    @classmethod
+    def _autostop(cls, value: Any) -> Any:
+        """Fly's older clients send booleans; kept as the string the spec names."""
+        if value is True:
+            return "stop"
+        return "off" if value is False else value
+
+    @field_validator("force_instance_key", "force_instance_description")
+    @classmethod
+    def _no_pinning(cls, value: Any) -> Any:
+        return refuse_set(value, "souk's proxy does not pin requests to one machine")
+
+
+def service_check_name(index: int, check: Check, port: int) -> str:
+    """A service check's name, as Fly shows them: servicecheck-<n>-<type>-<port>."""
+    return f"servicecheck-{index:02d}-{check.type}-{port}"
+
+
+def named_checks(checks: Mapping[str, Check], services: list[Service]) -> dict[str, Check]:
+    """Every check the worker runs: the top-level ones and each service's, with its port."""
+    out = dict(checks)
+    n = 0
+    for service in services:
+        for check in service.checks:
+            port = check.port or service.internal_port
+            out[service_check_name(n, check, port)] = check.model_copy(update={"port": port})
+            n += 1
+    return out
+
+
+class MachineMetrics(Strict):
+    """Where the machine serves its own Prometheus metrics (Fly's `config.metrics`): scraped at
+    its private address; the broker lists them at `/v1/prometheus/targets`."""
+
+    port: int | None = Field(None, ge=1, le=65535)
+    path: str | None = Field(None, pattern=r"^/[!-~]*$", max_length=1024)
+    https: bool = False
+
+
+EnvField = Literal["id", "version", "app_name", "private_ip", "region", "image"]
+
+
+class EnvFrom(Strict):
+    env_var: str
+    field_ref: EnvField
+
+    @field_validator("env_var")
+    @classmethod
+    def _name(cls, name: str) -> str:
+        if not ENV_NAME.match(name):
+            raise ValueError(f"bad environment variable name {name!r}")
+        return name
+
+
+class MachineProcess(Strict):
+    """One of several processes run together in one machine, each its own command and env."""
+
+    exec: list[str] | None = None
+    entrypoint: list[str] | None = None
+    cmd: list[str] | None = None
+    env: dict[str, str] = {}
+    env_from: list[EnvFrom] = []
+    user: str | None = Field(None, max_length=32)
+    ignore_app_secrets: bool | None = None
+    secrets: list[dict[str, Any]] | None = None
+
+    @field_validator("exec", "entrypoint", "cmd")
+    @classmethod
+    def _no_nul(cls, argv: list[str] | None) -> list[str] | None:
+        return no_nul(argv)
+
+    @field_validator("env")
+    @classmethod
+    def _env_names(cls, env: dict[str, str]) -> dict[str, str]:
+        return check_env(env)
+
+    @field_validator("user")
+    @classmethod
+    def _user(cls, user: str | None) -> str | None:
+        if user and user != "root" and not (user.isdecimal() and int(user) < 65536):
+            raise unsupported(
+                "a process's user is 'root' or a number below 65536: ids of the app's own on"
+                " the worker's host (user names need the image's /etc/passwd)"
+            )
+        return user
+
+    @field_validator("secrets")
+    @classmethod
+    def _no_secrets(cls, value: Any) -> Any:
+        return refuse_set(value, "per-process secrets are not supported yet")
+
+    def argv(self, init: InitConfig) -> list[str]:
+        """Its command: its exec, else its entrypoint + cmd, each part falling back to init's."""
+        if self.exec:
+            return list(self.exec)
+        if self.entrypoint or self.cmd:
+            return [*(self.entrypoint or init.entrypoint or []), *(self.cmd or init.cmd or [])]
+        if init.exec:
+            return list(init.exec)
+        return [*(init.entrypoint or []), *(init.cmd or [])]
+
+    def uid_offset(self) -> int:
+        """Which of the app's host ids it runs as: 0 (the app's own) unless a number is given."""
+        return int(self.user) if self.user and self.user.isdecimal() else 0
+
+
+Schedule = Literal["hourly", "daily", "weekly", "monthly"]
+
+
+def check_env(env: dict[str, str]) -> dict[str, str]:
+    for name in env:
+        if not ENV_NAME.match(name):
+            raise ValueError(f"bad environment variable name {name!r}")
+        if "\0" in env[name]:
+            raise ValueError(f"environment variable {name} contains a NUL character")
+    return env
 
 
 class MachineConfig(Strict):
+    """Fly's machine config. Every field of Fly's spec is accepted by name; those souk cannot
+    honour are refused with a 400 `unsupported` naming the field and why (docs/api.md)."""
+
     image: str | None = Field(None, max_length=512)
     init: InitConfig = InitConfig()
     env: dict[str, str] = {}
     guest: GuestConfig = GuestConfig()
+    size: str | None = Field(None, description="A Fly size preset; sets guest's unset fields.")
     restart: RestartConfig = RestartConfig()
     stop_config: StopConfig = StopConfig()
     metadata: dict[str, str] = {}
@@ -175,17 +398,78 @@ class MachineConfig(Strict):
     checks: dict[str, Check] = {}
     standbys: list[str] = []
     auto_destroy: bool = False
-    metrics: MetricsConfig | None = None
+    processes: list[MachineProcess] = []
+    schedule: Schedule | None = None
+    metrics: MachineMetrics | None = None
+    disable_machine_autostart: bool | None = None
+    files: list[dict[str, Any]] | None = None
+    mounts: list[dict[str, Any]] | None = None
+    containers: list[dict[str, Any]] | None = None
+    statics: list[dict[str, Any]] | None = None
+    dns: dict[str, Any] | None = None
+    rootfs: dict[str, Any] | None = None
 
     @field_validator("env")
     @classmethod
     def _env_names(cls, env: dict[str, str]) -> dict[str, str]:
-        for name in env:
-            if not ENV_NAME.match(name):
-                raise ValueError(f"bad environment variable name {name!r}")
-            if "\0" in env[name]:
-                raise ValueError(f"environment variable {name} contains a NUL character")
-        return env
+        return check_env(env)
+
+    @field_validator("files")
+    @classmethod
+    def _no_files(cls, value: Any) -> Any:
+        return refuse_set(value, "files are not supported yet")
+
+    @field_validator("mounts")
+    @classmethod
+    def _no_mounts(cls, value: Any) -> Any:
+        return refuse_set(value, "volumes (and so mounts) are not supported yet")
+
+    @field_validator("containers")
+    @classmethod
+    def _no_containers(cls, value: Any) -> Any:
+        return refuse_set(value, "souk runs one image per machine; use processes or machines")
+
+    @field_validator("statics")
+    @classmethod
+    def _no_statics(cls, value: Any) -> Any:
+        return refuse_set(value, "souk's proxy does not serve static files")
+
+    @field_validator("dns")
+    @classmethod
+    def _no_dns(cls, value: Any) -> Any:
+        settings = {k: v for k, v in value.items() if k != "skip_registration"} if value else {}
+        if any(v not in (None, False, "", []) for v in settings.values()):
+            raise unsupported("souk's machines use the worker's resolver; no DNS settings")
+        return value
+
+    @field_validator("rootfs")
+    @classmethod
+    def _rootfs(cls, value: Any) -> Any:
+        if value and (value.get("size_gb") or value.get("persist") not in (None, "never")):
+            raise unsupported(
+                "souk sizes no root filesystems and keeps none across restarts"
+                " (its process driver has none; runc's is the image's, fresh per start)"
+            )
+        return value
+
+    @field_validator("size")
+    @classmethod
+    def _known_size(cls, size: str | None) -> str | None:
+        if size is not None and size not in SIZES:
+            raise ValueError(f"unknown size {size!r}: one of {', '.join(SIZES)}")
+        return size
+
+    @model_validator(mode="before")
+    @classmethod
+    def _size_to_guest(cls, data: Any) -> Any:
+        """A `size` preset fills the guest's fields the request did not set itself."""
+        if not isinstance(data, dict) or data.get("size") not in SIZES:
+            return data
+        kind, cpus, memory = SIZES[data["size"]]
+        given = data.get("guest")
+        guest: dict[str, Any] = given if isinstance(given, dict) else {}
+        preset = {"cpu_kind": kind, "cpus": cpus, "memory_mb": memory}
+        return {**data, "guest": {**preset, **guest}}
 
     @field_validator("metadata")
     @classmethod
@@ -195,7 +479,18 @@ class MachineConfig(Strict):
 
     @model_validator(mode="after")
     def _runnable(self) -> MachineConfig:
-        if not self.image and not self.init.exec:
+        for name, check in self.checks.items():
+            if check.port is None:
+                raise ValueError(f"checks.{name}.port: a machine check needs a port")
+        if self.processes:
+            if self.image:
+                raise unsupported(
+                    "processes: several processes in one machine need the process driver for"
+                    " now (a machine without an image)"
+                )
+            if not all(p.argv(self.init) for p in self.processes):
+                raise ValueError("processes: each process needs a command (exec or cmd)")
+        elif not self.image and not self.init.exec:
             raise ValueError("a machine needs an image or init.exec (the command to run)")
         return self
 
@@ -207,12 +502,16 @@ class MachineConfig(Strict):
 
 
 class MachineEvent(BaseModel):
-    id: int
+    """One event in Fly's shape: `type` is Fly's (`launch`, `start`, `stop`, `exit`, ...);
+    `step` is the souk step that logged it (an addition)."""
+
+    id: str
     type: str
     status: str
     source: str = "worker"
     timestamp: int  # milliseconds since the epoch, as Fly reports it
     request: dict[str, Any] = {}
+    step: str | None = None
 
 
 CheckState = Literal["passing", "warning", "critical"]

@@ -201,6 +201,13 @@ class Forwarder:
                     return backend
                 fresh.remove(late)
                 backend = late
+            if (
+                not attempt
+                and _plain_http(request)
+                and self.router.policies.of(backend.row).force_https
+            ):
+                self.loads.release(backend.id, app)
+                return _to_https(request)
             outcome = await self._forward(request, body, backend, app)
             if isinstance(outcome, web.StreamResponse):
                 return outcome
@@ -351,3 +358,16 @@ class Forwarder:
 
 def app_header(request: web.Request) -> str | None:
     return request.headers.get(APP_HEADER)
+
+
+def _plain_http(request: web.Request) -> bool:
+    """Neither over TLS here nor, by the header a TLS terminator in front sets, before it."""
+    return not request.secure and request.headers.get("X-Forwarded-Proto", "").lower() != "https"
+
+
+def _to_https(request: web.Request) -> web.Response:
+    """A service port with `force_https`: plain HTTP is sent to the same URL over https."""
+    host = request.headers.get("X-Forwarded-Host") or request.host
+    return web.Response(
+        status=301, headers={"Location": f"https://{host}{request.path_qs}"}, text="use https\n"
+    )

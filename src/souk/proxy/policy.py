@@ -31,6 +31,7 @@ class ServicePolicy:
     autostart: bool = True
     autostop: bool = False
     min_machines_running: int = 0
+    force_https: bool = False  # a port of the service asks for plain HTTP to be redirected
 
 
 UNKNOWN = ServicePolicy()
@@ -45,9 +46,10 @@ def policy_of(config: MachineConfig) -> ServicePolicy:
     return ServicePolicy(
         soft_limit=limits.soft_limit if limits else None,
         hard_limit=limits.hard_limit if limits else None,
-        autostart=service.autostart,
-        autostop=service.autostop not in (False, "off"),
+        autostart=service.autostart and not config.disable_machine_autostart,
+        autostop=service.autostop != "off",
         min_machines_running=service.min_machines_running,
+        force_https=any(port.force_https for port in service.ports),
     )
 
 

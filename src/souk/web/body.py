@@ -35,7 +35,9 @@ _STEP[ord("]")] = _STEP[ord("}")] = -1
 
 # Pydantic error types that are not a plain 400: a model names the reason, the web layer the
 # status.
-_ERROR_STATUS = {"metadata_too_large": 413}
+# Validation error types answered with their own status and reason (the type) rather than a
+# 400 `invalid`: `unsupported` is a valid field souk cannot honour (see models/machine.py).
+_ERROR_STATUS = {"metadata_too_large": 413, "unsupported": 400}
 
 
 def json_depth(raw: bytes) -> int:

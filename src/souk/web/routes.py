@@ -33,6 +33,7 @@ class Named:
 
     where: Literal["path", "query", "body"]
     name: str
+    aliases: tuple[str, ...] = ()  # other names of the same body field, tried in order
 
     def __str__(self) -> str:
         return f"{self.where} {self.name}"
@@ -46,8 +47,8 @@ def in_query(name: str) -> Named:
     return Named("query", name)
 
 
-def in_body(name: str) -> Named:
-    return Named("body", name)
+def in_body(name: str, *aliases: str) -> Named:
+    return Named("body", name, aliases)
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ import asyncio
 import json
 from typing import Any
 
-from souk.models.machine import Check, CheckStatus
+from souk.models.machine import Check, CheckStatus, Service, named_checks
 from souk.worker import queries
 from souk.worker.checks import HealthChecks, RunKey
 from souk.worker.store import Commit, Store
@@ -42,8 +42,14 @@ class CheckFollowing:
             key = _run_key(row)
             if not self.checks.following(machine_id, key):
                 checks = json.loads(row["checks"] or "{}")
+                services = json.loads(row["services"] or "[]")
                 self.checks.follow(
-                    machine_id, key, {n: Check.model_validate(c) for n, c in checks.items()}
+                    machine_id,
+                    key,
+                    named_checks(
+                        {n: Check.model_validate(c) for n, c in checks.items()},
+                        [Service.model_validate(v) for v in services],
+                    ),
                 )
 
     def observed(self, row: Any) -> list[CheckStatus]:

@@ -1,9 +1,12 @@
 """Health checks, run by the worker against its own started machines (Fly's machine checks).
 
 A `tcp` check passes when a connection to the machine's private address and the check's port
-succeeds; an `http` check when GET of its path answers 2xx or 3xx, both within the check's
-timeout. A check reports `warning` until its first result and while failing within its grace
-period, `critical` when failing after it, `passing` when it passes.
+succeeds; an `http` check when a request for its path (GET unless the check names a `method`,
+with its `headers`, over https if its `protocol` says so) answers 2xx or 3xx, both within the
+check's timeout. A service's checks run too, named as Fly names them
+(`servicecheck-00-http-8080`), on the service's internal port unless they name one. A check
+reports `warning` until its first result and while failing within its grace period, `critical`
+when failing after it, `passing` when it passes.
 
 Results are observations, not state of record: they are kept in memory only, never logged (a
 flapping check would otherwise fill the operation log and everything that replicates it),
@@ -21,10 +24,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import ssl
 import time
 from dataclasses import dataclass, field
 
 import aiohttp
+from multidict import CIMultiDict
 
 from souk.models.machine import Check, CheckState, CheckStatus
 from souk.worker.store import now_iso
@@ -125,16 +130,24 @@ class HealthChecks:
             with contextlib.suppress(OSError):
                 await writer.wait_closed()
             return True, f"tcp {target}: connected"
-        url = f"http://{target}{_path(check)}"
+        url = f"{check.protocol or 'http'}://{target}{_path(check)}"
+        method = (check.method or "GET").upper()
+        headers = [(h.name, value) for h in check.headers for value in h.values]
         try:
-            async with self._client().get(
-                url, allow_redirects=False, timeout=aiohttp.ClientTimeout(total=timeout)
+            async with self._client().request(
+                method,
+                url,
+                headers=CIMultiDict(headers),
+                allow_redirects=False,
+                timeout=aiohttp.ClientTimeout(total=timeout),
+                ssl=_tls(check),
+                server_hostname=check.tls_server_name if check.protocol == "https" else None,
             ) as resp:
-                return 200 <= resp.status < 400, f"GET {url}: HTTP {resp.status}"
+                return 200 <= resp.status < 400, f"{method} {url}: HTTP {resp.status}"
         except TimeoutError:
-            return False, f"GET {url}: no answer within {timeout:g}s"
+            return False, f"{method} {url}: no answer within {timeout:g}s"
         except aiohttp.ClientError as exc:
-            return False, f"GET {url}: {exc}"
+            return False, f"{method} {url}: {exc}"
 
     def _client(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
@@ -144,6 +157,14 @@ class HealthChecks:
                 headers={"User-Agent": "souk-health-check"},
             )
         return self._session
+
+
+def _tls(check: Check) -> bool | ssl.SSLContext:
+    """For https checks: verified against the system's CAs (as `tls_server_name`, if given),
+    unless `tls_skip_verify`."""
+    if check.protocol == "https" and check.tls_skip_verify:
+        return False
+    return ssl.create_default_context() if check.protocol == "https" else True
 
 
 def _path(check: Check) -> str:

@@ -31,7 +31,7 @@ from souk.pki import NodeFiles, reloading_server_context, role_middleware
 from souk.web import add_routes, error_middleware
 from souk.web import runner as web_runner
 from souk.web.body import MAX_BODY_BYTES
-from souk.worker import api, logs
+from souk.worker import api, logs, schedules
 from souk.worker.cgroups import Cgroups
 from souk.worker.drivers.base import Drivers
 from souk.worker.drivers.process import ProcessDriver
@@ -92,10 +92,12 @@ async def running(engine: Engine) -> AsyncIterator[Engine]:
     rotator = asyncio.create_task(
         logs.rotate_forever(engine.settings.data_dir / "machines", engine.settings.log_max_bytes)
     )
+    scheduler = asyncio.create_task(schedules.schedule_forever(engine))
     try:
         yield engine
     finally:
         rotator.cancel()
+        scheduler.cancel()
         await engine.close()
 
 

@@ -15,6 +15,7 @@ import json
 import os
 import secrets
 import time
+from datetime import UTC, datetime
 from typing import Any
 
 from souk.models.api import Lease
@@ -40,6 +41,35 @@ from souk.worker.status import BusLink, StorageStatus, WorkerStatus, bus_status
 from souk.worker.storage import free_bytes
 from souk.worker.store import Commit, Store, Tx
 from souk.worker.supervision import Supervisor
+
+FLY_EVENT_TYPES = {"create": "launch"}
+
+
+def fly_event(row: Any) -> MachineEvent:
+    """An operation log entry as Fly shows a machine event: string id, Fly's type (`launch`,
+    `start`, `exit`...), and for an exit Fly's `exit_event`; souk's step and data stay."""
+    data = json.loads(row["data"])
+    kind = FLY_EVENT_TYPES.get(row["op"], row["op"])
+    if row["op"] == "event":  # not an operation: what happened (an exit, an adoption)
+        kind = row["step"]
+    if kind == "exit" and isinstance(data, dict):
+        exit_event: dict[str, Any] = {
+            "requested_stop": "restart" not in data,
+            "restarting": bool(data.get("restart")),
+            "oom_killed": False,
+            "exited_at": datetime.fromtimestamp(row["ts"], UTC).isoformat().replace("+00:00", "Z"),
+        }
+        if isinstance(data.get("exit_code"), int):
+            exit_event["exit_code"] = exit_event["guest_exit_code"] = data["exit_code"]
+        data = {**data, "exit_event": exit_event}
+    return MachineEvent(
+        id=str(row["seq"]),
+        type=kind,
+        status=row["state"] or "",
+        timestamp=int(row["ts"] * 1000),
+        request=data if isinstance(data, dict) else {},
+        step=row["step"],
+    )
 
 
 class Engine:
@@ -186,16 +216,7 @@ class Engine:
         return [self.machine_from_row(row, []) for row in rows]
 
     def events(self, machine_id: str, limit: int = 100) -> list[MachineEvent]:
-        return [
-            MachineEvent(
-                id=r["seq"],
-                type=f"{r['op']}.{r['step']}",
-                status=r["state"] or "",
-                timestamp=int(r["ts"] * 1000),
-                request=json.loads(r["data"]),
-            )
-            for r in queries.events(self.store.read, machine_id, limit)
-        ]
+        return [fly_event(r) for r in queries.events(self.store.read, machine_id, limit)]
 
     def offer(self, req: OfferRequest) -> Offer:
         """Would this guest fit here now? A hint for ranking; only a reservation decides. A

@@ -148,7 +148,8 @@ def started_with_checks(db: Db, machine_ids: list[str]) -> dict[str, Row]:
     for i in range(0, len(machine_ids), BATCH):
         batch = machine_ids[i : i + BATCH]
         rows = db.execute(
-            "SELECT id, instance_id, pid, private_ip, json_extract(config, '$.checks') checks"
+            "SELECT id, instance_id, pid, private_ip, json_extract(config, '$.checks') checks,"
+            " json_extract(config, '$.services') services"
             " FROM machines WHERE state = 'started'"
             f" AND id IN ({', '.join('?' * len(batch))})",
             batch,
@@ -434,3 +435,15 @@ def images_changed_since(db: Db, since: int) -> list[tuple[int, str]]:
         (since,),
     )
     return [(seq, digest) for digest, seq in rows]
+
+
+def scheduled_idle(db: Db) -> list[Row]:
+    """Machines with a `schedule` that are not running and have nothing queued: those the
+    scheduler may start, with when each last spawned a process (None: never)."""
+    return db.execute(
+        "SELECT m.id, m.created_at, json_extract(m.config, '$.schedule') schedule,"
+        " (SELECT MAX(ts) FROM oplog o WHERE o.resource = m.id AND o.step = 'spawn') last_spawn"
+        " FROM machines m WHERE json_extract(m.config, '$.schedule') IS NOT NULL"
+        " AND m.state IN ('created', 'stopped', 'failed')"
+        " AND NOT EXISTS (SELECT 1 FROM operations p WHERE p.machine = m.id AND p.done = 0)"
+    ).fetchall()

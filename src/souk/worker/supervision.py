@@ -127,7 +127,8 @@ class Supervisor:
         await patiently(self.store.watch, record)
 
     async def _record_exit(self, machine_id: str, code: int | None, ran: float = 0.0) -> None:
-        """One try at recording the exit (and queueing a restart if the policy says so)."""
+        """One try at recording the exit (and queueing a restart if the policy says so, or a
+        destroy for a machine with `auto_destroy` that the policy does not restart)."""
 
         def commit(tx: Tx) -> bool:
             row = queries.existing_machine(tx, machine_id)
@@ -138,8 +139,8 @@ class Supervisor:
                     "machine", machine_id, "event", "exit", row["state"], data={"exit_code": code}
                 )
                 return False
-            policy = MachineConfig.model_validate_json(row["config"]).restart
-            then = after_exit(policy, code, ran, row["crash_streak"], row["restart_count"])
+            config = MachineConfig.model_validate_json(row["config"])
+            then = after_exit(config.restart, code, ran, row["crash_streak"], row["restart_count"])
             queries.set_exited(tx, machine_id, then.state, then.crash_streak, now_iso())
             tx.log(
                 "machine",
@@ -154,6 +155,10 @@ class Supervisor:
                 not_before = time.time() + backoff(then.crash_streak)
                 params = {"not_before": not_before, "reason": "restart"}
                 enqueue(tx, machine_id, OPERATIONS["start"], then.state, params)
+            elif config.auto_destroy:  # done, as Fly's auto_destroy means: nothing left to keep
+                params = {"force": True, "reason": "auto_destroy"}
+                enqueue(tx, machine_id, OPERATIONS["destroy"], then.state, params)
+                return True
             return then.restart
 
         if await self.store.write(commit):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from aiohttp import web
 
 from souk.clients.workers import WorkerError
@@ -23,3 +25,29 @@ async def worker_errors(request: web.Request, handler: Handler) -> web.StreamRes
         return await handler(request)
     except WorkerError as exc:
         raise passthrough(exc) from exc
+
+
+FLY_STATUSES = frozenset({"insufficient_capacity"})  # the spec's other value is "unknown"
+
+
+@web.middleware
+async def fly_statuses(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Error bodies as Fly's spec types them: `status` is `insufficient_capacity` or `unknown`;
+    souk's own reason stays in `code` (the error shape's machine-readable field), so a typed Fly
+    client decodes every error and souk's clients still tell reasons apart. Outermost: it sees
+    every error body, whichever middleware or handler made it."""
+    response = await handler(request)
+    if response.status < 400 or not isinstance(response, web.Response):
+        return response
+    if response.content_type != "application/json" or not isinstance(response.body, bytes):
+        return response
+    try:
+        body = json.loads(response.body)
+    except ValueError:
+        return response
+    if isinstance(body, dict) and isinstance(body.get("status"), str):
+        reason = body["status"]
+        body["code"] = body.get("code") or reason
+        body["status"] = reason if reason in FLY_STATUSES else "unknown"
+        response.body = json.dumps(body).encode()
+    return response

@@ -4,9 +4,11 @@ machine's only writer."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from typing import get_args
 
 from aiohttp import web
+from pydantic import BaseModel
 
 from souk.broker.api import leases
 from souk.broker.api.params import flag, lease_nonce, machine_ids, policy, strategy
@@ -21,6 +23,7 @@ from souk.models.api import (
     PublicMachine,
     UpdateMachineRequest,
     WorkerLeaseRequest,
+    image_ref,
 )
 from souk.models.machine import CreateMachine, Machine, MachineState, StopRequest, UpdateMachine
 from souk.web import ApiError, read_model, reply
@@ -31,7 +34,18 @@ MAX_KEY = 255
 
 
 def public(machine: Machine, nonce: str | None = None) -> PublicMachine:
-    return PublicMachine(**machine.model_dump(), nonce=nonce)
+    ref = image_ref(machine.config.image) if machine.config.image else None
+    return PublicMachine(**machine.model_dump(), nonce=nonce, image_ref=ref)
+
+
+def fly_reply(value: BaseModel | Sequence[BaseModel], status: int = 200) -> web.Response:
+    """A body as Fly sends it: fields that are None left out (Go's omitempty), durations as
+    strings. Clients written in typed languages refuse a null where they expect a string."""
+    if isinstance(value, BaseModel):
+        text = value.model_dump_json(exclude_none=True)
+    else:
+        text = "[" + ",".join(v.model_dump_json(exclude_none=True) for v in value) + "]"
+    return web.Response(text=text, status=status, content_type="application/json")
 
 
 async def list_machines(request: web.Request) -> web.Response:
@@ -63,7 +77,7 @@ async def list_machines(request: web.Request) -> web.Response:
                 continue
             out.append(public(m))
     out.sort(key=lambda m: (m.created_at, m.id))
-    return reply(out)
+    return fly_reply(out)
 
 
 async def create_machine(request: web.Request) -> web.Response:
@@ -75,14 +89,15 @@ async def create_machine(request: web.Request) -> web.Response:
     if b.before_place is not None:
         await b.before_place()
     create = CreateMachine(app=app, config=body.config, name=body.name, start=not body.skip_launch)
+    region = body.region or b.default_region
     prefix = idempotency_prefix(request, app)
     if prefix is not None:
-        earlier = await b.keyed(app, prefix, body.region)
+        earlier = await b.keyed(app, prefix, region)
         if earlier is not None:
-            return reply(public(earlier))
+            return fly_reply(public(earlier))
     try:
         machine = await b.placer.place(
-            body.region,
+            region,
             create,
             chosen_strategy,
             chosen_policy,
@@ -90,9 +105,14 @@ async def create_machine(request: web.Request) -> web.Response:
             id_prefix=prefix,
         )
     except NoCapacity as exc:
-        if exc.asked == 0:  # not a worker in the region, reachable or not
+        if exc.asked == 0 and region is not None:  # not a worker there, reachable or not
+            regions = b.placer.regions()
             raise ApiError(
-                400, "invalid", f"region: no region {body.region!r} in this cluster"
+                400,
+                "invalid",
+                f"region: no region {region!r} in this cluster;"
+                f" its regions: {', '.join(regions) or 'none'}",
+                {"regions": regions},
             ) from None
         raise ApiError(
             412,
@@ -107,7 +127,7 @@ async def create_machine(request: web.Request) -> web.Response:
     worker = b.fleet.worker(machine.worker)
     address = worker.address if worker else ""
     if not address:
-        for row in b.fleet.workers(region=body.region, reachable_only=False):
+        for row in b.fleet.workers(region=machine.region, reachable_only=False):
             if row.id == machine.worker:
                 address = row.address
     b.hint(machine, address)
@@ -115,7 +135,7 @@ async def create_machine(request: web.Request) -> web.Response:
     if body.lease_ttl:
         lease = WorkerLeaseRequest(ttl=body.lease_ttl, owner=grant_of(request).token_id)
         nonce = (await leases.take(b, app, machine.id, lease)).nonce
-    return reply(public(machine, nonce))
+    return fly_reply(public(machine, nonce))
 
 
 def idempotency_prefix(request: web.Request, app: str) -> str | None:
@@ -129,7 +149,7 @@ def idempotency_prefix(request: web.Request, app: str) -> str | None:
 
 
 async def get_machine(request: web.Request) -> web.Response:
-    return reply(public(await broker_of(request).machine(*machine_ids(request))))
+    return fly_reply(public(await broker_of(request).machine(*machine_ids(request))))
 
 
 async def update_machine(request: web.Request) -> web.Response:
@@ -162,7 +182,7 @@ async def update_machine(request: web.Request) -> web.Response:
             f"{exc.message} (updates happen in place, on the same worker)",
             details,
         ) from None
-    return reply(public(machine))
+    return fly_reply(public(machine))
 
 
 async def destroy_machine(request: web.Request) -> web.Response:
@@ -170,15 +190,27 @@ async def destroy_machine(request: web.Request) -> web.Response:
     force = flag(request, "force")
     b = broker_of(request)
     worker, address = await b.find(app, mid)
-    machine = await b.client.destroy(worker, address, mid, force, lease_nonce(request))
-    return reply(public(machine))
+    try:
+        machine = await b.client.destroy(worker, address, mid, force, lease_nonce(request))
+    except WorkerError as exc:
+        if force or exc.reason != "invalid_state":
+            raise
+        # Fly refuses to destroy a running machine without force with a 412
+        # `failed_precondition`; clients written against it expect that status.
+        raise ApiError(
+            412,
+            "failed_precondition",
+            f"{exc.message} (destroy with force=true to kill it)",
+            exc.details or None,
+        ) from None
+    return fly_reply(public(machine))
 
 
 async def start_machine(request: web.Request) -> web.Response:
     b = broker_of(request)
     app, mid = machine_ids(request)
     worker, address = await b.find(app, mid)
-    return reply(public(await b.client.start(worker, address, mid, lease_nonce(request))))
+    return fly_reply(public(await b.client.start(worker, address, mid, lease_nonce(request))))
 
 
 async def stop_machine(request: web.Request) -> web.Response:
@@ -186,14 +218,14 @@ async def stop_machine(request: web.Request) -> web.Response:
     app, mid = machine_ids(request)
     body = await read_model(request, StopRequest)
     worker, address = await b.find(app, mid)
-    return reply(public(await b.client.stop(worker, address, mid, body, lease_nonce(request))))
+    return fly_reply(public(await b.client.stop(worker, address, mid, body, lease_nonce(request))))
 
 
 async def restart_machine(request: web.Request) -> web.Response:
     b = broker_of(request)
     app, mid = machine_ids(request)
     worker, address = await b.find(app, mid)
-    return reply(public(await b.client.restart(worker, address, mid, lease_nonce(request))))
+    return fly_reply(public(await b.client.restart(worker, address, mid, lease_nonce(request))))
 
 
 async def wait_machine(request: web.Request) -> web.Response:
@@ -232,7 +264,7 @@ async def machine_events(request: web.Request) -> web.Response:
     app, mid = machine_ids(request)
     await b.machine(app, mid)
     worker, address = await b.find(app, mid)
-    return reply(await b.client.events(worker, address, mid))
+    return fly_reply(await b.client.events(worker, address, mid))
 
 
 async def machine_logs(request: web.Request) -> web.StreamResponse:

@@ -21,13 +21,15 @@ async def metrics(request: web.Request) -> web.Response:
 def target(row: MachineRow) -> dict[str, object] | None:
     """One machine's scrape target, or None: only a started machine with an address and
     `config.metrics` has one. Its labels name the machine; Prometheus keeps them per series."""
-    if row.metrics is None or row.state != "started" or not row.private_ip:
+    found = row.metrics
+    if found is None or found.port is None or row.state != "started" or not row.private_ip:
         return None
     host = f"[{row.private_ip}]" if ":" in row.private_ip else row.private_ip
     return {
-        "targets": [f"{host}:{row.metrics.port}"],
+        "targets": [f"{host}:{found.port}"],
         "labels": {
-            "__metrics_path__": row.metrics.path,
+            "__metrics_path__": found.path or "/metrics",
+            "__scheme__": "https" if found.https else "http",
             "app": row.app,
             "region": row.region,
             "machine_id": row.id,

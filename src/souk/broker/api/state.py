@@ -38,6 +38,7 @@ class Broker:
         registry: AppRegistry | None = None,
         registry_url: str | None = None,
         before_place: Callable[[], Awaitable[None]] | None = None,
+        default_region: str | None = None,
     ) -> None:
         self.fleet = fleet
         self.client = client
@@ -48,6 +49,8 @@ class Broker:
         self.registry = registry
         self.registry_url = registry_url
         self.before_place = before_place
+        # Where a create that names no region goes; None: the best offer of every region.
+        self.default_region = default_region
         # machine id -> (app, worker id, address): machines this broker just created, which the
         # catalog may not show for a few milliseconds more.
         self._hints: OrderedDict[str, tuple[str, str, str]] = OrderedDict()
@@ -113,7 +116,7 @@ class Broker:
                 return worker.id, worker.address
         raise ApiError(404, "not_found", f"machine {machine_id} not found in app {app}")
 
-    async def keyed(self, app: str, prefix: str, region: str) -> Machine | None:
+    async def keyed(self, app: str, prefix: str, region: str | None) -> Machine | None:
         """The machine an earlier create with the same idempotency key made (its id starts with
         `prefix`), if any: from the catalog or the hints, else by asking each of the region's
         workers for the id it would have there (a create through another broker a moment ago)."""

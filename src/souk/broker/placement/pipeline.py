@@ -87,10 +87,8 @@ class NoCapacity(Exception):
     refusals: list[Refusal] = field(default_factory=list)
 
     def message(self) -> str:
-        return (
-            f"no worker in region {self.region} could take this machine"
-            f" ({self.asked} workers asked)"
-        )
+        where = f"region {self.region}" if self.region else "any region"
+        return f"no worker in {where} could take this machine ({self.asked} workers asked)"
 
 
 class Placer:
@@ -126,7 +124,7 @@ class Placer:
 
     async def place(
         self,
-        region: str,
+        region: str | None,
         create: CreateMachine,
         strategy: Strategy = "auto",
         policy: Policy | None = None,
@@ -134,12 +132,14 @@ class Placer:
         id_prefix: str | None = None,
     ) -> Machine:
         """`id_prefix`: the machine's id is this and the chosen worker's tag (a create with an
-        idempotency key), instead of random digits and the tag."""
+        idempotency key), instead of random digits and the tag. `region` None: every region's
+        workers are candidates at once, so the best offer of the cluster wins, wherever it is
+        (for clients that name no region)."""
         began, end = time.perf_counter(), time.monotonic() + self.deadline
-        reachable, doubtful = self.usable(region)
+        reachable, doubtful = self.usable_in(region)
         if strategy == "auto":
             strategy = "offers" if len(reachable) <= self.offers_up_to else "catalog"
-        refused = NoCapacity(region, 0)
+        refused = NoCapacity(region or "", 0)
         guest = create.config.guest
         feasible_rounds = self._feasible(reachable, doubtful, strategy, create, avoid, end, refused)
         share = self.deadline * RESERVE_SHARE
@@ -163,7 +163,7 @@ class Placer:
                             Decision(
                                 machine.id,
                                 create.app,
-                                region,
+                                machine.region,
                                 strategy,
                                 policy or self.policy,
                                 guest,
@@ -180,6 +180,22 @@ class Placer:
         self._unreachable(region, reachable, refused)
         self.metrics.refused(strategy, time.perf_counter() - began, refused.refusals)
         raise refused
+
+    def regions(self) -> list[str]:
+        """Every region the catalog knows a worker in, reachable or not."""
+        return sorted({w.region for w in self.fleet.workers(reachable_only=False)})
+
+    def usable_in(self, region: str | None) -> tuple[list[WorkerRow], set[str]]:
+        """`usable` of one region, or of every region together."""
+        if region is not None:
+            return self.usable(region)
+        rows: list[WorkerRow] = []
+        doubtful: set[str] = set()
+        for name in self.regions():
+            more, unsure = self.usable(name)
+            rows += more
+            doubtful |= unsure
+        return rows, doubtful
 
     def usable(self, region: str) -> tuple[list[WorkerRow], set[str]]:
         """The region's workers placement may use (see `souk.broker.liveness`), and which of
@@ -293,7 +309,9 @@ class Placer:
             if self.on_decision is not None:
                 self.on_decision(strategy, took)
 
-    def _unreachable(self, region: str, reachable: list[WorkerRow], refused: NoCapacity) -> None:
+    def _unreachable(
+        self, region: str | None, reachable: list[WorkerRow], refused: NoCapacity
+    ) -> None:
         """The region's unreachable workers, first among the refusals. Looked up only to
         explain a refusal: placement never reads them."""
         known = {w.id for w in reachable}

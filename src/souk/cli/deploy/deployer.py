@@ -30,9 +30,9 @@ DESTROY_WAIT = 30.0  # a destroy returns once the machine is destroyed: its proc
 def crashed_last(m: MachineView) -> bool:
     """Whether the machine's last exit was a crash rather than a stop that was asked for."""
     for e in sorted(m.events, key=lambda e: e.id, reverse=True):
-        if e.type == "event.exit":
+        if e.type == "exit":
             return "restart" in e.request
-        if e.type.startswith("stop."):
+        if e.type == "stop":
             return False
     return False
 
@@ -210,16 +210,18 @@ class Deployer:
             for e in sorted(current.events, key=lambda e: e.id):
                 if e.id <= mark:
                     continue
-                if e.type == "event.exit" and "restart" in e.request:  # not a stop we asked for
+                if e.type == "exit" and "restart" in e.request:  # not a stop we asked for
                     raise await self._failure(current, e.request.get("exit_code"), e.request)
-                if e.type.endswith(".error"):  # the worker could not run it (e.g. spawn)
+                if e.step == "error":  # the worker could not run it (e.g. spawn)
                     raise await self._failure(current, None, e.request)
             if current.state in ("destroying", "destroyed"):
                 raise DeployError(f"machine {m.id} was destroyed during the deploy")
             # started on the new instance, by a process spawned after `mark`: an update answers
             # with the new instance id while the old process still runs until its restart
             spawns = [
-                e.timestamp for e in current.events if e.id > mark and e.type == "start.spawn"
+                e.timestamp
+                for e in current.events
+                if e.id > mark and (e.type, e.step) == ("start", "spawn")
             ]
             up = current.state == "started" and current.instance_id == m.instance_id and spawns
             if up:

@@ -35,11 +35,12 @@ class CheckView(BaseModel):
 class EventView(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
-    id: int
-    type: str
+    id: int  # Fly sends it as a string of digits
+    type: str  # Fly's: launch, start, stop, exit, ...
     status: str = ""
     timestamp: int = 0
     request: dict[str, Any] = {}
+    step: str = ""  # souk's step within the operation
 
 
 class MachineView(BaseModel):

@@ -14,16 +14,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import shutil
 import signal as signals
+import sys
 from pathlib import Path
 from typing import IO, Any
 
+from souk.models.machine import MachineProcess
 from souk.worker import procfs
 from souk.worker.cgroups import Cgroups
+from souk.worker.drivers import processes
 from souk.worker.drivers.base import Handle, HostUser, Launch
 from souk.worker.drivers.exits import poll_until_gone, until_gone
+from souk.worker.drivers.processes import SPEC_ENV
 
 POLL = 0.05
 
@@ -64,18 +69,23 @@ class ProcessDriver:
             return running
         workdir = _workdir(launch)
         workdir.mkdir(parents=True, exist_ok=True)
-        argv = launch.config.argv()
+        argv, env, identity = launch.config.argv(), machine_env(launch), _identity(launch.user)
+        several = bool(launch.config.processes)
+        if several:  # one launcher runs them all: see processes.py
+            argv = [sys.executable, "-I", processes.__file__]  # stdlib only: runs as a file
+            env = {**env, SPEC_ENV: json.dumps(process_specs(launch))}
+            identity = {}  # it starts each process as its own ids
         with _log(launch.rundir / "stdout.log") as out, _log(launch.rundir / "stderr.log") as err:
             try:
                 proc = await asyncio.create_subprocess_exec(
                     *argv,
-                    stdin=asyncio.subprocess.DEVNULL,
+                    stdin=asyncio.subprocess.PIPE if several else asyncio.subprocess.DEVNULL,
                     stdout=out,
                     stderr=err,
                     cwd=workdir,
-                    env=machine_env(launch),
+                    env=env,
                     start_new_session=True,
-                    **_identity(launch.user),
+                    **identity,
                 )
             except PermissionError as exc:
                 if launch.user is None:
@@ -87,6 +97,8 @@ class ProcessDriver:
                 ) from exc
         guest = launch.config.guest
         self.cgroups.limit(launch.machine_id, proc.pid, guest.cpus, guest.memory_mb)
+        if proc.stdin is not None:  # the launcher's go, now that the cgroup holds it
+            proc.stdin.close()
         started = procfs.start_time(proc.pid) or "0"
         self._exits[launch.machine_id] = asyncio.ensure_future(proc.wait())
         return Handle(proc.pid, started)
@@ -171,6 +183,39 @@ class ProcessDriver:
         self.cgroups.remove(launch.machine_id)
         if launch.home is not None:
             await asyncio.to_thread(shutil.rmtree, launch.home, True)
+
+
+def process_env(launch: Launch, process: MachineProcess) -> dict[str, str]:
+    """A process's env: the machine's, then its own, then its `env_from` fields."""
+    fields = {
+        "id": launch.machine_id,
+        "version": launch.instance_id,
+        "app_name": launch.app,
+        "private_ip": launch.private_ip,
+        "region": launch.region,
+        "image": launch.config.image or "",
+    }
+    env = {**machine_env(launch), **process.env}
+    env.update({ref.env_var: fields[ref.field_ref] for ref in process.env_from})
+    return env
+
+
+def process_specs(launch: Launch) -> list[dict[str, Any]]:
+    """What the launcher starts: each process's argv, env and host ids (the app's own, offset
+    by its `user` within the app's span; none for a worker that is not root)."""
+    specs = []
+    for process in launch.config.processes:
+        uid = gid = None
+        if launch.user is not None and os.geteuid() == 0:
+            offset = process.uid_offset()
+            if offset >= launch.user.span:
+                raise PermissionError(
+                    f"user {process.user}: outside the app's {launch.user.span} ids"
+                )
+            uid, gid = launch.user.uid + offset, launch.user.gid + offset
+        argv = process.argv(launch.config.init)
+        specs.append({"argv": argv, "env": process_env(launch, process), "uid": uid, "gid": gid})
+    return specs
 
 
 def _workdir(launch: Launch) -> Path:

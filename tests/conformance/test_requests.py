@@ -1,0 +1,141 @@
+"""What Fly clients send, accepted as Fly does: app_name, no region, size presets, PUT, and
+every config field either honoured or refused by name."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from souk.broker.api.state import BROKER
+from souk.models.machine import SIZES, MachineConfig
+from tests.support.broker_cluster import Cluster, WorkerSpec, cluster, machine_body
+
+M = "/v1/apps/demo/machines"
+EXEC = {"init": {"exec": ["sleep", "60"]}}
+
+
+async def body_of(resp: Any, status: int) -> Any:
+    assert resp.status == status, await resp.text()
+    return await resp.json()
+
+
+@pytest.fixture
+async def lopsided(tmp_path: Path) -> Any:
+    """mad has one small worker; ams one with room for more."""
+    specs = [WorkerSpec("m1", "mad", cpus=1, memory_mb=1024), WorkerSpec("a1", "ams", cpus=8)]
+    async with cluster(tmp_path, specs) as c:
+        yield c
+
+
+def test_size_presets_map_to_flys_guests() -> None:
+    got = {n: MachineConfig.model_validate({**EXEC, "size": n}).guest for n in SIZES}
+    assert (got["shared-cpu-1x"].cpus, got["shared-cpu-1x"].memory_mb) == (1, 256)
+    assert (got["shared-cpu-8x"].cpus, got["shared-cpu-8x"].memory_mb) == (8, 2048)
+    perf = got["performance-16x"]
+    assert (perf.cpu_kind, perf.cpus, perf.memory_mb) == ("performance", 16, 32768)
+    assert got["performance-1x"].memory_mb == 2048
+    # the guest's own fields win over the preset's
+    mixed = MachineConfig.model_validate({**EXEC, "size": "shared-cpu-4x", "guest": {"cpus": 1}})
+    assert (mixed.guest.cpus, mixed.guest.memory_mb) == (1, 1024)
+    with pytest.raises(ValueError, match="unknown size"):
+        MachineConfig.model_validate({**EXEC, "size": "huge"})
+
+
+async def test_app_name_as_well_as_name(lopsided: Cluster) -> None:
+    c = lopsided
+    app = await body_of(await c.call("POST", "/v1/apps", json={"app_name": "older"}), 201)
+    assert app["name"] == "older"
+    both = {"app_name": "one", "name": "two"}
+    body = await body_of(await c.call("POST", "/v1/apps", json=both), 400)
+    assert "app_name" in body["error"]
+    # a token limited to an app may create it by either field
+    token = c.tokens["demo"]
+    resp = await c.call("POST", "/v1/apps", token=token, json={"app_name": "other"})
+    assert resp.status == 403
+
+
+async def test_no_region_takes_the_best_offer_of_every_region(lopsided: Cluster) -> None:
+    c = lopsided
+    body = {"config": {**EXEC, "guest": {"cpus": 2, "memory_mb": 256}}}
+    for _ in range(2):  # mad cannot hold 2 cpus: every one goes to ams
+        m = await body_of(await c.call("POST", M, json=body), 200)
+        assert m["region"] == "ams"
+    app = c.broker.app
+    assert app is not None
+    app[BROKER].default_region = "mad"  # as `souk broker --default-region mad`
+    small = {"config": {**EXEC, "size": "shared-cpu-1x"}}
+    m = await body_of(await c.call("POST", M, json=small), 200)
+    assert (m["region"], m["config"]["guest"]["cpus"]) == ("mad", 1)
+    body = await body_of(await c.call("POST", M, json=body), 412)
+    assert body["status"] == "insufficient_capacity" and body["details"]["region"] == "mad"
+
+
+async def test_put_updates_as_post_does(lopsided: Cluster) -> None:
+    c = lopsided
+    m = await body_of(await c.call("POST", M, json=machine_body(region="ams")), 200)
+    update = {"config": {**EXEC, "env": {"V": "1"}}}
+    put = await body_of(await c.call("PUT", f"{M}/{m['id']}", json=update), 200)
+    assert put["config"]["env"] == {"V": "1"} and put["instance_id"] != m["instance_id"]
+
+
+UNSUPPORTED: list[tuple[dict[str, Any], str]] = [
+    ({"containers": [{"name": "a", "image": "x"}]}, "config.containers"),
+    ({"guest": {"kernel_args": ["quiet"]}}, "config.guest.kernel_args"),
+    ({"guest": {"gpus": 1, "gpu_kind": "a100-pcie-40gb"}}, "config.guest.gpus"),
+    ({"init": {"exec": ["sleep", "1"], "swap_size_mb": 512}}, "config.init.swap_size_mb"),
+    ({"init": {"exec": ["sleep", "1"], "kernel_args": ["a"]}}, "config.init.kernel_args"),
+    ({"rootfs": {"size_gb": 10}}, "config.rootfs"),
+    ({"files": [{"guest_path": "/a", "raw_value": "eA=="}]}, "config.files"),
+    ({"mounts": [{"volume": "vol_1", "path": "/data"}]}, "config.mounts"),
+    ({"statics": [{"guest_path": "/s", "url_prefix": "/s"}]}, "config.statics"),
+    ({"dns": {"nameservers": ["1.1.1.1"]}}, "config.dns"),
+    ({"image": "r.example/a:1", "processes": [{"cmd": ["a"]}]}, "config"),
+    ({"processes": [{"cmd": ["a"], "user": "www-data"}]}, "config.processes.0.user"),
+    (
+        {"services": [{"internal_port": 80, "ports": [{"start_port": 1, "end_port": 9}]}]},
+        "config.services.0.ports.0.start_port",
+    ),
+]
+
+
+@pytest.mark.parametrize(("fields", "named"), UNSUPPORTED)
+def test_fields_souk_cannot_honour_are_refused_by_name(fields: dict[str, Any], named: str) -> None:
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError) as info:
+        MachineConfig.model_validate({**EXEC, **fields})
+    errors = info.value.errors()
+    assert errors[0]["type"] == "unsupported", errors
+    assert ".".join(str(p) for p in errors[0]["loc"]).startswith(named.removeprefix("config")[1:])
+
+
+def test_fields_souk_honours_or_keeps_are_accepted_and_returned() -> None:
+    config = MachineConfig.model_validate(
+        {
+            **EXEC,
+            "schedule": "daily",
+            "metrics": {"port": 9091, "path": "/metrics"},
+            "auto_destroy": True,
+            "processes": [{"cmd": ["sleep", "1"], "user": "3", "env": {"A": "1"}}],
+            "services": [
+                {
+                    "internal_port": 8080,
+                    "autostop": False,
+                    "ports": [{"port": 80, "force_https": True}],
+                    "checks": [{"type": "http", "method": "HEAD", "path": "/"}],
+                }
+            ],
+            "checks": {
+                "c": {"type": "http", "port": 1, "headers": [{"name": "A", "values": ["b"]}]}
+            },
+            "dns": {"skip_registration": True},
+            "rootfs": {"persist": "never"},
+            "disable_machine_autostart": True,
+        }
+    )
+    again = MachineConfig.model_validate_json(config.model_dump_json())
+    assert again == config
+    assert again.services[0].autostop == "off" and again.services[0].ports[0].force_https
+    assert again.processes[0].uid_offset() == 3
