@@ -101,7 +101,7 @@ async def test_the_app_and_machine_pages_show_releases_events_and_placement_esca
     page = await (await get(c, "/ui/apps/demo", op)).text()
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page and "<script>alert" not in page
     assert made["id"] in page and "v1" in page
-    assert "create.reserve" in page  # the machine's events, from its worker
+    assert "<td>launch</td>" in page  # the machine's events (Fly's types), from its worker
     machine = await (await get(c, f"/ui/apps/demo/machines/{made['id']}", op)).text()
     assert 'class="placement"' in machine and f'data-candidate="{made["worker"]}"' in machine
     await err(await get(c, "/ui/apps/nope", op), 404)
