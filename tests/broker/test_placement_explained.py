@@ -110,7 +110,7 @@ async def test_a_create_is_explained_to_operators_and_by_the_cli(
         # operators only: an app's own deploy token may not read the fleet's picture
         await err(await c.call("GET", path, token=c.tokens["demo"]), 403)
         body = await err(await c.call("GET", f"{M}/0123456789abcd/placement", token=op), 404)
-        assert body["status"] == "not_found"
+        assert body["code"] == "not_found"
 
         # the table in a terminal
         api = str(c.broker.make_url("")).rstrip("/")
@@ -126,4 +126,4 @@ async def test_a_create_is_explained_to_operators_and_by_the_cli(
         async with TestClient(TestServer(make_app(other, SECRET), host="127.0.0.1")) as second:
             resp = await second.get(path, headers=c.auth(op))
             body = await err(resp, 404)
-            assert body["status"] == "not_recorded" and "another broker" in body["error"]
+            assert body["code"] == "not_recorded" and "another broker" in body["error"]
