@@ -5,7 +5,7 @@ or deploy on the app it names (see docs/tokens.md), a fleet operation, or any va
 
 from __future__ import annotations
 
-from souk.broker.api import apps, fleet, leases, machines, metadata, tokens
+from souk.broker.api import apps, fleet, leases, machines, metadata, secrets, tokens
 from souk.models.api import (
     App,
     CreateAppRequest,
@@ -23,10 +23,21 @@ from souk.models.api import (
 )
 from souk.models.catalog import RevocationRow
 from souk.models.machine import MachineEvent, MetadataChange, StopRequest
+from souk.models.secrets import (
+    AppSecret,
+    AppSecrets,
+    AppSecretsUpdateRequest,
+    AppSecretsUpdateResp,
+    DeleteAppSecretResponse,
+    SetAppSecretRequest,
+    SetAppSecretResponse,
+)
 from souk.web import Permission, Route, in_body, in_path, in_query
 
 M = "/v1/apps/{app}/machines/{id}"
 META = M + "/metadata"
+SECRETS = "/v1/apps/{app}/secrets"
+SECRET = SECRETS + "/{secret_name}"
 APP = in_path("app")
 READ = Permission.app_read(APP, machine=in_path("id"))
 WRITE = Permission.app_write(APP, machine=in_path("id"))
@@ -87,6 +98,58 @@ ROUTES: list[Route] = [
         MetadataChange,
         dict[str, str],
         errors=(400, 404, 413, 503),
+        permission=Permission.app_deploy(APP),
+    ),
+    # Secrets: names and digests to readers; setting one takes what a deploy takes, since
+    # every machine of the app gets it.
+    Route(
+        "GET",
+        SECRETS,
+        secrets.list_secrets,
+        "The app's secrets: names and digests, never values",
+        response=AppSecrets,
+        errors=(403, 404, 503),
+        query={"show_secrets": "refused (403): souk never returns a value"},
+        permission=Permission.app_read(APP),
+    ),
+    Route(
+        "POST",
+        SECRETS,
+        secrets.update_secrets,
+        "Set several secrets (a null value unsets one), sealed in one step",
+        AppSecretsUpdateRequest,
+        AppSecretsUpdateResp,
+        errors=(400, 404, 413, 503),
+        permission=Permission.app_deploy(APP),
+    ),
+    Route(
+        "GET",
+        SECRET,
+        secrets.get_secret,
+        "One secret: its name and digest",
+        response=AppSecret,
+        errors=(403, 404, 503),
+        query={"show_secrets": "refused (403): souk never returns a value"},
+        permission=Permission.app_read(APP),
+    ),
+    Route(
+        "POST",
+        SECRET,
+        secrets.set_secret,
+        "Set one secret",
+        SetAppSecretRequest,
+        SetAppSecretResponse,
+        201,
+        errors=(400, 404, 413, 503),
+        permission=Permission.app_deploy(APP),
+    ),
+    Route(
+        "DELETE",
+        SECRET,
+        secrets.delete_secret,
+        "Unset one secret",
+        response=DeleteAppSecretResponse,
+        errors=(404, 503),
         permission=Permission.app_deploy(APP),
     ),
     Route(

@@ -19,6 +19,7 @@ from typing import IO, Any
 from souk.worker import procfs
 from souk.worker.drivers.base import Handle, Launch
 from souk.worker.drivers.exits import ExitCodes, poll_until_gone, until_gone
+from souk.worker.files import write_files
 from souk.worker.oci import network
 from souk.worker.oci.images import ImageCache
 from souk.worker.oci.spec import runtime_spec
@@ -80,6 +81,9 @@ class RuncDriver:
             raise RuncError("the runc driver runs images; this machine names none")
         image = await self.images.pull(launch.config.image)
         rootfs = await self.images.prepare_rootfs(image, _image_dir(launch), launch.user)
+        if launch.config.files:
+            files, owner = launch.config.files, launch.file_owner()
+            await asyncio.to_thread(write_files, rootfs, files, launch.secrets, owner)
         netns = await network.setup(launch.machine_id, launch.private_ip)
         env = {
             "SOUK_MACHINE_ID": launch.machine_id,
