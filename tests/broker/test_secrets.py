@@ -239,3 +239,19 @@ async def test_a_deploy_sets_its_env_as_secrets_and_unsets_what_it_dropped(one: 
         assert [s.name for s in (await api.secrets("demo")).secrets] == ["A", "MANUAL"]
         assert second != first and second == await current_digest(api, "demo")
         assert await sync_env(api, "demo", {"A": "1"}, meta) == second  # same values, same digest
+
+
+async def test_a_secret_that_does_not_open_stops_creates_not_listings(one: Cluster) -> None:
+    await answer(await one.call("POST", S, json={"values": {"A": PASSWORD}}))
+    registry = registry_of(one)
+    moved = registry.get("demo").secrets["A"]
+    registry.patch_secrets("demo", {"B": moved}, [])  # copied under another name: bound to A
+    config = {"init": {"exec": ["true"]}}
+    resp = await one.call("POST", M, json={"region": "mad", "config": config})
+    body = await resp.json()
+    assert resp.status == 500 and body["status"] == "sealed_unreadable" and "B" in body["error"]
+    assert PASSWORD not in json.dumps(body)
+    assert [s["name"] for s in (await answer(await one.call("GET", S)))["secrets"]] == ["A", "B"]
+    await answer(await one.call("POST", f"{S}/B", json={"value": "fresh"}), 201)  # set again
+    resp = await one.call("POST", M, json={"region": "mad", "config": config, "skip_launch": True})
+    assert resp.status == 200, await resp.text()

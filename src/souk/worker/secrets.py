@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 
 from souk.models.machine import MachineConfig
-from souk.sealing import Sealer
+from souk.sealing import WORKER_KEY_FILE, Sealer, Unsealable
 from souk.worker import queries
 from souk.worker.queries import Db
 from souk.worker.store import Tx
@@ -25,11 +25,21 @@ def record(tx: Tx, sealer: Sealer, app: str, machine_id: str, secrets: dict[str,
     queries.set_machine_secrets(tx, machine_id, sealed)
 
 
+class SecretsUnreadable(RuntimeError):
+    """The machine's secrets do not open with this worker's key: the start fails, saying so."""
+
+
 def opened(db: Db, sealer: Sealer, app: str, machine_id: str) -> dict[str, str]:
     sealed = queries.machine_secrets(db, machine_id)
     if sealed is None:
         return {}
-    found: dict[str, str] = json.loads(sealer.open(f"{app}/{machine_id}", _KEY, sealed))
+    try:
+        found: dict[str, str] = json.loads(sealer.open(f"{app}/{machine_id}", _KEY, sealed))
+    except Unsealable:
+        raise SecretsUnreadable(
+            f"the secrets of machine {machine_id} do not open with this worker's key"
+            f" ({WORKER_KEY_FILE} replaced?); update the machine to send them again"
+        ) from None
     return found
 
 

@@ -88,23 +88,27 @@ def spawn_marker(machine_id: str, op_id: int) -> str:
     return f"{machine_id}.{op_id}"
 
 
-def _launch(w: StepHost, run: StepRun) -> Launch:
+def _launch(w: StepHost, run: StepRun, secrets: bool = False) -> Launch:
+    """The machine as a driver sees it; with `secrets` (a spawn only: stopping and cleaning up
+    need none), the app's secrets opened into its env and for its files."""
     row = queries.existing_machine(w.store.read, run.machine_id)
     marker = row["marker"] or spawn_marker(run.machine_id, run.op_id)
-    secrets = machine_secrets.opened(w.store.read, w.sealer, row["app"], run.machine_id)
+    opened = {}
+    if secrets:
+        opened = machine_secrets.opened(w.store.read, w.sealer, row["app"], run.machine_id)
     config = MachineConfig.model_validate_json(row["config"])
     return Launch(
         machine_id=run.machine_id,
         app=row["app"],
         region=w.settings.region,
         instance_id=row["instance_id"],
-        config=machine_secrets.with_env(config, secrets),
+        config=machine_secrets.with_env(config, opened),
         marker=marker,
         rundir=w.settings.rundir(run.machine_id),
         private_ip=row["private_ip"] or "127.0.0.1",
         resumed=marker not in w.marked_here,
         home=app_users.home(w.settings.data_dir, row["app"], run.machine_id),
-        secrets=secrets,
+        secrets=opened,
     )
 
 
@@ -127,7 +131,7 @@ async def _begin_start(w: StepHost, run: StepRun) -> int:
 
 @STEPS.implements("spawn")
 async def _spawn(w: StepHost, run: StepRun) -> int:
-    launch = await app_users.assign(w.store, w.settings.data_dir, _launch(w, run))
+    launch = await app_users.assign(w.store, w.settings.data_dir, _launch(w, run, secrets=True))
     w.marked_here.discard(launch.marker)
     kind = Drivers.kind_of(launch.config)
     driver = w.drivers.require(kind)
