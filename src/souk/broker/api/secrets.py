@@ -39,7 +39,7 @@ def _no_values(request: web.Request) -> None:
         )
 
 
-async def _row(request: web.Request, name: str) -> AppRow:
+def _row(request: web.Request, name: str) -> AppRow:
     b = broker_of(request)
     if b.registry is not None:
         row = b.registry.get(name)
@@ -62,7 +62,7 @@ async def list_secrets(request: web.Request) -> web.Response:
     b, name = broker_of(request), request.match_info["app"]
     if b.registry is None and b.registry_url:  # read from the writer: a set is seen at once
         return await forward_registry(request, "GET", f"/v1/apps/{name}/secrets")
-    return reply(_listing(await _row(request, name)))
+    return reply(_listing(_row(request, name)))
 
 
 async def get_secret(request: web.Request) -> web.Response:
@@ -74,7 +74,7 @@ async def get_secret(request: web.Request) -> web.Response:
     )
     if b.registry is None and b.registry_url:
         return await forward_registry(request, "GET", f"/v1/apps/{name}/secrets/{secret}")
-    record = (await _row(request, name)).secrets.get(secret)
+    record = _row(request, name).secrets.get(secret)
     if record is None:
         raise ApiError(404, "not_found", f"app {name} has no secret {secret}")
     return reply(shown(secret, record))
@@ -134,7 +134,7 @@ async def delete_secret(request: web.Request) -> web.Response:
     )
     if b.registry is None:
         return await forward_registry(request, "DELETE", f"/v1/apps/{name}/secrets/{secret}")
-    before = await _row(request, name)
+    before = _row(request, name)
     if secret not in before.secrets:
         raise ApiError(404, "not_found", f"app {name} has no secret {secret}")
     row = _patch(b, sealer_of(request), name, {secret: None})
