@@ -28,7 +28,7 @@ from souk.broker.tokens import mint, new_secret, read_secret
 from souk.catalog.bus import Bus, InProcessBus
 from souk.catalog.node import NodeKey, ca_trust
 from souk.catalog.replica import following
-from souk.models.machine import MachineState
+from souk.models.machine import CpuKind, MachineState
 from souk.pki import NodeFiles, init_ca, issue_files
 from souk.pki.files import CA_CERT, CA_KEY
 from souk.proxy.server import ProxyOptions, proxy_site
@@ -42,6 +42,7 @@ from souk.worker.errors import WorkerError
 from souk.worker.settings import WorkerSettings
 
 REGIONS = ("mad", "ams", "sin")
+CPU_KINDS: tuple[CpuKind, ...] = ("shared", "performance")
 STOP_GRACE = 10.0  # past a machine's own stop timeout, before it is reported left running
 log = logging.getLogger("souk.dev")
 
@@ -119,7 +120,11 @@ async def dev_cluster(
     memory_mb: int = 4096,
     idle_timeout: float = 60.0,
     secure: bool = False,
+    insecure_registries: tuple[str, ...] = (),
 ) -> AsyncIterator[DevCluster]:
+    """Every worker offers both CPU kinds (`shared` and `performance`): clients that ask for
+    either, as Fly's clients do by default, are placed; `insecure_registries` (host[:port]) are
+    pulled from over plain http, as a worker's `--insecure-registry`."""
     data_dir.mkdir(parents=True, exist_ok=True)
     secret = _secret(data_dir)
     pki = DevPki(data_dir / "tls", host) if secure else None
@@ -137,7 +142,9 @@ async def dev_cluster(
                     data_dir=data_dir / "workers" / name,
                     cpus=cpus,
                     memory_mb=memory_mb,
+                    cpu_kinds=CPU_KINDS,
                     durable=False,
+                    insecure_registries=insecure_registries,
                 )
                 tls = pki.issue("worker", name) if pki else None
                 engine, workers[name] = await _start_worker(stack, bus, settings, driver, host, tls)
@@ -233,9 +240,23 @@ def dashboard_url(dev: DevCluster) -> str:
 
 
 async def run_dev(
-    data_dir: Path, host: str, port: int, proxy_port: int, driver: str, secure: bool = False
+    data_dir: Path,
+    host: str,
+    port: int,
+    proxy_port: int,
+    driver: str,
+    secure: bool = False,
+    insecure_registries: tuple[str, ...] = (),
 ) -> None:
-    async with dev_cluster(data_dir, host, port, proxy_port, driver, secure=secure) as dev:
+    async with dev_cluster(
+        data_dir,
+        host,
+        port,
+        proxy_port,
+        driver,
+        secure=secure,
+        insecure_registries=insecure_registries,
+    ) as dev:
         print(f"souk dev: 3 regions ({', '.join(REGIONS)}) x 2 workers")
         print(f"  broker (Machines API): {dev.api}")
         print(f"  proxy: {dev.proxy}  (apps at <app>.{dev.domain}, or header 'souk-app: <app>')")

@@ -40,7 +40,8 @@ async def one(make_cluster: ClusterFactory) -> AsyncIterator[Cluster]:
 
 
 def release_keys() -> tuple[AppConfig, dict[str, str]]:
-    """What a deploy records for a souk.toml with a secret in its env."""
+    """What a deploy recorded for a souk.toml with a secret in its env, before env values went
+    to the app's secrets: such releases are still read back to roll back to them."""
     cfg = AppConfig.model_validate(
         {
             "app": "demo",
@@ -49,7 +50,8 @@ def release_keys() -> tuple[AppConfig, dict[str, str]]:
             "env": {"DB_PASSWORD": PASSWORD, "MODE": "prod"},
         }
     )
-    return cfg, recorded(cfg, Release.of(cfg, 1, "rolling", "first"))
+    record = Release.of(cfg, 1, "rolling", "first").model_copy(update={"env_as_secrets": False})
+    return cfg, {**recorded(record), record.env_key(): json.dumps(cfg.env, sort_keys=True)}
 
 
 def registry_of(c: Cluster) -> Any:

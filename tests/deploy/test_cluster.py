@@ -17,7 +17,6 @@ from typing import Any
 
 import pytest
 
-from souk.broker.tokens import attenuate
 from souk.cli.deploy.config import loads
 from souk.cli.deploy.errors import DeployInProgress
 from souk.cli.deploy.output import Outcome
@@ -114,14 +113,6 @@ def app(dev: Dev, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Ap
     dev.destroy_app(name)
 
 
-def metadata_as(dev: Dev, token: str, app: str) -> dict[str, str]:
-    req = urllib.request.Request(
-        f"{dev.url}/v1/apps/{app}/metadata", headers={"Authorization": f"Bearer {token}"}
-    )
-    with urllib.request.urlopen(req, timeout=30) as resp:
-        return dict(json.loads(resp.read()))
-
-
 def releases_of(m: dict[str, Any]) -> str:
     return str(m["config"]["metadata"]["souk.release"])
 
@@ -150,22 +141,28 @@ def test_first_deploy_standbys_then_rolling_update_and_rollback(app: App) -> Non
     assert len(machines) == 4 and {releases_of(m) for m in machines} == {"2"}
     assert {m["id"] for m in app.role("primary")} == set(by_id)  # updated in place
     assert set(app.greetings().values()) == {"v2"}
+    marks = {m["config"]["metadata"]["souk_secrets"] for m in app.machines()}
+    assert len(marks) == 1  # standbys hold the same secrets as their primaries
     for s in app.role("standby"):
-        assert s["config"]["env"]["GREETING"] == "v2" and s["state"] in ("created", "stopped")
+        assert s["config"]["env"] == {} and s["state"] in ("created", "stopped")
 
-    # The releases' env is sealed: a read-only token sees the names, never a value; the
-    # rollback below reads it back with the deploy token, and v1 answers again.
-    reader = attenuate(app.dev.token, [f"apps={app.name}", "actions=read"])
-    seen = metadata_as(app.dev, reader, app.name)
-    assert '"v1"' not in json.dumps(seen) and '"v2"' not in json.dumps(seen)
-    assert not [k for k in seen if k.startswith("sealed.")]
-    assert json.loads(seen["release.1"])["env"] == ["GREETING"]
+    # The env's values are the app's secrets: nowhere in the release records, nor in the
+    # machines' configs; a secrets list shows names and digests.
     everything = app.dev.call("GET", f"/v1/apps/{app.name}/metadata")
-    assert json.loads(everything["sealed.release.1.env"]) == {"GREETING": "v1"}
+    assert '"v1"' not in json.dumps(everything) and '"v2"' not in json.dumps(everything)
+    assert not [k for k in everything if k.startswith("sealed.")]
+    assert json.loads(everything["release.1"])["env"] == ["GREETING"]
+    (secret,) = app.souk("secrets", "list")
+    assert secret["name"] == "GREETING" and "value" not in secret
 
+    # A rollback brings release 1's config back; the env stays the app's secrets as they are
+    # now (as on Fly), so v2 answers on.
     back = app.souk("rollback")
     assert back["release"] == 3
-    assert set(app.greetings().values()) == {"v1"}
+    assert set(app.greetings().values()) == {"v2"}
+    assert json.loads(app.dev.call("GET", f"/v1/apps/{app.name}/metadata")["release.3"])["env"] == [
+        "GREETING"
+    ]
     listed = app.souk("releases")
     assert [(r["version"], r["status"], r["current"]) for r in listed] == [
         (3, "complete", True),
@@ -203,11 +200,13 @@ def test_a_broken_release_stops_at_its_first_machine(app: App) -> None:
     assert result.exit_code == 1
     assert "exited with code 3" in result.stderr and "oops" in result.stderr
 
-    # a rollback by default repairs the half-done deploy: back to the current release
+    # a rollback by default repairs the half-done deploy: back to the current release's
+    # command, every machine alike on the env as the app's secrets hold it now (the last
+    # deploy set it: secrets are not rolled back, as on Fly)
     back = app.souk("rollback")
     assert back["release"] == 4
     assert {releases_of(m) for m in app.machines()} == {"4"}
-    assert set(app.greetings().values()) == {"v1"} and len(app.greetings()) == 2
+    assert set(app.greetings().values()) == {"v3"} and len(app.greetings()) == 2
 
 
 def test_bluegreen_reveals_a_new_set_or_rolls_back(app: App) -> None:

@@ -50,7 +50,9 @@ def machine(
     mid: str | None = None,
 ) -> MachineView:
     n = next(_seq)
-    config = cfg(greeting).machine_config(release, role or "primary", standby_for, hidden)
+    config = cfg(greeting).machine_config(
+        release, role or "primary", standby_for, hidden, secrets=digest(greeting)
+    )
     if role is None:
         config.metadata.clear()
     return MachineView(
@@ -64,8 +66,13 @@ def machine(
     )
 
 
+def digest(greeting: str) -> str:
+    """What the deploy marks a machine with when the app's secrets hold this GREETING."""
+    return f"secrets-{greeting}"
+
+
 def fp(greeting: str = "v1") -> str:
-    return fingerprint(cfg(greeting).machine_config(9, "primary"))
+    return fingerprint(cfg(greeting).machine_config(9, "primary", secrets=digest(greeting)))
 
 
 def instance(region: str = "mad", release: int = 1, greeting: str = "v1") -> list[MachineView]:
@@ -75,10 +82,13 @@ def instance(region: str = "mad", release: int = 1, greeting: str = "v1") -> lis
 
 
 def test_fingerprint_ignores_marks_and_standby_links() -> None:
-    a = cfg().machine_config(1, "primary")
-    b = cfg().machine_config(2, "standby", standby_for="x", hidden=True)
+    a = cfg().machine_config(1, "primary", secrets="d1")
+    b = cfg().machine_config(2, "standby", standby_for="x", hidden=True, secrets="d1")
     assert fingerprint(a) == fingerprint(b)
-    assert fingerprint(a) != fingerprint(cfg("v2").machine_config(1, "primary"))
+    # Env values are the app's secrets, not the config: their digest tells versions apart.
+    assert a.env == {} and cfg("v2").machine_config(1, "primary", secrets="d1") == a
+    assert fingerprint(a) != fingerprint(cfg().machine_config(1, "primary", secrets="d2"))
+    assert fingerprint(a) != fingerprint(cfg(command=["x"]).machine_config(1, "primary"))
 
 
 def test_machines_sort_into_instances_leftovers_and_others() -> None:

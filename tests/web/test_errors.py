@@ -77,6 +77,7 @@ def _fill(path: str) -> str:
         path.replace("{app}", "demo")
         .replace("{id}", "abcdef123456")
         .replace("{key}", "k")
+        .replace("{secret_name}", "S")
         .replace("{worker}", "w1")
     )
 

@@ -10,7 +10,9 @@ be created or deleted, while machines of existing apps keep being placed everywh
 
 Apps also carry metadata, string keys to string values (deploys keep their releases there, as
 JSON strings under `release.N`). The registry is its one writer too, so a patch is one
-transaction here, and the row it publishes carries the whole map.
+transaction here, and the row it publishes carries the whole map. Likewise the app's secrets,
+sealed by the broker before they get here (see `souk.broker.secrets`): the registry's database
+and the rows every replica applies hold only sealed values and keyed digests.
 
 It also keeps the list of revoked token ids (`revocations` rows, on the same sequence as apps):
 tokens are checked by every broker alone, so a revocation must reach every broker, and the
@@ -32,6 +34,7 @@ from pathlib import Path
 
 from souk.catalog.protocol import GLOBAL_REGION, REGISTRY_OWNER, Change
 from souk.models.catalog import AppRow, RevocationRow
+from souk.models.secrets import MAX_SECRETS, SecretRecord
 
 METADATA_KEY = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:/@+-]{0,127}\Z")
 MAX_VALUE_BYTES = 64 << 10
@@ -121,6 +124,11 @@ class AppRegistry:
         columns = {row["name"] for row in self._db.execute("PRAGMA table_info(apps)")}
         if "metadata" not in columns:  # a registry from before app metadata
             self._db.execute("ALTER TABLE apps ADD COLUMN metadata TEXT NOT NULL DEFAULT '{}'")
+        if "secrets" not in columns:  # ... or before app secrets
+            self._db.execute("ALTER TABLE apps ADD COLUMN secrets TEXT NOT NULL DEFAULT '{}'")
+            self._db.execute(
+                "ALTER TABLE apps ADD COLUMN secrets_version INTEGER NOT NULL DEFAULT 0"
+            )
         epoch = f"{time.time_ns():016x}-{secrets.token_hex(4)}"  # ordered, as a worker's
         self._db.execute("INSERT OR IGNORE INTO meta VALUES ('epoch', ?)", (epoch,))
         self.epoch: str = self._db.execute("SELECT value FROM meta WHERE key='epoch'").fetchone()[0]
@@ -174,8 +182,8 @@ class AppRegistry:
                 raise AppExists(name)
             seq = self.head() + 1
             self._db.execute(
-                "INSERT OR REPLACE INTO apps (name, org, created_at, deleted, seq, metadata)"
-                " VALUES (?, ?, ?, 0, ?, '{}')",
+                "INSERT OR REPLACE INTO apps (name, org, created_at, deleted, seq, metadata,"
+                " secrets, secrets_version) VALUES (?, ?, ?, 0, ?, '{}', '{}', 0)",
                 (name, org, now_iso(), seq),
             )
         return self._publish(name)
@@ -188,7 +196,8 @@ class AppRegistry:
             if row is None or row["deleted"]:
                 return False
             self._db.execute(
-                "UPDATE apps SET deleted = 1, metadata = '{}', seq = ? WHERE name = ?",
+                "UPDATE apps SET deleted = 1, metadata = '{}', secrets = '{}', seq = ?"
+                " WHERE name = ?",
                 (self.head() + 1, name),
             )
         self._publish(name)
@@ -226,6 +235,45 @@ class AppRegistry:
             )
         self._publish(name)
         return after
+
+    # --- secrets ---------------------------------------------------------------------------
+
+    def patch_secrets(
+        self, name: str, set_: dict[str, SecretRecord], delete: Sequence[str]
+    ) -> AppRow:
+        """Delete, then set, sealed secrets in one transaction; every patch that changes
+        something is a new `secrets_version`. Returns the app as it is after the patch.
+        A secret set again keeps its `created_at`."""
+        with self._lock, self._db:
+            self._db.execute("BEGIN IMMEDIATE")
+            row = self._db.execute(
+                "SELECT deleted, secrets, secrets_version FROM apps WHERE name = ?", (name,)
+            ).fetchone()
+            if row is None or row["deleted"]:
+                raise AppNotFound(name)
+            before: dict[str, dict[str, str]] = json.loads(row["secrets"])
+            after = {k: v for k, v in before.items() if k not in frozenset(delete)}
+            for key, record in set_.items():
+                created = before.get(key, {}).get("created_at", record.created_at)
+                after[key] = record.model_copy(update={"created_at": created}).model_dump()
+            if after == before:
+                return self._row(
+                    self._db.execute("SELECT * FROM apps WHERE name = ?", (name,)).fetchone()
+                )
+            if len(after) > MAX_SECRETS:
+                raise MetadataRefused(
+                    413, "too_many_secrets", f"an app keeps at most {MAX_SECRETS} secrets"
+                )
+            self._db.execute(
+                "UPDATE apps SET secrets = ?, secrets_version = ?, seq = ? WHERE name = ?",
+                (
+                    json.dumps(after, sort_keys=True),
+                    int(row["secrets_version"]) + 1,
+                    self.head() + 1,
+                    name,
+                ),
+            )
+        return self._publish(name)
 
     # --- revoked tokens -----------------------------------------------------------------
 
@@ -280,6 +328,8 @@ class AppRegistry:
             created_at=row["created_at"],
             deleted=bool(row["deleted"]),
             metadata=json.loads(row["metadata"]),
+            secrets=json.loads(row["secrets"]),
+            secrets_version=row["secrets_version"],
         )
 
     def _change(self, row: sqlite3.Row) -> Change:

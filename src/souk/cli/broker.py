@@ -95,6 +95,9 @@ def dev(
     secure: bool = typer.Option(
         False, help="A CA and certificates in the data dir: mutual TLS to workers, HTTPS."
     ),
+    insecure_registry: list[str] = typer.Option(
+        [], help="HOST[:PORT] of a registry every worker reaches over plain http; repeatable."
+    ),
 ) -> None:
     """A whole cluster in one process: 3 regions x 2 workers, a broker and a proxy, on loopback."""
     from souk.dev import run_dev
@@ -102,4 +105,5 @@ def dev(
     log_to_stderr("warning")
     host, port = parse_listen(listen)
     _, proxy_port = parse_listen(proxy)
-    asyncio.run(run_dev(data_dir, host, port, proxy_port, driver, secure))
+    registries = tuple(insecure_registry)
+    asyncio.run(run_dev(data_dir, host, port, proxy_port, driver, secure, registries))

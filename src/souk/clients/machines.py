@@ -29,6 +29,7 @@ from souk.models.api import (
 from souk.models.catalog import RevocationRow
 from souk.models.machine import MachineState, MetadataChange, StopRequest
 from souk.models.placement import PlacementExplanation
+from souk.models.secrets import AppSecrets, AppSecretsUpdateRequest, AppSecretsUpdateResp
 
 WAIT_MAX = 60.0  # the broker's own bound on one wait
 
@@ -142,6 +143,19 @@ class MachinesClient(HttpClient):
 
     async def patch_app_metadata(self, name: str, change: MetadataChange) -> None:
         await self._call("PATCH", f"/v1/apps/{name}/metadata", change)
+
+    # --- secrets -------------------------------------------------------------------------
+
+    async def secrets(self, app: str) -> AppSecrets:
+        return AppSecrets.model_validate_json(await self._call("GET", f"/v1/apps/{app}/secrets"))
+
+    async def update_secrets(
+        self, app: str, values: Mapping[str, str | None]
+    ) -> AppSecretsUpdateResp:
+        """Set several secrets at once (a None value unsets one): one new secrets version."""
+        body = AppSecretsUpdateRequest(values=dict(values))
+        answer = await self._call("POST", f"/v1/apps/{app}/secrets", body)
+        return AppSecretsUpdateResp.model_validate_json(answer)
 
     # --- machines ------------------------------------------------------------------------
 

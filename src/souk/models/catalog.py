@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from souk.models.capacity import Capacity
 from souk.models.machine import CpuKind, Machine, MachineMetrics, MachineState
+from souk.models.secrets import SecretRecord
 
 
 class Row(BaseModel):
@@ -75,6 +76,8 @@ class AppRow(Row):
     created_at: str
     deleted: bool = False
     metadata: dict[str, Any] = {}
+    secrets: dict[str, SecretRecord] = {}  # sealed (see `souk.models.secrets`)
+    secrets_version: int = 0
 
 
 class RevocationRow(Row):

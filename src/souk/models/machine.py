@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import binascii
 import re
 from collections.abc import Mapping
 from typing import Any, Literal
@@ -382,6 +384,56 @@ def check_env(env: dict[str, str]) -> dict[str, str]:
     return env
 
 
+class MachineFile(Strict):
+    """A file written into the machine before each start (Fly's `files`): its content given
+    base64-encoded in `raw_value`, or the name of an app secret holding it base64-encoded."""
+
+    guest_path: str = Field(max_length=4096)
+    raw_value: str | None = None
+    secret_name: str | None = Field(None, max_length=128)
+    image_config: str | None = None
+    mode: int | None = Field(None, ge=0, le=0o7777)
+
+    @field_validator("guest_path")
+    @classmethod
+    def _absolute(cls, path: str) -> str:
+        parts = path.split("/")
+        if not path.startswith("/") or "\0" in path or any(p in (".", "..") for p in parts):
+            raise ValueError("an absolute path without '.' or '..' components")
+        if not any(parts):
+            raise ValueError("a file's path, not the root")
+        return path
+
+    @field_validator("raw_value")
+    @classmethod
+    def _base64(cls, value: str | None) -> str | None:
+        if value is not None:
+            try:
+                base64.b64decode(value, validate=True)
+            except (binascii.Error, ValueError):
+                raise ValueError("raw_value: the file's content, base64-encoded") from None
+        return value
+
+    @model_validator(mode="after")
+    def _one_source(self) -> MachineFile:
+        if self.image_config is not None:
+            raise ValueError("image_config: souk does not write an image's config as a file")
+        if (self.raw_value is None) == (self.secret_name is None):
+            raise ValueError("exactly one of raw_value or secret_name")
+        return self
+
+    def content(self, secrets: Mapping[str, str]) -> bytes:
+        """The bytes to write, from the value or from the secret (base64 either way)."""
+        encoded = self.raw_value if self.secret_name is None else secrets[self.secret_name]
+        return base64.b64decode(encoded or "")
+
+    def file_mode(self) -> int:
+        """0644, or 0600 for a file from a secret, unless given."""
+        if self.mode is not None:
+            return self.mode
+        return 0o600 if self.secret_name is not None else 0o644
+
+
 class MachineConfig(Strict):
     """Fly's machine config. Every field of Fly's spec is accepted by name; those souk cannot
     honour are refused with a 400 `unsupported` naming the field and why (docs/api.md)."""
@@ -402,22 +454,25 @@ class MachineConfig(Strict):
     schedule: Schedule | None = None
     metrics: MachineMetrics | None = None
     disable_machine_autostart: bool | None = None
-    files: list[dict[str, Any]] | None = None
     mounts: list[dict[str, Any]] | None = None
     containers: list[dict[str, Any]] | None = None
     statics: list[dict[str, Any]] | None = None
     dns: dict[str, Any] | None = None
     rootfs: dict[str, Any] | None = None
+    files: list[MachineFile] = Field([], max_length=64)
+
+    @field_validator("files")
+    @classmethod
+    def _distinct_paths(cls, files: list[MachineFile]) -> list[MachineFile]:
+        paths = [f.guest_path.rstrip("/") for f in files]
+        if len(set(paths)) != len(paths):
+            raise ValueError("two files with the same guest_path")
+        return files
 
     @field_validator("env")
     @classmethod
     def _env_names(cls, env: dict[str, str]) -> dict[str, str]:
         return check_env(env)
-
-    @field_validator("files")
-    @classmethod
-    def _no_files(cls, value: Any) -> Any:
-        return refuse_set(value, "files are not supported yet")
 
     @field_validator("mounts")
     @classmethod
@@ -553,6 +608,9 @@ class CreateMachine(Strict):
     name: str | None = Field(None, max_length=63)
     id: str | None = Field(None, pattern=r"^[0-9a-z]{6,32}$")
     start: bool = True
+    # The app's secrets, opened by the broker: the machine's env at each start, and the content
+    # of files that name one. Kept apart from the config, which GET shows and rows carry.
+    secrets: dict[str, str] = Field({}, repr=False)
 
     @field_validator("app")
     @classmethod
@@ -565,6 +623,7 @@ class CreateMachine(Strict):
 class UpdateMachine(Strict):
     config: MachineConfig
     start: bool | None = None
+    secrets: dict[str, str] = Field({}, repr=False)  # as CreateMachine's
 
 
 class MetadataChange(Strict):

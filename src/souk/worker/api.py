@@ -154,7 +154,8 @@ def _routes(engine: Engine) -> list[Route]:
     async def update(request: web.Request) -> web.Response:
         body = await read_model(request, UpdateMachine)
         mid = machine_id(request)
-        return reply(await engine.update(mid, body.config, body.start, nonce(request)))
+        update = engine.update(mid, body.config, body.start, nonce(request), body.secrets)
+        return reply(await update)
 
     async def patch_metadata(request: web.Request) -> web.Response:
         body = await read_model(request, MetadataChange)

@@ -28,7 +28,9 @@ from souk.models.machine import (
     MachineState,
     MetadataChange,
 )
+from souk.sealing import Sealer, worker_key
 from souk.worker import admission, leases, queries
+from souk.worker import secrets as machine_secrets
 from souk.worker.check_following import CheckFollowing
 from souk.worker.checks import HealthChecks
 from souk.worker.drivers.base import Drivers
@@ -81,6 +83,7 @@ class Engine:
         self.metrics = WorkerMetrics(settings.metrics)
         self.store.on_batch = self.metrics.batch if settings.metrics else None
         self.marked_here: set[str] = set()  # spawn markers no earlier worker run can have used
+        self.sealer = Sealer(worker_key(settings.data_dir))  # machines' secrets, at rest
         self.runner = Runner(self.store, self, self.metrics)
         self.supervisor = Supervisor(self.store, drivers, self.runner.kick)
         self.supervisor.restarts = self.metrics.restarts
@@ -137,7 +140,12 @@ class Engine:
     async def create(self, req: CreateMachine) -> Machine:
         machine_id = req.id or admission.new_machine_id()
         admission.check_runnable(self.drivers, self.settings, req.config)
-        await self.store.write(lambda tx: admission.create(tx, self.settings, machine_id, req))
+
+        def accept_create(tx: Tx) -> None:
+            admission.create(tx, self.settings, machine_id, req)
+            machine_secrets.record(tx, self.sealer, req.app, machine_id, req.secrets)
+
+        await self.store.write(accept_create)
         if req.start:
             self.runner.kick(machine_id)
         return self.get(machine_id, events=False)
@@ -161,6 +169,7 @@ class Engine:
         config: MachineConfig,
         start: bool | None = None,
         nonce: str | None = None,
+        secrets: dict[str, str] | None = None,
     ) -> Machine:
         """New config and instance id, in place; refused when the new size does not fit here.
 
@@ -171,6 +180,8 @@ class Engine:
 
         def accept(tx: Tx) -> None:
             admission.update(tx, self.settings, machine_id, config, start, nonce)
+            app = queries.existing_machine(tx, machine_id)["app"]
+            machine_secrets.record(tx, self.sealer, app, machine_id, secrets or {})
 
         await self.store.write(accept)
         self.runner.kick(machine_id)

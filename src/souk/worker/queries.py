@@ -280,6 +280,22 @@ def set_destroyed(db: Db, machine_id: str, stamp: str) -> None:
     )
 
 
+def set_machine_secrets(db: Db, machine_id: str, sealed: str | None) -> None:
+    """The machine's sealed secrets (`worker/secrets.py`); None: it has none."""
+    if sealed is None:
+        db.execute("DELETE FROM machine_secrets WHERE machine = ?", (machine_id,))
+        return
+    db.execute(
+        "INSERT OR REPLACE INTO machine_secrets (machine, sealed) VALUES (?, ?)",
+        (machine_id, sealed),
+    )
+
+
+def machine_secrets(db: Db, machine_id: str) -> str | None:
+    row = _one(db, "SELECT sealed FROM machine_secrets WHERE machine = ?", (machine_id,))
+    return None if row is None else str(row["sealed"])
+
+
 # --- operations ---------------------------------------------------------------------------------
 
 

@@ -17,7 +17,9 @@ from collections.abc import Awaitable, Callable, Iterable
 from typing import Protocol
 
 from souk.models.machine import MachineConfig, StopConfig, normalize_signal
+from souk.sealing import Sealer
 from souk.worker import app_users, queries
+from souk.worker import secrets as machine_secrets
 from souk.worker.admission import reserve
 from souk.worker.drivers.base import Drivers, Launch
 from souk.worker.fsm import OPERATIONS, STEP_NAMES
@@ -41,6 +43,7 @@ class StepHost(Protocol):
     drivers: Drivers
     supervisor: Supervisor
     marked_here: set[str]  # spawn markers no earlier worker run can have used
+    sealer: Sealer  # opens the secrets the machine runs with
 
 
 StepFn = Callable[[StepHost, StepRun], Awaitable[int]]
@@ -85,20 +88,27 @@ def spawn_marker(machine_id: str, op_id: int) -> str:
     return f"{machine_id}.{op_id}"
 
 
-def _launch(w: StepHost, run: StepRun) -> Launch:
+def _launch(w: StepHost, run: StepRun, secrets: bool = False) -> Launch:
+    """The machine as a driver sees it; with `secrets` (a spawn only: stopping and cleaning up
+    need none), the app's secrets opened into its env and for its files."""
     row = queries.existing_machine(w.store.read, run.machine_id)
     marker = row["marker"] or spawn_marker(run.machine_id, run.op_id)
+    opened = {}
+    if secrets:
+        opened = machine_secrets.opened(w.store.read, w.sealer, row["app"], run.machine_id)
+    config = MachineConfig.model_validate_json(row["config"])
     return Launch(
         machine_id=run.machine_id,
         app=row["app"],
         region=w.settings.region,
         instance_id=row["instance_id"],
-        config=MachineConfig.model_validate_json(row["config"]),
+        config=machine_secrets.with_env(config, opened),
         marker=marker,
         rundir=w.settings.rundir(run.machine_id),
         private_ip=row["private_ip"] or "127.0.0.1",
         resumed=marker not in w.marked_here,
         home=app_users.home(w.settings.data_dir, row["app"], run.machine_id),
+        secrets=opened,
     )
 
 
@@ -121,7 +131,7 @@ async def _begin_start(w: StepHost, run: StepRun) -> int:
 
 @STEPS.implements("spawn")
 async def _spawn(w: StepHost, run: StepRun) -> int:
-    launch = await app_users.assign(w.store, w.settings.data_dir, _launch(w, run))
+    launch = await app_users.assign(w.store, w.settings.data_dir, _launch(w, run, secrets=True))
     w.marked_here.discard(launch.marker)
     kind = Drivers.kind_of(launch.config)
     driver = w.drivers.require(kind)
@@ -226,6 +236,7 @@ async def _end_destroy(w: StepHost, run: StepRun) -> int:
         if row["reserved"]:
             reserve(tx, settings, -row["cpus"], -row["memory_mb"], -1, f"release {m}")
         queries.set_destroyed(tx, m, now_iso())
+        queries.set_machine_secrets(tx, m, None)
         queries.finish_operations(tx, m, run.index + 1)
         tx.log("machine", m, run.op.name, run.step.name, "destroyed", run.op_id)
 

@@ -105,6 +105,10 @@ CREATE TABLE IF NOT EXISTS operations (
     params TEXT NOT NULL DEFAULT '{}',
     created_at REAL NOT NULL
 );
+CREATE TABLE IF NOT EXISTS machine_secrets (
+    machine TEXT PRIMARY KEY,    -- the app's secrets as the machine's last create or update
+    sealed TEXT NOT NULL         -- brought them, sealed with the worker's key; never published
+);
 CREATE INDEX IF NOT EXISTS operations_pending ON operations (machine, id) WHERE done = 0;
 """
 

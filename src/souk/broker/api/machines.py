@@ -12,10 +12,12 @@ from pydantic import BaseModel
 
 from souk.broker.api import leases
 from souk.broker.api.params import flag, lease_nonce, machine_ids, policy, strategy
+from souk.broker.api.secrets import machine_secrets
 from souk.broker.api.state import IDEMPOTENCY, broker_of
 from souk.broker.auth import grant_of
 from souk.broker.placement.pipeline import NoCapacity
 from souk.broker.placement.reservation import keyed_prefix
+from souk.broker.secrets import SecretRefused, check_files
 from souk.clients.workers import WorkerError
 from souk.models.api import (
     CreateMachineRequest,
@@ -25,7 +27,14 @@ from souk.models.api import (
     WorkerLeaseRequest,
     image_ref,
 )
-from souk.models.machine import CreateMachine, Machine, MachineState, StopRequest, UpdateMachine
+from souk.models.machine import (
+    CreateMachine,
+    Machine,
+    MachineConfig,
+    MachineState,
+    StopRequest,
+    UpdateMachine,
+)
 from souk.web import ApiError, read_model, reply
 
 MAX_WAIT = 60
@@ -88,7 +97,10 @@ async def create_machine(request: web.Request) -> web.Response:
     b.require_app(app)
     if b.before_place is not None:
         await b.before_place()
-    create = CreateMachine(app=app, config=body.config, name=body.name, start=not body.skip_launch)
+    secrets = with_secrets(request, app, body.config, body.skip_secrets)
+    create = CreateMachine(
+        app=app, config=body.config, name=body.name, start=not body.skip_launch, secrets=secrets
+    )
     region = body.region or b.default_region
     prefix = idempotency_prefix(request, app)
     if prefix is not None:
@@ -138,6 +150,18 @@ async def create_machine(request: web.Request) -> web.Response:
     return fly_reply(public(machine, nonce))
 
 
+def with_secrets(
+    request: web.Request, app: str, config: MachineConfig, skip: bool | None
+) -> dict[str, str]:
+    """The app's secrets for the worker, each file's secret checked against them."""
+    secrets = machine_secrets(request, app, skip)
+    try:
+        check_files(config, secrets)
+    except SecretRefused as exc:
+        raise ApiError(exc.status, exc.code, exc.message) from None
+    return secrets
+
+
 def idempotency_prefix(request: web.Request, app: str) -> str | None:
     """The id prefix of a create with an `Idempotency-Key` header, or None without one."""
     key = request.headers.get(IDEMPOTENCY_HEADER)
@@ -168,7 +192,9 @@ async def update_machine(request: web.Request) -> web.Response:
         raise ApiError(
             412, "precondition_failed", f"current_version: machine is at {current.instance_id}"
         )
-    update = UpdateMachine(config=body.config, start=False if body.skip_launch else None)
+    secrets = with_secrets(request, app, body.config, body.skip_secrets)
+    start = False if body.skip_launch else None
+    update = UpdateMachine(config=body.config, start=start, secrets=secrets)
     try:
         worker, address = await b.find(app, mid)
         machine = await b.client.update(worker, address, mid, update, lease_nonce(request))

@@ -7,7 +7,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from souk.broker.api import apps, fleet, leases, machines, metadata, observe, placement, tokens
+from souk.broker.api import (
+    apps,
+    fleet,
+    leases,
+    machines,
+    metadata,
+    observe,
+    placement,
+    secrets,
+    tokens,
+)
 from souk.broker.ui import pages as ui
 from souk.models.api import (
     App,
@@ -27,10 +37,21 @@ from souk.models.api import (
 from souk.models.catalog import RevocationRow
 from souk.models.machine import MachineEvent, MetadataChange, StopRequest
 from souk.models.placement import PlacementExplanation
+from souk.models.secrets import (
+    AppSecret,
+    AppSecrets,
+    AppSecretsUpdateRequest,
+    AppSecretsUpdateResp,
+    DeleteAppSecretResponse,
+    SetAppSecretRequest,
+    SetAppSecretResponse,
+)
 from souk.web import Permission, Route, in_body, in_path, in_query
 
 M = "/v1/apps/{app}/machines/{id}"
 META = M + "/metadata"
+SECRETS = "/v1/apps/{app}/secrets"
+SECRET = SECRETS + "/{secret_name}"
 APP = in_path("app")
 READ = Permission.app_read(APP, machine=in_path("id"))
 WRITE = Permission.app_write(APP, machine=in_path("id"))
@@ -92,6 +113,58 @@ ROUTES: list[Route] = [
         MetadataChange,
         dict[str, str],
         errors=(400, 404, 413, 503),
+        permission=Permission.app_deploy(APP),
+    ),
+    # Secrets: names and digests to readers; setting one takes what a deploy takes, since
+    # every machine of the app gets it.
+    Route(
+        "GET",
+        SECRETS,
+        secrets.list_secrets,
+        "The app's secrets: names and digests, never values",
+        response=AppSecrets,
+        errors=(403, 404, 503),
+        query={"show_secrets": "refused (403): souk never returns a value"},
+        permission=Permission.app_read(APP),
+    ),
+    Route(
+        "POST",
+        SECRETS,
+        secrets.update_secrets,
+        "Set several secrets (a null value unsets one), sealed in one step",
+        AppSecretsUpdateRequest,
+        AppSecretsUpdateResp,
+        errors=(400, 404, 413, 503),
+        permission=Permission.app_deploy(APP),
+    ),
+    Route(
+        "GET",
+        SECRET,
+        secrets.get_secret,
+        "One secret: its name and digest",
+        response=AppSecret,
+        errors=(403, 404, 503),
+        query={"show_secrets": "refused (403): souk never returns a value"},
+        permission=Permission.app_read(APP),
+    ),
+    Route(
+        "POST",
+        SECRET,
+        secrets.set_secret,
+        "Set one secret",
+        SetAppSecretRequest,
+        SetAppSecretResponse,
+        201,
+        errors=(400, 404, 413, 503),
+        permission=Permission.app_deploy(APP),
+    ),
+    Route(
+        "DELETE",
+        SECRET,
+        secrets.delete_secret,
+        "Unset one secret",
+        response=DeleteAppSecretResponse,
+        errors=(404, 503),
         permission=Permission.app_deploy(APP),
     ),
     Route(

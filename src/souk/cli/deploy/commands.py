@@ -29,6 +29,7 @@ from souk.cli.deploy.releases import (
     rollback_target,
 )
 from souk.cli.deploy.run import deploy, views
+from souk.cli.deploy.secrets import carried
 from souk.clients.machines import MachinesClient
 
 JSON = typer.Option(False, "--json", help="Machine-readable output.")
@@ -65,10 +66,13 @@ async def _deploy(
     description: str,
     counts: dict[str, int] | None = None,
     release: int | None = None,
+    keep_secrets: bool = False,
 ) -> Outcome | DeployError:
     async with connect(api_url, token) as api:
         try:
-            return await deploy(api, cfg, progress, strategy, description, counts, release)
+            return await deploy(
+                api, cfg, progress, strategy, description, counts, release, keep_secrets
+            )
         except DeployError as exc:
             return exc
 
@@ -125,9 +129,10 @@ def rollback(
             target = rollback_target(meta, version)
         cfg = cfgmod.parse({**deployable(meta, target), "app": name})
         progress.step(f"rolling back {name} to release {target.version} ({target.what()})")
-        return await _deploy(
-            api, token, cfg, progress, _strategy(strategy), f"rollback to {target.version}"
-        )
+        why, keep = f"rollback to {target.version}", carried(target)
+        if keep:
+            progress.step("env: the app's secrets stay as they are now")
+        return await _deploy(api, token, cfg, progress, _strategy(strategy), why, keep_secrets=keep)
 
     report(run(go(), as_json), progress, as_json)
 

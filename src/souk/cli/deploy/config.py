@@ -30,6 +30,8 @@ from souk.models.machine import (
 )
 from souk.models.wire import HIDDEN_KEY, RELEASE_KEY, ROLE_KEY, Role
 
+SECRETS_KEY = "souk_secrets"  # machine metadata: the digest of the app's secrets it runs with
+
 StrategyName = Literal["rolling", "immediate", "canary", "bluegreen"]
 
 
@@ -147,16 +149,24 @@ class AppConfig(Strict):
         return self
 
     def machine_config(
-        self, release: int, role: Role, standby_for: str | None = None, hidden: bool = False
+        self,
+        release: int,
+        role: Role,
+        standby_for: str | None = None,
+        hidden: bool = False,
+        secrets: str = "",
     ) -> MachineConfig:
-        """The Machines API config for one machine of this release."""
+        """The Machines API config for one machine of this release. Its env is not in it: the
+        deploy keeps the values as the app's secrets, which every machine of the app gets;
+        `secrets`, their digest, marks which values the machine runs with."""
         metadata = {ROLE_KEY: role, RELEASE_KEY: str(release)}
         if hidden:
             metadata[HIDDEN_KEY] = "true"
+        if secrets:
+            metadata[SECRETS_KEY] = secrets
         return MachineConfig(
             image=self.image,
             init=InitConfig(exec=self.command) if self.command else InitConfig(),
-            env=dict(self.env),
             guest=self.guest,
             restart=self.restart,
             stop_config=self.stop,

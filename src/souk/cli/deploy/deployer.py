@@ -58,12 +58,13 @@ class Deployer:
     release: int
     progress: Progress
     leases: Leases
+    secrets: str = ""  # the digest of the app's secrets (see `souk.cli.deploy.secrets`)
     fp: str = ""
     created: list[str] = field(default_factory=list)
     aborted: bool = False
 
     def __post_init__(self) -> None:
-        self.fp = fingerprint(self.cfg.machine_config(self.release, "primary"))
+        self.fp = fingerprint(self._config("primary"))
 
     @property
     def app(self) -> str:
@@ -72,7 +73,7 @@ class Deployer:
     def _config(
         self, role: Role, standby_for: str | None = None, hidden: bool = False
     ) -> MachineConfig:
-        return self.cfg.machine_config(self.release, role, standby_for, hidden)
+        return self.cfg.machine_config(self.release, role, standby_for, hidden, self.secrets)
 
     async def _view(self, mid: str) -> MachineView:
         return MachineView.of(await self.api.machine(self.app, mid))

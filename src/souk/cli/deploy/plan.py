@@ -16,6 +16,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from souk.cli.deploy.config import SECRETS_KEY
 from souk.models.api import PublicMachine
 from souk.models.machine import MachineConfig
 from souk.models.wire import HIDDEN_KEY, RELEASE_KEY, ROLE_KEY
@@ -96,8 +97,10 @@ class MachineView(BaseModel):
 
 def fingerprint(config: MachineConfig) -> str:
     """What makes two machines run the same thing: the config without the deploy's marks
-    (metadata) and standby links, which change in place without a restart."""
+    (metadata) and standby links, which change in place without a restart; but with the digest
+    of the app's secrets it runs with (its env), which only an update changes."""
     data = config.model_dump(mode="json", exclude={"metadata", "standbys"})
+    data["secrets"] = config.metadata.get(SECRETS_KEY, "")
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 
 

@@ -4,9 +4,10 @@ can list them and roll back without a database of its own.
 Keys (all in the app's metadata, values are strings):
 
 - `release.N`: the JSON of release N (its souk.toml without the values of its env, image or
-  command, strategy, status);
-- `sealed.release.N.env`: release N's env as JSON, under the `sealed.` prefix: the broker stores
-  it encrypted and shows it only to tokens that may deploy the app (see docs/deploy.md);
+  command, strategy, status). The env's values are the app's secrets: a deploy sets them there
+  (`souk.cli.deploy.secrets`), and its machines get them from there;
+- `sealed.release.N.env`: the env of a release recorded before env went to the app's secrets,
+  as JSON, sealed by the broker: still read to roll back to such a release;
 - `release.current`: the number of the last release that completed;
 - at most the last KEEP_RELEASES releases are kept;
 - `deploy.lock`: JSON `{owner, release, expires_at}` while a deploy runs (advisory: the machine
@@ -42,6 +43,9 @@ class Release(BaseModel):
     command: list[str] | None = None
     config: dict[str, Any]  # souk.toml; its env values are kept apart, sealed (`env_key`)
     env: list[str] = []  # the names of its env variables
+    # Its env values went to the app's secrets (every release since secrets exist); a release
+    # without it kept them in `env_key`.
+    env_as_secrets: bool = False
     description: str = ""
     created_at: str
     finished_at: str | None = None
@@ -58,6 +62,7 @@ class Release(BaseModel):
             command=cfg.command,
             config=config,
             env=sorted(cfg.env),
+            env_as_secrets=True,
             description=description,
             created_at=now_iso(),
         )
@@ -86,19 +91,17 @@ def env_key(version: int) -> str:
     return f"{SEALED_PREFIX}{PREFIX}{version}.env"
 
 
-def recorded(cfg: AppConfig, record: Release) -> dict[str, str]:
-    """The metadata keys that record a new release: the record, and its env, sealed."""
-    keys = {record.key(): record.encode()}
-    if cfg.env:
-        keys[record.env_key()] = json.dumps(cfg.env, sort_keys=True)
-    return keys
+def recorded(record: Release) -> dict[str, str]:
+    """The metadata keys that record a new release (its env values are in the app's secrets)."""
+    return {record.key(): record.encode()}
 
 
 def deployable(meta: dict[str, str], record: Release) -> dict[str, Any]:
-    """The release's souk.toml with its env values back, to deploy it again. They come from the
-    sealed key, which the broker shows only to a token that may deploy the app; releases
-    recorded before env was sealed carry it in their config."""
-    if not record.env:
+    """The release's souk.toml, to deploy it again. A release whose env went to the app's
+    secrets comes back without env (the secrets stay as they are now, as on Fly). An older
+    one's env values come from its sealed key, which the broker shows only to a token that may
+    deploy the app; releases recorded before env was sealed carry it in their config."""
+    if not record.env or record.env_as_secrets:
         return dict(record.config)
     raw = meta.get(record.env_key())
     if raw is None:

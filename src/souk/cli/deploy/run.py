@@ -20,6 +20,7 @@ from souk.cli.deploy.releases import (
     recorded,
     stale_releases,
 )
+from souk.cli.deploy.secrets import current_digest, managed_names, sync_env
 from souk.cli.deploy.strategies import STRATEGIES, reconcile, rolling
 from souk.clients.machines import MachinesClient
 from souk.models.machine import MetadataChange
@@ -37,9 +38,12 @@ async def deploy(
     description: str = "",
     counts: dict[str, int] | None = None,
     release: int | None = None,
+    keep_secrets: bool = False,
 ) -> Outcome:
     """Take the app to `cfg` as a new numbered release (or, with `release` given, reconcile
-    its instance counts to `counts` on that existing release: `souk scale`)."""
+    its instance counts to `counts` on that existing release: `souk scale`). Its env is set as
+    the app's secrets first, unless `keep_secrets` (a rollback to a release whose env is in
+    them already, or a scale): then they stay as they are."""
     app = cfg.app
     chosen: StrategyName = strategy or cfg.deploy.strategy
     if await api.ensure_app(app):
@@ -62,9 +66,15 @@ async def deploy(
             meta = await api.app_metadata(app)
             if record.key() in meta:
                 raise DeployInProgress(f"deploy in progress: release {number} appeared meanwhile")
-            change = MetadataChange(set=recorded(cfg, record), delete=stale_releases(meta, number))
+        if new_release and not keep_secrets:
+            digest = await sync_env(api, app, cfg.env, meta)
+        else:  # the env the current release set stays, and stays its to unset later
+            digest = await current_digest(api, app)
+            record = record.model_copy(update={"env": sorted(managed_names(meta))})
+        if new_release:
+            change = MetadataChange(set=recorded(record), delete=stale_releases(meta, number))
             await api.patch_app_metadata(app, change)
-        d = Deployer(api, cfg, number, progress, leases)
+        d = Deployer(api, cfg, number, progress, leases, secrets=digest)
         desired = counts if counts is not None else dict(cfg.regions)
         the_plan = plan(desired, d.fp, number, current, cfg.deploy.standbys)
         await leases.acquire(m.id for m in sort_fleet(current).managed())

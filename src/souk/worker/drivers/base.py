@@ -4,7 +4,9 @@ not start a second copy."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, Protocol
 
@@ -51,6 +53,15 @@ class Launch:
     # filesystem), and the identity that owns it; None: the machine runs as the worker does.
     home: Path | None = None
     user: HostUser | None = None
+    # The app's secrets as the machine got them (in `config.env` already): for `config.files`.
+    secrets: Mapping[str, str] = field(default_factory=dict, repr=False)
+
+    def file_owner(self) -> tuple[int, int] | None:
+        """Who owns the files written into the machine: the app's host user (a container's
+        root) on a root worker; None (the worker's own user) otherwise."""
+        if self.user is None or os.geteuid() != 0:
+            return None
+        return (self.user.uid, self.user.gid)
 
 
 class Driver(Protocol):

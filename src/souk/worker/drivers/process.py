@@ -29,6 +29,7 @@ from souk.worker.drivers import processes
 from souk.worker.drivers.base import Handle, HostUser, Launch
 from souk.worker.drivers.exits import poll_until_gone, until_gone
 from souk.worker.drivers.processes import SPEC_ENV
+from souk.worker.files import write_files
 
 POLL = 0.05
 
@@ -62,7 +63,11 @@ class ProcessDriver:
         self._exits: dict[str, asyncio.Future[int | None]] = {}
 
     async def prepare(self, launch: Launch) -> None:
-        _workdir(launch).mkdir(parents=True, exist_ok=True)
+        workdir = _workdir(launch)
+        workdir.mkdir(parents=True, exist_ok=True)
+        if launch.config.files:  # relative to the working directory: no root of its own
+            files, owner = launch.config.files, launch.file_owner()
+            await asyncio.to_thread(write_files, workdir, files, launch.secrets, owner)
 
     async def spawn(self, launch: Launch) -> Handle:
         if launch.resumed and (running := self.adopt(launch.machine_id, launch.marker, None)):

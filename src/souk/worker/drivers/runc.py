@@ -19,6 +19,7 @@ from typing import IO, Any
 from souk.worker import procfs
 from souk.worker.drivers.base import Handle, Launch
 from souk.worker.drivers.exits import ExitCodes, poll_until_gone, until_gone
+from souk.worker.files import write_files
 from souk.worker.oci import network
 from souk.worker.oci.images import Image, ImageCache
 from souk.worker.oci.spec import runtime_spec
@@ -95,6 +96,9 @@ class RuncDriver:
         if isinstance(net, BaseException):
             raise net
         (image, rootfs), netns = made, net
+        if launch.config.files:
+            files, owner = launch.config.files, launch.file_owner()
+            await asyncio.to_thread(write_files, rootfs, files, launch.secrets, owner)
         env = {
             "SOUK_MACHINE_ID": launch.machine_id,
             "SOUK_APP_NAME": launch.app,
