@@ -86,7 +86,7 @@ async def test_values_never_come_back_and_are_sealed_where_kept(
 ) -> None:
     await answer(await one.call("POST", S, json={"values": {"DB_PASSWORD": PASSWORD}}))
     resp = await one.call("GET", S, params={"show_secrets": "true"})
-    assert resp.status == 403 and (await resp.json())["status"] == "secrets_write_only"
+    assert resp.status == 403 and (await resp.json())["code"] == "secrets_write_only"
     resp = await one.call("GET", f"{S}/DB_PASSWORD", params={"show_secrets": "1"})
     assert resp.status == 403
     # The registry's row, what the catalog carries to every replica, holds it sealed.
@@ -115,7 +115,7 @@ async def test_bad_secrets_are_refused(one: Cluster) -> None:
         ({"BIG": "x" * (65 << 10)}, 413, "secret_too_large"),
     ):
         resp = await one.call("POST", S, json={"values": values})
-        assert resp.status == status and (await resp.json())["status"] == reason, values
+        assert resp.status == status and (await resp.json())["code"] == reason, values
     assert registry_of(one).get("demo").secrets == {}
     resp = await one.call("POST", "/v1/apps/nope/secrets", json={"values": {"A": "1"}})
     assert resp.status == 404
@@ -191,7 +191,7 @@ async def test_files_naming_missing_or_non_base64_secrets_are_refused(one: Clust
         }
         resp = await one.call("POST", M, json={"region": "mad", "config": config})
         body = await resp.json()
-        assert resp.status == 400 and body["status"] == reason, body
+        assert resp.status == 400 and body["code"] == reason, body
         assert "config.files[0].secret_name" in body["error"]
     bad = {"init": {"exec": ["true"]}, "files": [{"guest_path": "rel", "raw_value": "eA=="}]}
     resp = await one.call("POST", M, json={"region": "mad", "config": bad})
@@ -249,7 +249,7 @@ async def test_a_secret_that_does_not_open_stops_creates_not_listings(one: Clust
     config = {"init": {"exec": ["true"]}}
     resp = await one.call("POST", M, json={"region": "mad", "config": config})
     body = await resp.json()
-    assert resp.status == 500 and body["status"] == "sealed_unreadable" and "B" in body["error"]
+    assert resp.status == 500 and body["code"] == "sealed_unreadable" and "B" in body["error"]
     assert PASSWORD not in json.dumps(body)
     assert [s["name"] for s in (await answer(await one.call("GET", S)))["secrets"]] == ["A", "B"]
     await answer(await one.call("POST", f"{S}/B", json={"value": "fresh"}), 201)  # set again

@@ -7,13 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.conformance import fly_spec
 from tests.support.broker_cluster import Cluster, WorkerSpec, cluster
 
 
 @pytest.fixture
 async def fly(tmp_path: Path) -> AsyncIterator[Cluster]:
-    fly_spec.spec()  # skip early, before a cluster is built, without Fly's spec
     specs = [
         WorkerSpec("m1", "mad", cpus=8, memory_mb=8192, driver="process"),
         WorkerSpec("a1", "ams", cpus=2, memory_mb=2048, driver="process"),
