@@ -34,6 +34,6 @@ async def test_each_start_opens_the_secrets_and_a_replaced_key_fails_it(tmp_path
     async with running(Engine(s, make_driver("process", s))) as again:
         await again.submit(machine.id, "start")
         assert (await again.wait(machine.id, "failed", 20, None))[0]
-        errors = [e for e in again.events(machine.id) if e.type == "start.error"]
+        errors = [e for e in again.events(machine.id) if (e.type, e.step) == ("start", "error")]
         assert errors and "do not open with this worker's key" in str(errors[-1].request)
         assert "t-2" not in again.get(machine.id).model_dump_json()
