@@ -10,6 +10,7 @@ from souk.models.machine import CpuKind, GuestConfig
 class Resources(BaseModel):
     cpus: int
     memory_mb: int
+    disk_mb: int = 0  # for volumes: what --disk-mb offers, what volumes reserve of it
 
 
 class Capacity(BaseModel):
@@ -23,6 +24,7 @@ class Capacity(BaseModel):
     labels: dict[str, str] = {}
     cordoned: bool = False
     draining: bool = False
+    volumes_refused: str | None = None  # why this worker makes no volumes; None: it does
 
 
 class OfferRequest(BaseModel):

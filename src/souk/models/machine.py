@@ -155,6 +155,23 @@ class Check(Strict):
     grace_period: Duration = 0.0
 
 
+class Mount(Strict):
+    """A volume mounted into the machine (Fly's `MachineMount`; the sizing fields are for
+    volumes Fly makes on the fly, which souk does not)."""
+
+    volume: str = Field(pattern=r"^vol_[0-9a-z]{6,32}$")
+    path: str = Field(max_length=255)
+    name: str | None = None
+
+    @field_validator("path")
+    @classmethod
+    def _absolute(cls, path: str) -> str:
+        parts = path.split("/")
+        if not path.startswith("/") or path == "/" or ".." in parts or "\0" in path:
+            raise ValueError("mount paths are absolute, not /, without '..'")
+        return path.rstrip("/")
+
+
 class MachineConfig(Strict):
     image: str | None = Field(None, max_length=512)
     init: InitConfig = InitConfig()
@@ -167,6 +184,7 @@ class MachineConfig(Strict):
     checks: dict[str, Check] = {}
     standbys: list[str] = []
     auto_destroy: bool = False
+    mounts: list[Mount] = Field([], max_length=1)  # one volume per machine, as Fly has it
 
     @field_validator("env")
     @classmethod

@@ -27,11 +27,13 @@ from souk.models.machine import (
     MachineState,
     MetadataChange,
 )
-from souk.worker import admission, leases, queries
+from souk.models.volume import CreateVolume, UpdateVolumeRequest, Volume, VolumeSnapshot
+from souk.worker import admission, leases, queries, volume_disk
+from souk.worker import volumes as volume_ops
 from souk.worker.check_following import CheckFollowing
 from souk.worker.checks import HealthChecks
 from souk.worker.drivers.base import Drivers
-from souk.worker.errors import StorageFault
+from souk.worker.errors import NotFound, StorageFault
 from souk.worker.fsm import OPERATIONS
 from souk.worker.runner import Runner
 from souk.worker.settings import WorkerSettings
@@ -39,6 +41,9 @@ from souk.worker.status import BusLink, StorageStatus, WorkerStatus, bus_status
 from souk.worker.storage import free_bytes
 from souk.worker.store import Commit, Store, Tx
 from souk.worker.supervision import Supervisor
+from souk.worker.volumes import VolumeRunner
+
+VOLUME_WAIT = 60.0  # how long a volume request waits for its operation before answering
 
 
 class Engine:
@@ -49,6 +54,8 @@ class Engine:
         self.store = Store(settings.db_path, durable=settings.durable)
         self.marked_here: set[str] = set()  # spawn markers no earlier worker run can have used
         self.runner = Runner(self.store, self)
+        self.volumes = VolumeRunner(self.store, settings)
+        self.volumes_refused = volume_disk.unsupported_reason()
         self.supervisor = Supervisor(self.store, drivers, self.runner.kick)
         self.checks = HealthChecks()
         self.following = CheckFollowing(self.store, self.checks)
@@ -84,6 +91,7 @@ class Engine:
             )
         except StorageFault:  # informative only; the worker serves (and says why) all the same
             pass
+        await self.volumes.recover()  # before any machine that mounts one starts
         await self.supervisor.adopt()
         for machine_id in queries.machines_with_pending(self.store.read):
             self.runner.kick(machine_id)
@@ -91,7 +99,11 @@ class Engine:
         self.following.sync(queries.started_ids(self.store.read))
 
     async def close(self) -> None:
-        tasks = [*self.runner.tasks.cancel(), *self.supervisor.cancel()]
+        tasks = [
+            *self.runner.tasks.cancel(),
+            *self.supervisor.cancel(),
+            *self.volumes.tasks.cancel(),
+        ]
         await asyncio.gather(*tasks, return_exceptions=True)
         await self.checks.close()
         await self.drivers.close()
@@ -218,7 +230,61 @@ class Engine:
         )
 
     def capacity(self) -> Capacity:
-        return admission.capacity(self.store.read, self.settings)
+        return admission.capacity(self.store.read, self.settings, self.volumes_refused)
+
+    # --- volumes -----------------------------------------------------------------------------
+
+    async def _settled_volume(self, volume_id: str, wait: float) -> Volume:
+        await self.volumes.settled(volume_id, wait)
+        return self.volume(volume_id, include_destroyed=True)
+
+    async def create_volume(self, req: CreateVolume, wait: float = VOLUME_WAIT) -> Volume:
+        """Reserve the disk and queue the making of it; answers once it is made (or `wait`)."""
+        refused = self.volumes_refused
+
+        def accept(tx: Tx) -> None:
+            volume_ops.create(tx, self.settings, req, refused)
+
+        await self.store.write(accept)
+        self.volumes.kick(req.id)
+        return await self._settled_volume(req.id, wait)
+
+    async def extend_volume(
+        self, volume_id: str, size_mb: int, wait: float = VOLUME_WAIT
+    ) -> Volume:
+        await self.store.write(lambda tx: volume_ops.extend(tx, self.settings, volume_id, size_mb))
+        self.volumes.kick(volume_id)
+        return await self._settled_volume(volume_id, wait)
+
+    async def snapshot_volume(self, volume_id: str, wait: float = VOLUME_WAIT) -> str:
+        snapshot_id = await self.store.write(lambda tx: volume_ops.snapshot(tx, volume_id))
+        self.volumes.kick(volume_id)
+        await self.volumes.settled(volume_id, wait)
+        return snapshot_id
+
+    async def destroy_volume(self, volume_id: str, wait: float = VOLUME_WAIT) -> Volume:
+        await self.store.write(lambda tx: volume_ops.destroy(tx, volume_id))
+        self.volumes.kick(volume_id)
+        return await self._settled_volume(volume_id, wait)
+
+    async def update_volume(self, volume_id: str, req: UpdateVolumeRequest) -> Volume:
+        await self.store.write(lambda tx: volume_ops.update(tx, volume_id, req))
+        return self.volume(volume_id)
+
+    def volume(self, volume_id: str, include_destroyed: bool = False) -> Volume:
+        row = queries.volume(self.store.read, volume_id)
+        if row is None or (row["state"] == "destroyed" and not include_destroyed):
+            raise NotFound(f"no volume {volume_id} on worker {self.settings.name}")
+        return volume_ops.volume_from_row(row, self.settings)
+
+    def list_volumes(self, app: str | None = None) -> list[Volume]:
+        rows = queries.volumes(self.store.read, app)
+        return [volume_ops.volume_from_row(row, self.settings) for row in rows]
+
+    def snapshots(self, volume_id: str) -> list[VolumeSnapshot]:
+        queries.existing_volume(self.store.read, volume_id)
+        rows = queries.snapshots(self.store.read, volume_id)
+        return [volume_ops.snapshot_from_row(row) for row in rows]
 
     async def wait(
         self, machine_id: str, state: MachineState, timeout: float, instance_id: str | None

@@ -10,14 +10,16 @@ declared name: checked when this module is imported.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
+import os
 import shutil
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Protocol
 
 from souk.models.machine import MachineConfig, StopConfig, normalize_signal
-from souk.worker import app_users, queries
+from souk.worker import app_users, queries, volumes
 from souk.worker.admission import reserve
 from souk.worker.drivers.base import Drivers, Launch
 from souk.worker.fsm import OPERATIONS, STEP_NAMES
@@ -102,6 +104,16 @@ def _launch(w: StepHost, run: StepRun) -> Launch:
     )
 
 
+def _with_volumes(w: StepHost, launch: Launch) -> Launch:
+    """The launch with its mounts' host directories, each owned by the machine's user (a
+    container's root maps to it), so what runs there may write to its volume."""
+    mounts = volumes.mount_dirs(w.store.read, w.settings, launch.config)
+    if launch.user is not None:
+        for _, directory in mounts:
+            os.chown(directory, launch.user.uid, launch.user.gid)
+    return dataclasses.replace(launch, volumes=tuple(mounts))
+
+
 def _stop_config(w: StepHost, run: StepRun) -> StopConfig:
     return _launch(w, run).config.stop_config
 
@@ -122,6 +134,7 @@ async def _begin_start(w: StepHost, run: StepRun) -> int:
 @STEPS.implements("spawn")
 async def _spawn(w: StepHost, run: StepRun) -> int:
     launch = await app_users.assign(w.store, w.settings.data_dir, _launch(w, run))
+    launch = _with_volumes(w, launch)
     w.marked_here.discard(launch.marker)
     kind = Drivers.kind_of(launch.config)
     driver = w.drivers.require(kind)
@@ -226,6 +239,7 @@ async def _end_destroy(w: StepHost, run: StepRun) -> int:
         if row["reserved"]:
             reserve(tx, settings, -row["cpus"], -row["memory_mb"], -1, f"release {m}")
         queries.set_destroyed(tx, m, now_iso())
+        volumes.release(tx, m)
         queries.finish_operations(tx, m, run.index + 1)
         tx.log("machine", m, run.op.name, run.step.name, "destroyed", run.op_id)
 

@@ -51,6 +51,8 @@ class Launch:
     # filesystem), and the identity that owns it; None: the machine runs as the worker does.
     home: Path | None = None
     user: HostUser | None = None
+    # (path in the machine, mounted volume's directory on the host), from config.mounts
+    volumes: tuple[tuple[str, Path], ...] = ()
 
 
 class Driver(Protocol):

@@ -46,7 +46,24 @@ def machine_env(launch: Launch) -> dict[str, str]:
             "SOUK_MARKER": launch.marker,
         }
     )
+    if launch.volumes:  # a host process cannot have the volume at its path: it gets where it is
+        env["SOUK_VOLUME_PATH"] = str(launch.volumes[0][1])
     return env
+
+
+def _link_volumes(launch: Launch, workdir: Path) -> None:
+    """Each volume also appears inside the working directory at its mount path made relative
+    (`/data` is `./data`): a command that opens `data/...` finds it without reading the env."""
+    for path, directory in launch.volumes:
+        link = workdir / path.lstrip("/")
+        link.parent.mkdir(parents=True, exist_ok=True)
+        if link.is_symlink() and link.readlink() == directory:
+            continue
+        if link.is_symlink() or link.is_file():
+            link.unlink()
+        elif link.exists():
+            continue  # a directory of the app's own: left alone; SOUK_VOLUME_PATH still says
+        link.symlink_to(directory)
 
 
 class ProcessDriver:
@@ -64,6 +81,7 @@ class ProcessDriver:
             return running
         workdir = _workdir(launch)
         workdir.mkdir(parents=True, exist_ok=True)
+        _link_volumes(launch, workdir)
         argv = launch.config.argv()
         with _log(launch.rundir / "stdout.log") as out, _log(launch.rundir / "stderr.log") as err:
             try:
