@@ -12,14 +12,13 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import os
 import shutil
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Protocol
 
 from souk.models.machine import MachineConfig, StopConfig, normalize_signal
-from souk.worker import app_users, queries, volumes
+from souk.worker import app_users, queries, volume_disk, volumes
 from souk.worker.admission import reserve
 from souk.worker.drivers.base import Drivers, Launch
 from souk.worker.fsm import OPERATIONS, STEP_NAMES
@@ -110,7 +109,9 @@ def _with_volumes(w: StepHost, launch: Launch) -> Launch:
     mounts = volumes.mount_dirs(w.store.read, w.settings, launch.config)
     if launch.user is not None:
         for _, directory in mounts:
-            os.chown(directory, launch.user.uid, launch.user.gid)
+            volume_disk.give_to(
+                volume_disk.VolumePaths(directory.parent), launch.user.uid, launch.user.gid
+            )
     return dataclasses.replace(launch, volumes=tuple(mounts))
 
 

@@ -82,14 +82,22 @@ def clear_temporary(directory: Path) -> None:
             leftover.unlink(missing_ok=True)
 
 
+def make_root(p: VolumePaths) -> None:
+    """The volume's directory: traversable (its machine's user reaches the mount point in it),
+    not listable; the disk file and snapshots in it are root's alone."""
+    for directory in (p.root.parent, p.root):
+        directory.mkdir(exist_ok=True)
+        os.chmod(directory, 0o711)
+
+
 def make_disk(p: VolumePaths, size_mb: int) -> None:
     """A sparse file of `size_mb`, formatted ext4; nothing if it exists already."""
     if p.image.exists():
         return
-    p.root.mkdir(parents=True, exist_ok=True)
+    make_root(p)
     clear_temporary(p.root)
     tmp = p.image.with_suffix(".img.tmp")
-    with tmp.open("wb") as f:
+    with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as f:
         f.truncate(size_mb << 20)
     # no reserved blocks (a volume is all the app's); no discard pass over a fresh sparse file
     _run("mkfs.ext4", "-q", "-F", "-m", "0", "-E", "nodiscard", "-L", p.root.name[-16:], str(tmp))
@@ -105,7 +113,7 @@ def copy_snapshot(p: VolumePaths, snapshot: Path) -> None:
         return
     if not snapshot.exists():
         raise DiskError(f"snapshot file {snapshot.name} is gone")
-    p.root.mkdir(parents=True, exist_ok=True)
+    make_root(p)
     clear_temporary(p.root)
     tmp = p.image.with_suffix(".img.tmp")
     _run("cp", "--sparse=always", str(snapshot), str(tmp))
@@ -144,8 +152,17 @@ def mount(p: VolumePaths) -> None:
     if is_mounted(p.mountpoint):
         return
     device = attach(p)
-    p.mountpoint.mkdir(parents=True, exist_ok=True)
+    p.mountpoint.mkdir(mode=0o700, exist_ok=True)
     _run("mount", "-t", "ext4", "-o", "nodev,nosuid", device, str(p.mountpoint))
+    os.chmod(p.mountpoint, 0o700)  # the file system's root: its machine's user's alone
+
+
+def give_to(p: VolumePaths, uid: int, gid: int) -> None:
+    """The volume's root to the user of the machine that mounts it (a container's root maps to
+    that user): what the machine writes there, it may write."""
+    st = os.lstat(p.mountpoint)
+    if (st.st_uid, st.st_gid) != (uid, gid):
+        os.chown(p.mountpoint, uid, gid)
 
 
 def unmount(p: VolumePaths) -> None:
@@ -217,7 +234,7 @@ def snapshot(p: VolumePaths, snapshot_id: str) -> int:
     dest = p.snapshot(snapshot_id)
     thaw(p)  # a copy interrupted by a crash may have left it frozen
     if not dest.exists():
-        p.snapshots.mkdir(parents=True, exist_ok=True)
+        p.snapshots.mkdir(mode=0o700, exist_ok=True)
         clear_temporary(p.snapshots)
         tmp = dest.with_suffix(".img.tmp")
         frozen = is_mounted(p.mountpoint)
