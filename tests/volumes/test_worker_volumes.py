@@ -64,7 +64,7 @@ async def test_disk_is_reserved_against_disk_mb(vclient: Client, vengine: Engine
     err = await refused(await vclient.post("/v1/volumes", json=body), 412, "insufficient_capacity")
     assert err["details"]["disk_mb_free"] == 56
     cap = await ok(await vclient.get("/v1/capacity"))
-    assert cap["reserved"]["disk_mb"] == 200 and cap["free"]["disk_mb"] == 56
+    assert cap["disk_mb_reserved"] == 200 and cap["disk_mb_free"] == 56
     # growth is reserved too
     resp = await vclient.put("/v1/volumes/vol_aaaaaa1/extend", json={"size_mb": 300})
     await refused(resp, 412, "insufficient_capacity")
@@ -72,7 +72,7 @@ async def test_disk_is_reserved_against_disk_mb(vclient: Client, vengine: Engine
     await refused(resp, 409, "invalid_state")  # volumes only grow
     await ok(await vclient.delete("/v1/volumes/vol_aaaaaa1"))
     cap = await ok(await vclient.get("/v1/capacity"))
-    assert cap["reserved"]["disk_mb"] == 0
+    assert cap["disk_mb_reserved"] == 0
     await make(vclient, "vol_aaaaaa2", 100)
     # an id is never reused
     again = {"app": "demo", "id": "vol_aaaaaa2", "name": "data", "size_mb": 8}

@@ -10,7 +10,6 @@ from souk.models.machine import CpuKind, GuestConfig
 class Resources(BaseModel):
     cpus: int
     memory_mb: int
-    disk_mb: int = 0  # for volumes: what --disk-mb offers, what volumes reserve of it
 
 
 class Capacity(BaseModel):
@@ -24,6 +23,10 @@ class Capacity(BaseModel):
     labels: dict[str, str] = {}
     cordoned: bool = False
     draining: bool = False
+    # Disk for volumes: what --disk-mb offers, what volumes reserve of it, what is left.
+    disk_mb_total: int = 0
+    disk_mb_reserved: int = 0
+    disk_mb_free: int = 0
     volumes_refused: str | None = None  # why this worker makes no volumes; None: it does
 
 
