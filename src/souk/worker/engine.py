@@ -56,6 +56,8 @@ class Engine:
         self.runner = Runner(self.store, self)
         self.volumes = VolumeRunner(self.store, settings)
         self.volumes_refused = volume_disk.unsupported_reason()
+        if settings.disk_mb is None and self.volumes_refused is None:
+            self.volumes_refused = volume_ops.NO_DISK
         self.supervisor = Supervisor(self.store, drivers, self.runner.kick)
         self.checks = HealthChecks()
         self.following = CheckFollowing(self.store, self.checks)

@@ -45,6 +45,7 @@ from souk.worker.storage import patiently
 from souk.worker.store import Store, Tx, now_iso
 
 log = logging.getLogger("souk.worker.volumes")
+NO_DISK = "it offers no disk (start it with --disk-mb)"
 
 
 class VolumeUnavailable(NoRoom):
@@ -68,13 +69,6 @@ def new_snapshot_id(volume_id: str) -> str:
     return f"vs_{volume_id.removeprefix('vol_')}_{secrets.token_hex(4)}"
 
 
-def volume_of_snapshot(snapshot_id: str) -> str | None:
-    parts = snapshot_id.split("_")
-    if len(parts) != 3 or parts[0] != "vs":
-        return None
-    return f"vol_{parts[1]}"
-
-
 # --- admission: one transaction decides and records -------------------------------------------
 
 
@@ -86,7 +80,7 @@ def disk(db: Db, settings: WorkerSettings) -> tuple[int, int]:
 def _check_fits(db: Db, settings: WorkerSettings, grow_mb: int, refused: str | None) -> None:
     offered, reserved = disk(db, settings)
     if settings.disk_mb is None and refused is None:
-        refused = "it offers no disk (start it with --disk-mb)"
+        refused = NO_DISK
     found = disk_misfit(
         grow_mb, disk_mb_free=offered - reserved, volumes_refused=refused,
         cordoned=queries.cordoned(db),

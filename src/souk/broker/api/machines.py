@@ -8,7 +8,7 @@ from typing import get_args
 
 from aiohttp import web
 
-from souk.broker.api import leases
+from souk.broker.api import leases, volumes
 from souk.broker.api.params import flag, lease_nonce, machine_ids, policy, strategy
 from souk.broker.api.state import IDEMPOTENCY, broker_of
 from souk.broker.auth import grant_of
@@ -72,6 +72,7 @@ async def create_machine(request: web.Request) -> web.Response:
     body = await read_model(request, CreateMachineRequest)
     chosen_strategy, chosen_policy = strategy(request), policy(request)
     b.require_app(app)
+    pinned = await volumes.pin_to_volume(b, app, body.region, body.config)
     if b.before_place is not None:
         await b.before_place()
     create = CreateMachine(app=app, config=body.config, name=body.name, start=not body.skip_launch)
@@ -86,23 +87,30 @@ async def create_machine(request: web.Request) -> web.Response:
             create,
             chosen_strategy,
             chosen_policy,
-            avoid=frozenset(body.avoid_workers),
+            avoid=frozenset(body.avoid_workers) | pinned,
             id_prefix=prefix,
         )
     except NoCapacity as exc:
+        if exc.asked == 0 and pinned:
+            raise ApiError(
+                412,
+                "volume_unavailable",
+                "mounts: the volume's worker is not reachable (a volume never moves)",
+                {"region": exc.region},
+            ) from None
         if exc.asked == 0:  # not a worker in the region, reachable or not
             raise ApiError(
                 400, "invalid", f"region: no region {body.region!r} in this cluster"
             ) from None
+        refusals = [r.model_dump() for r in exc.refusals if r.worker not in pinned]
+        message = exc.message()
+        if pinned:  # the others were never candidates: only the volume's worker says why
+            message = "mounts: the volume's worker cannot take this machine (a volume never moves)"
         raise ApiError(
             412,
             "insufficient_capacity",
-            exc.message(),
-            {
-                "region": exc.region,
-                "workers_asked": exc.asked,
-                "refusals": [r.model_dump() for r in exc.refusals],
-            },
+            message,
+            {"region": exc.region, "workers_asked": exc.asked, "refusals": refusals},
         ) from None
     worker = b.fleet.worker(machine.worker)
     address = worker.address if worker else ""

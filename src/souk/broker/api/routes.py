@@ -5,7 +5,7 @@ or deploy on the app it names (see docs/tokens.md), a fleet operation, or any va
 
 from __future__ import annotations
 
-from souk.broker.api import apps, fleet, leases, machines, metadata, tokens
+from souk.broker.api import apps, fleet, leases, machines, metadata, tokens, volumes
 from souk.models.api import (
     App,
     CreateAppRequest,
@@ -23,6 +23,14 @@ from souk.models.api import (
 )
 from souk.models.catalog import RevocationRow
 from souk.models.machine import MachineEvent, MetadataChange, StopRequest
+from souk.models.volume import (
+    CreateVolumeRequest,
+    ExtendVolumeRequest,
+    ExtendVolumeResponse,
+    UpdateVolumeRequest,
+    Volume,
+    VolumeSnapshot,
+)
 from souk.web import Permission, Route, in_body, in_path, in_query
 
 M = "/v1/apps/{app}/machines/{id}"
@@ -31,6 +39,7 @@ APP = in_path("app")
 READ = Permission.app_read(APP, machine=in_path("id"))
 WRITE = Permission.app_write(APP, machine=in_path("id"))
 DEPLOY = Permission.app_deploy(APP, machine=in_path("id"))
+V = "/v1/apps/{app}/volumes"
 ROUTES: list[Route] = [
     Route(
         "GET",
@@ -345,5 +354,81 @@ ROUTES: list[Route] = [
         response=RevocationRow,
         errors=(403, 503),
         permission=Permission.operator("write"),
+    ),
+    Route(
+        "GET",
+        V,
+        volumes.list_volumes,
+        "List an app's volumes",
+        response=list[Volume],
+        errors=(404,),
+        permission=Permission.app_read(APP),
+    ),
+    Route(
+        "POST",
+        V,
+        volumes.create_volume,
+        "Create a volume on a worker with the disk (apart from the app's others with"
+        " require_unique_zone), or restore a snapshot into a new one",
+        CreateVolumeRequest,
+        Volume,
+        errors=(400, 404, 412),
+        permission=Permission.app_deploy(APP, region=in_body("region")),
+    ),
+    Route(
+        "GET",
+        V + "/{id}",
+        volumes.get_volume,
+        "A volume",
+        response=Volume,
+        errors=(404, 503),
+        permission=Permission.app_read(APP),
+    ),
+    Route(
+        "PUT",
+        V + "/{id}",
+        volumes.update_volume,
+        "Change a volume's snapshot retention",
+        UpdateVolumeRequest,
+        Volume,
+        errors=(400, 404, 503),
+        permission=Permission.app_deploy(APP),
+    ),
+    Route(
+        "DELETE",
+        V + "/{id}",
+        volumes.destroy_volume,
+        "Destroy a volume and its snapshots (409 while a machine mounts it)",
+        response=Volume,
+        errors=(404, 409, 503),
+        permission=Permission.app_deploy(APP),
+    ),
+    Route(
+        "PUT",
+        V + "/{id}/extend",
+        volumes.extend_volume,
+        "Grow a volume, online",
+        ExtendVolumeRequest,
+        ExtendVolumeResponse,
+        errors=(400, 404, 409, 412, 503),
+        permission=Permission.app_deploy(APP),
+    ),
+    Route(
+        "GET",
+        V + "/{id}/snapshots",
+        volumes.list_snapshots,
+        "A volume's snapshots",
+        response=list[VolumeSnapshot],
+        errors=(404, 503),
+        permission=Permission.app_read(APP),
+    ),
+    Route(
+        "POST",
+        V + "/{id}/snapshots",
+        volumes.create_snapshot,
+        "Take a consistent snapshot (the file system frozen while it is copied)",
+        response=VolumeSnapshot,
+        errors=(404, 409, 503),
+        permission=Permission.app_write(APP),
     ),
 ]
