@@ -12,13 +12,15 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from souk.broker.api.state import Broker
-from souk.broker.fleet import StaticFleet
+from souk.broker.fleet import CatalogFleet, StaticFleet
 from souk.broker.placement.pipeline import Placer
 from souk.broker.registry import AppRegistry
 from souk.broker.server import make_app as make_broker_app
+from souk.catalog.bus import InProcessBus
 from souk.clients.workers import WorkerClient
 from tests.support.broker_cluster import SECRET, Cluster, WorkerSpec, cluster, machine_body
 from tests.support.clients import Client
+from tests.support.waiting import eventually
 from tests.volumes.conftest import sweep
 
 V = "/v1/apps/demo/volumes"
@@ -135,3 +137,31 @@ async def test_a_mount_places_on_the_volumes_worker_through_any_broker(
     nowhere = [{"volume": "vol_0000000000abcd", "path": "/data"}]
     resp = await three.call("POST", "/v1/apps/demo/machines", json=machine_body(mounts=nowhere))
     assert (await answer(resp, 412))["code"] == "volume_unavailable"
+
+
+async def test_volumes_are_catalog_rows_owned_by_their_worker(tmp_path: Path) -> None:
+    specs = [WorkerSpec("m1", "mad", disk_mb=64), WorkerSpec("m2", "mad", disk_mb=64)]
+    try:
+        async with cluster(tmp_path, specs, bus=InProcessBus()) as c:
+            assert isinstance(c.fleet, CatalogFleet)
+            await eventually(lambda: len(c.fleet.workers()) == 2)
+            await eventually(lambda: all(w.disk_mb_total == 64 for w in c.fleet.workers()))
+            body = {"name": "data", "size_mb": 16, "region": "mad"}
+            made = await answer(await c.call("POST", V, json=body), 200)
+            view = c.fleet.view
+            await eventually(lambda: [v.id for v in view.volumes("demo")] == [made["id"]])
+            row = view.volumes("demo")[0]
+            assert (row.worker_id, row.size_mb, row.state) == (made["zone"], 16, "created")
+
+            def reserved() -> int | None:
+                holder = c.fleet.worker(made["zone"])
+                return None if holder is None else holder.disk_mb_reserved
+
+            await eventually(lambda: reserved() == 16)
+            listed = await answer(await c.call("GET", V), 200)
+            assert [v["id"] for v in listed] == [made["id"]]
+            await answer(await c.call("DELETE", f"{V}/{made['id']}"), 200)
+            await eventually(lambda: view.volumes("demo") == [])
+    finally:
+        for name in ("m1", "m2"):
+            sweep(tmp_path / name)

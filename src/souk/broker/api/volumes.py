@@ -73,8 +73,12 @@ def _unreachable(result: object) -> bool:
 
 
 async def app_volumes(b: Broker, app: str) -> list[Volume]:
-    """Every volume of the app, from every worker that answers."""
+    """Every volume of the app, from the workers that hold them (the catalog's rows say which;
+    without a catalog, every worker is asked), as each has it now."""
     workers = b.fleet.workers(reachable_only=False)
+    holders = b.fleet.volume_holders(app)
+    if holders is not None:
+        workers = [w for w in workers if w.id in holders]
     results = await asyncio.gather(
         *(b.client.volumes(w.id, w.address, app, FIND_TIMEOUT) for w in workers),
         return_exceptions=True,
