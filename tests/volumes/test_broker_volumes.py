@@ -3,13 +3,16 @@ placed on its worker or nowhere, whichever broker is asked."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
+from typer.testing import CliRunner
 
 from souk.broker.api.state import Broker
 from souk.broker.fleet import CatalogFleet, StaticFleet
@@ -17,6 +20,7 @@ from souk.broker.placement.pipeline import Placer
 from souk.broker.registry import AppRegistry
 from souk.broker.server import make_app as make_broker_app
 from souk.catalog.bus import InProcessBus
+from souk.cli.main import app as cli
 from souk.clients.workers import WorkerClient
 from tests.support.broker_cluster import SECRET, Cluster, WorkerSpec, cluster, machine_body
 from tests.support.clients import Client
@@ -165,3 +169,26 @@ async def test_volumes_are_catalog_rows_owned_by_their_worker(tmp_path: Path) ->
     finally:
         for name in ("m1", "m2"):
             sweep(tmp_path / name)
+
+
+async def test_souk_volumes_commands(three: Cluster) -> None:
+    api = str(three.broker.make_url("")).rstrip("/")
+    common = ["--api", api, "--token", three.tokens["admin"], "--json"]
+    runner = CliRunner()
+
+    async def souk(*args: str) -> Any:
+        done = await asyncio.to_thread(runner.invoke, cli, ["volumes", *args, *common])
+        assert done.exit_code == 0, done.output
+        return json.loads(done.output)
+
+    made = await souk("create", "data", "--size-mb", "16", "-r", "mad")
+    assert made["size_mb"] == 16 and made["state"] == "created"
+    assert [v["id"] for v in await souk("list")] == [made["id"]]
+    grown = await souk("extend", made["id"], "--size-mb", "24")
+    assert grown["volume"]["size_mb"] == 24
+    snaps = await souk("snapshots", made["id"], "--take")
+    assert len(snaps) == 1 and snaps[0]["volume_size"] == 24 << 20
+    assert (await souk("show", made["id"]))["bytes_total"] > 16 << 20
+    assert (await souk("destroy", made["id"]))["state"] == "destroyed"
+    refused = await asyncio.to_thread(runner.invoke, cli, ["volumes", "show", made["id"], *common])
+    assert refused.exit_code != 0 and "not found" in refused.output

@@ -6,7 +6,18 @@ from pathlib import Path
 
 import typer
 
-from souk.cli import broker, catalog, client, machines, nats, pki, proxy, tokens, worker
+from souk.cli import (
+    broker,
+    catalog,
+    client,
+    machines,
+    nats,
+    pki,
+    proxy,
+    tokens,
+    volumes,
+    worker,
+)
 from souk.cli.deploy import commands as deploy
 
 app = typer.Typer(
@@ -29,6 +40,7 @@ app.command("broker")(broker.run)
 app.command("dev")(broker.dev)
 app.add_typer(machines.machines, name="machines")
 app.add_typer(machines.apps, name="apps")
+app.add_typer(volumes.volumes, name="volumes")
 app.add_typer(catalog.app, name="catalog")
 app.add_typer(nats.app, name="nats")
 app.command("proxy")(proxy.run)
