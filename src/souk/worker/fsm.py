@@ -175,7 +175,13 @@ def markdown() -> str:
         allowed = ", ".join(f"`{s}`" for s in sorted(op.allowed_from))
         ends = f"`{op.ends_in}`" if op.ends_in else "unchanged"
         lines.append(f"| {op.name} | {allowed} | {steps} | {ends} |")
-    lines += ["", "Volumes:", "", "| state | may go to |", "| --- | --- |"]
+    lines += [
+        "",
+        "Volumes (see [volumes.md](volumes.md)):",
+        "",
+        "| state | may go to |",
+        "| --- | --- |",
+    ]
     lines += [
         f"| `{s}` | {', '.join(f'`{t}`' for t in sorted(VOLUME_TRANSITIONS[s])) or '—'} |"
         for s in VOLUME_STATES
