@@ -95,8 +95,9 @@ class MachineView(BaseModel):
 
 def fingerprint(config: MachineConfig) -> str:
     """What makes two machines run the same thing: the config without the deploy's marks
-    (metadata) and standby links, which change in place without a restart."""
-    data = config.model_dump(mode="json", exclude={"metadata", "standbys"})
+    (metadata) and standby links, which change in place without a restart, and its volume
+    (each machine has its own, kept through updates)."""
+    data = config.model_dump(mode="json", exclude={"metadata", "standbys", "mounts"})
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 
 
