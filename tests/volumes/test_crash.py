@@ -20,6 +20,8 @@ from souk.worker import volume_disk
 from tests.support.worker_process import Reply, WorkerProcess
 from tests.volumes.conftest import leftovers, sweep
 
+pytestmark = pytest.mark.integration  # real worker processes, killed and started again
+
 
 @dataclass
 class VolumeWorker(WorkerProcess):

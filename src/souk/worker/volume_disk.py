@@ -100,7 +100,20 @@ def make_disk(p: VolumePaths, size_mb: int) -> None:
     with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as f:
         f.truncate(size_mb << 20)
     # no reserved blocks (a volume is all the app's); no discard pass over a fresh sparse file
-    _run("mkfs.ext4", "-q", "-F", "-m", "0", "-E", "nodiscard", "-L", p.root.name[-16:], str(tmp))
+    _run(
+        "mkfs.ext4",
+        "-q",
+        "-F",
+        "-b",
+        "4096",
+        "-m",
+        "0",
+        "-E",
+        "nodiscard",
+        "-L",
+        p.root.name[-16:],
+        str(tmp),
+    )
     with tmp.open("rb+") as f:
         os.fsync(f.fileno())
     tmp.rename(p.image)
@@ -135,7 +148,8 @@ def attach(p: VolumePaths) -> str:
     found = loop_devices(p.image)
     if found:
         return found[0]
-    return _run("losetup", "-f", "--show", str(p.image)).strip()
+    # direct I/O: the loop device reads and writes the file without a second page cache
+    return _run("losetup", "--direct-io=on", "-f", "--show", str(p.image)).strip()
 
 
 def is_mounted(mountpoint: Path) -> bool:
