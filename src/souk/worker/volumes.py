@@ -13,7 +13,6 @@ import asyncio
 import functools
 import json
 import logging
-import os
 import secrets
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -435,15 +434,7 @@ async def _mount_fs(r: VolumeRunner, run: VolumeRun) -> None:
 @_step("grow_file")
 async def _grow_file(r: VolumeRunner, run: VolumeRun) -> None:
     p = r.paths(run.volume_id)
-    size = int(run.params["size_mb"]) << 20
-
-    def grow() -> None:
-        if p.image.stat().st_size < size:
-            with p.image.open("rb+") as f:
-                f.truncate(size)
-                os.fsync(f.fileno())
-
-    await _in_thread(grow)
+    await _in_thread(volume_disk.grow_file, p, int(run.params["size_mb"]))
 
 
 @_step("grow_fs")
