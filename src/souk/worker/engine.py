@@ -249,7 +249,16 @@ class Engine:
 
         await self.store.write(accept)
         self.volumes.kick(req.id)
-        return await self._settled_volume(req.id, wait)
+        volume = await self._settled_volume(req.id, wait)
+        if volume.state in ("creating", "restoring") and not queries.volume_has_pending(
+            self.store.read, req.id
+        ):
+            raise volume_ops.VolumeFailed(
+                f"volume {req.id} could not be made (see the worker's log); destroy it to give"
+                " its disk back",
+                {"volume": req.id},
+            )
+        return volume
 
     async def extend_volume(
         self, volume_id: str, size_mb: int, wait: float = VOLUME_WAIT

@@ -30,7 +30,7 @@ from souk.models.volume import (
     size_gb_of,
 )
 from souk.worker import queries, volume_disk
-from souk.worker.errors import Conflict, Cordoned, InvalidState, NoRoom, NotFound
+from souk.worker.errors import Conflict, Cordoned, InvalidState, NoRoom, NotFound, WorkerError
 from souk.worker.fsm import (
     VOLUME_OPERATIONS,
     VOLUME_STEP_NAMES,
@@ -59,8 +59,11 @@ class VolumeAttached(Conflict):
     reason = "volume_attached"
 
 
-def new_volume_id() -> str:
-    return f"vol_{secrets.token_hex(7)}"
+class VolumeFailed(WorkerError):
+    """A step of the volume's operation failed on this host (a tool's error): the request was
+    recorded, the volume is left as far as it got."""
+
+    reason = "volume_failed"
 
 
 def new_snapshot_id(volume_id: str) -> str:

@@ -52,17 +52,21 @@ def machine_env(launch: Launch) -> dict[str, str]:
 
 
 def _link_volumes(launch: Launch, workdir: Path) -> None:
-    """Each volume also appears inside the working directory at its mount path made relative
-    (`/data` is `./data`): a command that opens `data/...` finds it without reading the env."""
+    """A volume mounted at a one-part path also appears in the working directory under that
+    name (`/data` is `./data`), so a command that opens `data/...` finds it without reading the
+    env. Deeper paths get no link: the worker (root) would have to make directories inside the
+    app's own, where a link the app left could lead it anywhere."""
     for path, directory in launch.volumes:
-        link = workdir / path.lstrip("/")
-        link.parent.mkdir(parents=True, exist_ok=True)
-        if link.is_symlink() and link.readlink() == directory:
+        name = path.strip("/")
+        if not name or "/" in name:
             continue
-        if link.is_symlink() or link.is_file():
-            link.unlink()
+        link = workdir / name
+        if link.is_symlink():
+            if link.readlink() == directory:
+                continue
+            link.unlink()  # removes the link itself, never what it points to
         elif link.exists():
-            continue  # a directory of the app's own: left alone; SOUK_VOLUME_PATH still says
+            continue  # a file or directory of the app's own: left alone; the env still says
         link.symlink_to(directory)
 
 
