@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from pydantic_core import PydanticCustomError
 
 from souk.models.duration import Duration
+from souk.models.volume import VOLUME_ID
 
 MachineState = Literal[
     "created", "starting", "started", "stopping", "stopped", "destroying", "destroyed", "failed"
@@ -159,7 +160,7 @@ class Mount(Strict):
     """A volume mounted into the machine (Fly's `MachineMount`; the sizing fields are for
     volumes Fly makes on the fly, which souk does not)."""
 
-    volume: str = Field(pattern=r"^vol_[0-9a-z]{6,32}$")
+    volume: str = Field(pattern=VOLUME_ID.pattern)
     path: str = Field(max_length=255)
     name: str | None = None
 
@@ -167,7 +168,7 @@ class Mount(Strict):
     @classmethod
     def _absolute(cls, path: str) -> str:
         parts = path.split("/")
-        if not path.startswith("/") or path == "/" or ".." in parts or "\0" in path:
+        if not path.startswith("/") or not path.strip("/") or ".." in parts or "\0" in path:
             raise ValueError("mount paths are absolute, not /, without '..'")
         return path.rstrip("/")
 
