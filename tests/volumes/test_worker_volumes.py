@@ -157,3 +157,21 @@ async def test_a_worker_without_disk_refuses_with_a_reason(plain_client: Client)
     resp = await plain_client.post("/v1/volumes", json=body)
     err = await refused(resp, 412, "insufficient_capacity")
     assert "--disk-mb" in err["error"]
+
+
+async def test_a_failed_operation_is_an_error_and_its_volume_can_be_destroyed(
+    vclient: Client, vengine: Engine
+) -> None:
+    await make(vclient, "vol_aaaaaa1", 16)
+    snap = await ok(await vclient.post("/v1/volumes/vol_aaaaaa1/snapshots"), 201)
+    volume_disk.paths(vengine.settings.data_dir, "vol_aaaaaa1").snapshot(snap["id"]).unlink()
+    body = {"app": "demo", "id": "vol_bbbbbb1", "name": "copy", "snapshot_id": snap["id"]}
+    err = await refused(await vclient.post("/v1/volumes", json=body), 500, "volume_failed")
+    assert "is gone" in err["error"]
+    stuck = await ok(await vclient.get("/v1/volumes/vol_bbbbbb1"))
+    assert stuck["state"] == "restoring"  # as far as it got, its disk still reserved
+    cap = await ok(await vclient.get("/v1/capacity"))
+    assert cap["disk_mb_reserved"] == 32
+    await ok(await vclient.delete("/v1/volumes/vol_bbbbbb1"))
+    cap = await ok(await vclient.get("/v1/capacity"))
+    assert cap["disk_mb_reserved"] == 16

@@ -236,47 +236,47 @@ class Engine:
 
     # --- volumes -----------------------------------------------------------------------------
 
-    async def _settled_volume(self, volume_id: str, wait: float) -> Volume:
+    async def _settled_volume(
+        self, volume_id: str, op_id: int | None, wait: float, what: str
+    ) -> Volume:
+        """The volume once its queue has run (or `wait`); the operation's error, if it failed."""
         await self.volumes.settled(volume_id, wait)
+        error = None if op_id is None else queries.volume_operation_error(
+            self.store.read, volume_id, op_id
+        )  # fmt: skip
+        if error is not None:
+            raise volume_ops.VolumeFailed(f"{what} volume {volume_id} failed: {error}")
         return self.volume(volume_id, include_destroyed=True)
 
     async def create_volume(self, req: CreateVolume, wait: float = VOLUME_WAIT) -> Volume:
-        """Reserve the disk and queue the making of it; answers once it is made (or `wait`)."""
+        """Reserve the disk and queue the making of it; answers once it is made (or `wait`).
+        A volume that could not be made keeps its disk until it is destroyed."""
         refused = self.volumes_refused
-
-        def accept(tx: Tx) -> None:
-            volume_ops.create(tx, self.settings, req, refused)
-
-        await self.store.write(accept)
+        op_id = await self.store.write(
+            lambda tx: volume_ops.create(tx, self.settings, req, refused)
+        )
         self.volumes.kick(req.id)
-        volume = await self._settled_volume(req.id, wait)
-        if volume.state in ("creating", "restoring") and not queries.volume_has_pending(
-            self.store.read, req.id
-        ):
-            raise volume_ops.VolumeFailed(
-                f"volume {req.id} could not be made (see the worker's log); destroy it to give"
-                " its disk back",
-                {"volume": req.id},
-            )
-        return volume
+        return await self._settled_volume(req.id, op_id, wait, "making")
 
     async def extend_volume(
         self, volume_id: str, size_mb: int, wait: float = VOLUME_WAIT
     ) -> Volume:
-        await self.store.write(lambda tx: volume_ops.extend(tx, self.settings, volume_id, size_mb))
+        op_id = await self.store.write(
+            lambda tx: volume_ops.extend(tx, self.settings, volume_id, size_mb)
+        )
         self.volumes.kick(volume_id)
-        return await self._settled_volume(volume_id, wait)
+        return await self._settled_volume(volume_id, op_id, wait, "extending")
 
     async def snapshot_volume(self, volume_id: str, wait: float = VOLUME_WAIT) -> str:
-        snapshot_id = await self.store.write(lambda tx: volume_ops.snapshot(tx, volume_id))
+        snapshot_id, op_id = await self.store.write(lambda tx: volume_ops.snapshot(tx, volume_id))
         self.volumes.kick(volume_id)
-        await self.volumes.settled(volume_id, wait)
+        await self._settled_volume(volume_id, op_id, wait, "a snapshot of")
         return snapshot_id
 
     async def destroy_volume(self, volume_id: str, wait: float = VOLUME_WAIT) -> Volume:
-        await self.store.write(lambda tx: volume_ops.destroy(tx, volume_id))
+        op_id = await self.store.write(lambda tx: volume_ops.destroy(tx, volume_id))
         self.volumes.kick(volume_id)
-        return await self._settled_volume(volume_id, wait)
+        return await self._settled_volume(volume_id, op_id, wait, "destroying")
 
     async def update_volume(self, volume_id: str, req: UpdateVolumeRequest) -> Volume:
         await self.store.write(lambda tx: volume_ops.update(tx, volume_id, req))

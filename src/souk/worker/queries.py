@@ -564,6 +564,17 @@ def delete_snapshots(db: Db, volume_id: str) -> None:
     db.execute("DELETE FROM volume_snapshots WHERE volume = ?", (volume_id,))
 
 
+def volume_operation_error(db: Db, volume_id: str, op_id: int) -> str | None:
+    """Why the volume's operation failed, if it did (its `error` entry in the log)."""
+    row = _one(
+        db,
+        "SELECT data FROM oplog WHERE resource = ? AND op_id = ? AND step = 'error'"
+        " ORDER BY seq DESC LIMIT 1",
+        (volume_id, op_id),
+    )
+    return None if row is None else str(json.loads(row["data"]).get("error", "failed"))
+
+
 def volumes_changed_since(db: Db, since: int, limit: int, live_only: bool) -> list[tuple[int, str]]:
     live = " AND state != 'destroyed'" if live_only else ""
     rows = db.execute(

@@ -102,7 +102,7 @@ def _enqueue(tx: Tx, volume_id: str, op: VolumeOperation, params: dict[str, Any]
     return op_id
 
 
-def create(tx: Tx, settings: WorkerSettings, req: CreateVolume, refused: str | None) -> None:
+def create(tx: Tx, settings: WorkerSettings, req: CreateVolume, refused: str | None) -> int:
     if queries.volume(tx, req.id) is not None:
         raise Conflict(f"volume {req.id} already exists")
     size_mb, op, params = req.size_mb, VOLUME_OPERATIONS["create"], {}
@@ -124,7 +124,7 @@ def create(tx: Tx, settings: WorkerSettings, req: CreateVolume, refused: str | N
         tx, req.id, req.name, req.app, state, size_mb, req.snapshot_retention, now_iso()
     )
     tx.log("volume", req.id, op.name, "reserve", state, data={"app": req.app, "size_mb": size_mb})
-    _enqueue(tx, req.id, op, {**params, "size_mb": size_mb})
+    return _enqueue(tx, req.id, op, {**params, "size_mb": size_mb})
 
 
 def _projected(row: Any) -> VolumeState:
@@ -132,7 +132,7 @@ def _projected(row: Any) -> VolumeState:
     return state
 
 
-def extend(tx: Tx, settings: WorkerSettings, volume_id: str, size_mb: int) -> None:
+def extend(tx: Tx, settings: WorkerSettings, volume_id: str, size_mb: int) -> int:
     row = queries.existing_volume(tx, volume_id)
     if _projected(row) not in VOLUME_OPERATIONS["extend"].allowed_from:
         raise InvalidState(f"volume {volume_id} is {row['projected']}: cannot extend it")
@@ -144,20 +144,20 @@ def extend(tx: Tx, settings: WorkerSettings, volume_id: str, size_mb: int) -> No
     # the same size again finishes a growth that failed half-way (the file grown, not the fs)
     _check_fits(tx, settings, size_mb - row["size_mb"], None)  # growth on a worker that has it
     queries.set_volume_columns(tx, volume_id, {"size_mb": size_mb, "updated_at": now_iso()})
-    _enqueue(tx, volume_id, VOLUME_OPERATIONS["extend"], {"size_mb": size_mb})
+    return _enqueue(tx, volume_id, VOLUME_OPERATIONS["extend"], {"size_mb": size_mb})
 
 
-def snapshot(tx: Tx, volume_id: str) -> str:
+def snapshot(tx: Tx, volume_id: str) -> tuple[str, int]:
     row = queries.existing_volume(tx, volume_id)
     if _projected(row) not in VOLUME_OPERATIONS["snapshot"].allowed_from:
         raise InvalidState(f"volume {volume_id} is {row['projected']}: cannot snapshot it")
     snapshot_id = new_snapshot_id(volume_id)
-    _enqueue(tx, volume_id, VOLUME_OPERATIONS["snapshot"], {"snapshot": snapshot_id})
-    return snapshot_id
+    op_id = _enqueue(tx, volume_id, VOLUME_OPERATIONS["snapshot"], {"snapshot": snapshot_id})
+    return snapshot_id, op_id
 
 
-def destroy(tx: Tx, volume_id: str) -> bool:
-    """Queue the destroy; False if it is already on its way. Refused while a machine mounts it."""
+def destroy(tx: Tx, volume_id: str) -> int | None:
+    """Queue the destroy; None if it is already on its way. Refused while a machine mounts it."""
     row = queries.existing_volume(tx, volume_id)
     if row["attached_machine"]:
         machine = row["attached_machine"]
@@ -166,10 +166,9 @@ def destroy(tx: Tx, volume_id: str) -> bool:
             {"machine": machine},
         )
     if _projected(row) == "destroyed":
-        return False
+        return None
     queries.set_volume_columns(tx, volume_id, {"projected": "destroyed"})
-    _enqueue(tx, volume_id, VOLUME_OPERATIONS["destroy"], {})
-    return True
+    return _enqueue(tx, volume_id, VOLUME_OPERATIONS["destroy"], {})
 
 
 def update(tx: Tx, volume_id: str, req: UpdateVolumeRequest) -> None:
