@@ -315,9 +315,7 @@ class VolumeRunner:
     async def recover(self) -> None:
         """After a (re)start: mount every volume that should be, thaw any a crash left frozen,
         resume every queued operation."""
-        for volume_id in queries.live_volume_ids(self.store.read):
-            if queries.volume_has_pending(self.store.read, volume_id):
-                continue  # its operation knows where it stands
+        for volume_id in queries.live_volume_ids(self.store.read):  # made, not on their way out
             try:
                 await asyncio.to_thread(volume_disk.mount, self.paths(volume_id))
                 await asyncio.to_thread(volume_disk.thaw, self.paths(volume_id))
