@@ -61,6 +61,11 @@ async def test_deploy_makes_a_volume_per_primary_and_keeps_the_pairing(tmp_path:
                 assert all(m.config.env["RELEASE"] == "2" for m in second.values())
                 assert {m.config.mounts[0].volume: m.worker for m in second.values()} == pairs
                 assert {v.id for v in await api.volumes("stateful")} == set(volumes)
+                # back to the first config (what `souk rollback` deploys): still the same pairs
+                await deploy(api, loads(TOML.format(release=1)), Progress(quiet=True))
+                third = await api.machines("stateful")
+                assert {m.config.mounts[0].volume: m.worker for m in third} == pairs
+                assert all(m.config.env["RELEASE"] == "1" for m in third)
     finally:
         for i in (1, 2, 3):
             sweep(tmp_path / f"m{i}")
