@@ -175,3 +175,17 @@ async def test_a_failed_operation_is_an_error_and_its_volume_can_be_destroyed(
     await ok(await vclient.delete("/v1/volumes/vol_bbbbbb1"))
     cap = await ok(await vclient.get("/v1/capacity"))
     assert cap["disk_mb_reserved"] == 16
+
+
+async def test_retention_is_changed_in_place(vclient: Client, vengine: Engine) -> None:
+    await make(vclient, "vol_aaaaaa1", 16)
+    for _ in range(3):
+        await ok(await vclient.post("/v1/volumes/vol_aaaaaa1/snapshots"), 201)
+    assert len(await ok(await vclient.get("/v1/volumes/vol_aaaaaa1/snapshots"))) == 3
+    changed = await ok(await vclient.put("/v1/volumes/vol_aaaaaa1", json={"snapshot_retention": 1}))
+    assert changed["snapshot_retention"] == 1
+    newest = await ok(await vclient.post("/v1/volumes/vol_aaaaaa1/snapshots"), 201)
+    listed = await ok(await vclient.get("/v1/volumes/vol_aaaaaa1/snapshots"))
+    assert [s["id"] for s in listed] == [newest["id"]]
+    resp = await vclient.put("/v1/volumes/vol_aaaaaa1", json={"snapshot_retention": 0})
+    assert resp.status == 400

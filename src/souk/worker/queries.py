@@ -539,7 +539,7 @@ def finish_volume_operations(db: Db, volume_id: str) -> None:
 
 def snapshots(db: Db, volume_id: str) -> list[Row]:
     return db.execute(
-        "SELECT * FROM volume_snapshots WHERE volume = ? ORDER BY created_at, id", (volume_id,)
+        "SELECT * FROM volume_snapshots WHERE volume = ? ORDER BY rowid"  # as taken, (volume_id,)
     ).fetchall()
 
 

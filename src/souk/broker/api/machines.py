@@ -166,7 +166,7 @@ async def update_machine(request: web.Request) -> web.Response:
         details = {**exc.details, "region": current.region, "worker": current.worker}
         raise ApiError(
             412,
-            "insufficient_capacity",
+            exc.reason if exc.reason == "volume_unavailable" else "insufficient_capacity",
             f"{exc.message} (updates happen in place, on the same worker)",
             details,
         ) from None
