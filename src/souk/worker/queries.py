@@ -538,9 +538,9 @@ def finish_volume_operations(db: Db, volume_id: str) -> None:
 
 
 def snapshots(db: Db, volume_id: str) -> list[Row]:
-    return db.execute(
-        "SELECT * FROM volume_snapshots WHERE volume = ? ORDER BY rowid"  # as taken, (volume_id,)
-    ).fetchall()
+    """Oldest first, as taken (two in one millisecond keep their order)."""
+    sql = "SELECT * FROM volume_snapshots WHERE volume = ? ORDER BY rowid"
+    return db.execute(sql, (volume_id,)).fetchall()
 
 
 def snapshot(db: Db, snapshot_id: str) -> Row | None:
