@@ -38,6 +38,7 @@ class WorkerSpec:
     cpus: int = 4
     memory_mb: int = 4096
     driver: str = "sim"
+    disk_mb: int | None = None
 
 
 @dataclass
@@ -73,6 +74,7 @@ async def cluster(
                 data_dir=tmp_path / spec.name,
                 cpus=spec.cpus,
                 memory_mb=spec.memory_mb,
+                disk_mb=spec.disk_mb,
                 durable=False,
             )
             engine = await stack.enter_async_context(

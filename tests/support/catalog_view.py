@@ -10,7 +10,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
-from souk.models.catalog import AppRow, MachineRow, RowChange, WorkerRow
+from souk.models.catalog import AppRow, MachineRow, RowChange, VolumeRow, WorkerRow
 from souk.models.machine import MachineState
 
 OLD = "2020-01-01T00:00:00+00:00"
@@ -104,6 +104,9 @@ class FakeView:
 
     def app(self, name: str) -> AppRow | None:
         return self.app_rows.get(name)
+
+    def volumes(self, app: str | None = None) -> list[VolumeRow]:
+        return []
 
     def image_cached(self, worker_id: str, image: str) -> bool:
         return False

@@ -48,6 +48,11 @@ class Fleet(Protocol):
 
     def image_cached(self, worker_id: str, image: str) -> bool: ...
 
+    def volume_holders(self, app: str) -> set[str] | None:
+        """The workers holding the app's volumes, as the catalog shows them; None: this fleet
+        does not know (ask every worker)."""
+        ...
+
 
 class StaticFleet:
     """A fixed list of worker URLs, read over HTTP by `refresh()`; apps from a local registry.
@@ -120,6 +125,9 @@ class StaticFleet:
     def image_cached(self, worker_id: str, image: str) -> bool:
         return False
 
+    def volume_holders(self, app: str) -> set[str] | None:
+        return None
+
 
 class CatalogFleet:
     """Everything from a catalog replica (fresh within milliseconds of each commit), except
@@ -163,3 +171,6 @@ class CatalogFleet:
 
     def image_cached(self, worker_id: str, image: str) -> bool:
         return self.view.image_cached(worker_id, image)
+
+    def volume_holders(self, app: str) -> set[str] | None:
+        return {v.worker_id for v in self.view.volumes(app)}

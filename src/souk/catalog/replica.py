@@ -70,6 +70,7 @@ from souk.models.catalog import (
     RevocationRow,
     Row,
     RowChange,
+    VolumeRow,
     WorkerRow,
 )
 
@@ -79,6 +80,7 @@ TABLES: dict[str, type[Row]] = {
     "workers": WorkerRow,
     "machines": MachineRow,
     "images": ImageRow,
+    "volumes": VolumeRow,
     "apps": AppRow,
     "revocations": RevocationRow,
 }
@@ -138,6 +140,7 @@ class Replica:
         self._machines: dict[str, MachineRow] = {}
         self._by_app: dict[str, set[str]] = defaultdict(set)
         self._images: dict[str, dict[str, ImageRow]] = defaultdict(dict)
+        self._volumes: dict[str, VolumeRow] = {}
         self._apps: dict[str, AppRow] = {}
         self._revoked: set[str] = set()
         self._subs: list[Subscription] = []
@@ -370,6 +373,11 @@ class Replica:
                 self._images[owner][key] = row
             else:
                 self._images[owner].pop(key, None)
+        elif table == "volumes":
+            if isinstance(row, VolumeRow):
+                self._volumes[key] = row
+            else:
+                self._volumes.pop(key, None)
         elif table == "apps":
             if isinstance(row, AppRow):
                 self._apps[key] = row
@@ -734,6 +742,9 @@ class Replica:
 
     def machine(self, machine_id: str) -> MachineRow | None:
         return self._machines.get(machine_id)
+
+    def volumes(self, app: str | None = None) -> list[VolumeRow]:
+        return [v for v in self._volumes.values() if app in (None, v.app)]
 
     def image_cached(self, worker_id: str, image: str) -> bool:
         held = self._images.get(worker_id, {})

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Protocol
 
-from souk.models.catalog import AppRow, MachineRow, RowChange, WorkerRow
+from souk.models.catalog import AppRow, MachineRow, RowChange, VolumeRow, WorkerRow
 
 
 class CatalogView(Protocol):
@@ -33,6 +33,10 @@ class CatalogView(Protocol):
         ...
 
     def machine(self, machine_id: str) -> MachineRow | None: ...
+
+    def volumes(self, app: str | None = None) -> list[VolumeRow]:
+        """Volumes not destroyed, optionally of one app (each owned by its worker)."""
+        ...
 
     def apps(self) -> list[AppRow]:
         """Apps from the registry's rows (deleted ones flagged)."""

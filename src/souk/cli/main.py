@@ -16,6 +16,7 @@ from souk.cli import (
     proxy,
     secrets,
     tokens,
+    volumes,
     worker,
 )
 from souk.cli.deploy import commands as deploy
@@ -41,6 +42,7 @@ app.command("dev")(broker.dev)
 app.add_typer(machines.machines, name="machines")
 app.add_typer(machines.apps, name="apps")
 app.add_typer(secrets.app, name="secrets")
+app.add_typer(volumes.volumes, name="volumes")
 app.add_typer(catalog.app, name="catalog")
 app.add_typer(nats.app, name="nats")
 app.command("proxy")(proxy.run)

@@ -25,7 +25,9 @@ def run(
     cpu_kind: list[str] = typer.Option(
         ["shared"], help="CPU kinds it offers: shared, performance (repeat for both)."
     ),
-    disk_mb: int | None = typer.Option(None, help="Disk it offers to machines, in MB."),
+    disk_mb: int | None = typer.Option(
+        None, help="Disk it offers to volumes, in MB (none without it; volumes need root)."
+    ),
     label: list[str] = typer.Option([], help="KEY=VALUE labels reported with its capacity."),
     driver: str = typer.Option("process", help="How machines run: process, or sim (runs nothing)."),
     advertise: str | None = typer.Option(None, help="URL others reach it at (default: listen)."),

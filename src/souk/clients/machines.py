@@ -30,6 +30,13 @@ from souk.models.catalog import RevocationRow
 from souk.models.machine import MachineState, MetadataChange, StopRequest
 from souk.models.placement import PlacementExplanation
 from souk.models.secrets import AppSecrets, AppSecretsUpdateRequest, AppSecretsUpdateResp
+from souk.models.volume import (
+    CreateVolumeRequest,
+    ExtendVolumeRequest,
+    ExtendVolumeResponse,
+    Volume,
+    VolumeSnapshot,
+)
 
 WAIT_MAX = 60.0  # the broker's own bound on one wait
 
@@ -56,6 +63,19 @@ def _machine_path(app: str, machine_id: str = "", verb: str = "") -> str:
     if verb:
         path += f"/{verb}"
     return path
+
+
+def _volume_path(app: str, volume_id: str = "", verb: str = "") -> str:
+    path = f"/v1/apps/{app}/volumes"
+    if volume_id:
+        path += f"/{volume_id}"
+    if verb:
+        path += f"/{verb}"
+    return path
+
+
+_VOLUMES = TypeAdapter(list[Volume])
+_SNAPSHOTS = TypeAdapter(list[VolumeSnapshot])
 
 
 class MachinesClient(HttpClient):
@@ -297,3 +317,32 @@ class MachinesClient(HttpClient):
         or `souk catalog serve`, which needs no token)."""
         data: dict[str, Any] = orjson.loads(await self._call("GET", "/v1/catalog/status"))
         return data
+
+    # --- volumes -------------------------------------------------------------------------
+
+    async def volumes(self, app: str) -> list[Volume]:
+        return _VOLUMES.validate_json(await self._call("GET", _volume_path(app)))
+
+    async def volume(self, app: str, volume_id: str) -> Volume:
+        return Volume.model_validate_json(await self._call("GET", _volume_path(app, volume_id)))
+
+    async def create_volume(self, app: str, req: CreateVolumeRequest) -> Volume:
+        return Volume.model_validate_json(await self._call("POST", _volume_path(app), req))
+
+    async def extend_volume(
+        self, app: str, volume_id: str, req: ExtendVolumeRequest
+    ) -> ExtendVolumeResponse:
+        path = _volume_path(app, volume_id, "extend")
+        return ExtendVolumeResponse.model_validate_json(await self._call("PUT", path, req))
+
+    async def destroy_volume(self, app: str, volume_id: str) -> Volume:
+        path = _volume_path(app, volume_id)
+        return Volume.model_validate_json(await self._call("DELETE", path))
+
+    async def snapshots(self, app: str, volume_id: str) -> list[VolumeSnapshot]:
+        path = _volume_path(app, volume_id, "snapshots")
+        return _SNAPSHOTS.validate_json(await self._call("GET", path))
+
+    async def snapshot_volume(self, app: str, volume_id: str) -> VolumeSnapshot:
+        path = _volume_path(app, volume_id, "snapshots")
+        return VolumeSnapshot.model_validate_json(await self._call("POST", path))

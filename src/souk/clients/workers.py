@@ -33,12 +33,23 @@ from souk.models.machine import (
     UpdateMachine,
     WaitResult,
 )
+from souk.models.volume import (
+    CreateVolume,
+    ExtendVolumeRequest,
+    ExtendVolumeResponse,
+    UpdateVolumeRequest,
+    Volume,
+    VolumeSnapshot,
+)
 from souk.pki import NodeFiles, PkiError, reloading_client_context
 from souk.pki.identity import check_name
 
 DEFAULT_TIMEOUT = 10.0
+VOLUME_TIMEOUT = 70.0  # a worker answers a volume operation once it has run (at most 60 s)
 
 _MACHINES = TypeAdapter(list[Machine])
+_VOLUMES = TypeAdapter(list[Volume])
+_SNAPSHOTS = TypeAdapter(list[VolumeSnapshot])
 _EVENTS = TypeAdapter(list[MachineEvent])
 
 
@@ -62,6 +73,10 @@ class WorkerError(ClientError):
 
 def _path(machine_id: str, verb: str = "") -> str:
     return f"/v1/machines/{machine_id}" + (f"/{verb}" if verb else "")
+
+
+def _volume_path(volume_id: str, verb: str = "") -> str:
+    return f"/v1/volumes/{volume_id}" + (f"/{verb}" if verb else "")
 
 
 def _tls(files: NodeFiles | None) -> Tls | None:
@@ -257,3 +272,53 @@ class WorkerClient(HttpClient):
         self, worker: str, base: str, machine_id: str, nonce: str | None
     ) -> None:
         await self._request(worker, base, "DELETE", _path(machine_id, "lease"), nonce=nonce)
+
+    # --- volumes -----------------------------------------------------------------------------
+
+    async def create_volume(
+        self, worker: str, base: str, req: CreateVolume, timeout: float = VOLUME_TIMEOUT
+    ) -> Volume:
+        data = await self._request(worker, base, "POST", "/v1/volumes", req, timeout=timeout)
+        return Volume.model_validate(data)
+
+    async def volumes(
+        self, worker: str, base: str, app: str | None = None, timeout: float = DEFAULT_TIMEOUT
+    ) -> list[Volume]:
+        params = {"app": app} if app else None
+        data = await self._request(
+            worker, base, "GET", "/v1/volumes", params=params, timeout=timeout
+        )
+        return _VOLUMES.validate_python(data)
+
+    async def volume(
+        self, worker: str, base: str, volume_id: str, timeout: float = DEFAULT_TIMEOUT
+    ) -> Volume:
+        data = await self._request(worker, base, "GET", _volume_path(volume_id), timeout=timeout)
+        return Volume.model_validate(data)
+
+    async def update_volume(
+        self, worker: str, base: str, volume_id: str, req: UpdateVolumeRequest
+    ) -> Volume:
+        data = await self._request(worker, base, "PUT", _volume_path(volume_id), req)
+        return Volume.model_validate(data)
+
+    async def destroy_volume(self, worker: str, base: str, volume_id: str) -> Volume:
+        path = _volume_path(volume_id)
+        data = await self._request(worker, base, "DELETE", path, timeout=VOLUME_TIMEOUT)
+        return Volume.model_validate(data)
+
+    async def extend_volume(
+        self, worker: str, base: str, volume_id: str, req: ExtendVolumeRequest
+    ) -> ExtendVolumeResponse:
+        path = _volume_path(volume_id, "extend")
+        data = await self._request(worker, base, "PUT", path, req, timeout=VOLUME_TIMEOUT)
+        return ExtendVolumeResponse.model_validate(data)
+
+    async def snapshots(self, worker: str, base: str, volume_id: str) -> list[VolumeSnapshot]:
+        data = await self._request(worker, base, "GET", _volume_path(volume_id, "snapshots"))
+        return _SNAPSHOTS.validate_python(data)
+
+    async def snapshot_volume(self, worker: str, base: str, volume_id: str) -> VolumeSnapshot:
+        path = _volume_path(volume_id, "snapshots")
+        data = await self._request(worker, base, "POST", path, timeout=VOLUME_TIMEOUT)
+        return VolumeSnapshot.model_validate(data)

@@ -23,6 +23,11 @@ class Capacity(BaseModel):
     labels: dict[str, str] = {}
     cordoned: bool = False
     draining: bool = False
+    # Disk for volumes: what --disk-mb offers, what volumes reserve of it, what is left.
+    disk_mb_total: int = 0
+    disk_mb_reserved: int = 0
+    disk_mb_free: int = 0
+    volumes_refused: str | None = None  # why this worker makes no volumes; None: it does
 
 
 class OfferRequest(BaseModel):

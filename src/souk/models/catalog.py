@@ -26,6 +26,9 @@ class WorkerRow(Row):
     cpus_reserved: int = Field(ge=0)
     memory_mb_reserved: int = Field(ge=0)
     machines: int = Field(0, ge=0)
+    disk_mb_total: int = Field(0, ge=0)
+    disk_mb_reserved: int = Field(0, ge=0)
+    volumes_refused: str | None = None  # why it makes no volumes (no root, no loop devices)
     labels: dict[str, str] = {}
     cordoned: bool = False
     draining: bool = False
@@ -41,6 +44,10 @@ class WorkerRow(Row):
     @property
     def memory_mb_free(self) -> int:
         return self.memory_mb_total - self.memory_mb_reserved
+
+    @property
+    def disk_mb_free(self) -> int:
+        return self.disk_mb_total - self.disk_mb_reserved
 
 
 class MachineRow(Row):
@@ -80,6 +87,20 @@ class AppRow(Row):
     secrets_version: int = 0
 
 
+class VolumeRow(Row):
+    """A volume, owned by the worker that holds it: any broker lists it and places by it."""
+
+    id: str
+    app: str
+    name: str
+    region: str
+    worker_id: str
+    state: str
+    size_mb: int = Field(ge=0)
+    attached_machine_id: str | None = None
+    created_at: str
+
+
 class RevocationRow(Row):
     """A revoked token id, written by the app registry; every broker refuses the token."""
 
@@ -98,6 +119,9 @@ def worker_row(cap: Capacity, address: str, epoch: str = "static") -> WorkerRow:
         cpus_reserved=cap.reserved.cpus,
         memory_mb_reserved=cap.reserved.memory_mb,
         machines=cap.machines,
+        disk_mb_total=cap.disk_mb_total,
+        disk_mb_reserved=cap.disk_mb_reserved,
+        volumes_refused=cap.volumes_refused,
         labels=cap.labels,
         cordoned=cap.cordoned,
         draining=cap.draining,
@@ -128,12 +152,13 @@ def machine_row(m: Machine) -> MachineRow:
     )
 
 
-Table = Literal["workers", "machines", "images", "apps", "revocations"]
+Table = Literal["workers", "machines", "images", "volumes", "apps", "revocations"]
 TABLE_NAMES = frozenset(get_args(Table))  # what the catalog replicates
 ROW_MODELS: dict[str, type[Row]] = {
     "workers": WorkerRow,
     "machines": MachineRow,
     "images": ImageRow,
+    "volumes": VolumeRow,
     "apps": AppRow,
     "revocations": RevocationRow,
 }

@@ -14,7 +14,7 @@ from typing import Literal
 
 from souk.models.machine import CpuKind
 
-MisfitKind = Literal["cordoned", "draining", "cpu_kind", "room"]
+MisfitKind = Literal["cordoned", "draining", "cpu_kind", "room", "volumes"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,4 +50,24 @@ def misfit(
         return Misfit("cpu_kind", f"no {cpu_kind} cpus")
     if cpus > cpus_free or memory_mb > memory_mb_free:
         return Misfit("room", f"not enough room: free {cpus_free} cpus, {memory_mb_free} MB")
+    return None
+
+
+def disk_misfit(
+    size_mb: int,
+    *,
+    disk_mb_free: int,
+    volumes_refused: str | None = None,
+    cordoned: bool = False,
+    draining: bool = False,
+) -> Misfit | None:
+    """None if a volume of `size_mb` (or a growth by it) fits in the disk the worker offers."""
+    if cordoned:
+        return Misfit("cordoned", "cordoned")
+    if draining:
+        return Misfit("draining", "draining")
+    if volumes_refused is not None:
+        return Misfit("volumes", f"makes no volumes: {volumes_refused}")
+    if size_mb > disk_mb_free:
+        return Misfit("room", f"not enough disk: free {disk_mb_free} MB")
     return None

@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from pydantic_core import PydanticCustomError
 
 from souk.models.duration import Duration
+from souk.models.volume import VOLUME_ID
 
 MachineState = Literal[
     "created", "starting", "started", "stopping", "stopped", "destroying", "destroyed", "failed"
@@ -434,6 +435,23 @@ class MachineFile(Strict):
         return 0o600 if self.secret_name is not None else 0o644
 
 
+class Mount(Strict):
+    """A volume mounted into the machine (Fly's `MachineMount`; the sizing fields are for
+    volumes Fly makes on the fly, which souk does not)."""
+
+    volume: str = Field(pattern=VOLUME_ID.pattern)
+    path: str = Field(max_length=255)
+    name: str | None = None
+
+    @field_validator("path")
+    @classmethod
+    def _absolute(cls, path: str) -> str:
+        parts = path.split("/")
+        if not path.startswith("/") or not path.strip("/") or ".." in parts or "\0" in path:
+            raise ValueError("mount paths are absolute, not /, without '..'")
+        return path.rstrip("/")
+
+
 class MachineConfig(Strict):
     """Fly's machine config. Every field of Fly's spec is accepted by name; those souk cannot
     honour are refused with a 400 `unsupported` naming the field and why (docs/api.md)."""
@@ -454,7 +472,7 @@ class MachineConfig(Strict):
     schedule: Schedule | None = None
     metrics: MachineMetrics | None = None
     disable_machine_autostart: bool | None = None
-    mounts: list[dict[str, Any]] | None = None
+    mounts: list[Mount] = Field([], max_length=1)  # one volume per machine, as Fly has it
     containers: list[dict[str, Any]] | None = None
     statics: list[dict[str, Any]] | None = None
     dns: dict[str, Any] | None = None
@@ -473,11 +491,6 @@ class MachineConfig(Strict):
     @classmethod
     def _env_names(cls, env: dict[str, str]) -> dict[str, str]:
         return check_env(env)
-
-    @field_validator("mounts")
-    @classmethod
-    def _no_mounts(cls, value: Any) -> Any:
-        return refuse_set(value, "volumes (and so mounts) are not supported yet")
 
     @field_validator("containers")
     @classmethod

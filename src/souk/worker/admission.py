@@ -23,7 +23,7 @@ from souk.models.machine import (
     MachineState,
     MetadataChange,
 )
-from souk.worker import leases, queries
+from souk.worker import leases, queries, volumes
 from souk.worker.addresses import free_ip
 from souk.worker.drivers.base import Drivers
 from souk.worker.errors import (
@@ -52,8 +52,9 @@ def new_instance_id() -> str:
 # --- capacity -----------------------------------------------------------------------------------
 
 
-def capacity(db: Db, settings: WorkerSettings) -> Capacity:
+def capacity(db: Db, settings: WorkerSettings, volumes_refused: str | None = None) -> Capacity:
     cpus, memory_mb, machines = queries.reserved(db)
+    disk_total, disk_reserved = volumes.disk(db, settings)
     return Capacity(
         worker=settings.name,
         region=settings.region,
@@ -62,8 +63,12 @@ def capacity(db: Db, settings: WorkerSettings) -> Capacity:
         reserved=Resources(cpus=cpus, memory_mb=memory_mb),
         free=Resources(cpus=settings.cpus - cpus, memory_mb=settings.memory_mb - memory_mb),
         machines=machines,
+        disk_mb_total=disk_total,
+        disk_mb_reserved=disk_reserved,
+        disk_mb_free=disk_total - disk_reserved,
         labels=settings.labels,
         cordoned=queries.cordoned(db),
+        volumes_refused=volumes_refused,
     )
 
 
@@ -180,6 +185,7 @@ def create(tx: Tx, settings: WorkerSettings, machine_id: str, req: CreateMachine
         free_ip(tx, Drivers.kind_of(req.config)),
         now_iso(),
     )
+    volumes.attach(tx, settings, req.app, machine_id, req.config)
     tx.log(
         "machine",
         machine_id,
@@ -239,6 +245,7 @@ def update(
     old = MachineConfig.model_validate_json(row["config"])
     if Drivers.kind_of(old) != Drivers.kind_of(config):  # a command became an image
         queries.set_private_ip(tx, machine_id, free_ip(tx, Drivers.kind_of(config)))
+    volumes.attach(tx, settings, row["app"], machine_id, config)
     queries.set_config(tx, machine_id, config, now_iso(), instance_id)
     reserve(tx, settings, d_cpus, d_mem, 0, f"update {machine_id}")
     running = projected in ("started", "starting")

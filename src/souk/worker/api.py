@@ -21,6 +21,14 @@ from souk.models.machine import (
     UpdateMachine,
     WaitResult,
 )
+from souk.models.volume import (
+    CreateVolume,
+    ExtendVolumeRequest,
+    ExtendVolumeResponse,
+    UpdateVolumeRequest,
+    Volume,
+    VolumeSnapshot,
+)
 from souk.pki import AccessTable
 from souk.web import ApiError, Route, read_model, reply
 from souk.web.metrics import METRICS_PATH, serve_metrics
@@ -75,6 +83,7 @@ def _answering(handler: Handler) -> Handler:
 # nothing: it changes machines through a broker's API. A route left out is closed to every role.
 _BROKERS = ("broker", "operator")
 _M = "/v1/machines/{id}"
+_V = "/v1/volumes/{id}"
 ACCESS = AccessTable(
     {
         "GET /v1/capacity": _BROKERS,
@@ -95,6 +104,14 @@ ACCESS = AccessTable(
         f"GET {_M}/wait": _BROKERS,
         f"GET {_M}/events": _BROKERS,
         f"GET {_M}/logs": _BROKERS,
+        "GET /v1/volumes": _BROKERS,
+        "POST /v1/volumes": _BROKERS,
+        f"GET {_V}": _BROKERS,
+        f"PUT {_V}": _BROKERS,
+        f"DELETE {_V}": _BROKERS,
+        f"PUT {_V}/extend": _BROKERS,
+        f"GET {_V}/snapshots": _BROKERS,
+        f"POST {_V}/snapshots": _BROKERS,
         "POST /v1/cordon": _BROKERS,  # a broker forwards an operator token's request
         "POST /v1/uncordon": _BROKERS,
         "GET /openapi.json": _BROKERS,
@@ -251,8 +268,103 @@ def _routes(engine: Engine) -> list[Route]:
         await engine.set_cordoned(False)
         return reply(engine.capacity())
 
+    async def create_volume(request: web.Request) -> web.Response:
+        body = await read_model(request, CreateVolume)
+        return reply(await engine.create_volume(body), status=201)
+
+    async def list_volumes(request: web.Request) -> web.Response:
+        return reply(engine.list_volumes(request.query.get("app")))
+
+    async def get_volume(request: web.Request) -> web.Response:
+        return reply(engine.volume(machine_id(request)))
+
+    async def update_volume(request: web.Request) -> web.Response:
+        body = await read_model(request, UpdateVolumeRequest)
+        return reply(await engine.update_volume(machine_id(request), body))
+
+    async def destroy_volume(request: web.Request) -> web.Response:
+        return reply(await engine.destroy_volume(machine_id(request)))
+
+    async def extend_volume(request: web.Request) -> web.Response:
+        body = await read_model(request, ExtendVolumeRequest)
+        volume = await engine.extend_volume(machine_id(request), body.wanted_mb())
+        return reply(ExtendVolumeResponse(volume=volume, needs_restart=False))
+
+    async def list_snapshots(request: web.Request) -> web.Response:
+        return reply(engine.snapshots(machine_id(request)))
+
+    async def create_snapshot(request: web.Request) -> web.Response:
+        snapshot_id = await engine.snapshot_volume(machine_id(request))
+        made = [s for s in engine.snapshots(machine_id(request)) if s.id == snapshot_id]
+        if not made:
+            raise ApiError(500, "snapshot_failed", f"snapshot {snapshot_id} was not made")
+        return reply(made[0], status=201)
+
+    v = "/v1/volumes/{id}"
     m = "/v1/machines/{id}"
     return [
+        Route(
+            "POST",
+            "/v1/volumes",
+            create_volume,
+            "Reserve disk and make a volume (or restore a snapshot into a new one)",
+            CreateVolume,
+            Volume,
+            201,
+            errors=(409, 412, *WRITE_ERRORS),
+        ),
+        Route(
+            "GET",
+            "/v1/volumes",
+            list_volumes,
+            "List volumes",
+            response=list[Volume],
+            query={"app": "only this app's"},
+        ),
+        Route("GET", v, get_volume, "A volume", response=Volume, errors=(404,)),
+        Route(
+            "PUT",
+            v,
+            update_volume,
+            "Change a volume's snapshot retention",
+            UpdateVolumeRequest,
+            Volume,
+            errors=(404, *WRITE_ERRORS),
+        ),
+        Route(
+            "DELETE",
+            v,
+            destroy_volume,
+            "Destroy a volume and its snapshots; refused while a machine mounts it",
+            response=Volume,
+            errors=(404, 409, *WRITE_ERRORS),
+        ),
+        Route(
+            "PUT",
+            v + "/extend",
+            extend_volume,
+            "Grow a volume, online",
+            ExtendVolumeRequest,
+            ExtendVolumeResponse,
+            errors=(404, 409, 412, *WRITE_ERRORS),
+        ),
+        Route(
+            "GET",
+            v + "/snapshots",
+            list_snapshots,
+            "A volume's snapshots, oldest first",
+            response=list[VolumeSnapshot],
+            errors=(404,),
+        ),
+        Route(
+            "POST",
+            v + "/snapshots",
+            create_snapshot,
+            "Take a consistent snapshot (the file system is frozen while it is copied)",
+            response=VolumeSnapshot,
+            status=201,
+            errors=(404, 409, *WRITE_ERRORS),
+        ),
         Route("GET", "/v1/capacity", capacity, "Totals, reserved, free", response=Capacity),
         Route(
             "GET",

@@ -13,6 +13,8 @@ The data directory is laid out so that a machine reaches its own directory and n
 
     <data dir>/              0711 root   traversable, not listable
       worker.db, machines/, images/, ...  no access for group or others (swept before each start)
+      volumes/<id>/          0711 root   a volume: its disk file and snapshots (0600, 0700)
+        mnt/                 0700 <app uid>, once a machine mounts it (volume_disk.py)
       apps/                  0711 root
         <app>/               0710 root:<app gid>   only the app (and root) get through
           <machine>/         0700 <app uid>  a host command's home and working directory, or
@@ -41,6 +43,7 @@ BASE = 200_000
 SPAN = 65_536  # a container's ids 0..65535: every id an image's files normally use
 LAST_ID = 2**32 - 2  # (uid_t) -1 means "leave unchanged" to chown and setresuid
 APPS = "apps"
+VOLUMES = "volumes"  # traversable (0711): each volume's mount point is its app's own
 _swept: dict[Path, tuple[int, int, int]] = {}  # data dirs as they were when last swept
 
 
@@ -86,7 +89,7 @@ def secure(data_dir: Path) -> None:
         return
     _set_mode(data_dir, 0o711, st)
     for entry in os.scandir(data_dir):
-        if entry.name == APPS or entry.is_symlink():
+        if entry.name in (APPS, VOLUMES) or entry.is_symlink():
             continue
         try:
             mode = stat.S_IMODE(entry.stat(follow_symlinks=False).st_mode)

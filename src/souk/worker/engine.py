@@ -28,13 +28,15 @@ from souk.models.machine import (
     MachineState,
     MetadataChange,
 )
+from souk.models.volume import CreateVolume, UpdateVolumeRequest, Volume, VolumeSnapshot
 from souk.sealing import Sealer, worker_key
-from souk.worker import admission, leases, queries
+from souk.worker import admission, leases, queries, volume_disk
 from souk.worker import secrets as machine_secrets
+from souk.worker import volumes as volume_ops
 from souk.worker.check_following import CheckFollowing
 from souk.worker.checks import HealthChecks
 from souk.worker.drivers.base import Drivers
-from souk.worker.errors import StorageFault
+from souk.worker.errors import NotFound, StorageFault
 from souk.worker.fsm import OPERATIONS
 from souk.worker.metrics import WorkerMetrics
 from souk.worker.runner import Runner
@@ -43,6 +45,9 @@ from souk.worker.status import BusLink, StorageStatus, WorkerStatus, bus_status
 from souk.worker.storage import free_bytes
 from souk.worker.store import Commit, Store, Tx
 from souk.worker.supervision import Supervisor
+from souk.worker.volumes import VolumeRunner
+
+VOLUME_WAIT = 60.0  # how long a volume request waits for its operation before answering
 
 FLY_EVENT_TYPES = {"create": "launch"}
 
@@ -85,6 +90,10 @@ class Engine:
         self.marked_here: set[str] = set()  # spawn markers no earlier worker run can have used
         self.sealer = Sealer(worker_key(settings.data_dir))  # machines' secrets, at rest
         self.runner = Runner(self.store, self, self.metrics)
+        self.volumes = VolumeRunner(self.store, settings)
+        self.volumes_refused = volume_disk.unsupported_reason()
+        if settings.disk_mb is None and self.volumes_refused is None:
+            self.volumes_refused = volume_ops.NO_DISK
         self.supervisor = Supervisor(self.store, drivers, self.runner.kick)
         self.supervisor.restarts = self.metrics.restarts
         self.metrics.watch(self.capacity, lambda: queries.machine_states(self.store.read))
@@ -122,6 +131,7 @@ class Engine:
             )
         except StorageFault:  # informative only; the worker serves (and says why) all the same
             pass
+        await self.volumes.recover()  # before any machine that mounts one starts
         await self.supervisor.adopt()
         for machine_id in queries.machines_with_pending(self.store.read):
             self.runner.kick(machine_id)
@@ -129,7 +139,11 @@ class Engine:
         self.following.sync(queries.started_ids(self.store.read))
 
     async def close(self) -> None:
-        tasks = [*self.runner.tasks.cancel(), *self.supervisor.cancel()]
+        tasks = [
+            *self.runner.tasks.cancel(),
+            *self.supervisor.cancel(),
+            *self.volumes.tasks.cancel(),
+        ]
         await asyncio.gather(*tasks, return_exceptions=True)
         await self.checks.close()
         await self.drivers.close()
@@ -255,7 +269,70 @@ class Engine:
         )
 
     def capacity(self) -> Capacity:
-        return admission.capacity(self.store.read, self.settings)
+        return admission.capacity(self.store.read, self.settings, self.volumes_refused)
+
+    # --- volumes -----------------------------------------------------------------------------
+
+    async def _settled_volume(
+        self, volume_id: str, op_id: int | None, wait: float, what: str
+    ) -> Volume:
+        """The volume once its queue has run (or `wait`); the operation's error, if it failed."""
+        await self.volumes.settled(volume_id, wait)
+        error = None if op_id is None else queries.volume_operation_error(
+            self.store.read, volume_id, op_id
+        )  # fmt: skip
+        if error is not None:
+            raise volume_ops.VolumeFailed(f"{what} volume {volume_id} failed: {error}")
+        return self.volume(volume_id, include_destroyed=True)
+
+    async def create_volume(self, req: CreateVolume, wait: float = VOLUME_WAIT) -> Volume:
+        """Reserve the disk and queue the making of it; answers once it is made (or `wait`).
+        A volume that could not be made keeps its disk until it is destroyed."""
+        refused = self.volumes_refused
+        op_id = await self.store.write(
+            lambda tx: volume_ops.create(tx, self.settings, req, refused)
+        )
+        self.volumes.kick(req.id)
+        return await self._settled_volume(req.id, op_id, wait, "making")
+
+    async def extend_volume(
+        self, volume_id: str, size_mb: int, wait: float = VOLUME_WAIT
+    ) -> Volume:
+        op_id = await self.store.write(
+            lambda tx: volume_ops.extend(tx, self.settings, volume_id, size_mb)
+        )
+        self.volumes.kick(volume_id)
+        return await self._settled_volume(volume_id, op_id, wait, "extending")
+
+    async def snapshot_volume(self, volume_id: str, wait: float = VOLUME_WAIT) -> str:
+        snapshot_id, op_id = await self.store.write(lambda tx: volume_ops.snapshot(tx, volume_id))
+        self.volumes.kick(volume_id)
+        await self._settled_volume(volume_id, op_id, wait, "a snapshot of")
+        return snapshot_id
+
+    async def destroy_volume(self, volume_id: str, wait: float = VOLUME_WAIT) -> Volume:
+        op_id = await self.store.write(lambda tx: volume_ops.destroy(tx, volume_id))
+        self.volumes.kick(volume_id)
+        return await self._settled_volume(volume_id, op_id, wait, "destroying")
+
+    async def update_volume(self, volume_id: str, req: UpdateVolumeRequest) -> Volume:
+        await self.store.write(lambda tx: volume_ops.update(tx, volume_id, req))
+        return self.volume(volume_id)
+
+    def volume(self, volume_id: str, include_destroyed: bool = False) -> Volume:
+        row = queries.volume(self.store.read, volume_id)
+        if row is None or (row["state"] == "destroyed" and not include_destroyed):
+            raise NotFound(f"no volume {volume_id} on worker {self.settings.name}")
+        return volume_ops.volume_from_row(row, self.settings)
+
+    def list_volumes(self, app: str | None = None) -> list[Volume]:
+        rows = queries.volumes(self.store.read, app)
+        return [volume_ops.volume_from_row(row, self.settings) for row in rows]
+
+    def snapshots(self, volume_id: str) -> list[VolumeSnapshot]:
+        queries.existing_volume(self.store.read, volume_id)
+        rows = queries.snapshots(self.store.read, volume_id)
+        return [volume_ops.snapshot_from_row(row) for row in rows]
 
     async def wait(
         self, machine_id: str, state: MachineState, timeout: float, instance_id: str | None

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import get_args
 
 from souk.models.machine import MachineState
+from souk.models.volume import VolumeState
 
 STATES: tuple[MachineState, ...] = get_args(MachineState)
 
@@ -88,6 +89,76 @@ def check_transition(current: MachineState, wanted: MachineState) -> None:
         raise IllegalTransition(current, wanted)
 
 
+# --- volumes -----------------------------------------------------------------------------------
+# A volume's operations run the same way (steps logged one by one, resumed after a crash at the
+# first step not logged), from their own queue, by worker/volumes.py.
+
+VOLUME_STATES: tuple[VolumeState, ...] = get_args(VolumeState)
+
+VOLUME_TRANSITIONS: dict[VolumeState, frozenset[VolumeState]] = {
+    "creating": frozenset({"created", "destroying"}),
+    "restoring": frozenset({"created", "destroying"}),
+    "created": frozenset({"extending", "destroying"}),
+    "extending": frozenset({"created", "destroying"}),
+    "destroying": frozenset({"destroyed"}),
+    "destroyed": frozenset(),
+}
+
+
+@dataclass(frozen=True)
+class VolumeStep:
+    name: str
+    enters: VolumeState | None = None
+
+
+@dataclass(frozen=True)
+class VolumeOperation:
+    name: str
+    allowed_from: frozenset[VolumeState]  # empty: the operation that makes the volume
+    steps: tuple[VolumeStep, ...]
+
+
+_MOUNT = (VolumeStep("attach_loop"), VolumeStep("mount_fs", "created"))
+
+VOLUME_OPERATIONS: dict[str, VolumeOperation] = {
+    op.name: op
+    for op in (
+        VolumeOperation("create", frozenset(), (VolumeStep("make_disk"), *_MOUNT)),
+        VolumeOperation("restore", frozenset(), (VolumeStep("copy_snapshot"), *_MOUNT)),
+        VolumeOperation(
+            "extend",
+            frozenset({"created"}),
+            (VolumeStep("grow_file", "extending"), VolumeStep("grow_fs", "created")),
+        ),
+        VolumeOperation(
+            "snapshot",
+            frozenset({"created", "extending"}),
+            (VolumeStep("copy_frozen"), VolumeStep("prune_snapshots")),
+        ),
+        VolumeOperation(
+            "destroy",
+            frozenset({"creating", "restoring", "created", "extending"}),
+            (
+                VolumeStep("begin_release", "destroying"),
+                VolumeStep("unmount_fs"),
+                VolumeStep("detach_loop"),
+                VolumeStep("remove_disk"),
+                VolumeStep("release_disk", "destroyed"),
+            ),
+        ),
+    )
+}
+
+VOLUME_STEP_NAMES: frozenset[str] = frozenset(
+    s.name for op in VOLUME_OPERATIONS.values() for s in op.steps
+)
+
+
+def check_volume_transition(current: VolumeState, wanted: VolumeState) -> None:
+    if current != wanted and wanted not in VOLUME_TRANSITIONS[current]:
+        raise ValueError(f"a volume cannot go from {current} to {wanted}")
+
+
 def markdown() -> str:
     """The tables above as Markdown, for docs/worker.md."""
     lines = ["| state | may go to |", "| --- | --- |"]
@@ -104,6 +175,24 @@ def markdown() -> str:
         allowed = ", ".join(f"`{s}`" for s in sorted(op.allowed_from))
         ends = f"`{op.ends_in}`" if op.ends_in else "unchanged"
         lines.append(f"| {op.name} | {allowed} | {steps} | {ends} |")
+    lines += [
+        "",
+        "Volumes (see [volumes.md](volumes.md)):",
+        "",
+        "| state | may go to |",
+        "| --- | --- |",
+    ]
+    lines += [
+        f"| `{s}` | {', '.join(f'`{t}`' for t in sorted(VOLUME_TRANSITIONS[s])) or '—'} |"
+        for s in VOLUME_STATES
+    ]
+    lines += ["", "| operation | accepted from | steps (state entered) |", "| --- | --- | --- |"]
+    for vop in VOLUME_OPERATIONS.values():
+        steps = " → ".join(
+            f"{s.name}" + (f" (`{s.enters}`)" if s.enters else "") for s in vop.steps
+        )
+        allowed = ", ".join(f"`{s}`" for s in sorted(vop.allowed_from)) or "(new volume)"
+        lines.append(f"| {vop.name} | {allowed} | {steps} |")
     return "\n".join(lines) + "\n"
 
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from souk.catalog.owner import Owner
 from souk.catalog.protocol import Change
-from souk.models.catalog import ImageRow, machine_row, worker_row
+from souk.models.catalog import ImageRow, VolumeRow, machine_row, worker_row
 from souk.worker import queries
 from souk.worker.engine import Engine
 from souk.worker.store import Commit
@@ -61,6 +61,26 @@ class WorkerRows:
         image = ImageRow(worker_id=self.owner, digest=digest, ref=row["ref"], size=row["size"])
         return image.model_dump(mode="json")
 
+    def _volume(self, volume_id: str) -> Change:
+        """The volume's row and its version; a destroyed one's deletion."""
+        row = queries.volume(self.store.read, volume_id)
+        if row is None:
+            return Change("volumes", volume_id, self.head(), None)
+        if row["state"] == "destroyed":
+            return Change("volumes", volume_id, row["seq"], None)
+        volume = VolumeRow(
+            id=volume_id,
+            app=row["app"],
+            name=row["name"],
+            region=self.region,
+            worker_id=self.owner,
+            state=row["state"],
+            size_mb=row["size_mb"],
+            attached_machine_id=row["attached_machine"],
+            created_at=row["created_at"],
+        )
+        return Change("volumes", volume_id, row["seq"], volume.model_dump(mode="json"))
+
     def on_commit(self, commit: Commit) -> None:
         """Runs on the event loop, in commit order: the rows this commit touched, as they are now
         (a later commit's effects may show, with that commit's seq: versions only move on)."""
@@ -72,6 +92,8 @@ class WorkerRows:
                 changes.append(self._machine(resource))
             elif kind == "image":
                 changes.append(Change("images", resource, commit.last_seq, self._image(resource)))
+            elif kind == "volume":
+                changes.append(self._volume(resource))
         worker = self._worker()
         if worker != self._last_worker:
             self._last_worker = worker
@@ -90,6 +112,10 @@ class WorkerRows:
         found += [
             (seq, "images", digest) for seq, digest in queries.images_changed_since(read, since)
         ]
+        found += [
+            (seq, "volumes", vid)
+            for seq, vid in queries.volumes_changed_since(read, since, limit + 1, live_only)
+        ]
         found.sort()
         more = len(found) > limit
         if more:
@@ -99,6 +125,8 @@ class WorkerRows:
         for seq, table, key in found:
             if table == "machines":
                 changes.append(self._machine(key))
+            elif table == "volumes":
+                changes.append(self._volume(key))
             else:
                 changes.append(Change(table, key, seq, self._image(key)))
         changes.append(Change("workers", self.owner, head, self._worker()))

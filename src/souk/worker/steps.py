@@ -10,6 +10,7 @@ declared name: checked when this module is imported.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import shutil
 import time
@@ -18,7 +19,7 @@ from typing import Protocol
 
 from souk.models.machine import MachineConfig, StopConfig, normalize_signal
 from souk.sealing import Sealer
-from souk.worker import app_users, queries
+from souk.worker import app_users, queries, volume_disk, volumes
 from souk.worker import secrets as machine_secrets
 from souk.worker.admission import reserve
 from souk.worker.drivers.base import Drivers, Launch
@@ -112,6 +113,18 @@ def _launch(w: StepHost, run: StepRun, secrets: bool = False) -> Launch:
     )
 
 
+def _with_volumes(w: StepHost, launch: Launch) -> Launch:
+    """The launch with its mounts' host directories, each owned by the machine's user (a
+    container's root maps to it), so what runs there may write to its volume."""
+    mounts = volumes.mount_dirs(w.store.read, w.settings, launch.config)
+    if launch.user is not None:
+        for _, directory in mounts:
+            volume_disk.give_to(
+                volume_disk.VolumePaths(directory.parent), launch.user.uid, launch.user.gid
+            )
+    return dataclasses.replace(launch, volumes=tuple(mounts))
+
+
 def _stop_config(w: StepHost, run: StepRun) -> StopConfig:
     return _launch(w, run).config.stop_config
 
@@ -132,6 +145,7 @@ async def _begin_start(w: StepHost, run: StepRun) -> int:
 @STEPS.implements("spawn")
 async def _spawn(w: StepHost, run: StepRun) -> int:
     launch = await app_users.assign(w.store, w.settings.data_dir, _launch(w, run, secrets=True))
+    launch = _with_volumes(w, launch)
     w.marked_here.discard(launch.marker)
     kind = Drivers.kind_of(launch.config)
     driver = w.drivers.require(kind)
@@ -237,6 +251,7 @@ async def _end_destroy(w: StepHost, run: StepRun) -> int:
             reserve(tx, settings, -row["cpus"], -row["memory_mb"], -1, f"release {m}")
         queries.set_destroyed(tx, m, now_iso())
         queries.set_machine_secrets(tx, m, None)
+        volumes.release(tx, m)
         queries.finish_operations(tx, m, run.index + 1)
         tx.log("machine", m, run.op.name, run.step.name, "destroyed", run.op_id)
 

@@ -110,6 +110,41 @@ CREATE TABLE IF NOT EXISTS machine_secrets (
     sealed TEXT NOT NULL         -- brought them, sealed with the worker's key; never published
 );
 CREATE INDEX IF NOT EXISTS operations_pending ON operations (machine, id) WHERE done = 0;
+CREATE TABLE IF NOT EXISTS volumes (
+    id TEXT PRIMARY KEY,
+    name TEXT NOT NULL,
+    app TEXT NOT NULL,
+    state TEXT NOT NULL,
+    projected TEXT NOT NULL,     -- the state once every queued operation has run
+    size_mb INTEGER NOT NULL,    -- the size it has, or is growing to: what it reserves
+    reserved INTEGER NOT NULL,   -- 1 while its size counts against --disk-mb
+    snapshot_retention INTEGER NOT NULL,
+    attached_machine TEXT,       -- the machine (not destroyed) that mounts it
+    created_at TEXT NOT NULL,
+    updated_at TEXT NOT NULL,
+    seq INTEGER NOT NULL DEFAULT 0
+);
+CREATE INDEX IF NOT EXISTS volumes_app ON volumes (app);
+CREATE INDEX IF NOT EXISTS volumes_seq ON volumes (seq);
+CREATE TABLE IF NOT EXISTS volume_operations (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    volume TEXT NOT NULL,
+    op TEXT NOT NULL,
+    next_step INTEGER NOT NULL DEFAULT 0,
+    done INTEGER NOT NULL DEFAULT 0,
+    params TEXT NOT NULL DEFAULT '{}',
+    created_at REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS volume_operations_pending ON volume_operations (volume, id)
+    WHERE done = 0;
+CREATE TABLE IF NOT EXISTS volume_snapshots (
+    id TEXT PRIMARY KEY,
+    volume TEXT NOT NULL,
+    size INTEGER NOT NULL,       -- bytes on disk
+    volume_size INTEGER NOT NULL,
+    created_at TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS volume_snapshots_volume ON volume_snapshots (volume, created_at);
 """
 
 
@@ -159,6 +194,8 @@ class Tx:
             self.conn.execute("UPDATE machines SET seq = ? WHERE id = ?", (seq, resource))
         elif kind == "image":
             self.conn.execute("UPDATE images SET seq = ? WHERE digest = ?", (seq, resource))
+        elif kind == "volume":
+            self.conn.execute("UPDATE volumes SET seq = ? WHERE id = ?", (seq, resource))
         return seq
 
 

@@ -10,7 +10,7 @@ from typing import get_args
 from aiohttp import web
 from pydantic import BaseModel
 
-from souk.broker.api import leases
+from souk.broker.api import leases, volumes
 from souk.broker.api.params import flag, lease_nonce, machine_ids, policy, strategy
 from souk.broker.api.secrets import machine_secrets
 from souk.broker.api.state import IDEMPOTENCY, broker_of
@@ -95,13 +95,15 @@ async def create_machine(request: web.Request) -> web.Response:
     body = await read_model(request, CreateMachineRequest)
     chosen_strategy, chosen_policy = strategy(request), policy(request)
     b.require_app(app)
+    pinned, region = await volumes.pin_to_volume(
+        b, app, body.region or b.default_region, body.config
+    )
     if b.before_place is not None:
         await b.before_place()
     secrets = with_secrets(request, app, body.config, body.skip_secrets)
     create = CreateMachine(
         app=app, config=body.config, name=body.name, start=not body.skip_launch, secrets=secrets
     )
-    region = body.region or b.default_region
     prefix = idempotency_prefix(request, app)
     if prefix is not None:
         earlier = await b.keyed(app, prefix, region)
@@ -113,10 +115,17 @@ async def create_machine(request: web.Request) -> web.Response:
             create,
             chosen_strategy,
             chosen_policy,
-            avoid=frozenset(body.avoid_workers),
+            avoid=frozenset(body.avoid_workers) | pinned,
             id_prefix=prefix,
         )
     except NoCapacity as exc:
+        if exc.asked == 0 and pinned:
+            raise ApiError(
+                412,
+                "volume_unavailable",
+                "mounts: the volume's worker is not reachable (a volume never moves)",
+                {"region": exc.region},
+            ) from None
         if exc.asked == 0 and region is not None:  # not a worker there, reachable or not
             regions = b.placer.regions()
             raise ApiError(
@@ -126,15 +135,15 @@ async def create_machine(request: web.Request) -> web.Response:
                 f" its regions: {', '.join(regions) or 'none'}",
                 {"regions": regions},
             ) from None
+        refusals = [r.model_dump() for r in exc.refusals if r.worker not in pinned]
+        message = exc.message()
+        if pinned:  # the others were never candidates: only the volume's worker says why
+            message = "mounts: the volume's worker cannot take this machine (a volume never moves)"
         raise ApiError(
             412,
             "insufficient_capacity",
-            exc.message(),
-            {
-                "region": exc.region,
-                "workers_asked": exc.asked,
-                "refusals": [r.model_dump() for r in exc.refusals],
-            },
+            message,
+            {"region": exc.region, "workers_asked": exc.asked, "refusals": refusals},
         ) from None
     worker = b.fleet.worker(machine.worker)
     address = worker.address if worker else ""
@@ -204,7 +213,7 @@ async def update_machine(request: web.Request) -> web.Response:
         details = {**exc.details, "region": current.region, "worker": current.worker}
         raise ApiError(
             412,
-            "insufficient_capacity",
+            exc.reason if exc.reason == "volume_unavailable" else "insufficient_capacity",
             f"{exc.message} (updates happen in place, on the same worker)",
             details,
         ) from None

@@ -17,6 +17,7 @@ from souk.broker.api import (
     placement,
     secrets,
     tokens,
+    volumes,
 )
 from souk.broker.ui import pages as ui
 from souk.models.api import (
@@ -46,6 +47,14 @@ from souk.models.secrets import (
     SetAppSecretRequest,
     SetAppSecretResponse,
 )
+from souk.models.volume import (
+    CreateVolumeRequest,
+    ExtendVolumeRequest,
+    ExtendVolumeResponse,
+    UpdateVolumeRequest,
+    Volume,
+    VolumeSnapshot,
+)
 from souk.web import Permission, Route, in_body, in_path, in_query
 
 M = "/v1/apps/{app}/machines/{id}"
@@ -57,6 +66,7 @@ READ = Permission.app_read(APP, machine=in_path("id"))
 WRITE = Permission.app_write(APP, machine=in_path("id"))
 DEPLOY = Permission.app_deploy(APP, machine=in_path("id"))
 PUBLIC = Permission.public()
+V = "/v1/apps/{app}/volumes"
 ROUTES: list[Route] = [
     Route(
         "GET",
@@ -501,5 +511,81 @@ ROUTES: list[Route] = [
     *(
         Route("GET", f"/ui/static/{name}", ui.static, f"Dashboard: {name}", permission=PUBLIC)
         for name in ui.STATIC
+    ),
+    Route(
+        "GET",
+        V,
+        volumes.list_volumes,
+        "List an app's volumes",
+        response=list[Volume],
+        errors=(404,),
+        permission=Permission.app_read(APP),
+    ),
+    Route(
+        "POST",
+        V,
+        volumes.create_volume,
+        "Create a volume on a worker with the disk (apart from the app's others with"
+        " require_unique_zone), or restore a snapshot into a new one",
+        CreateVolumeRequest,
+        Volume,
+        errors=(400, 404, 412),
+        permission=Permission.app_deploy(APP, region=in_body("region")),
+    ),
+    Route(
+        "GET",
+        V + "/{id}",
+        volumes.get_volume,
+        "A volume",
+        response=Volume,
+        errors=(404, 503),
+        permission=Permission.app_read(APP),
+    ),
+    Route(
+        "PUT",
+        V + "/{id}",
+        volumes.update_volume,
+        "Change a volume's snapshot retention",
+        UpdateVolumeRequest,
+        Volume,
+        errors=(400, 404, 503),
+        permission=Permission.app_deploy(APP),
+    ),
+    Route(
+        "DELETE",
+        V + "/{id}",
+        volumes.destroy_volume,
+        "Destroy a volume and its snapshots (409 while a machine mounts it)",
+        response=Volume,
+        errors=(404, 409, 503),
+        permission=Permission.app_deploy(APP),
+    ),
+    Route(
+        "PUT",
+        V + "/{id}/extend",
+        volumes.extend_volume,
+        "Grow a volume, online",
+        ExtendVolumeRequest,
+        ExtendVolumeResponse,
+        errors=(400, 404, 409, 412, 503),
+        permission=Permission.app_deploy(APP),
+    ),
+    Route(
+        "GET",
+        V + "/{id}/snapshots",
+        volumes.list_snapshots,
+        "A volume's snapshots",
+        response=list[VolumeSnapshot],
+        errors=(404, 503),
+        permission=Permission.app_read(APP),
+    ),
+    Route(
+        "POST",
+        V + "/{id}/snapshots",
+        volumes.create_snapshot,
+        "Take a consistent snapshot (the file system frozen while it is copied)",
+        response=VolumeSnapshot,
+        errors=(404, 409, 503),
+        permission=Permission.app_write(APP),
     ),
 ]

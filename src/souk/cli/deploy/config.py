@@ -24,10 +24,12 @@ from souk.models.machine import (
     GuestConfig,
     InitConfig,
     MachineConfig,
+    Mount,
     RestartConfig,
     Service,
     StopConfig,
 )
+from souk.models.volume import CreateVolumeRequest
 from souk.models.wire import HIDDEN_KEY, RELEASE_KEY, ROLE_KEY, Role
 
 SECRETS_KEY = "souk_secrets"  # machine metadata: the digest of the app's secrets it runs with
@@ -69,6 +71,31 @@ class DeploySection(Strict):
         return int(self.max_unavailable)
 
 
+class MountsSection(Strict):
+    """`[mounts]`: each primary machine gets a volume of its own, made when the machine is, on
+    the worker the machine then runs on (Fly's `source`, `destination`)."""
+
+    source: str = Field(description="The volumes' name.")
+    destination: str = Field(description="Where the machine sees its volume, e.g. /data.")
+    initial_size_gb: int | None = Field(None, ge=1)
+    initial_size_mb: int | None = Field(None, ge=8)
+    snapshot_retention: int = Field(5, ge=1, le=60)
+
+    @model_validator(mode="after")
+    def _checked(self) -> MountsSection:
+        # the same rules as the API's, refused here with the section's field names
+        CreateVolumeRequest(name=self.source, size_mb=8)
+        Mount(volume="vol_000000", path=self.destination)
+        if self.initial_size_gb is not None and self.initial_size_mb is not None:
+            raise ValueError("initial_size_gb or initial_size_mb, not both")
+        return self
+
+    def size(self) -> dict[str, int]:
+        if self.initial_size_mb is not None:
+            return {"size_mb": self.initial_size_mb}
+        return {"size_gb": self.initial_size_gb or 1}
+
+
 class AppConfig(Strict):
     """The whole of souk.toml."""
 
@@ -83,6 +110,7 @@ class AppConfig(Strict):
     restart: RestartConfig = RestartConfig()
     stop: StopConfig = StopConfig()
     deploy: DeploySection = DeploySection()
+    mounts: MountsSection | None = None
 
     @field_validator("app")
     @classmethod
@@ -146,7 +174,18 @@ class AppConfig(Strict):
     def _consistent(self) -> AppConfig:
         if (self.image is None) == (self.command is None):
             raise ValueError("image, command: give exactly one (an OCI reference, or an argv list)")
+        if self.mounts is not None and self.deploy.strategy not in ("rolling", "immediate"):
+            raise ValueError(
+                "deploy.strategy: with [mounts], rolling or immediate (they update machines in"
+                " place, on their volumes; a canary or a blue/green machine would start empty)"
+            )
         return self
+
+    @property
+    def standbys(self) -> bool:
+        """A standby cannot share its primary's volume (one machine per volume, and not on
+        another worker): with [mounts], a deploy makes none."""
+        return self.deploy.standbys and self.mounts is None
 
     def machine_config(
         self,
@@ -155,10 +194,12 @@ class AppConfig(Strict):
         standby_for: str | None = None,
         hidden: bool = False,
         secrets: str = "",
+        volume: str | None = None,
     ) -> MachineConfig:
-        """The Machines API config for one machine of this release. Its env is not in it: the
-        deploy keeps the values as the app's secrets, which every machine of the app gets;
-        `secrets`, their digest, marks which values the machine runs with."""
+        """The Machines API config for one machine of this release (`volume`: the one it
+        mounts at [mounts].destination). Its env is not in it: the deploy keeps the values as
+        the app's secrets, which every machine of the app gets; `secrets`, their digest, marks
+        which values the machine runs with."""
         metadata = {ROLE_KEY: role, RELEASE_KEY: str(release)}
         if hidden:
             metadata[HIDDEN_KEY] = "true"
@@ -174,6 +215,9 @@ class AppConfig(Strict):
             services=list(self.services),
             checks=dict(self.checks),
             standbys=[standby_for] if standby_for else [],
+            mounts=[Mount(volume=volume, path=self.mounts.destination)]
+            if volume is not None and self.mounts is not None
+            else [],
         )
 
 

@@ -7,6 +7,7 @@ exit code and last log lines.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -20,6 +21,7 @@ from souk.cli.deploy.progress import Progress
 from souk.clients.machines import MachinesApiError, MachinesClient
 from souk.models.api import CreateMachineRequest, MetadataPatch, UpdateMachineRequest
 from souk.models.machine import MachineConfig
+from souk.models.volume import CreateVolumeRequest
 from souk.models.wire import Role
 
 POLL = 0.2
@@ -71,9 +73,45 @@ class Deployer:
         return self.cfg.app
 
     def _config(
-        self, role: Role, standby_for: str | None = None, hidden: bool = False
+        self,
+        role: Role,
+        standby_for: str | None = None,
+        hidden: bool = False,
+        volume: str | None = None,
     ) -> MachineConfig:
-        return self.cfg.machine_config(self.release, role, standby_for, hidden, self.secrets)
+        return self.cfg.machine_config(
+            self.release, role, standby_for, hidden, self.secrets, volume
+        )
+
+    async def _volume(self, region: str) -> str | None:
+        """With [mounts], a new volume for a new primary: placed by the broker apart from the
+        app's others of the same name (require_unique_zone), and the machine then placed on its
+        worker."""
+        mounts = self.cfg.mounts
+        if mounts is None:
+            return None
+        req = CreateVolumeRequest(
+            name=mounts.source,
+            region=region,
+            snapshot_retention=mounts.snapshot_retention,
+            **mounts.size(),
+        )
+        try:
+            volume = await self.api.create_volume(self.app, req)
+        except MachinesApiError as exc:
+            raise DeployError(
+                f"could not create a volume in {region}: {exc}", region=region
+            ) from None
+        self.progress.step(
+            f"created volume {volume.id} ({mounts.source}, {volume.size_mb} MB) in {region}"
+            f" on {volume.zone}",
+            volume=volume.id,
+        )
+        return volume.id
+
+    @staticmethod
+    def _volume_of(m: MachineView) -> str | None:
+        return m.config.mounts[0].volume if m.config.mounts else None
 
     async def _view(self, mid: str) -> MachineView:
         return MachineView.of(await self.api.machine(self.app, mid))
@@ -86,10 +124,12 @@ class Deployer:
         hidden: bool = False,
     ) -> MachineView:
         """A started primary (or canary), or a stopped standby on another worker than its
-        primary's when the region has one."""
+        primary's when the region has one. With [mounts], a primary gets a volume of its own
+        first, and runs where the volume is."""
+        volume = await self._volume(region) if role == "primary" else None
         req = CreateMachineRequest(
             region=region,
-            config=self._config(role, primary.id if primary else None, hidden),
+            config=self._config(role, primary.id if primary else None, hidden, volume),
             skip_launch=role == "standby",
             lease_ttl=self.leases.ttl,
             avoid_workers=[primary.worker] if primary is not None else [],
@@ -97,6 +137,9 @@ class Deployer:
         try:
             created = await self.api.create(self.app, req)
         except MachinesApiError as exc:
+            if volume is not None:  # the machine that was to mount it never came
+                with contextlib.suppress(MachinesApiError):
+                    await self.api.destroy_volume(self.app, volume)
             if exc.http_status != 412 or primary is None:
                 raise DeployError(
                     f"could not create a {role} in {region}: {exc}", region=region
@@ -128,7 +171,7 @@ class Deployer:
         if gated:
             primary = await self.gate(primary, 0)
         standby = None
-        if self.cfg.deploy.standbys and not self.aborted:
+        if self.cfg.standbys and not self.aborted:
             standby = await self.create(region, "standby", primary, hidden=hidden)
         return Instance(region, primary, standby)
 
@@ -139,8 +182,16 @@ class Deployer:
         before = await self._view(m.id)
         mark = max((e.id for e in before.events), default=0)
         run = before.state in ("started", "starting", "failed") or crashed_last(before)
+        volume = self._volume_of(before)
+        if self.cfg.mounts is not None and volume is None:
+            raise DeployError(
+                f"{m.id} was made without [mounts] and a volume cannot be added on its worker:"
+                " scale the app to 0 (or destroy it), then deploy",
+                machine=m.id,
+            )
         req = UpdateMachineRequest(
-            config=self._config("primary"), current_version=before.instance_id
+            config=self._config("primary", volume=volume if self.cfg.mounts else None),
+            current_version=before.instance_id,
         )
         nonce = self.leases.nonce(m.id)
         try:

@@ -97,9 +97,10 @@ class MachineView(BaseModel):
 
 def fingerprint(config: MachineConfig) -> str:
     """What makes two machines run the same thing: the config without the deploy's marks
-    (metadata) and standby links, which change in place without a restart; but with the digest
-    of the app's secrets it runs with (its env), which only an update changes."""
-    data = config.model_dump(mode="json", exclude={"metadata", "standbys"})
+    (metadata) and standby links, which change in place without a restart, and its volume
+    (each machine has its own, kept through updates); but with the digest of the app's secrets
+    it runs with (its env), which only an update changes."""
+    data = config.model_dump(mode="json", exclude={"metadata", "standbys", "mounts"})
     data["secrets"] = config.metadata.get(SECRETS_KEY, "")
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 

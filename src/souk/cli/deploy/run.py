@@ -76,7 +76,7 @@ async def deploy(
             await api.patch_app_metadata(app, change)
         d = Deployer(api, cfg, number, progress, leases, secrets=digest)
         desired = counts if counts is not None else dict(cfg.regions)
-        the_plan = plan(desired, d.fp, number, current, cfg.deploy.standbys)
+        the_plan = plan(desired, d.fp, number, current, cfg.standbys)
         await leases.acquire(m.id for m in sort_fleet(current).managed())
         summary = the_plan.summary()
         progress.step(

@@ -63,6 +63,9 @@ class Launch:
             return None
         return (self.user.uid, self.user.gid)
 
+    # (path in the machine, mounted volume's directory on the host), from config.mounts
+    volumes: tuple[tuple[str, Path], ...] = ()
+
 
 class Driver(Protocol):
     name: str

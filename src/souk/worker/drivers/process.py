@@ -52,7 +52,28 @@ def machine_env(launch: Launch) -> dict[str, str]:
             "SOUK_MARKER": launch.marker,
         }
     )
+    if launch.volumes:  # a host process cannot have the volume at its path: it gets where it is
+        env["SOUK_VOLUME_PATH"] = str(launch.volumes[0][1])
     return env
+
+
+def _link_volumes(launch: Launch, workdir: Path) -> None:
+    """A volume mounted at a one-part path also appears in the working directory under that
+    name (`/data` is `./data`), so a command that opens `data/...` finds it without reading the
+    env. Deeper paths get no link: the worker (root) would have to make directories inside the
+    app's own, where a link the app left could lead it anywhere."""
+    for path, directory in launch.volumes:
+        name = path.strip("/")
+        if not name or "/" in name:
+            continue
+        link = workdir / name
+        if link.is_symlink():
+            if link.readlink() == directory:
+                continue
+            link.unlink()  # removes the link itself, never what it points to
+        elif link.exists():
+            continue  # a file or directory of the app's own: left alone; the env still says
+        link.symlink_to(directory)
 
 
 class ProcessDriver:
@@ -74,6 +95,7 @@ class ProcessDriver:
             return running
         workdir = _workdir(launch)
         workdir.mkdir(parents=True, exist_ok=True)
+        _link_volumes(launch, workdir)
         argv, env, identity = launch.config.argv(), machine_env(launch), _identity(launch.user)
         several = bool(launch.config.processes)
         if several:  # one launcher runs them all: see processes.py

@@ -116,6 +116,7 @@ class RuncDriver:
             cgroup=f"/{self.cgroup_parent}/{launch.machine_id}",
             annotations={MARKER: launch.marker, "souk.image": image.digest},
             user=launch.user,
+            volumes=launch.volumes,
         )
         bundle = launch.rundir / "bundle"
         bundle.mkdir(mode=0o700, parents=True, exist_ok=True)

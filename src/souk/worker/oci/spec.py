@@ -137,6 +137,7 @@ def runtime_spec(
     cgroup: str,
     annotations: dict[str, str],
     user: HostUser | None = None,
+    volumes: tuple[tuple[str, Path], ...] = (),
 ) -> dict[str, Any]:
     """With `user`, the container runs in a user namespace mapping its ids 0.. to the user's
     range: its root is root inside, and an unprivileged id of the app's on the host."""
@@ -214,6 +215,15 @@ def runtime_spec(
                 "options": ["nosuid", "noexec", "nodev"],
             },
             sysfs,
+            *(
+                {
+                    "destination": path,
+                    "type": "none",
+                    "source": str(directory),
+                    "options": ["rbind", "rw", "nosuid", "nodev"],
+                }
+                for path, directory in volumes
+            ),
         ],
         "linux": {
             "namespaces": namespaces,

@@ -1,0 +1,87 @@
+"""Volumes on real loop devices and ext4: these tests need root, losetup and e2fsprogs."""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+
+from souk.worker import volume_disk
+from souk.worker.daemon import make_app, make_driver, running
+from souk.worker.engine import Engine
+from tests.support.clients import Client
+from tests.support.engines import settings
+
+_REFUSED = volume_disk.unsupported_reason()
+needs_loop = pytest.mark.skipif(
+    _REFUSED is not None, reason=f"volumes need loop devices: {_REFUSED}"
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if "tests/volumes/" in str(item.fspath):
+            item.add_marker(needs_loop)
+
+
+def leftovers(data_dir: Path) -> dict[str, list[str]]:
+    """Loop devices, mounts and volume files under `data_dir`: what a clean worker has none of."""
+    root = str(data_dir.resolve())
+    loops = subprocess.run(["losetup", "-a"], capture_output=True, text=True).stdout
+    with open("/proc/self/mountinfo") as f:
+        mounts = [line.split()[4] for line in f if line.split()[4].startswith(root)]
+    files = (
+        sorted(str(p) for p in (data_dir / "volumes").rglob("*"))
+        if (data_dir / "volumes").exists()
+        else []
+    )
+    return {
+        "loops": [line for line in loops.splitlines() if root in line],
+        "mounts": mounts,
+        "files": files,
+    }
+
+
+def sweep(data_dir: Path) -> None:
+    """Whatever a failed test left: unmount, detach, so the host keeps its loop devices."""
+    root = data_dir.resolve()
+    for p in sorted((root / "volumes").glob("*")) if (root / "volumes").exists() else []:
+        paths = volume_disk.VolumePaths(p)
+        try:
+            volume_disk.unmount(paths)
+            volume_disk.detach(paths)
+        except volume_disk.DiskError:
+            pass
+
+
+@pytest.fixture
+def data_dir(tmp_path: Path) -> Iterator[Path]:
+    yield tmp_path / "w1"
+    sweep(tmp_path / "w1")
+
+
+@pytest.fixture
+async def vengine(tmp_path: Path, data_dir: Path) -> AsyncIterator[Engine]:
+    s = settings(tmp_path, disk_mb=256)
+    async with running(Engine(s, make_driver("process", s))) as e:
+        yield e
+
+
+@pytest.fixture
+async def vclient(vengine: Engine) -> AsyncIterator[Client]:
+    async with TestClient(TestServer(make_app(vengine))) as c:
+        yield c
+
+
+@pytest.fixture
+async def plain_client(tmp_path: Path, data_dir: Path) -> AsyncIterator[Client]:
+    """A worker started without --disk-mb."""
+    s = settings(tmp_path)
+    async with (
+        running(Engine(s, make_driver("process", s))) as e,
+        TestClient(TestServer(make_app(e))) as c,
+    ):
+        yield c
