@@ -12,7 +12,15 @@ from pydantic_core import PydanticCustomError
 from souk.models.duration import Duration
 
 MachineState = Literal[
-    "created", "starting", "started", "stopping", "stopped", "destroying", "destroyed", "failed"
+    "created",
+    "starting",
+    "started",
+    "stopping",
+    "stopped",
+    "destroying",
+    "destroyed",
+    "failed",
+    "suspended",  # frozen in memory: its processes keep their state and its reservation
 ]
 CpuKind = Literal["shared", "performance"]
 RestartPolicy = Literal["no", "always", "on-failure"]

@@ -27,11 +27,12 @@ from souk.models.machine import (
     MachineState,
     MetadataChange,
 )
-from souk.worker import admission, leases, queries
+from souk.models.machine_ops import ExecRequest, ExecResponse, MachineVersion, ProcessStat
+from souk.worker import admission, app_users, leases, ps, queries
 from souk.worker.check_following import CheckFollowing
 from souk.worker.checks import HealthChecks
-from souk.worker.drivers.base import Drivers
-from souk.worker.errors import StorageFault
+from souk.worker.drivers.base import Driver, Drivers, ExecTimeout, Handle, HostUser, Launch
+from souk.worker.errors import InvalidState, StorageFault, TimedOut
 from souk.worker.fsm import OPERATIONS
 from souk.worker.runner import Runner
 from souk.worker.settings import WorkerSettings
@@ -169,6 +170,90 @@ class Engine:
 
     async def set_cordoned(self, cordoned: bool) -> None:
         await self.store.write(lambda tx: admission.set_cordoned(tx, self.settings, cordoned))
+
+    # --- acting on a running machine ---------------------------------------------------------
+
+    def _running(self, machine_id: str, verb: str) -> tuple[Driver, Handle | None, Any]:
+        """The driver and process of a started machine; a 409 for any other state (a suspended
+        machine's processes are frozen: start it first)."""
+        row = queries.existing_machine(self.store.read, machine_id)
+        if row["state"] != "started":
+            raise InvalidState(f"machine {machine_id} is {row['state']}: cannot {verb} it")
+        return self.supervisor.running_driver(machine_id), self.supervisor.handle(machine_id), row
+
+    async def signal(self, machine_id: str, signal: str) -> None:
+        """Send a signal to the machine's main process; logged, and nothing else changes (an
+        exit it causes is an exit like any other)."""
+        driver, handle, _ = self._running(machine_id, "signal")
+        await driver.signal(machine_id, handle, signal)
+        data = {"signal": signal}
+        await self.store.write(
+            lambda tx: tx.log("machine", machine_id, "event", "signal", None, data=data)
+        )
+
+    async def exec(self, machine_id: str, req: ExecRequest) -> ExecResponse:
+        """Run a command inside the machine as its driver runs the machine itself."""
+        driver, handle, row = self._running(machine_id, "exec in")
+        launch = self._launch_of(row)
+        stdin = (req.stdin or "").encode()
+        try:
+            result = await driver.exec(launch, handle, req.argv(), stdin, float(req.timeout))
+        except ExecTimeout as exc:
+            raise TimedOut(str(exc), {"timeout": req.timeout}) from None
+        return ExecResponse(
+            stdout=result.stdout.decode(errors="replace"),
+            stderr=result.stderr.decode(errors="replace"),
+            exit_code=result.exit_code,
+            exit_signal=result.signal,
+        )
+
+    def _launch_of(self, row: Any) -> Launch:
+        """How the machine's current process was launched, for a command run beside it."""
+        user = None
+        if os.geteuid() == 0 and (ids := app_users.lookup(self.store.read, row["app"])):
+            user = HostUser(ids[0], ids[1], app_users.SPAN)
+        return Launch(
+            machine_id=row["id"],
+            app=row["app"],
+            region=self.settings.region,
+            instance_id=row["instance_id"],
+            config=MachineConfig.model_validate_json(row["config"]),
+            marker=row["marker"] or "",
+            rundir=self.settings.rundir(row["id"]),
+            private_ip=row["private_ip"] or "127.0.0.1",
+            home=app_users.home(self.settings.data_dir, row["app"], row["id"]),
+            user=user,
+        )
+
+    async def processes(self, machine_id: str, sort_by: str, order: str) -> list[ProcessStat]:
+        """The machine's processes now (none unless it is started or suspended)."""
+        row = queries.existing_machine(self.store.read, machine_id)
+        if row["state"] not in ("started", "suspended") or row["pid"] is None:
+            return ps.table([], sort_by, order)
+        driver, handle = (
+            self.supervisor.running_driver(machine_id),
+            self.supervisor.handle(machine_id),
+        )
+        return ps.table(await driver.processes(machine_id, handle), sort_by, order)
+
+    def versions(self, machine_id: str) -> list[MachineVersion]:
+        """Every config the machine has had, newest first. A machine created before versions
+        were kept shows its current config as its one version."""
+        row = queries.existing_machine(self.store.read, machine_id)
+        found = [
+            (r["version"], r["config"], r["created_at"])
+            for r in queries.versions(self.store.read, machine_id)
+        ]
+        if not found:
+            found = [(row["instance_id"], row["config"], row["updated_at"])]
+        return [
+            MachineVersion(
+                version=version,
+                user_config=MachineConfig.model_validate_json(config),
+                created_at=created_at,
+            )
+            for version, config, created_at in found
+        ]
 
     # --- reading -----------------------------------------------------------------------------
 

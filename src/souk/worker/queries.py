@@ -126,7 +126,7 @@ def live_processes(db: Db) -> list[Row]:
     """Machines whose process may still run: what a restarted worker tries to adopt."""
     return db.execute(
         "SELECT id, pid, pid_start, marker, state, driver FROM machines"
-        " WHERE state IN ('started', 'starting', 'stopping') AND pid IS NOT NULL"
+        " WHERE state IN ('started', 'starting', 'stopping', 'suspended') AND pid IS NOT NULL"
     ).fetchall()
 
 
@@ -426,3 +426,23 @@ def images_changed_since(db: Db, since: int) -> list[tuple[int, str]]:
         (since,),
     )
     return [(seq, digest) for digest, seq in rows]
+
+
+# --- config versions ---------------------------------------------------------------------------
+
+
+def add_version(db: Db, machine_id: str, version: str, config: MachineConfig, stamp: str) -> None:
+    db.execute(
+        "INSERT OR REPLACE INTO machine_versions (machine, version, config, created_at)"
+        " VALUES (?, ?, ?, ?)",
+        (machine_id, version, config.model_dump_json(), stamp),
+    )
+
+
+def versions(db: Db, machine_id: str) -> list[Row]:
+    """Every config the machine was given, newest first (rowid: the order they came in)."""
+    return db.execute(
+        "SELECT version, config, created_at FROM machine_versions WHERE machine = ?"
+        " ORDER BY rowid DESC",
+        (machine_id,),
+    ).fetchall()

@@ -105,6 +105,13 @@ CREATE TABLE IF NOT EXISTS operations (
     params TEXT NOT NULL DEFAULT '{}',
     created_at REAL NOT NULL
 );
+CREATE TABLE IF NOT EXISTS machine_versions (
+    machine TEXT NOT NULL,
+    version TEXT NOT NULL,       -- the instance id the config was given with
+    config TEXT NOT NULL,
+    created_at TEXT NOT NULL,
+    PRIMARY KEY (machine, version)
+);
 CREATE INDEX IF NOT EXISTS operations_pending ON operations (machine, id) WHERE done = 0;
 """
 
