@@ -5,7 +5,7 @@ or deploy on the app it names (see docs/tokens.md), a fleet operation, or any va
 
 from __future__ import annotations
 
-from souk.broker.api import apps, fleet, leases, machines, metadata, tokens
+from souk.broker.api import apps, fleet, leases, machine_ops, machines, metadata, platform, tokens
 from souk.models.api import (
     App,
     CreateAppRequest,
@@ -17,12 +17,27 @@ from souk.models.api import (
     MetadataValue,
     OkResponse,
     PublicMachine,
-    TokenInfo,
     UpdateMachineRequest,
     WorkerInfo,
 )
 from souk.models.catalog import RevocationRow
 from souk.models.machine import MachineEvent, MetadataChange, StopRequest
+from souk.models.machine_ops import (
+    ExecRequest,
+    ExecResponse,
+    MachineVersion,
+    ProcessStat,
+    SignalRequest,
+)
+from souk.models.platform import (
+    CurrentToken,
+    DeployTokenRequest,
+    DeployTokenResponse,
+    OrgMachinesResponse,
+    PlacementsRequest,
+    PlacementsResponse,
+    RegionsResponse,
+)
 from souk.web import Permission, Route, in_body, in_path, in_query
 
 M = "/v1/apps/{app}/machines/{id}"
@@ -293,6 +308,105 @@ ROUTES: list[Route] = [
         errors=(404, 409),
         permission=WRITE,
     ),
+    # Acting on a running machine, and its config versions (machine_ops)
+    Route(
+        "POST",
+        M + "/suspend",
+        machine_ops.suspend_machine,
+        "Suspend: freeze it in memory, keep its room; a start resumes it",
+        response=PublicMachine,
+        errors=(404, 409),
+        permission=WRITE,
+    ),
+    Route(
+        "POST",
+        M + "/signal",
+        machine_ops.signal_machine,
+        "Send a signal to its main process",
+        SignalRequest,
+        OkResponse,
+        errors=(404, 409),
+        permission=WRITE,
+    ),
+    Route(
+        "POST",
+        M + "/exec",
+        machine_ops.exec_machine,
+        "Run a command inside it: stdout, stderr, exit code (may read its secrets: deploy)",
+        ExecRequest,
+        ExecResponse,
+        errors=(404, 408, 409),
+        permission=DEPLOY,
+    ),
+    Route(
+        "GET",
+        M + "/ps",
+        machine_ops.machine_processes,
+        "Its processes",
+        response=list[ProcessStat],
+        errors=(404,),
+        query={"sort_by": "pid, cpu, rss, rtime, stime or command", "order": "asc or desc"},
+        permission=READ,
+    ),
+    Route(
+        "GET",
+        M + "/versions",
+        machine_ops.machine_versions,
+        "Every config it has had, newest first",
+        response=list[MachineVersion],
+        errors=(404,),
+        permission=READ,
+    ),
+    Route(
+        "POST",
+        "/v1/apps/{app}/deploy_token",
+        tokens.deploy_token,
+        "The caller's token limited to this app (and to an expiry)",
+        DeployTokenRequest,
+        DeployTokenResponse,
+        errors=(404,),
+        permission=Permission.app_deploy(APP),
+    ),
+    # The cluster as a whole (platform)
+    Route(
+        "GET",
+        "/v1/orgs/{org}/machines",
+        platform.org_machines,
+        "An organisation's machines across its apps (those the token may see), a page at a time",
+        response=OrgMachinesResponse,
+        query={
+            "include_deleted": "also destroyed machines",
+            "region": "only this region",
+            "state": "comma-separated states",
+            "updated_after": "RFC 3339 time",
+            "cursor": "next_cursor of the page before",
+            "limit": f"at most {platform.MAX_LIMIT}, default {platform.DEFAULT_LIMIT}",
+        },
+        permission=Permission.app_read(own_rows=True),
+    ),
+    Route(
+        "GET",
+        "/v1/platform/regions",
+        platform.regions,
+        "Regions and how many machines of a guest each could take now",
+        response=RegionsResponse,
+        query={
+            "size": "shared-cpu-Nx or performance-Nx",
+            "cpu_kind": "shared or performance",
+            "cpus": "cpus per machine",
+            "memory_mb": "memory per machine",
+        },
+        permission=Permission.token(),
+    ),
+    Route(
+        "POST",
+        "/v1/platform/placements",
+        platform.placements,
+        "Where N machines of a guest would go now, by region; nothing is reserved",
+        PlacementsRequest,
+        PlacementsResponse,
+        permission=Permission.token(),
+    ),
     Route(
         "GET",
         "/v1/workers",
@@ -324,7 +438,7 @@ ROUTES: list[Route] = [
         "/v1/tokens/current",
         tokens.current,
         "What the token presented allows",
-        response=TokenInfo,
+        response=CurrentToken,
         permission=Permission.token(),
     ),
     Route(
