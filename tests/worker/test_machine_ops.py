@@ -252,3 +252,24 @@ async def test_versions_lists_every_config_newest_first(client: Client) -> None:
     await client.patch(f"/v1/machines/{mid}/metadata", json={"set": {"k": "v"}})
     assert len(await (await client.get(f"/v1/machines/{mid}/versions")).json()) == 2
     assert (await client.get("/v1/machines/nosuchmachine/versions")).status == 404
+
+
+async def test_a_leased_suspended_machine_is_not_resumed_without_the_nonce(
+    client: Client, engine: Engine
+) -> None:
+    mid = await started(client, {"init": {"exec": ["sh", "-c", TICKER]}})
+    await eventually(lambda: (home(engine, mid) / "tick").exists() and ticks(engine, mid) > 2)
+    await client.post(f"/v1/machines/{mid}/suspend")
+    await wait_for(client, mid, "suspended")
+    lease = await (
+        await client.post(f"/v1/machines/{mid}/lease", json={"ttl": 60, "owner": "o"})
+    ).json()
+    frozen_at = ticks(engine, mid)
+    resp = await client.post(f"/v1/machines/{mid}/start")
+    assert resp.status == 409 and (await resp.json())["status"] == "lease_held"
+    await asyncio.sleep(0.2)
+    assert ticks(engine, mid) == frozen_at  # the refused start thawed nothing
+    headers = {"fly-machine-lease-nonce": lease["nonce"]}
+    assert (await client.post(f"/v1/machines/{mid}/start", headers=headers)).status == 200
+    await wait_for(client, mid, "started")
+    await eventually(lambda: ticks(engine, mid) > frozen_at)

@@ -117,9 +117,32 @@ class Engine:
     ) -> Machine:
         """Queue start, stop, restart or destroy; returns once the operation is durably accepted."""
         op, params = OPERATIONS[op_name], params or {}
-        await self.store.write(lambda tx: admission.accept(tx, machine_id, op, params, nonce))
+        thawed = await self._resume_early(machine_id, nonce) if op_name == "start" else None
+        try:
+            await self.store.write(lambda tx: admission.accept(tx, machine_id, op, params, nonce))
+        except BaseException:
+            if thawed is not None and queries.state_of(self.store.read, machine_id) == "suspended":
+                await thawed.freeze(machine_id, self.supervisor.handle(machine_id))
+            raise
         self.runner.kick(machine_id)  # also when already on its way: its queue must be running
         return self.get(machine_id, events=False)
+
+    async def _resume_early(self, machine_id: str, nonce: str | None) -> Driver | None:
+        """A start of a machine settled in `suspended` thaws it at once, before the resume is
+        recorded (its thaw step then finds it thawed): the machine runs again without waiting
+        for a commit. Should the record fail, it is frozen again; should the worker die first,
+        the restarted worker freezes it again, as the log has it suspended. The driver that
+        thawed it, or None when the start takes the usual path."""
+        db = self.store.read
+        row = queries.machine(db, machine_id)
+        if row is None or (row["state"], row["projected"]) != ("suspended", "suspended"):
+            return None
+        if queries.has_pending(db, machine_id):
+            return None
+        leases.check(db, machine_id, nonce)
+        driver = self.supervisor.running_driver(machine_id)
+        await driver.thaw(machine_id, self.supervisor.handle(machine_id))
+        return driver
 
     async def update(
         self,

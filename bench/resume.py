@@ -1,0 +1,178 @@
+"""How fast a suspended machine answers again after a start (resume), against a cold start of
+the same machine; in one run, on one `souk worker` (process driver, fsync on).
+
+The machine is a small TCP server on its private address that answers every connection with a
+line. Each round: the machine is stopped; `POST /start`, then connect until it answers (cold:
+the process is spawned and the server binds again); `POST /suspend` and wait until suspended;
+`POST /start`, then connect (resume: the kernel accepts the connection while the process is
+frozen, and the first byte comes once it is thawed). Both times run from sending the start to
+the first byte of the answer; "accepted" until the start is acknowledged (durably queued),
+"settled" until the worker's wait says `started` (the step logged, fsync included).
+
+Usage: .venv/bin/python bench/resume.py [--rounds 20] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import aiohttp
+from rich.console import Console
+from rich.table import Table
+
+from _harness import machine_info, pct, worker
+
+PORT = 18080
+SERVER = f"""
+import os, socket
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind((os.environ["SOUK_PRIVATE_IP"], {PORT}))
+s.listen(64)
+while True:
+    c, _ = s.accept()
+    c.sendall(b"ok\\n")
+    c.close()
+"""
+RETRY = 0.0005
+
+
+@dataclass
+class Row:
+    start: str
+    rounds: int
+    answer_p50_ms: float
+    answer_p99_ms: float
+    accepted_p50_ms: float
+    settled_p50_ms: float
+    vs_cold: float = 1.0  # cold start's p50 over this one's
+
+
+async def answered(ip: str, began: float, timeout: float = 10.0) -> float:
+    """Seconds from `began` to the first byte of the machine's answer."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            reader, writer = await asyncio.open_connection(ip, PORT)
+        except OSError:
+            if time.monotonic() > deadline:
+                raise SystemExit(f"nothing answers on {ip}:{PORT}") from None
+            await asyncio.sleep(RETRY)
+            continue
+        try:
+            line = await asyncio.wait_for(reader.readline(), timeout)
+        finally:
+            writer.close()
+        if line == b"ok\n":
+            return time.perf_counter() - began
+
+
+async def measure(rounds: int, fsync: bool = True) -> list[Row]:
+    # per kind: until the answer's first byte, until the start was accepted, until settled
+    times: dict[str, tuple[list[float], list[float], list[float]]] = {
+        "cold": ([], [], []),
+        "resume": ([], [], []),
+    }
+    with tempfile.TemporaryDirectory(prefix="souk-bench-") as tmp:
+        async with (
+            worker("process", Path(tmp) / "worker", fsync=fsync) as url,
+            aiohttp.ClientSession() as http,
+        ):
+
+            async def call(method: str, path: str, **kw: object) -> dict[str, object]:
+                async with http.request(method, url + path, **kw) as resp:  # type: ignore[arg-type]
+                    if resp.status >= 300:
+                        raise SystemExit(f"{method} {path}: {resp.status} {await resp.text()}")
+                    body: dict[str, object] = await resp.json()
+                    return body
+
+            config = {
+                "init": {"exec": [sys.executable, "-c", SERVER]},
+                "guest": {"cpus": 1, "memory_mb": 64},
+                "restart": {"policy": "no"},
+                "stop_config": {"signal": "SIGKILL"},
+            }
+            m = await call(
+                "POST", "/v1/machines", json={"app": "bench", "config": config, "start": False}
+            )
+            path = f"/v1/machines/{m['id']}"
+            ip = str(m["private_ip"])
+
+            async def until(state: str) -> None:
+                await call("GET", path + "/wait", params={"state": state, "timeout": "30"})
+
+            async def start(kind: str) -> None:
+                began = time.perf_counter()
+
+                async def accept() -> float:
+                    await call("POST", path + "/start")
+                    return time.perf_counter() - began
+
+                # the answer is awaited from the moment the start is sent, not after its
+                # acknowledgement: a machine may run again before the start is answered
+                accepted, took = await asyncio.gather(accept(), answered(ip, began))
+                await until("started")
+                times[kind][0].append(took)
+                times[kind][1].append(accepted)
+                times[kind][2].append(time.perf_counter() - began)
+
+            for _ in range(rounds):
+                await start("cold")
+                await call("POST", path + "/suspend")
+                await until("suspended")
+                await start("resume")
+                await call("POST", path + "/stop", json={})
+                await until("stopped")
+    rows = [
+        Row(kind, rounds, pct(answer, 50), pct(answer, 99), pct(accepted, 50), pct(settled, 50))
+        for kind, (answer, accepted, settled) in times.items()
+    ]
+    for row in rows:
+        row.vs_cold = rows[0].answer_p50_ms / row.answer_p50_ms
+    return rows
+
+
+def table(rows: list[Row]) -> Table:
+    out = Table(title="from POST /start to the machine's first byte")
+    columns = ("answer p50 ms", "answer p99 ms", "accepted p50 ms", "settled p50 ms")
+    for name in ("start", "rounds", *columns, "vs cold"):
+        out.add_column(name, justify="left" if name == "start" else "right")
+    for r in rows:
+        out.add_row(
+            r.start,
+            str(r.rounds),
+            f"{r.answer_p50_ms:.1f}",
+            f"{r.answer_p99_ms:.1f}",
+            f"{r.accepted_p50_ms:.1f}",
+            f"{r.settled_p50_ms:.1f}",
+            f"{r.vs_cold:.1f}x faster" if r.vs_cold > 1.5 else f"{r.vs_cold:.2f}",
+        )
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+    )
+    parser.add_argument("--rounds", type=int, default=20, help="cold starts and resumes each")
+    parser.add_argument("--json", action="store_true", help="print the rows as JSON")
+    parser.add_argument("--no-fsync", action="store_true", help="a worker without fsync")
+    args = parser.parse_args()
+    rows = asyncio.run(measure(args.rounds, not args.no_fsync))
+    if args.json:
+        print(json.dumps({"machine": machine_info(), "rows": [asdict(r) for r in rows]}, indent=2))
+        return
+    console = Console() if sys.stdout.isatty() else Console(width=110)
+    console.print(machine_info())
+    console.print(table(rows))
+
+
+if __name__ == "__main__":
+    main()
