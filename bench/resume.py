@@ -7,7 +7,9 @@ the process is spawned and the server binds again); `POST /suspend` and wait unt
 `POST /start`, then connect (resume: the kernel accepts the connection while the process is
 frozen, and the first byte comes once it is thawed). Both times run from sending the start to
 the first byte of the answer; "accepted" until the start is acknowledged (durably queued),
-"settled" until the worker's wait says `started` (the step logged, fsync included).
+"settled" until the worker's wait says `started` (the step logged, fsync included). The floor,
+"bare thaw": the same server as a plain process in a freezer group of the bench's own, thawed
+by a direct write (cgroup v1 hosts, as root).
 
 Usage: .venv/bin/python bench/resume.py [--rounds 20] [--json]
 """
@@ -17,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 import tempfile
 import time
@@ -42,6 +45,7 @@ while True:
     c.close()
 """
 RETRY = 0.0005
+FREEZER = Path("/sys/fs/cgroup/freezer")
 
 
 @dataclass
@@ -130,13 +134,51 @@ async def measure(rounds: int, fsync: bool = True) -> list[Row]:
                 await start("resume")
                 await call("POST", path + "/stop", json={})
                 await until("stopped")
+        floor = await bare_thaw(Path(tmp), rounds)
     rows = [
         Row(kind, rounds, pct(answer, 50), pct(answer, 99), pct(accepted, 50), pct(settled, 50))
         for kind, (answer, accepted, settled) in times.items()
     ]
+    if floor:
+        rows.append(Row("bare thaw", rounds, pct(floor, 50), pct(floor, 99), 0.0, 0.0))
     for row in rows:
         row.vs_cold = rows[0].answer_p50_ms / row.answer_p50_ms
     return rows
+
+
+async def bare_thaw(work: Path, rounds: int) -> list[float]:
+    """The floor: the same server as a plain process in a v1 freezer group of the bench's own,
+    frozen and thawed by writing the group's state directly, timed from the write to the first
+    byte. Empty where the host has no writable v1 freezer."""
+    group = FREEZER / f"souk-bench-{os.getpid()}"
+    if not os.access(FREEZER, os.W_OK):
+        return []
+    group.mkdir()
+    env = {**os.environ, "SOUK_PRIVATE_IP": "127.0.0.1"}
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", SERVER, env=env, cwd=work, start_new_session=True
+    )
+    took: list[float] = []
+    try:
+        (group / "cgroup.procs").write_text(str(proc.pid))
+        await answered("127.0.0.1", time.perf_counter())
+        for _ in range(rounds):
+            (group / "freezer.state").write_text("FROZEN")
+            while (group / "freezer.state").read_text().strip() != "FROZEN":
+                await asyncio.sleep(RETRY)
+            began = time.perf_counter()
+
+            async def thaw() -> None:
+                await asyncio.sleep(0)  # the connection is made first, as in the worker's rounds
+                (group / "freezer.state").write_text("THAWED")
+
+            took.append((await asyncio.gather(answered("127.0.0.1", began), thaw()))[0])
+    finally:
+        (group / "freezer.state").write_text("THAWED")
+        proc.kill()
+        await proc.wait()
+        group.rmdir()
+    return took
 
 
 def table(rows: list[Row]) -> Table:
@@ -145,13 +187,14 @@ def table(rows: list[Row]) -> Table:
     for name in ("start", "rounds", *columns, "vs cold"):
         out.add_column(name, justify="left" if name == "start" else "right")
     for r in rows:
+        bare = r.start == "bare thaw"
         out.add_row(
             r.start,
             str(r.rounds),
             f"{r.answer_p50_ms:.1f}",
             f"{r.answer_p99_ms:.1f}",
-            f"{r.accepted_p50_ms:.1f}",
-            f"{r.settled_p50_ms:.1f}",
+            "" if bare else f"{r.accepted_p50_ms:.1f}",
+            "" if bare else f"{r.settled_p50_ms:.1f}",
             f"{r.vs_cold:.1f}x faster" if r.vs_cold > 1.5 else f"{r.vs_cold:.2f}",
         )
     return out
