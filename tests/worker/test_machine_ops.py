@@ -273,3 +273,30 @@ async def test_a_leased_suspended_machine_is_not_resumed_without_the_nonce(
     assert (await client.post(f"/v1/machines/{mid}/start", headers=headers)).status == 200
     await wait_for(client, mid, "started")
     await eventually(lambda: ticks(engine, mid) > frozen_at)
+
+
+async def test_update_and_restart_of_a_suspended_machine_start_it_afresh(
+    client: Client, engine: Engine
+) -> None:
+    mid = await started(client, {"init": {"exec": ["sleep", "60"]}})
+    first = engine.supervisor.handle(mid)
+    await client.post(f"/v1/machines/{mid}/suspend")
+    await wait_for(client, mid, "suspended")
+    assert (await client.post(f"/v1/machines/{mid}/restart")).status == 200
+    await wait_for(client, mid, "started")
+    second = engine.supervisor.handle(mid)
+    assert second is not None and second != first  # a new process: a restart is not a resume
+
+    await client.post(f"/v1/machines/{mid}/suspend")
+    await wait_for(client, mid, "suspended")
+    update = {"config": {"init": {"exec": ["sleep", "61"]}}}
+    updated = await (await client.put(f"/v1/machines/{mid}", json=update)).json()
+    resp = await client.get(
+        f"/v1/machines/{mid}/wait",
+        params={"state": "started", "instance_id": updated["instance_id"], "timeout": "10"},
+    )
+    assert resp.status == 200
+    third = engine.supervisor.handle(mid)
+    assert third is not None and third not in (first, second)
+    procs = await (await client.get(f"/v1/machines/{mid}/ps")).json()
+    assert [p["command"] for p in procs] == ["sleep 61"]
