@@ -16,6 +16,7 @@ SPECS = [
     WorkerSpec("a1", "ams", cpus=2, memory_mb=2048),
     WorkerSpec("a2", "ams", cpus=2, memory_mb=2048),
 ]
+SIM = [WorkerSpec("m1", "mad"), WorkerSpec("a1", "ams")]  # machines that run nothing
 
 
 async def machine(c: Cluster, region: str = "mad", **config: Any) -> dict[str, Any]:
@@ -139,7 +140,7 @@ async def test_regions_and_placements_quote_without_reserving(tmp_path: Path) ->
 
 
 async def test_an_organisations_machines_page_by_page(tmp_path: Path) -> None:
-    async with cluster(tmp_path, SPECS) as c:
+    async with cluster(tmp_path, SIM) as c:
         await ok(await c.call("POST", "/v1/apps", json={"name": "other"}), 201)
         await ok(
             await c.call("POST", "/v1/apps", json={"name": "elsewhere", "org_slug": "acme"}), 201
@@ -170,7 +171,7 @@ async def test_an_organisations_machines_page_by_page(tmp_path: Path) -> None:
 
 
 async def test_current_token_in_flys_shape_and_deploy_tokens(tmp_path: Path) -> None:
-    async with cluster(tmp_path, SPECS) as c:
+    async with cluster(tmp_path, SIM) as c:
         await ok(await c.call("POST", "/v1/apps", json={"name": "other"}), 201)
         current = await ok(await c.call("GET", "/v1/tokens/current", token=c.tokens["demo"]))
         (fly,) = current["tokens"]

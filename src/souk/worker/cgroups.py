@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
 from pathlib import Path
 
 log = logging.getLogger("souk.worker.cgroups")
@@ -12,6 +13,7 @@ log = logging.getLogger("souk.worker.cgroups")
 ROOT = Path("/sys/fs/cgroup")
 PERIOD_US = 100_000
 FREEZE_POLL = 0.0005
+FREEZE_TIMEOUT = 10.0
 
 
 def detect() -> str:
@@ -78,17 +80,32 @@ class Cgroups:
         d = self._freezer_dir(machine_id)
         if d is None:
             raise FreezeError("this host gives the worker no cgroup freezer")
+        deadline = time.monotonic() + FREEZE_TIMEOUT
         if self.freezer == "v2":
             (d / "cgroup.freeze").write_text("1" if frozen else "0")
             want = f"frozen {1 if frozen else 0}"
             while want not in (d / "cgroup.events").read_text().splitlines():
+                self._give_up(d, frozen, deadline)
                 await asyncio.sleep(FREEZE_POLL)
             return
         state = "FROZEN" if frozen else "THAWED"
         (d / "freezer.state").write_text(state)
         while (d / "freezer.state").read_text().strip() != state:
+            self._give_up(d, frozen, deadline)
             await asyncio.sleep(FREEZE_POLL)
             (d / "freezer.state").write_text(state)  # v1 may need asking again
+
+    def _give_up(self, d: Path, frozen: bool, deadline: float) -> None:
+        """A group that will not freeze in time (a task stuck in the kernel) is thawed again
+        rather than left half frozen, and the suspend fails."""
+        if time.monotonic() < deadline:
+            return
+        if frozen:
+            if self.freezer == "v2":
+                (d / "cgroup.freeze").write_text("0")
+            else:
+                (d / "freezer.state").write_text("THAWED")
+        raise FreezeError(f"{d.name}: the kernel did not {'freeze' if frozen else 'thaw'} it")
 
     def _dirs(self, machine_id: str) -> list[Path]:
         if self.mode == "v2":
