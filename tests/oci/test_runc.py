@@ -138,6 +138,9 @@ async def test_exec_ps_pause_and_resume_in_a_container(
             await driver.exec(machine, handle, ["/bin/sleep", "30"], b"", 1)
         assert await driver.processes(mid, handle) == [handle.pid]  # the timed-out one is gone
 
+        # frozen through the container's freezer group where the host has one: runc reads
+        # its state back from there
+        assert driver.freezer.can_freeze(mid) == (driver.freezer.freezer != "none")
         await driver.freeze(mid, handle)
         state = await driver.state(mid)
         assert state is not None and state["status"] == "paused"

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from souk.worker import procfs
+from souk.worker.cgroups import Cgroups
 from souk.worker.drivers import execs
 from souk.worker.drivers.base import ExecResult, Handle, Launch
 from souk.worker.drivers.exits import ExitCodes, poll_until_gone, until_gone
@@ -46,6 +47,8 @@ class RuncDriver:
         self.images = images
         self.state_dir = state_dir
         self.cgroup_parent = cgroup_parent
+        # the containers' cgroups, `/<cgroup_parent>/<machine id>` (as their runtime specs say)
+        self.freezer = Cgroups(cgroup_parent)
         self._exits = ExitCodes()
 
     @staticmethod
@@ -228,12 +231,20 @@ class RuncDriver:
         await poll_until_gone(handle, POLL)
 
     async def freeze(self, machine_id: str, handle: Handle | None) -> None:
-        """`runc pause`: the container's cgroup freezer."""
+        """The container's freezer group, written directly where the worker can (what `runc
+        pause` does, and what `runc state` reads back: runc keeps no state of its own about
+        it), which spares two runc runs; else `runc pause`."""
+        if self.freezer.can_freeze(machine_id):
+            await self.freezer.freeze(machine_id, True)
+            return
         state = await self.state(machine_id)
         if state is not None and state.get("status") == "running":
             await self._runc("pause", self.container_id(machine_id))
 
     async def thaw(self, machine_id: str, handle: Handle | None) -> None:
+        if self.freezer.can_freeze(machine_id):
+            await self.freezer.freeze(machine_id, False)
+            return
         state = await self.state(machine_id)
         if state is not None and state.get("status") == "paused":
             await self._runc("resume", self.container_id(machine_id))
