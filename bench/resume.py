@@ -9,7 +9,10 @@ frozen, and the first byte comes once it is thawed). Both times run from sending
 the first byte of the answer; "accepted" until the start is acknowledged (durably queued),
 "settled" until the worker's wait says `started` (the step logged, fsync included). The floor,
 "bare thaw": the same server as a plain process in a freezer group of the bench's own, thawed
-by a direct write (cgroup v1 hosts, as root).
+by a direct write (cgroup v1 hosts, as root). Then the runc driver alone (no worker, no HTTP
+API): a busybox httpd container started cold from a cached image, against a thaw of its
+freezer group, both until the first byte of an HTTP answer (root, runc, busybox and
+docker-registry; `--no-runc` skips it).
 
 Usage: .venv/bin/python bench/resume.py [--rounds 20] [--json]
 """
@@ -59,8 +62,9 @@ class Row:
     vs_cold: float = 1.0  # cold start's p50 over this one's
 
 
-async def answered(ip: str, began: float, timeout: float = 10.0) -> float:
-    """Seconds from `began` to the first byte of the machine's answer."""
+async def answered(ip: str, began: float, request: bytes = b"", timeout: float = 10.0) -> float:
+    """Seconds from `began` to the first byte of the machine's answer (to `request`, sent on
+    connecting, if any)."""
     deadline = time.monotonic() + timeout
     while True:
         try:
@@ -71,14 +75,20 @@ async def answered(ip: str, began: float, timeout: float = 10.0) -> float:
             await asyncio.sleep(RETRY)
             continue
         try:
-            line = await asyncio.wait_for(reader.readline(), timeout)
+            writer.write(request)
+            first = await asyncio.wait_for(reader.read(1), timeout)
+        except (OSError, TimeoutError):
+            first = b""
         finally:
             writer.close()
-        if line == b"ok\n":
+        if first:
             return time.perf_counter() - began
+        if time.monotonic() > deadline:
+            raise SystemExit(f"{ip}:{PORT} closes without answering")
+        await asyncio.sleep(RETRY)
 
 
-async def measure(rounds: int, fsync: bool = True) -> list[Row]:
+async def measure(rounds: int, fsync: bool = True, with_runc: bool = True) -> list[Row]:
     # per kind: until the answer's first byte, until the start was accepted, until settled
     times: dict[str, tuple[list[float], list[float], list[float]]] = {
         "cold": ([], [], []),
@@ -135,14 +145,18 @@ async def measure(rounds: int, fsync: bool = True) -> list[Row]:
                 await call("POST", path + "/stop", json={})
                 await until("stopped")
         floor = await bare_thaw(Path(tmp), rounds)
+        runc = await runc_rounds(Path(tmp), rounds) if with_runc else {}
     rows = [
         Row(kind, rounds, pct(answer, 50), pct(answer, 99), pct(accepted, 50), pct(settled, 50))
         for kind, (answer, accepted, settled) in times.items()
     ]
     if floor:
         rows.append(Row("bare thaw", rounds, pct(floor, 50), pct(floor, 99), 0.0, 0.0))
-    for row in rows:
-        row.vs_cold = rows[0].answer_p50_ms / row.answer_p50_ms
+    for kind, took in runc.items():
+        rows.append(Row(kind, rounds, pct(took, 50), pct(took, 99), 0.0, 0.0))
+    for row in rows:  # each against the cold start of its own driver
+        base = rows[0] if not row.start.startswith("runc") else rows[-2]
+        row.vs_cold = base.answer_p50_ms / row.answer_p50_ms
     return rows
 
 
@@ -181,13 +195,70 @@ async def bare_thaw(work: Path, rounds: int) -> list[float]:
     return took
 
 
+HTTP_GET = b"GET /index.html HTTP/1.0\r\n\r\n"
+
+
+async def runc_rounds(work: Path, rounds: int) -> dict[str, list[float]]:
+    """The runc driver on its own (no worker): a busybox httpd container, cold (root
+    filesystem from the cached image, network, `runc run`) against a thaw of its freezer
+    group; both until the first byte of an HTTP answer. Empty without root, runc, busybox or
+    docker-registry."""
+    import shutil
+
+    from souk.models.machine import MachineConfig
+    from souk.worker.drivers.base import Launch
+    from souk.worker.drivers.runc import RuncDriver
+    from souk.worker.oci.images import ImageCache
+    from souk.worker.oci.reference import ImageRef
+    from souk.worker.oci.registry import RegistryClient
+    from tests.support.images import ImageSpec, busybox_layer, layer, push_image
+    from tests.support.registry import REGISTRY, running_registry
+
+    if os.geteuid() != 0 or not shutil.which("runc") or not shutil.which("busybox"):
+        return {}
+    if REGISTRY is None:
+        return {}
+    times: dict[str, list[float]] = {"runc cold": [], "runc resume": []}
+    with running_registry(work / "registry", access_log=False) as registry:
+        www = busybox_layer().file("www/index.html", b"ok\n").bytes()
+        spec = ImageSpec([layer(www)], cmd=["httpd", "-f", "-p", str(PORT), "-h", "/www"])
+        async with RegistryClient(registry.config()) as client:
+            await push_image(client, ImageRef(registry.host, "resume", "1"), spec)
+        cache = ImageCache(work / "cache", RegistryClient(registry.config()))
+        driver = RuncDriver(cache, work / "runc", cgroup_parent=f"souk-bench-{os.getpid()}")
+        config = MachineConfig(image=f"{registry.host}/resume:1")
+        await cache.pull(config.image or "")  # cold starts from a cached image, as a restart
+        try:
+            for i in range(rounds):
+                mid = f"resume{i}"
+                rundir = work / "machines" / mid
+                rundir.mkdir(parents=True)
+                ip = f"10.215.0.{i + 2}"
+                launch = Launch(mid, "bench", "local", "i", config, f"m{i}", rundir, ip)
+                began = time.perf_counter()
+                await driver.prepare(launch)
+                handle = await driver.spawn(launch)
+                times["runc cold"].append(await answered(ip, began, HTTP_GET))
+                await driver.freeze(mid, handle)
+                began = time.perf_counter()
+                answer = asyncio.ensure_future(answered(ip, began, HTTP_GET))
+                await asyncio.sleep(0)  # connecting, as in the worker's rounds
+                await driver.thaw(mid, handle)
+                times["runc resume"].append(await answer)
+                await driver.stop(mid, handle, "SIGKILL", 1.0)
+                await driver.cleanup(launch)
+        finally:
+            await cache.client.close()
+    return times
+
+
 def table(rows: list[Row]) -> Table:
-    out = Table(title="from POST /start to the machine's first byte")
+    out = Table(title="from the start to the machine's first byte")
     columns = ("answer p50 ms", "answer p99 ms", "accepted p50 ms", "settled p50 ms")
     for name in ("start", "rounds", *columns, "vs cold"):
         out.add_column(name, justify="left" if name == "start" else "right")
     for r in rows:
-        bare = r.start == "bare thaw"
+        bare = r.start == "bare thaw" or r.start.startswith("runc")
         out.add_row(
             r.start,
             str(r.rounds),
@@ -207,8 +278,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=20, help="cold starts and resumes each")
     parser.add_argument("--json", action="store_true", help="print the rows as JSON")
     parser.add_argument("--no-fsync", action="store_true", help="a worker without fsync")
+    parser.add_argument("--no-runc", action="store_true", help="skip the runc driver's rounds")
     args = parser.parse_args()
-    rows = asyncio.run(measure(args.rounds, not args.no_fsync))
+    rows = asyncio.run(measure(args.rounds, not args.no_fsync, not args.no_runc))
     if args.json:
         print(json.dumps({"machine": machine_info(), "rows": [asdict(r) for r in rows]}, indent=2))
         return
