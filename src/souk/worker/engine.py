@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import secrets
 import time
@@ -40,6 +41,8 @@ from souk.worker.status import BusLink, StorageStatus, WorkerStatus, bus_status
 from souk.worker.storage import free_bytes
 from souk.worker.store import Commit, Store, Tx
 from souk.worker.supervision import Supervisor
+
+log = logging.getLogger("souk.worker")
 
 
 class Engine:
@@ -115,7 +118,8 @@ class Engine:
         params: dict[str, Any] | None = None,
         nonce: str | None = None,
     ) -> Machine:
-        """Queue start, stop, restart or destroy; returns once the operation is durably accepted."""
+        """Queue start, stop, restart, suspend or destroy; returns once the operation is durably
+        accepted (a resume may have begun before: see `_resume_early`)."""
         op, params = OPERATIONS[op_name], params or {}
         thawed = await self._resume_early(machine_id, nonce) if op_name == "start" else None
         try:
@@ -141,7 +145,11 @@ class Engine:
             return None
         leases.check(db, machine_id, nonce)
         driver = self.supervisor.running_driver(machine_id)
-        await driver.thaw(machine_id, self.supervisor.handle(machine_id))
+        try:
+            await driver.thaw(machine_id, self.supervisor.handle(machine_id))
+        except Exception as exc:  # the resume's own step tries again, and reports it
+            log.warning("early thaw of %s failed: %s", machine_id, exc)
+            return None
         return driver
 
     async def update(
