@@ -273,6 +273,12 @@ async def test_a_leased_suspended_machine_is_not_resumed_without_the_nonce(
     assert (await client.post(f"/v1/machines/{mid}/start", headers=headers)).status == 200
     await wait_for(client, mid, "started")
     await eventually(lambda: ticks(engine, mid) > frozen_at)
+    # the lease guards a signal as it guards a stop
+    hup = {"signal": "SIGUSR1"}
+    resp = await client.post(f"/v1/machines/{mid}/signal", json=hup)
+    assert resp.status == 409 and (await resp.json())["status"] == "lease_held"
+    resp = await client.post(f"/v1/machines/{mid}/signal", json=hup, headers=headers)
+    assert resp.status == 200
 
 
 async def test_update_and_restart_of_a_suspended_machine_start_it_afresh(

@@ -201,8 +201,11 @@ class WorkerClient(HttpClient):
         path = _path(machine_id, "suspend")
         return await self._action(worker, base, "POST", path, nonce=nonce)
 
-    async def signal(self, worker: str, base: str, machine_id: str, req: SignalRequest) -> None:
-        await self._request(worker, base, "POST", _path(machine_id, "signal"), req)
+    async def signal(
+        self, worker: str, base: str, machine_id: str, req: SignalRequest, nonce: str | None
+    ) -> None:
+        path = _path(machine_id, "signal")
+        await self._request(worker, base, "POST", path, req, nonce=nonce)
 
     async def exec(self, worker: str, base: str, machine_id: str, req: ExecRequest) -> ExecResponse:
         """Waits as long as the command may run, and a little more for the answer."""

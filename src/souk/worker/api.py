@@ -186,7 +186,7 @@ def _routes(engine: Engine) -> list[Route]:
 
     async def signal(request: web.Request) -> web.Response:
         body = await read_model(request, SignalRequest)
-        await engine.signal(machine_id(request), body.signal)
+        await engine.signal(machine_id(request), body.signal, nonce(request))
         return reply({"ok": True})
 
     async def exec_command(request: web.Request) -> web.Response:
@@ -387,7 +387,7 @@ def _routes(engine: Engine) -> list[Route]:
             "POST",
             m + "/signal",
             signal,
-            "Send a signal to the machine's main process",
+            f"Send a signal to the machine's main process (a held lease's nonce in {NONCE_HEADER})",
             SignalRequest,
             errors=(404, 409, *WRITE_ERRORS),
         ),

@@ -212,10 +212,11 @@ class Engine:
             raise InvalidState(f"machine {machine_id} is {row['state']}: cannot {verb} it")
         return self.supervisor.running_driver(machine_id), self.supervisor.handle(machine_id), row
 
-    async def signal(self, machine_id: str, signal: str) -> None:
+    async def signal(self, machine_id: str, signal: str, nonce: str | None = None) -> None:
         """Send a signal to the machine's main process; logged, and nothing else changes (an
-        exit it causes is an exit like any other)."""
+        exit it causes is an exit like any other). A held lease guards it as it guards a stop."""
         driver, handle, _ = self._running(machine_id, "signal")
+        leases.check(self.store.read, machine_id, nonce)
         await driver.signal(machine_id, handle, signal)
         data = {"signal": signal}
         await self.store.write(

@@ -29,7 +29,7 @@ async def suspend_machine(request: web.Request) -> web.Response:
 async def signal_machine(request: web.Request) -> web.Response:
     body = await read_model(request, SignalRequest)
     b, worker, address, mid = await _located(request)
-    await b.client.signal(worker, address, mid, body)
+    await b.client.signal(worker, address, mid, body, lease_nonce(request))
     return reply(OkResponse())
 
 
