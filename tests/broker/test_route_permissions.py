@@ -78,7 +78,14 @@ async def test_every_broker_route_answers_every_kind_of_token_as_it_declares(
             "app",
             "operator",
         }
-        fill = {"app": "demo", "id": demo["id"], "worker": "m1", "key": "note", "secret_name": "S"}
+        fill = {
+            "app": "demo",
+            "id": demo["id"],
+            "worker": "m1",
+            "key": "note",
+            "secret_name": "S",
+            "org": "personal",
+        }
         base = str(c.broker.make_url("")).rstrip("/")
         problems, made = await walk(base, table.values(), kinds, fill, BODY)
         assert problems == []

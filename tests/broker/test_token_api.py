@@ -63,6 +63,8 @@ async def test_introspection_shows_what_the_token_allows(small: Cluster) -> None
         "machines": None,
         "regions": None,
         "expires": 99999999999,
+        # and Fly's shape beside souk's
+        "tokens": [{"token_id": tk.inspect(token)[0], "apps": ["demo"], "org_slug": "personal"}],
     }
     # Even a token limited to one machine may ask what it allows.
     narrow = attenuate(token, ["machines=abcdef"])

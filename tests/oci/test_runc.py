@@ -13,7 +13,7 @@ import pytest
 
 from souk.models.machine import InitConfig, MachineConfig
 from souk.worker import procfs
-from souk.worker.drivers.base import Launch
+from souk.worker.drivers.base import ExecTimeout, Launch
 from souk.worker.drivers.runc import RuncDriver
 from souk.worker.oci.images import ImageCache
 from souk.worker.oci.registry import RegistryClient
@@ -107,3 +107,50 @@ async def test_exit_code_env_and_limits(
     finally:
         await driver.cleanup(machine)
     assert not (machine.rundir / "image" / "rootfs").exists()
+
+
+async def test_exec_ps_pause_and_resume_in_a_container(
+    registry: Registry,
+    client: RegistryClient,
+    busybox_base: Layer,
+    driver: RuncDriver,
+    tmp_path: Path,
+) -> None:
+    await push(client, registry, "bb:2", ImageSpec([busybox_base], env=["PATH=/bin"]))
+    config = MachineConfig(
+        image=f"{registry.host}/bb:2",
+        env={"WHO": "machine"},
+        init=InitConfig(exec=["/bin/sleep", "600"]),
+    )
+    machine = launch(tmp_path, config, "10.213.7.4")
+    await driver.prepare(machine)
+    handle = await driver.spawn(machine)
+    mid = machine.machine_id
+    try:
+        # exec: the container's env, hostname (UTS namespace), root, and pid namespace
+        script = "echo $WHO; hostname; id -u; tr '\\0' ' ' < /proc/1/cmdline; echo; exit 4"
+        out = await driver.exec(machine, handle, ["/bin/sh", "-c", script], b"", 10)
+        assert out.exit_code == 4
+        assert out.stdout.decode().splitlines() == ["machine", mid, "0", "/bin/sleep 600 "]
+        piped = await driver.exec(machine, handle, ["/bin/cat"], b"from stdin", 10)
+        assert piped.stdout == b"from stdin"
+        with pytest.raises(ExecTimeout):
+            await driver.exec(machine, handle, ["/bin/sleep", "30"], b"", 1)
+        assert await driver.processes(mid, handle) == [handle.pid]  # the timed-out one is gone
+
+        # frozen through the container's freezer group where the host has one: runc reads
+        # its state back from there
+        assert driver.freezer.can_freeze(mid) == (driver.freezer.freezer != "none")
+        await driver.freeze(mid, handle)
+        state = await driver.state(mid)
+        assert state is not None and state["status"] == "paused"
+        await driver.freeze(mid, handle)  # idempotent
+        await driver.thaw(mid, handle)
+        state = await driver.state(mid)
+        assert state is not None and state["status"] == "running"
+        # a paused container still stops: the driver resumes it first
+        await driver.freeze(mid, handle)
+        await driver.stop(mid, handle, "SIGKILL", 5.0)  # (pid 1 ignores SIGTERM)
+        assert not procfs.is_alive(handle.pid, handle.pid_start)
+    finally:
+        await driver.cleanup(machine)

@@ -155,3 +155,17 @@ async def test_a_machine_on_a_dead_worker_is_replaced_by_its_standby(tmp_path: P
         for _ in range(3):
             status, headers, _ = await c.get("hello")
             assert status == 200 and headers["souk-machine"] == standby["id"]
+
+
+async def test_a_request_for_a_suspended_machine_resumes_it(tmp_path: Path) -> None:
+    async with local_cluster(tmp_path, TWO_REGIONS[:1], ["hello"]) as c:
+        m = await c.create("hello", "mad", hello_config(autostop=False))
+        await c.serving("hello", m)
+        await c.api("POST", f"/v1/apps/hello/machines/{m['id']}/suspend")
+        await c.wait("hello", m["id"], "suspended")
+        await eventually(lambda: c.seen(m["id"], "suspended"))
+
+        status, _, body = await c.get("hello", "/again")
+        assert status == 200 and body["machine"] == m["id"]  # the same machine, resumed
+        assert c.proxy.waker.starts == 1
+        assert await c.state("hello", m["id"]) == "started"

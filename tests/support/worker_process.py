@@ -169,7 +169,7 @@ class WorkerProcess:
                 running = [
                     m["id"]
                     for m in self.call("GET", "/v1/machines", timeout=5).body
-                    if m["state"] in ("starting", "started", "stopping")
+                    if m["state"] in ("starting", "started", "stopping", "suspended")
                 ]
                 for mid in running:
                     self.call("DELETE", f"/v1/machines/{mid}?force=true", timeout=5)

@@ -81,6 +81,11 @@ async def scope_of(
     )
 
 
+def presented_token(request: web.Request) -> str:
+    """The token the request carries, as sent (what a deploy token is attenuated from)."""
+    return _credentials(request)
+
+
 def _credentials(request: web.Request) -> str:
     scheme, _, token = request.headers.get("Authorization", "").partition(" ")
     if scheme.lower() not in ("bearer", "flyv1") or not token.strip():

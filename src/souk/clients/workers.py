@@ -33,6 +33,13 @@ from souk.models.machine import (
     UpdateMachine,
     WaitResult,
 )
+from souk.models.machine_ops import (
+    ExecRequest,
+    ExecResponse,
+    MachineVersion,
+    ProcessStat,
+    SignalRequest,
+)
 from souk.models.volume import (
     CreateVolume,
     ExtendVolumeRequest,
@@ -51,6 +58,8 @@ _MACHINES = TypeAdapter(list[Machine])
 _VOLUMES = TypeAdapter(list[Volume])
 _SNAPSHOTS = TypeAdapter(list[VolumeSnapshot])
 _EVENTS = TypeAdapter(list[MachineEvent])
+_PROCESSES = TypeAdapter(list[ProcessStat])
+_VERSIONS = TypeAdapter(list[MachineVersion])
 
 
 class WorkerError(ClientError):
@@ -202,6 +211,33 @@ class WorkerClient(HttpClient):
     async def restart(self, worker: str, base: str, machine_id: str, nonce: str | None) -> Machine:
         path = _path(machine_id, "restart")
         return await self._action(worker, base, "POST", path, nonce=nonce)
+
+    async def suspend(self, worker: str, base: str, machine_id: str, nonce: str | None) -> Machine:
+        path = _path(machine_id, "suspend")
+        return await self._action(worker, base, "POST", path, nonce=nonce)
+
+    async def signal(
+        self, worker: str, base: str, machine_id: str, req: SignalRequest, nonce: str | None
+    ) -> None:
+        path = _path(machine_id, "signal")
+        await self._request(worker, base, "POST", path, req, nonce=nonce)
+
+    async def exec(self, worker: str, base: str, machine_id: str, req: ExecRequest) -> ExecResponse:
+        """Waits as long as the command may run, and a little more for the answer."""
+        path = _path(machine_id, "exec")
+        timeout = req.timeout + DEFAULT_TIMEOUT
+        data = await self._request(worker, base, "POST", path, req, timeout=timeout)
+        return ExecResponse.model_validate(data)
+
+    async def processes(
+        self, worker: str, base: str, machine_id: str, params: dict[str, str]
+    ) -> list[ProcessStat]:
+        data = await self._request(worker, base, "GET", _path(machine_id, "ps"), params=params)
+        return _PROCESSES.validate_python(data)
+
+    async def versions(self, worker: str, base: str, machine_id: str) -> list[MachineVersion]:
+        data = await self._request(worker, base, "GET", _path(machine_id, "versions"))
+        return _VERSIONS.validate_python(data)
 
     async def destroy(
         self,

@@ -15,7 +15,15 @@ from souk.models.duration import Duration
 from souk.models.volume import VOLUME_ID
 
 MachineState = Literal[
-    "created", "starting", "started", "stopping", "stopped", "destroying", "destroyed", "failed"
+    "created",
+    "starting",
+    "started",
+    "stopping",
+    "stopped",
+    "destroying",
+    "destroyed",
+    "failed",
+    "suspended",  # frozen in memory: its processes keep their state and its reservation
 ]
 CpuKind = Literal["shared", "performance"]
 RestartPolicy = Literal["no", "always", "on-failure"]

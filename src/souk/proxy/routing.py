@@ -158,7 +158,8 @@ class Marks:
             self.woken_from.pop(row.id, None)
             return False
         if row.state == "starting" or (
-            row.state in ("created", "stopped") and row.updated_at == self.woken_from.get(row.id)
+            row.state in ("created", "stopped", "suspended")
+            and row.updated_at == self.woken_from.get(row.id)
         ):
             return True
         if row.state != "started":

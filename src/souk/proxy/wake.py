@@ -29,7 +29,7 @@ from souk.proxy.routing import Backend, Router, backend_of, is_standby
 
 log = logging.getLogger("souk.proxy.wake")
 
-STARTABLE = ("stopped", "created")
+STARTABLE = ("stopped", "created", "suspended")  # a start resumes a suspended one
 CONNECT_EVERY = 0.02
 STANDBY_AGAIN_AFTER = 30.0  # seconds before the same lost machine triggers its standby again
 LOST_FOR = 300.0  # seconds a lost machine's standby is preferred when waking its app
@@ -108,12 +108,12 @@ class Waker:
             )
 
     def candidates(self, app: str) -> list[MachineRow]:
-        """Stopped machines that could serve once started, best first."""
+        """Stopped (or suspended) machines that could serve once started, best first."""
         lost = self.lost_ids(app)
         regions = self.router.view.regions_of_app(app)
         own = self.router.region
 
-        def rank(row: MachineRow) -> tuple[int, int, str]:
+        def rank(row: MachineRow) -> tuple[int, int, int, str]:
             if set(row.standby_for) & lost:
                 group = 0
             elif not is_standby(row):
@@ -126,7 +126,7 @@ class Waker:
                 where = 1 + regions.index(row.region)
             else:
                 where = 1 + len(regions)
-            return (group, where, row.id)
+            return (group, where, 0 if row.state == "suspended" else 1, row.id)  # resumes first
 
         rows = [
             row

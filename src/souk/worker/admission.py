@@ -175,17 +175,19 @@ def create(tx: Tx, settings: WorkerSettings, machine_id: str, req: CreateMachine
         raise _refusal(found, message, details)
     if queries.machine_exists(tx, machine_id):
         raise AlreadyExists(f"machine {machine_id} already exists")
+    instance_id, stamp = new_instance_id(), now_iso()
     queries.insert_machine(
         tx,
         machine_id,
         req.name or machine_id,
         req.app,
-        new_instance_id(),
+        instance_id,
         req.config,
         free_ip(tx, Drivers.kind_of(req.config)),
-        now_iso(),
+        stamp,
     )
     volumes.attach(tx, settings, req.app, machine_id, req.config)
+    queries.add_version(tx, machine_id, instance_id, req.config, stamp)
     tx.log(
         "machine",
         machine_id,
@@ -209,7 +211,9 @@ def accept(
     projected: MachineState = row["projected"]
     if op.ends_in is not None and projected == op.ends_in and op.name != "restart":
         return False
-    if op.name == "destroy" and projected in ("started", "starting"):
+    if op.name == "start" and projected == "suspended":
+        op = OPERATIONS["resume"]  # a start of a suspended machine thaws it
+    if op.name == "destroy" and projected in ("started", "starting", "suspended"):
         if not params.get("force"):
             raise InvalidState(f"machine {machine_id} is {projected}: stop it first, or force")
     elif projected not in op.allowed_from:
@@ -246,9 +250,11 @@ def update(
     if Drivers.kind_of(old) != Drivers.kind_of(config):  # a command became an image
         queries.set_private_ip(tx, machine_id, free_ip(tx, Drivers.kind_of(config)))
     volumes.attach(tx, settings, row["app"], machine_id, config)
-    queries.set_config(tx, machine_id, config, now_iso(), instance_id)
+    stamp = now_iso()
+    queries.set_config(tx, machine_id, config, stamp, instance_id)
+    queries.add_version(tx, machine_id, instance_id, config, stamp)
     reserve(tx, settings, d_cpus, d_mem, 0, f"update {machine_id}")
-    running = projected in ("started", "starting")
+    running = projected in ("started", "starting", "suspended")
     if running:
         enqueue(tx, machine_id, OPERATIONS["stop"], projected, {})
     after = "stopped" if running else projected

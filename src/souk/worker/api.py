@@ -21,6 +21,13 @@ from souk.models.machine import (
     UpdateMachine,
     WaitResult,
 )
+from souk.models.machine_ops import (
+    ExecRequest,
+    ExecResponse,
+    MachineVersion,
+    ProcessStat,
+    SignalRequest,
+)
 from souk.models.volume import (
     CreateVolume,
     ExtendVolumeRequest,
@@ -33,7 +40,7 @@ from souk.pki import AccessTable
 from souk.web import ApiError, Route, read_model, reply
 from souk.web.metrics import METRICS_PATH, serve_metrics
 from souk.web.routes import Handler
-from souk.worker import logs
+from souk.worker import logs, ps
 from souk.worker.admission import Fences
 from souk.worker.engine import Engine
 from souk.worker.errors import (
@@ -44,6 +51,7 @@ from souk.worker.errors import (
     NotFound,
     StorageFault,
     StorageFull,
+    TimedOut,
     WorkerError,
 )
 from souk.worker.status import WorkerStatus
@@ -54,6 +62,7 @@ MAX_WAIT = 60.0
 HTTP_STATUS: dict[type[WorkerError], int] = {
     NotFound: 404,
     Conflict: 409,
+    TimedOut: 408,
     NoRoom: 412,
     MetadataTooLarge: 413,
     StorageFault: 503,
@@ -100,6 +109,11 @@ ACCESS = AccessTable(
         f"POST {_M}/start": _BROKERS,
         f"POST {_M}/stop": _BROKERS,
         f"POST {_M}/restart": _BROKERS,
+        f"POST {_M}/suspend": _BROKERS,
+        f"POST {_M}/signal": _BROKERS,
+        f"POST {_M}/exec": _BROKERS,
+        f"GET {_M}/ps": _BROKERS,
+        f"GET {_M}/versions": _BROKERS,
         f"DELETE {_M}": _BROKERS,
         f"GET {_M}/wait": _BROKERS,
         f"GET {_M}/events": _BROKERS,
@@ -188,6 +202,31 @@ def _routes(engine: Engine) -> list[Route]:
 
     async def restart(request: web.Request) -> web.Response:
         return reply(await engine.submit(machine_id(request), "restart", nonce=nonce(request)))
+
+    async def suspend(request: web.Request) -> web.Response:
+        return reply(await engine.submit(machine_id(request), "suspend", nonce=nonce(request)))
+
+    async def signal(request: web.Request) -> web.Response:
+        body = await read_model(request, SignalRequest)
+        await engine.signal(machine_id(request), body.signal, nonce(request))
+        return reply({"ok": True})
+
+    async def exec_command(request: web.Request) -> web.Response:
+        body = await read_model(request, ExecRequest)
+        result = await engine.exec(machine_id(request), body)
+        return reply(result.model_dump(exclude_none=True))  # exit_signal only when one
+
+    async def processes(request: web.Request) -> web.Response:
+        sort_by = request.query.get("sort_by") or "pid"
+        order = request.query.get("order") or "asc"
+        if sort_by not in ps.SORT_KEYS:
+            raise ApiError(400, "invalid", f"sort_by: one of {', '.join(ps.SORT_KEYS)}")
+        if order not in ("asc", "desc"):
+            raise ApiError(400, "invalid", "order: asc or desc")
+        return reply(await engine.processes(machine_id(request), sort_by, order))
+
+    async def versions(request: web.Request) -> web.Response:
+        return reply(engine.versions(machine_id(request)))
 
     async def destroy(request: web.Request) -> web.Response:
         force = request.query.get("force", "") in ("1", "true")
@@ -452,6 +491,48 @@ def _routes(engine: Engine) -> list[Route]:
             "Restart",
             response=Machine,
             errors=(404, 409, *WRITE_ERRORS),
+        ),
+        Route(
+            "POST",
+            m + "/suspend",
+            suspend,
+            "Suspend: freeze its processes in memory, keep its reservation; start resumes it",
+            response=Machine,
+            errors=(404, 409, *WRITE_ERRORS),
+        ),
+        Route(
+            "POST",
+            m + "/signal",
+            signal,
+            f"Send a signal to the machine's main process (a held lease's nonce in {NONCE_HEADER})",
+            SignalRequest,
+            errors=(404, 409, *WRITE_ERRORS),
+        ),
+        Route(
+            "POST",
+            m + "/exec",
+            exec_command,
+            "Run a command inside the machine; its output and exit code",
+            ExecRequest,
+            ExecResponse,
+            errors=(404, 408, 409),
+        ),
+        Route(
+            "GET",
+            m + "/ps",
+            processes,
+            "The machine's processes",
+            response=list[ProcessStat],
+            query={"sort_by": f"one of {', '.join(ps.SORT_KEYS)}", "order": "asc or desc"},
+            errors=(404,),
+        ),
+        Route(
+            "GET",
+            m + "/versions",
+            versions,
+            "Every config the machine has had, newest first",
+            response=list[MachineVersion],
+            errors=(404,),
         ),
         Route(
             "DELETE",

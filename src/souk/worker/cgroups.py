@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
+import time
 from pathlib import Path
 
 log = logging.getLogger("souk.worker.cgroups")
 
 ROOT = Path("/sys/fs/cgroup")
 PERIOD_US = 100_000
+FREEZE_POLL = 0.0005
+FREEZE_TIMEOUT = 10.0
 
 
 def detect() -> str:
@@ -21,10 +25,87 @@ def detect() -> str:
     return "none"
 
 
+def freezer_mode() -> str:
+    """'v2', 'v1' or 'none': how a machine's processes can be frozen (suspend)."""
+    if (ROOT / "cgroup.controllers").exists():
+        return "v2" if os.access(ROOT, os.W_OK) else "none"
+    return "v1" if os.access(ROOT / "freezer", os.W_OK) else "none"
+
+
+class FreezeError(RuntimeError):
+    pass
+
+
 class Cgroups:
     def __init__(self, group: str) -> None:
         self.mode = detect()
+        self.freezer = freezer_mode()
         self.group = group  # e.g. souk/<worker name>
+
+    def _freezer_dir(self, machine_id: str) -> Path | None:
+        if self.freezer == "v2":
+            return ROOT / self.group / machine_id
+        if self.freezer == "v1":
+            return ROOT / "freezer" / self.group / machine_id
+        return None
+
+    def join(self, machine_id: str, pid: int) -> None:
+        """Put `pid` in the machine's freezer group (v1; in v2 it is the machine's one group),
+        so that a suspend freezes it with the rest of the machine."""
+        d = self._freezer_dir(machine_id)
+        if d is None or self.freezer != "v1":
+            return
+        try:
+            d.mkdir(parents=True, exist_ok=True)
+            (d / "cgroup.procs").write_text(str(pid))
+        except OSError as exc:
+            log.warning("freezer group for %s not joined: %s", machine_id, exc)
+
+    def procs_files(self, machine_id: str) -> list[Path]:
+        """The machine's `cgroup.procs` files (limits and freezer), where they exist: what a
+        process joins to be counted, limited and frozen with the machine."""
+        dirs = list(self._dirs(machine_id))
+        freezer = self._freezer_dir(machine_id)
+        if self.freezer == "v1" and freezer is not None:
+            dirs.append(freezer)
+        return [d / "cgroup.procs" for d in dirs if d.is_dir()]
+
+    def can_freeze(self, machine_id: str) -> bool:
+        d = self._freezer_dir(machine_id)
+        return d is not None and d.is_dir()
+
+    async def freeze(self, machine_id: str, frozen: bool = True) -> None:
+        """Freeze (or thaw) every process in the machine's group, and return once the kernel
+        says it is done: a v1 group passes through FREEZING while tasks are caught."""
+        d = self._freezer_dir(machine_id)
+        if d is None:
+            raise FreezeError("this host gives the worker no cgroup freezer")
+        deadline = time.monotonic() + FREEZE_TIMEOUT
+        if self.freezer == "v2":
+            (d / "cgroup.freeze").write_text("1" if frozen else "0")
+            want = f"frozen {1 if frozen else 0}"
+            while want not in (d / "cgroup.events").read_text().splitlines():
+                self._give_up(d, frozen, deadline)
+                await asyncio.sleep(FREEZE_POLL)
+            return
+        state = "FROZEN" if frozen else "THAWED"
+        (d / "freezer.state").write_text(state)
+        while (d / "freezer.state").read_text().strip() != state:
+            self._give_up(d, frozen, deadline)
+            await asyncio.sleep(FREEZE_POLL)
+            (d / "freezer.state").write_text(state)  # v1 may need asking again
+
+    def _give_up(self, d: Path, frozen: bool, deadline: float) -> None:
+        """A group that will not freeze in time (a task stuck in the kernel) is thawed again
+        rather than left half frozen, and the suspend fails."""
+        if time.monotonic() < deadline:
+            return
+        if frozen:
+            if self.freezer == "v2":
+                (d / "cgroup.freeze").write_text("0")
+            else:
+                (d / "freezer.state").write_text("THAWED")
+        raise FreezeError(f"{d.name}: the kernel did not {'freeze' if frozen else 'thaw'} it")
 
     def _dirs(self, machine_id: str) -> list[Path]:
         if self.mode == "v2":
@@ -35,6 +116,7 @@ class Cgroups:
 
     def limit(self, machine_id: str, pid: int, cpus: int, memory_mb: int) -> bool:
         """Put `pid` under limits; False where the host gives us no cgroups."""
+        self.join(machine_id, pid)
         try:
             if self.mode == "v2":
                 (d,) = self._dirs(machine_id)
@@ -69,7 +151,8 @@ class Cgroups:
         return found
 
     def remove(self, machine_id: str) -> None:
-        for d in self._dirs(machine_id):
+        freezer = self._freezer_dir(machine_id) if self.freezer == "v1" else None
+        for d in [*self._dirs(machine_id), *([freezer] if freezer else [])]:
             try:
                 d.rmdir()  # only works once its processes are gone, which is when we call it
             except OSError:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import secrets
 import time
@@ -28,15 +29,16 @@ from souk.models.machine import (
     MachineState,
     MetadataChange,
 )
+from souk.models.machine_ops import ExecRequest, ExecResponse, MachineVersion, ProcessStat
 from souk.models.volume import CreateVolume, UpdateVolumeRequest, Volume, VolumeSnapshot
 from souk.sealing import Sealer, worker_key
-from souk.worker import admission, leases, queries, volume_disk
+from souk.worker import admission, app_users, leases, ps, queries, volume_disk
 from souk.worker import secrets as machine_secrets
 from souk.worker import volumes as volume_ops
 from souk.worker.check_following import CheckFollowing
 from souk.worker.checks import HealthChecks
-from souk.worker.drivers.base import Drivers
-from souk.worker.errors import NotFound, StorageFault
+from souk.worker.drivers.base import Driver, Drivers, ExecTimeout, Handle, HostUser, Launch
+from souk.worker.errors import InvalidState, NotFound, StorageFault, TimedOut
 from souk.worker.fsm import OPERATIONS
 from souk.worker.metrics import WorkerMetrics
 from souk.worker.runner import Runner
@@ -77,6 +79,9 @@ def fly_event(row: Any) -> MachineEvent:
         request=data if isinstance(data, dict) else {},
         step=row["step"],
     )
+
+
+log = logging.getLogger("souk.worker")
 
 
 class Engine:
@@ -171,11 +176,39 @@ class Engine:
         params: dict[str, Any] | None = None,
         nonce: str | None = None,
     ) -> Machine:
-        """Queue start, stop, restart or destroy; returns once the operation is durably accepted."""
+        """Queue start, stop, restart, suspend or destroy; returns once the operation is durably
+        accepted (a resume may have begun before: see `_resume_early`)."""
         op, params = OPERATIONS[op_name], params or {}
-        await self.store.write(lambda tx: admission.accept(tx, machine_id, op, params, nonce))
+        thawed = await self._resume_early(machine_id, nonce) if op_name == "start" else None
+        try:
+            await self.store.write(lambda tx: admission.accept(tx, machine_id, op, params, nonce))
+        except BaseException:
+            if thawed is not None and queries.state_of(self.store.read, machine_id) == "suspended":
+                await thawed.freeze(machine_id, self.supervisor.handle(machine_id))
+            raise
         self.runner.kick(machine_id)  # also when already on its way: its queue must be running
         return self.get(machine_id, events=False)
+
+    async def _resume_early(self, machine_id: str, nonce: str | None) -> Driver | None:
+        """A start of a machine settled in `suspended` thaws it at once, before the resume is
+        recorded (its thaw step then finds it thawed): the machine runs again without waiting
+        for a commit. Should the record fail, it is frozen again; should the worker die first,
+        the restarted worker freezes it again, as the log has it suspended. The driver that
+        thawed it, or None when the start takes the usual path."""
+        db = self.store.read
+        row = queries.machine(db, machine_id)
+        if row is None or (row["state"], row["projected"]) != ("suspended", "suspended"):
+            return None
+        if queries.has_pending(db, machine_id):
+            return None
+        leases.check(db, machine_id, nonce)
+        driver = self.supervisor.running_driver(machine_id)
+        try:
+            await driver.thaw(machine_id, self.supervisor.handle(machine_id))
+        except Exception as exc:  # the resume's own step tries again, and reports it
+            log.warning("early thaw of %s failed: %s", machine_id, exc)
+            return None
+        return driver
 
     async def update(
         self,
@@ -229,6 +262,91 @@ class Engine:
 
     async def set_cordoned(self, cordoned: bool) -> None:
         await self.store.write(lambda tx: admission.set_cordoned(tx, self.settings, cordoned))
+
+    # --- acting on a running machine ---------------------------------------------------------
+
+    def _running(self, machine_id: str, verb: str) -> tuple[Driver, Handle | None, Any]:
+        """The driver and process of a started machine; a 409 for any other state (a suspended
+        machine's processes are frozen: start it first)."""
+        row = queries.existing_machine(self.store.read, machine_id)
+        if row["state"] != "started":
+            raise InvalidState(f"machine {machine_id} is {row['state']}: cannot {verb} it")
+        return self.supervisor.running_driver(machine_id), self.supervisor.handle(machine_id), row
+
+    async def signal(self, machine_id: str, signal: str, nonce: str | None = None) -> None:
+        """Send a signal to the machine's main process; logged, and nothing else changes (an
+        exit it causes is an exit like any other). A held lease guards it as it guards a stop."""
+        driver, handle, _ = self._running(machine_id, "signal")
+        leases.check(self.store.read, machine_id, nonce)
+        await driver.signal(machine_id, handle, signal)
+        data = {"signal": signal}
+        await self.store.write(
+            lambda tx: tx.log("machine", machine_id, "event", "signal", None, data=data)
+        )
+
+    async def exec(self, machine_id: str, req: ExecRequest) -> ExecResponse:
+        """Run a command inside the machine as its driver runs the machine itself."""
+        driver, handle, row = self._running(machine_id, "exec in")
+        launch = self._launch_of(row)
+        stdin = (req.stdin or "").encode()
+        try:
+            result = await driver.exec(launch, handle, req.argv(), stdin, float(req.timeout))
+        except ExecTimeout as exc:
+            raise TimedOut(str(exc), {"timeout": req.timeout}) from None
+        return ExecResponse(
+            stdout=result.stdout.decode(errors="replace"),
+            stderr=result.stderr.decode(errors="replace"),
+            exit_code=result.exit_code,
+            exit_signal=result.signal,
+        )
+
+    def _launch_of(self, row: Any) -> Launch:
+        """How the machine's current process was launched, for a command run beside it."""
+        user = None
+        if os.geteuid() == 0 and (ids := app_users.lookup(self.store.read, row["app"])):
+            user = HostUser(ids[0], ids[1], app_users.SPAN)
+        return Launch(
+            machine_id=row["id"],
+            app=row["app"],
+            region=self.settings.region,
+            instance_id=row["instance_id"],
+            config=MachineConfig.model_validate_json(row["config"]),
+            marker=row["marker"] or "",
+            rundir=self.settings.rundir(row["id"]),
+            private_ip=row["private_ip"] or "127.0.0.1",
+            home=app_users.home(self.settings.data_dir, row["app"], row["id"]),
+            user=user,
+        )
+
+    async def processes(self, machine_id: str, sort_by: str, order: str) -> list[ProcessStat]:
+        """The machine's processes now (none unless it is started or suspended)."""
+        row = queries.existing_machine(self.store.read, machine_id)
+        if row["state"] not in ("started", "suspended") or row["pid"] is None:
+            return ps.table([], sort_by, order)
+        driver, handle = (
+            self.supervisor.running_driver(machine_id),
+            self.supervisor.handle(machine_id),
+        )
+        return ps.table(await driver.processes(machine_id, handle), sort_by, order)
+
+    def versions(self, machine_id: str) -> list[MachineVersion]:
+        """Every config the machine has had, newest first. A machine created before versions
+        were kept shows its current config as its one version."""
+        row = queries.existing_machine(self.store.read, machine_id)
+        found = [
+            (r["version"], r["config"], r["created_at"])
+            for r in queries.versions(self.store.read, machine_id)
+        ]
+        if not found:
+            found = [(row["instance_id"], row["config"], row["updated_at"])]
+        return [
+            MachineVersion(
+                version=version,
+                user_config=MachineConfig.model_validate_json(config),
+                created_at=created_at,
+            )
+            for version, config, created_at in found
+        ]
 
     # --- reading -----------------------------------------------------------------------------
 

@@ -77,3 +77,9 @@ class StorageFull(StorageFault):
     """The data directory's file system is full; `details` says how much is free and needed."""
 
     reason = "insufficient_storage"
+
+
+class TimedOut(WorkerError):
+    """A command run in a machine (exec) ran past its timeout, and was killed."""
+
+    reason = "timeout"

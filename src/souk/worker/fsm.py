@@ -21,12 +21,14 @@ STATES: tuple[MachineState, ...] = get_args(MachineState)
 TRANSITIONS: dict[MachineState, frozenset[MachineState]] = {
     "created": frozenset({"starting", "destroying"}),
     "starting": frozenset({"started", "failed", "stopping", "destroying"}),
-    "started": frozenset({"stopping", "stopped", "destroying", "starting"}),
+    "started": frozenset({"stopping", "stopped", "destroying", "starting", "suspended"}),
     "stopping": frozenset({"stopped", "destroying"}),
     "stopped": frozenset({"starting", "destroying"}),
     "failed": frozenset({"starting", "destroying"}),
     "destroying": frozenset({"destroyed"}),
     "destroyed": frozenset(),
+    # frozen: thawed by a start, stopped or destroyed (thawed first), or its process exited
+    "suspended": frozenset({"started", "stopping", "stopped", "failed", "destroying"}),
 }
 
 
@@ -51,8 +53,14 @@ OPERATIONS: dict[str, Operation] = {
     op.name: op
     for op in (
         Operation("start", frozenset({"created", "stopped", "failed"}), _START, "started"),
-        Operation("stop", frozenset({"started", "starting"}), _STOP, "stopped"),
-        Operation("restart", frozenset({"started", "starting"}), _STOP + _START, "started"),
+        Operation("stop", frozenset({"started", "starting", "suspended"}), _STOP, "stopped"),
+        Operation(
+            "restart", frozenset({"started", "starting", "suspended"}), _STOP + _START, "started"
+        ),
+        # Freeze the machine's processes where they are; its reservation stays. A start of a
+        # suspended machine is a resume: it thaws them.
+        Operation("suspend", frozenset({"started"}), (Step("freeze", "suspended"),), "suspended"),
+        Operation("resume", frozenset({"suspended"}), (Step("thaw", "started"),), "started"),
         Operation(
             "update",
             frozenset({"created", "started", "stopped", "failed"}),
@@ -61,7 +69,9 @@ OPERATIONS: dict[str, Operation] = {
         ),
         Operation(
             "destroy",
-            frozenset({"created", "starting", "started", "stopping", "stopped", "failed"}),
+            frozenset(
+                {"created", "starting", "started", "stopping", "stopped", "failed", "suspended"}
+            ),
             (
                 Step("begin_destroy", "destroying"),
                 Step("kill"),

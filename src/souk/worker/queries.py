@@ -134,7 +134,7 @@ def live_processes(db: Db) -> list[Row]:
     """Machines whose process may still run: what a restarted worker tries to adopt."""
     return db.execute(
         "SELECT id, pid, pid_start, marker, state, driver FROM machines"
-        " WHERE state IN ('started', 'starting', 'stopping') AND pid IS NOT NULL"
+        " WHERE state IN ('started', 'starting', 'stopping', 'suspended') AND pid IS NOT NULL"
     ).fetchall()
 
 
@@ -618,3 +618,23 @@ def volumes_changed_since(db: Db, since: int, limit: int, live_only: bool) -> li
         f"SELECT id, seq FROM volumes WHERE seq > ?{live} ORDER BY seq LIMIT ?", (since, limit)
     )
     return [(seq, volume_id) for volume_id, seq in rows]
+
+
+# --- config versions ---------------------------------------------------------------------------
+
+
+def add_version(db: Db, machine_id: str, version: str, config: MachineConfig, stamp: str) -> None:
+    db.execute(
+        "INSERT OR REPLACE INTO machine_versions (machine, version, config, created_at)"
+        " VALUES (?, ?, ?, ?)",
+        (machine_id, version, config.model_dump_json(), stamp),
+    )
+
+
+def versions(db: Db, machine_id: str) -> list[Row]:
+    """Every config the machine was given, newest first (rowid: the order they came in)."""
+    return db.execute(
+        "SELECT version, config, created_at FROM machine_versions WHERE machine = ?"
+        " ORDER BY rowid DESC",
+        (machine_id,),
+    ).fetchall()

@@ -168,7 +168,7 @@ async def _spawn(w: StepHost, run: StepRun) -> int:
 
 @STEPS.implements("begin_stop")
 async def _begin_stop(w: StepHost, run: StepRun) -> int:
-    if queries.state_of(w.store.read, run.machine_id) not in ("started", "starting"):
+    if queries.state_of(w.store.read, run.machine_id) not in ("started", "starting", "suspended"):
         # it exited meanwhile: nothing to stop
         return await skip(w.store, run, run.index + len(_STOP_STEPS), "not running")
     return await advance(w.store, run)
@@ -198,6 +198,22 @@ async def _signal(w: StepHost, run: StepRun) -> int:
 @STEPS.implements("end_stop")
 async def _end_stop(w: StepHost, run: StepRun) -> int:
     return await advance(w.store, run, pid=None)
+
+
+@STEPS.implements("freeze")
+async def _freeze(w: StepHost, run: StepRun) -> int:
+    """Suspend: the machine's processes stop where they are, memory and all; its reservation
+    is kept, so a resume can never find the room taken."""
+    m = run.machine_id
+    await w.supervisor.running_driver(m).freeze(m, w.supervisor.handle(m))
+    return await advance(w.store, run)
+
+
+@STEPS.implements("thaw")
+async def _thaw(w: StepHost, run: StepRun) -> int:
+    m = run.machine_id
+    await w.supervisor.running_driver(m).thaw(m, w.supervisor.handle(m))
+    return await advance(w.store, run)
 
 
 @STEPS.implements("apply_config")

@@ -109,6 +109,14 @@ CREATE TABLE IF NOT EXISTS machine_secrets (
     machine TEXT PRIMARY KEY,    -- the app's secrets as the machine's last create or update
     sealed TEXT NOT NULL         -- brought them, sealed with the worker's key; never published
 );
+
+CREATE TABLE IF NOT EXISTS machine_versions (
+    machine TEXT NOT NULL,
+    version TEXT NOT NULL,       -- the instance id the config was given with
+    config TEXT NOT NULL,
+    created_at TEXT NOT NULL,
+    PRIMARY KEY (machine, version)
+);
 CREATE INDEX IF NOT EXISTS operations_pending ON operations (machine, id) WHERE done = 0;
 CREATE TABLE IF NOT EXISTS volumes (
     id TEXT PRIMARY KEY,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -24,6 +25,8 @@ from souk.worker.machine_tasks import MachineTasks
 from souk.worker.progress import enqueue
 from souk.worker.storage import patiently
 from souk.worker.store import Store, Tx, now_iso
+
+log = logging.getLogger("souk.worker")
 
 BACKOFF_BASE = 0.05
 BACKOFF_MAX = 10.0
@@ -89,7 +92,14 @@ class Supervisor:
                     adopted = functools.partial(_adopted, row["id"], found)
                     await self._now_or_later(functools.partial(self.store.write, adopted))
                 self.monitor(row["id"])
-            elif row["state"] == "started":
+                if row["state"] == "suspended":
+                    # A frozen group stays frozen without its worker; freezing again (a no-op
+                    # then) also covers a machine stopped with SIGSTOP by a host without one.
+                    try:
+                        await self.drivers.require(row["driver"]).freeze(row["id"], found)
+                    except Exception as exc:  # still adopted; a start thaws it all the same
+                        log.warning("suspended %s not frozen again: %s", row["id"], exc)
+            elif row["state"] in ("started", "suspended"):
                 await self._now_or_later(functools.partial(self._record_exit, row["id"], None))
 
     async def _now_or_later(self, write: Callable[[], Awaitable[object]]) -> None:
@@ -134,7 +144,8 @@ class Supervisor:
             row = queries.existing_machine(tx, machine_id)
             pending = queries.next_operation(tx, machine_id)
             queries.set_exit_code(tx, machine_id, code)
-            if (pending is not None and pending["op"] in STOPPING_OPS) or row["state"] != "started":
+            expected = pending is not None and pending["op"] in STOPPING_OPS
+            if expected or row["state"] not in ("started", "suspended"):
                 tx.log(
                     "machine", machine_id, "event", "exit", row["state"], data={"exit_code": code}
                 )

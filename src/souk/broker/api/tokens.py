@@ -6,14 +6,18 @@ every broker learns of a revocation from the catalog within milliseconds.
 
 from __future__ import annotations
 
+import time
+
 from aiohttp import web
 
 from souk.broker.api.apps import forward_registry
 from souk.broker.api.state import broker_of
-from souk.broker.auth import grant_of
-from souk.broker.tokens import TOKEN_ID, Grant
+from souk.broker.auth import grant_of, presented_token
+from souk.broker.tokens import TOKEN_ID, Grant, apps_caveat, attenuate, expires_caveat
 from souk.models.api import TokenInfo
-from souk.web import ApiError, reply
+from souk.models.duration import parse_duration
+from souk.models.platform import CurrentToken, DeployTokenRequest, DeployTokenResponse, FlyToken
+from souk.web import ApiError, read_model, reply
 
 
 def token_info(grant: Grant) -> TokenInfo:
@@ -32,7 +36,39 @@ def token_info(grant: Grant) -> TokenInfo:
 
 
 async def current(request: web.Request) -> web.Response:
-    return reply(token_info(grant_of(request)))
+    """souk's fields, and Fly's `tokens` list: the token's id, its apps (none listed: every
+    app) and their organisation when they share one."""
+    grant = grant_of(request)
+    info = token_info(grant)
+    orgs = {row.org for row in broker_of(request).fleet.apps() if row.name in (grant.apps or ())}
+    fly = FlyToken(
+        token_id=grant.token_id,
+        apps=info.apps,
+        org_slug=orgs.pop() if len(orgs) == 1 else None,
+    )
+    body = CurrentToken(**info.model_dump(), tokens=[fly]).model_dump()
+    body["tokens"] = [fly.model_dump(exclude_none=True)]
+    return reply(body)
+
+
+async def deploy_token(request: web.Request) -> web.Response:
+    """Fly's app deploy token: the caller's own token attenuated to this one app (and to
+    `expiry` from now, a duration such as "720h"). It can do no more than the caller's, and
+    shares its id: revoking the caller's token revokes it too."""
+    app = request.match_info["app"]
+    broker_of(request).require_app(app)
+    body = await read_model(request, DeployTokenRequest)
+    caveats = [apps_caveat([app])]
+    if body.expiry:
+        try:
+            seconds = parse_duration(body.expiry)
+        except ValueError as exc:
+            raise ApiError(400, "invalid", f"expiry: {exc}") from None
+        if seconds <= 0:
+            raise ApiError(400, "invalid", "expiry: a duration above zero")
+        caveats.append(expires_caveat(time.time() + seconds))
+    token = attenuate(presented_token(request), caveats)
+    return reply(DeployTokenResponse(token=token))
 
 
 async def revoke(request: web.Request) -> web.Response:

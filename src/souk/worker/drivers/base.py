@@ -67,6 +67,18 @@ class Launch:
     volumes: tuple[tuple[str, Path], ...] = ()
 
 
+@dataclass(frozen=True)
+class ExecResult:
+    stdout: bytes
+    stderr: bytes
+    exit_code: int
+    signal: int | None = None  # the signal that ended it, if one did
+
+
+class ExecTimeout(Exception):
+    """The command ran past its timeout; it was killed."""
+
+
 class Driver(Protocol):
     name: str
 
@@ -94,6 +106,24 @@ class Driver(Protocol):
 
     async def cleanup(self, launch: Launch) -> None:
         """Release what the machine held on the host (network, mounts, cgroups)."""
+
+    async def freeze(self, machine_id: str, handle: Handle | None) -> None:
+        """Freeze every process of the machine where it is (suspend); idempotent."""
+
+    async def thaw(self, machine_id: str, handle: Handle | None) -> None:
+        """Let a frozen machine run on (resume); a no-op for one that is not frozen."""
+
+    async def signal(self, machine_id: str, handle: Handle | None, signal: str) -> None:
+        """Send `signal` to the machine's main process, and nothing more."""
+
+    async def exec(
+        self, launch: Launch, handle: Handle | None, argv: list[str], stdin: bytes, timeout: float
+    ) -> ExecResult:
+        """Run `argv` inside the machine (its environment, user, cgroup, namespaces) and
+        collect its output; `ExecTimeout` once `timeout` seconds pass (it is killed then)."""
+
+    async def processes(self, machine_id: str, handle: Handle | None) -> list[int]:
+        """Host pids of the machine's processes, for `ps`."""
 
 
 @dataclass

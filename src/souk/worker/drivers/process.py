@@ -25,8 +25,8 @@ from typing import IO, Any
 from souk.models.machine import MachineProcess
 from souk.worker import procfs
 from souk.worker.cgroups import Cgroups
-from souk.worker.drivers import processes
-from souk.worker.drivers.base import Handle, HostUser, Launch
+from souk.worker.drivers import execs, processes
+from souk.worker.drivers.base import ExecResult, Handle, HostUser, Launch
 from souk.worker.drivers.exits import poll_until_gone, until_gone
 from souk.worker.drivers.processes import SPEC_ENV
 from souk.worker.files import write_files
@@ -166,6 +166,7 @@ class ProcessDriver:
     async def stop(
         self, machine_id: str, handle: Handle | None, signal: str, timeout: float
     ) -> None:
+        await self.thaw(machine_id, handle)  # a frozen process cannot act on its signal
         if handle is not None and procfs.is_alive(handle.pid, handle.pid_start):
             await self._stop_leader(machine_id, handle, signal, timeout)
         await self._kill_remaining(machine_id, handle)
@@ -204,6 +205,65 @@ class ProcessDriver:
             await asyncio.shield(pending)
         else:
             await poll_until_gone(handle, POLL)
+
+    async def freeze(self, machine_id: str, handle: Handle | None) -> None:
+        """The machine's freezer group, where the host has one (and the machine was started
+        in it); else SIGSTOP to each of its processes, which the machine could tell."""
+        if self.cgroups.can_freeze(machine_id):
+            await self.cgroups.freeze(machine_id, True)
+            return
+        for pid in self.remaining(machine_id, handle):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signals.SIGSTOP)
+
+    async def thaw(self, machine_id: str, handle: Handle | None) -> None:
+        if self.cgroups.can_freeze(machine_id):
+            await self.cgroups.freeze(machine_id, False)
+            return
+        for pid in self.remaining(machine_id, handle):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signals.SIGCONT)
+
+    async def signal(self, machine_id: str, handle: Handle | None, signal: str) -> None:
+        if handle is not None and procfs.is_alive(handle.pid, handle.pid_start):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(handle.pid, signals.Signals[signal])
+
+    async def exec(
+        self, launch: Launch, handle: Handle | None, argv: list[str], stdin: bytes, timeout: float
+    ) -> ExecResult:
+        """As the machine runs: its environment (without the marker that tells its main
+        process apart), its user, its directory; then into its cgroups."""
+        env = machine_env(launch)
+        env.pop("SOUK_MARKER", None)
+        # Opened here, by the worker: the command writes "0" (itself) to each before it drops
+        # to the app's user and runs, so not one instruction of it runs outside the machine's
+        # cgroups (the kernel checks the opener's rights, not the writer's).
+        fds = [os.open(p, os.O_WRONLY) for p in self.cgroups.procs_files(launch.machine_id)]
+
+        def join() -> None:
+            for fd in fds:
+                os.write(fd, b"0")
+
+        try:
+            return await execs.run(
+                argv,
+                stdin,
+                timeout,
+                cwd=_workdir(launch),
+                env=env,
+                preexec_fn=join if fds else None,
+                **_identity(launch.user),
+            )
+        except (FileNotFoundError, PermissionError) as exc:  # as a shell answers them
+            code = 127 if isinstance(exc, FileNotFoundError) else 126
+            return ExecResult(b"", f"{argv[0]}: {exc.strerror}\n".encode(), code)
+        finally:
+            for fd in fds:
+                os.close(fd)
+
+    async def processes(self, machine_id: str, handle: Handle | None) -> list[int]:
+        return self.remaining(machine_id, handle)
 
     async def cleanup(self, launch: Launch) -> None:
         self._exits.pop(launch.machine_id, None)

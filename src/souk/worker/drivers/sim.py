@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 
-from souk.worker.drivers.base import Handle, Launch
+from souk.worker.drivers.base import ExecResult, Handle, Launch
 from souk.worker.drivers.exits import ExitCodes
 
 _pids = itertools.count(1_000_000)
@@ -46,3 +46,21 @@ class SimDriver:
 
     async def cleanup(self, launch: Launch) -> None:
         self._exits.pop(launch.machine_id)
+
+    async def freeze(self, machine_id: str, handle: Handle | None) -> None:
+        return None
+
+    async def thaw(self, machine_id: str, handle: Handle | None) -> None:
+        return None
+
+    async def signal(self, machine_id: str, handle: Handle | None, signal: str) -> None:
+        return None
+
+    async def exec(
+        self, launch: Launch, handle: Handle | None, argv: list[str], stdin: bytes, timeout: float
+    ) -> ExecResult:
+        """Nothing runs: the command "succeeds" with no output."""
+        return ExecResult(b"", b"", 0)
+
+    async def processes(self, machine_id: str, handle: Handle | None) -> list[int]:
+        return []
