@@ -87,7 +87,6 @@ UNSUPPORTED: list[tuple[dict[str, Any], str]] = [
     ({"init": {"exec": ["sleep", "1"], "swap_size_mb": 512}}, "config.init.swap_size_mb"),
     ({"init": {"exec": ["sleep", "1"], "kernel_args": ["a"]}}, "config.init.kernel_args"),
     ({"rootfs": {"size_gb": 10}}, "config.rootfs"),
-    ({"mounts": [{"volume": "vol_1", "path": "/data"}]}, "config.mounts"),
     ({"statics": [{"guest_path": "/s", "url_prefix": "/s"}]}, "config.statics"),
     ({"dns": {"nameservers": ["1.1.1.1"]}}, "config.dns"),
     ({"image": "r.example/a:1", "processes": [{"cmd": ["a"]}]}, "config"),

@@ -196,9 +196,9 @@ async def test_exit_events_and_errors_in_flys_shape(fly: Cluster) -> None:
     huge = {**config, "guest": {"cpus": 64, "memory_mb": 1024}}
     body = await call(c, "POST", M, 412, json={"region": "mad", "config": huge})
     assert body["status"] == "insufficient_capacity"
-    mounts = {**config, "mounts": [{"volume": "vol_1", "path": "/data"}]}
-    body = await call(c, "POST", M, 400, json={"region": "mad", "config": mounts})
-    assert body["error"].startswith("config.mounts") and body["code"] == "unsupported"
+    containers = {**config, "containers": [{"name": "a", "image": "x"}]}
+    body = await call(c, "POST", M, 400, json={"region": "mad", "config": containers})
+    assert body["error"].startswith("config.containers") and body["code"] == "unsupported"
     await call(c, "DELETE", f"{M}/{m['id']}")  # stopped: no force needed
 
 

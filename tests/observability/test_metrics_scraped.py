@@ -112,6 +112,7 @@ async def test_each_part_counts_what_the_workload_did(tmp_path: Path) -> None:
                 "targets": [f"{watched['private_ip']}:{PORT}"],
                 "labels": {
                     "__metrics_path__": "/hi",
+                    "__scheme__": "http",
                     "app": "watched",
                     "region": "mad",
                     "machine_id": watched["id"],

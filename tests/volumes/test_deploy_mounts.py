@@ -12,6 +12,7 @@ from souk.cli.deploy.config import loads
 from souk.cli.deploy.progress import Progress
 from souk.cli.deploy.run import deploy
 from souk.clients.machines import MachinesClient
+from souk.models.wire import RELEASE_KEY
 from tests.support.broker_cluster import WorkerSpec, cluster
 from tests.volumes.conftest import sweep
 
@@ -58,14 +59,14 @@ async def test_deploy_makes_a_volume_per_primary_and_keeps_the_pairing(tmp_path:
                 await deploy(api, loads(TOML.format(release=2)), Progress(quiet=True))
                 second = {m.id: m for m in await api.machines("stateful")}
                 assert set(second) == set(first)
-                assert all(m.config.env["RELEASE"] == "2" for m in second.values())
+                assert all(m.config.metadata[RELEASE_KEY] == "2" for m in second.values())
                 assert {m.config.mounts[0].volume: m.worker for m in second.values()} == pairs
                 assert {v.id for v in await api.volumes("stateful")} == set(volumes)
                 # back to the first config (what `souk rollback` deploys): still the same pairs
                 await deploy(api, loads(TOML.format(release=1)), Progress(quiet=True))
                 third = await api.machines("stateful")
                 assert {m.config.mounts[0].volume: m.worker for m in third} == pairs
-                assert all(m.config.env["RELEASE"] == "1" for m in third)
+                assert all(m.config.metadata[RELEASE_KEY] == "3" for m in third)
     finally:
         for i in (1, 2, 3):
             sweep(tmp_path / f"m{i}")
