@@ -27,7 +27,7 @@ from souk.models.machine import (
     MachineState,
     MetadataChange,
 )
-from souk.worker import admission, leases, queries
+from souk.worker import admission, holds, leases, queries
 from souk.worker.check_following import CheckFollowing
 from souk.worker.checks import HealthChecks
 from souk.worker.drivers.base import Drivers
@@ -49,6 +49,7 @@ class Engine:
         self.store = Store(settings.db_path, durable=settings.durable)
         self.marked_here: set[str] = set()  # spawn markers no earlier worker run can have used
         self.runner = Runner(self.store, self)
+        self.holds = holds.HoldKeeper(self.store, self.runner.kick)
         self.supervisor = Supervisor(self.store, drivers, self.runner.kick)
         self.checks = HealthChecks()
         self.following = CheckFollowing(self.store, self.checks)
@@ -89,8 +90,10 @@ class Engine:
             self.runner.kick(machine_id)
         # results are not kept across restarts
         self.following.sync(queries.started_ids(self.store.read))
+        self.holds.start()  # holds whose deadline passed while the worker was down end now
 
     async def close(self) -> None:
+        await self.holds.close()
         tasks = [*self.runner.tasks.cancel(), *self.supervisor.cancel()]
         await asyncio.gather(*tasks, return_exceptions=True)
         await self.checks.close()
@@ -99,13 +102,29 @@ class Engine:
 
     # --- accepting work ----------------------------------------------------------------------
 
-    async def create(self, req: CreateMachine) -> Machine:
+    async def create(self, req: CreateMachine, hold: float | None = None) -> Machine:
+        """`hold`: seconds the machine stays provisional (see `holds`) unless confirmed."""
         machine_id = req.id or admission.new_machine_id()
         admission.check_runnable(self.drivers, self.settings, req.config)
-        await self.store.write(lambda tx: admission.create(tx, self.settings, machine_id, req))
+        until = None if hold is None else time.time() + min(max(hold, 0.0), holds.MAX_HOLD)
+
+        def record(tx: Tx) -> None:
+            admission.create(tx, self.settings, machine_id, req, until)
+
+        await self.store.write(record)
         if req.start:
             self.runner.kick(machine_id)
+        if until is not None:
+            self.holds.poke()
         return self.get(machine_id, events=False)
+
+    async def confirm(self, machine_ids: list[str]) -> dict[str, str]:
+        """End the holds of these machines: their creator has answered its client."""
+        return await self.store.write(lambda tx: holds.confirm(tx, machine_ids))
+
+    def provisional_until(self, machine_id: str) -> float | None:
+        """The deadline of the machine's hold, or None once confirmed (or never held)."""
+        return queries.hold_until(self.store.read, machine_id)
 
     async def submit(
         self,

@@ -11,7 +11,7 @@ agree.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import get_args
+from typing import Literal, get_args
 
 from souk.models.machine import MachineState
 
@@ -75,6 +75,18 @@ OPERATIONS: dict[str, Operation] = {
 
 STEP_NAMES: frozenset[str] = frozenset(s.name for op in OPERATIONS.values() for s in op.steps)
 
+# A machine a broker creates is *provisional* until that broker confirms it has answered its
+# client: if no confirmation comes before the hold's deadline (kept in SQLite, so a restart keeps
+# it), the worker destroys the machine itself. The hold runs beside the machine's state: a
+# provisional machine starts, runs and holds its capacity like any other.
+HoldState = Literal["provisional", "confirmed", "expired"]
+HOLD_TRANSITIONS: dict[HoldState, frozenset[HoldState]] = {
+    "provisional": frozenset({"confirmed", "expired"}),
+    "confirmed": frozenset(),
+    "expired": frozenset(),
+}
+HOLD_EXPIRES_WITH = "destroy"  # the operation an expired hold queues, forced
+
 
 class IllegalTransition(Exception):
     def __init__(self, current: MachineState, wanted: MachineState) -> None:
@@ -104,6 +116,12 @@ def markdown() -> str:
         allowed = ", ".join(f"`{s}`" for s in sorted(op.allowed_from))
         ends = f"`{op.ends_in}`" if op.ends_in else "unchanged"
         lines.append(f"| {op.name} | {allowed} | {steps} | {ends} |")
+    lines += ["", "| hold | may go to |", "| --- | --- |"]
+    lines += [
+        f"| `{h}` | {', '.join(f'`{t}`' for t in sorted(HOLD_TRANSITIONS[h])) or '—'} |"
+        for h in HOLD_TRANSITIONS
+    ]
+    lines.append(f"\nAn expired hold queues a forced `{HOLD_EXPIRES_WITH}`.")
     return "\n".join(lines) + "\n"
 
 

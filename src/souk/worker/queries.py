@@ -330,6 +330,33 @@ def finish_operations(db: Db, machine_id: str, next_step: int) -> None:
     )
 
 
+# --- provisional holds --------------------------------------------------------------------------
+
+
+def insert_hold(db: Db, machine_id: str, until: float) -> None:
+    db.execute("INSERT OR REPLACE INTO holds VALUES (?, ?)", (machine_id, until))
+
+
+def hold_until(db: Db, machine_id: str) -> float | None:
+    row = _one(db, "SELECT until FROM holds WHERE machine = ?", (machine_id,))
+    return None if row is None else float(row["until"])
+
+
+def delete_hold(db: Db, machine_id: str) -> bool:
+    """Whether the machine was held."""
+    return db.execute("DELETE FROM holds WHERE machine = ?", (machine_id,)).rowcount > 0
+
+
+def next_hold(db: Db) -> float | None:
+    row = _one(db, "SELECT MIN(until) FROM holds")
+    return None if row is None or row[0] is None else float(row[0])
+
+
+def due_holds(db: Db, now: float, limit: int = BATCH) -> list[str]:
+    rows = db.execute("SELECT machine FROM holds WHERE until <= ? LIMIT ?", (now, limit))
+    return [row[0] for row in rows]
+
+
 # --- capacity -----------------------------------------------------------------------------------
 
 

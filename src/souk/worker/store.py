@@ -106,6 +106,11 @@ CREATE TABLE IF NOT EXISTS operations (
     created_at REAL NOT NULL
 );
 CREATE INDEX IF NOT EXISTS operations_pending ON operations (machine, id) WHERE done = 0;
+CREATE TABLE IF NOT EXISTS holds (
+    machine TEXT PRIMARY KEY,    -- a provisional machine: its creator has not confirmed it yet
+    until REAL NOT NULL          -- wall-clock deadline: unconfirmed then, the worker destroys it
+);
+CREATE INDEX IF NOT EXISTS holds_until ON holds (until);
 """
 
 

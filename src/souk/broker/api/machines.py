@@ -10,7 +10,7 @@ from aiohttp import web
 
 from souk.broker.api import leases
 from souk.broker.api.params import flag, lease_nonce, machine_ids, policy, strategy
-from souk.broker.api.state import IDEMPOTENCY, broker_of
+from souk.broker.api.state import IDEMPOTENCY, Broker, broker_of
 from souk.broker.auth import grant_of
 from souk.broker.placement.pipeline import NoCapacity
 from souk.broker.placement.reservation import keyed_prefix
@@ -66,7 +66,7 @@ async def list_machines(request: web.Request) -> web.Response:
     return reply(out)
 
 
-async def create_machine(request: web.Request) -> web.Response:
+async def create_machine(request: web.Request) -> web.StreamResponse:
     b = broker_of(request)
     app = request.match_info["app"]
     body = await read_model(request, CreateMachineRequest)
@@ -78,8 +78,8 @@ async def create_machine(request: web.Request) -> web.Response:
     prefix = idempotency_prefix(request, app)
     if prefix is not None:
         earlier = await b.keyed(app, prefix, body.region)
-        if earlier is not None:
-            return reply(public(earlier))
+        if earlier is not None:  # a retry: a broker killed before it answered left it unconfirmed
+            return await answered(request, public(earlier), b, _address(b, earlier, body.region))
     try:
         machine = await b.placer.place(
             body.region,
@@ -104,18 +104,36 @@ async def create_machine(request: web.Request) -> web.Response:
                 "refusals": [r.model_dump() for r in exc.refusals],
             },
         ) from None
-    worker = b.fleet.worker(machine.worker)
-    address = worker.address if worker else ""
-    if not address:
-        for row in b.fleet.workers(region=body.region, reachable_only=False):
-            if row.id == machine.worker:
-                address = row.address
+    address = _address(b, machine, body.region)
     b.hint(machine, address)
     nonce = None
     if body.lease_ttl:
         lease = WorkerLeaseRequest(ttl=body.lease_ttl, owner=grant_of(request).token_id)
         nonce = (await leases.take(b, app, machine.id, lease)).nonce
-    return reply(public(machine, nonce))
+    return await answered(request, public(machine, nonce), b, address)
+
+
+def _address(b: Broker, machine: Machine, region: str) -> str:
+    worker = b.fleet.worker(machine.worker)
+    address = worker.address if worker else ""
+    if not address:
+        for row in b.fleet.workers(region=region, reachable_only=False):
+            if row.id == machine.worker:
+                address = row.address
+    return address
+
+
+async def answered(
+    request: web.Request, machine: PublicMachine, b: Broker, address: str
+) -> web.Response:
+    """Send the created machine to the client, then confirm it to its worker: a machine whose
+    answer could not be sent stays provisional there and is destroyed when its hold ends."""
+    response = reply(machine, status=200)
+    await response.prepare(request)
+    await response.write_eof()
+    if address:
+        b.placer.reserver.confirm(machine.worker, address, machine.id)
+    return response
 
 
 def idempotency_prefix(request: web.Request, app: str) -> str | None:
