@@ -59,6 +59,7 @@ class Waker:
         self._flights: dict[str, asyncio.Task[Backend | None]] = {}
         self._lost: dict[str, tuple[str, float]] = {}  # lost machine id -> (app, when seen)
         self._tasks: set[asyncio.Task[Any]] = set()
+        self.starting: set[str] = set()  # machines being started by a flight, until they accept
         self.starts = 0  # machines this proxy asked the broker to start
 
     # --- scale from zero / more room ---------------------------------------------------------
@@ -145,10 +146,12 @@ class Waker:
         # In use while it starts: a machine slower to accept than the idle timeout must not be
         # stopped by autostop under the request that woke it.
         self.router.loads.acquire(row.id)
+        self.starting.add(row.id)
         try:
             if not await self._started(row, backend, deadline):
                 return None
         finally:
+            self.starting.discard(row.id)
             self.router.loads.release(row.id, row.app)
         self.router.marks.woke(row)
         self.router.marks.clear("failed", row.id)
