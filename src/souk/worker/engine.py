@@ -48,6 +48,7 @@ class Engine:
         settings.data_dir.mkdir(parents=True, exist_ok=True)
         self.store = Store(settings.db_path, durable=settings.durable)
         self.marked_here: set[str] = set()  # spawn markers no earlier worker run can have used
+        self.pending_at_boot: set[int] = set()  # operations queued before this run began
         self.runner = Runner(self.store, self)
         self.holds = holds.HoldKeeper(self.store, self.runner.kick)
         self.supervisor = Supervisor(self.store, drivers, self.runner.kick)
@@ -85,6 +86,7 @@ class Engine:
             )
         except StorageFault:  # informative only; the worker serves (and says why) all the same
             pass
+        self.pending_at_boot = queries.pending_operation_ids(self.store.read)
         await self.supervisor.adopt()
         for machine_id in queries.machines_with_pending(self.store.read):
             self.runner.kick(machine_id)

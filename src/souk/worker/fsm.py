@@ -33,6 +33,10 @@ TRANSITIONS: dict[MachineState, frozenset[MachineState]] = {
 class Step:
     name: str
     enters: MachineState | None = None  # the state the machine is in once this step is logged
+    # Logged in the next step's commit (one fsync for both) when the worker that accepted the
+    # operation runs it: a crash between them resumes at this step, which must then find and
+    # adopt whatever the next step may have started.
+    with_next: bool = False
 
 
 @dataclass(frozen=True)
@@ -43,7 +47,7 @@ class Operation:
     ends_in: MachineState | None  # None: the state it was accepted from
 
 
-_START = (Step("begin_start", "starting"), Step("spawn", "started"))
+_START = (Step("begin_start", "starting", with_next=True), Step("spawn", "started"))
 _STOP = (Step("begin_stop", "stopping"), Step("signal"), Step("end_stop", "stopped"))
 
 OPERATIONS: dict[str, Operation] = {
@@ -112,10 +116,14 @@ def markdown() -> str:
         "| --- | --- | --- | --- |",
     ]
     for op in OPERATIONS.values():
-        steps = " → ".join(f"{s.name}" + (f" (`{s.enters}`)" if s.enters else "") for s in op.steps)
+        steps = " → ".join(
+            f"{s.name}" + (f" (`{s.enters}`)" if s.enters else "") + ("+" if s.with_next else "")
+            for s in op.steps
+        )
         allowed = ", ".join(f"`{s}`" for s in sorted(op.allowed_from))
         ends = f"`{op.ends_in}`" if op.ends_in else "unchanged"
         lines.append(f"| {op.name} | {allowed} | {steps} | {ends} |")
+    lines.append("\nA step marked + is committed together with the step after it.")
     lines += ["", "| hold | may go to |", "| --- | --- |"]
     lines += [
         f"| `{h}` | {', '.join(f'`{t}`' for t in sorted(HOLD_TRANSITIONS[h])) or '—'} |"

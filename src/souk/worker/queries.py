@@ -306,9 +306,19 @@ def queued_after(db: Db, machine_id: str, op_id: int) -> bool:
     return _one(db, sql, (machine_id, op_id)) is not None
 
 
+def pending_operation_ids(db: Db) -> set[int]:
+    return {row[0] for row in db.execute("SELECT id FROM operations WHERE done = 0")}
+
+
 def machines_with_pending(db: Db) -> list[str]:
     rows = db.execute("SELECT DISTINCT machine FROM operations WHERE done = 0")
     return [row["machine"] for row in rows]
+
+
+def operation_progress(db: Db, op_id: int) -> int:
+    """The index of the operation's first step not logged yet."""
+    row = _one(db, "SELECT next_step FROM operations WHERE id = ?", (op_id,))
+    return 0 if row is None else int(row["next_step"])
 
 
 def set_progress(db: Db, op_id: int, next_step: int, done: bool) -> None:

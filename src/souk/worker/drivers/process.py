@@ -86,7 +86,12 @@ class ProcessDriver:
                     " every directory above it must be open to others",
                 ) from exc
         guest = launch.config.guest
-        self.cgroups.limit(launch.machine_id, proc.pid, guest.cpus, guest.memory_mb)
+        # Off the spawn's path: run on the loop's next turn, while the spawn's commit is being
+        # made durable (it finishes later: its result comes from the store's thread), so the
+        # limits are in place before the machine is reported started.
+        asyncio.get_running_loop().call_soon(
+            self.cgroups.limit, launch.machine_id, proc.pid, guest.cpus, guest.memory_mb
+        )
         started = procfs.start_time(proc.pid) or "0"
         self._exits[launch.machine_id] = asyncio.ensure_future(proc.wait())
         return Handle(proc.pid, started)
