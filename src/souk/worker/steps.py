@@ -142,16 +142,19 @@ async def _spawn(w: StepHost, run: StepRun) -> int:
     if kind == "image":  # prepared means pulled: the cache (and the catalog) has it now
         await sync_images(w.store, w.drivers.images)
     handle = await driver.spawn(launch)
-    following = await advance(
-        w.store,
-        run,
-        {"pid": handle.pid, "driver": kind},
-        after=min(logged, run.index),
-        marker=launch.marker,
-        pid=handle.pid,
-        pid_start=handle.pid_start,
-        driver=kind,
-        exit_code=None,
+    following, _ = await asyncio.gather(
+        advance(
+            w.store,
+            run,
+            {"pid": handle.pid, "driver": kind},
+            after=min(logged, run.index),
+            marker=launch.marker,
+            pid=handle.pid,
+            pid_start=handle.pid_start,
+            driver=kind,
+            exit_code=None,
+        ),
+        driver.settled(run.machine_id),
     )
     w.supervisor.monitor(run.machine_id)
     return following

@@ -14,9 +14,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import os
 import shutil
 import signal as signals
+import stat
+import time
 from pathlib import Path
 from typing import IO, Any
 
@@ -26,6 +29,7 @@ from souk.worker.drivers.base import Handle, HostUser, Launch
 from souk.worker.drivers.exits import poll_until_gone, until_gone
 
 POLL = 0.05
+SETPRIV_WAIT = 1.0  # at most this long for setpriv to become the machine's command
 
 
 def machine_env(launch: Launch) -> dict[str, str]:
@@ -55,6 +59,26 @@ class ProcessDriver:
     def __init__(self, cgroups: Cgroups) -> None:
         self.cgroups = cgroups
         self._exits: dict[str, asyncio.Future[int | None]] = {}
+        self._settling: dict[str, asyncio.Future[None]] = {}
+
+    async def settled(self, machine_id: str) -> None:
+        pending = self._settling.pop(machine_id, None)
+        if pending is not None:
+            await pending
+
+    def _settle(self, machine_id: str, pid: int, cpus: int, memory_mb: int, setpriv: bool) -> None:
+        self.cgroups.limit(machine_id, pid, cpus, memory_mb)
+        if not setpriv or SETPRIV is None:
+            return
+        wrapper = os.path.realpath(SETPRIV)
+        deadline = time.monotonic() + SETPRIV_WAIT
+        while time.monotonic() < deadline:
+            try:
+                if os.readlink(f"/proc/{pid}/exe") != wrapper:
+                    return
+            except OSError:  # gone already: its exit is the monitor's to report
+                return
+            time.sleep(0.0005)
 
     async def prepare(self, launch: Launch) -> None:
         _workdir(launch).mkdir(parents=True, exist_ok=True)
@@ -64,7 +88,8 @@ class ProcessDriver:
             return running
         workdir = _workdir(launch)
         workdir.mkdir(parents=True, exist_ok=True)
-        argv = launch.config.argv()
+        env = machine_env(launch)
+        argv, identity = _as_user(launch.config.argv(), launch.user, env, workdir)
         with _log(launch.rundir / "stdout.log") as out, _log(launch.rundir / "stderr.log") as err:
             try:
                 proc = await asyncio.create_subprocess_exec(
@@ -73,24 +98,28 @@ class ProcessDriver:
                     stdout=out,
                     stderr=err,
                     cwd=workdir,
-                    env=machine_env(launch),
+                    env=env,
                     start_new_session=True,
-                    **_identity(launch.user),
+                    **identity,
                 )
             except PermissionError as exc:
                 if launch.user is None:
                     raise
-                raise PermissionError(
-                    exc.errno,
-                    f"the app's host user (uid {launch.user.uid}) may not run {argv[0]}: it and"
-                    " every directory above it must be open to others",
-                ) from exc
+                raise _not_for(launch.user, argv[-1], exc.errno or errno.EACCES) from exc
         guest = launch.config.guest
-        # Off the spawn's path: run on the loop's next turn, while the spawn's commit is being
-        # made durable (it finishes later: its result comes from the store's thread), so the
-        # limits are in place before the machine is reported started.
-        asyncio.get_running_loop().call_soon(
-            self.cgroups.limit, launch.machine_id, proc.pid, guest.cpus, guest.memory_mb
+        # In a thread, awaited beside the spawn's commit (`settled`): moving a process into a
+        # cgroup waits for the kernel (an RCU grace period) for as long as a commit takes.
+        # Through setpriv, the process is itself only once setpriv has dropped to the app's
+        # ids and run the command: it is not reported started before.
+        self._settling[launch.machine_id] = asyncio.ensure_future(
+            asyncio.to_thread(
+                self._settle,
+                launch.machine_id,
+                proc.pid,
+                guest.cpus,
+                guest.memory_mb,
+                argv[0] == SETPRIV,
+            )
         )
         started = procfs.start_time(proc.pid) or "0"
         self._exits[launch.machine_id] = asyncio.ensure_future(proc.wait())
@@ -182,12 +211,48 @@ def _workdir(launch: Launch) -> Path:
     return launch.home or launch.rundir / "work"
 
 
-def _identity(user: HostUser | None) -> dict[str, Any]:
-    """What subprocess needs to start the process as the app's user; nothing to drop unless the
-    worker is root."""
+SETPRIV = shutil.which("setpriv")  # util-linux
+
+
+def _as_user(
+    argv: list[str], user: HostUser | None, env: dict[str, str], cwd: Path
+) -> tuple[list[str], dict[str, Any]]:
+    """The command line and subprocess arguments that run `argv` as the app's user; nothing to
+    drop unless the worker is root.
+
+    Through `setpriv` when the host has it: Python forks the whole worker (no vfork) when asked
+    to change ids itself, which costs tens of milliseconds on a worker of some size, against a
+    few for a vfork and `setpriv`'s own setuid and exec. What that would refuse only at its own
+    exec (a command not found, or not open to others) is refused here first, as before."""
     if user is None or os.geteuid() != 0:
-        return {}
-    return {"user": user.uid, "group": user.gid, "extra_groups": []}
+        return argv, {}
+    if SETPRIV is None:
+        return argv, {"user": user.uid, "group": user.gid, "extra_groups": []}
+    found = shutil.which(argv[0], path=env.get("PATH")) if "/" not in argv[0] else argv[0]
+    if found is None or not (cwd / found).exists():
+        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), argv[0])
+    if not _open_to_others(cwd / found):
+        raise _not_for(user, argv[0], errno.EACCES)
+    ids = [f"--reuid={user.uid}", f"--regid={user.gid}", "--clear-groups"]
+    return [SETPRIV, *ids, "--", *argv], {}
+
+
+def _open_to_others(path: Path) -> bool:
+    """Executable by others, and every directory above it searchable by them."""
+    try:
+        if not os.stat(path).st_mode & stat.S_IXOTH:
+            return False
+        return all(os.stat(d).st_mode & stat.S_IXOTH for d in path.resolve().parents)
+    except OSError:
+        return False
+
+
+def _not_for(user: HostUser, command: str, code: int) -> PermissionError:
+    return PermissionError(
+        code,
+        f"the app's host user (uid {user.uid}) may not run {command}: it and every directory"
+        " above it must be open to others",
+    )
 
 
 def _log(path: Path) -> IO[bytes]:
