@@ -59,6 +59,8 @@ async def test_scale_from_zero_starts_one_machine_then_idle_stops_it(tmp_path: P
         (woken,) = answered
         assert woken in ids[:2]  # a machine of the proxy's own region
         assert c.proxy.waker.starts == 1
+        # every request followed that one start: none was sent before the port accepted
+        assert c.proxy.forwarder.stats["connect_failures"] == 0
         states = {mid: await c.state("hello", mid) for mid in ids}
         assert [mid for mid, s in states.items() if s == "started"] == [woken]
 

@@ -22,7 +22,14 @@ import orjson
 from pydantic import BaseModel, TypeAdapter
 
 from souk.clients.http import ClientError, HttpClient, Tls
-from souk.models.api import NONCE_HEADER, Lease, WorkerLeaseRequest
+from souk.models.api import (
+    HOLD_HEADER,
+    NONCE_HEADER,
+    ConfirmationResult,
+    Confirmations,
+    Lease,
+    WorkerLeaseRequest,
+)
 from souk.models.capacity import Capacity, Offer, OfferRequest
 from souk.models.machine import (
     CreateMachine,
@@ -129,9 +136,11 @@ class WorkerClient(HttpClient):
         timeout: float = DEFAULT_TIMEOUT,
         nonce: str | None = None,
         accept: tuple[int, ...] = (),
+        headers: dict[str, str] | None = None,
     ) -> Any:
         """The decoded JSON answer of a call (None for an empty one)."""
-        headers = {NONCE_HEADER: nonce} if nonce else None
+        if nonce:
+            headers = {**(headers or {}), NONCE_HEADER: nonce}
         fail = functools.partial(WorkerError, worker)
         url = base + path
         name = self._server_name(worker, base)
@@ -170,8 +179,24 @@ class WorkerClient(HttpClient):
 
     # --- machines ----------------------------------------------------------------------
 
-    async def create(self, worker: str, base: str, req: CreateMachine, timeout: float) -> Machine:
-        return await self._action(worker, base, "POST", "/v1/machines", req, timeout=timeout)
+    async def create(
+        self, worker: str, base: str, req: CreateMachine, timeout: float, hold: float | None = None
+    ) -> Machine:
+        """`hold`: the machine is provisional for that many seconds: the worker destroys it
+        unless `confirm` reaches it first."""
+        headers = None if hold is None else {HOLD_HEADER: f"{hold:g}"}
+        data = await self._request(
+            worker, base, "POST", "/v1/machines", req, timeout=timeout, headers=headers
+        )
+        return Machine.model_validate(data)
+
+    async def confirm(
+        self, worker: str, base: str, machine_ids: list[str], timeout: float = DEFAULT_TIMEOUT
+    ) -> ConfirmationResult:
+        """End the provisional holds of machines whose creation was answered to a client."""
+        body = Confirmations(ids=machine_ids)
+        data = await self._request(worker, base, "POST", "/v1/confirmations", body, timeout=timeout)
+        return ConfirmationResult.model_validate(data)
 
     async def machine(
         self, worker: str, base: str, machine_id: str, timeout: float = DEFAULT_TIMEOUT

@@ -15,6 +15,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from souk.models.machine import APP_NAME, Machine, MachineConfig, check_metadata_size_in_model
 
 NONCE_HEADER = "fly-machine-lease-nonce"
+# Sent by a broker with a create: seconds the worker holds the machine as provisional, destroying
+# it unless the broker confirms (POST /v1/confirmations) that it answered its client.
+HOLD_HEADER = "souk-provisional-hold"
 
 REGION_NAME = re.compile(r"^[a-z][a-z0-9-]{1,31}\Z")
 Strategy = Literal["auto", "offers", "p2c", "catalog"]
@@ -146,6 +149,18 @@ class WorkerLeaseRequest(CreateLeaseRequest):
     """What a broker asks a worker for: a lease request plus who is asking."""
 
     owner: str = Field("", max_length=256)
+
+
+class Confirmations(Strict):
+    """Machines whose creator answered its client: their provisional holds end."""
+
+    ids: list[str] = Field(min_length=1, max_length=1000)
+
+
+class ConfirmationResult(BaseModel):
+    """Each id's hold: confirmed, expired (too late: being destroyed) or unknown."""
+
+    holds: dict[str, Literal["confirmed", "expired", "unknown"]]
 
 
 class Lease(BaseModel):

@@ -16,6 +16,7 @@ waits for its port instead, if nothing else can take it).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -54,6 +55,12 @@ APP_CACHE_FOR = 5.0  # seconds an answer about an app's existence is reused
 CONNECT_TIMEOUT = 3.0
 READ_TIMEOUT = 300.0  # seconds of silence from a backend before the request fails
 
+# A machine just started may listen with a small backlog (Python's socketserver: 5): a burst of
+# connections beyond it is dropped, and each dropped connect costs a 1 s SYN retransmit. Until it
+# has answered WARM_AFTER requests, at most WARM_IN_FLIGHT wait on it for their answer at once.
+WARM_IN_FLIGHT = 4
+WARM_AFTER = 8
+WARM_FOR = 30.0  # seconds after which a machine that never answered is no longer held back
 MACHINE_HEADER = "souk-machine"
 REGION_HEADER = "souk-region"
 
@@ -152,6 +159,39 @@ def make_session() -> aiohttp.ClientSession:
     )
 
 
+class Warmup:
+    """Machines this proxy just started, whose requests pass WARM_IN_FLIGHT at a time until
+    they have been answered WARM_AFTER times."""
+
+    def __init__(self) -> None:
+        self._gates: dict[str, tuple[asyncio.Semaphore, list[int], float]] = {}
+
+    def begin(self, machine_id: str) -> None:
+        now = time.monotonic()
+        if machine_id in self._gates:
+            return
+        for stale in [m for m, (_, _, t) in self._gates.items() if now - t > WARM_FOR]:
+            del self._gates[stale]
+        self._gates[machine_id] = (asyncio.Semaphore(WARM_IN_FLIGHT), [0], now)
+
+    def warming(self, machine_id: str) -> bool:
+        return machine_id in self._gates
+
+    @contextlib.asynccontextmanager
+    async def gate(self, machine_id: str) -> AsyncIterator[None]:
+        """Around a request until its answer's headers arrive."""
+        entry = self._gates.get(machine_id)
+        if entry is None:
+            yield
+            return
+        sem, answered, _ = entry
+        async with sem:
+            yield
+        answered[0] += 1
+        if answered[0] >= WARM_AFTER and self._gates.get(machine_id) is entry:
+            del self._gates[machine_id]
+
+
 class Forwarder:
     def __init__(
         self,
@@ -174,6 +214,7 @@ class Forwarder:
         self.start_timeout = start_timeout
         self._apps: dict[str, tuple[bool, float]] = {}
         self.upstream_seconds: Off = OFF  # the proxy's histogram, once it has metrics
+        self.warmup = Warmup()
         self.stats: dict[str, int] = {
             "requests": 0,
             "retries": 0,
@@ -194,7 +235,7 @@ class Forwarder:
         for attempt in range(MAX_ATTEMPTS):
             if attempt:
                 self.stats["retries"] += 1
-            backend = await self._backend(app, frozenset(exclude), deadline)
+            backend = await self._backend(app, frozenset(exclude), deadline, wake=not fresh)
             if isinstance(backend, web.Response):
                 late = await self._late(fresh, deadline)
                 if late is None:
@@ -238,6 +279,7 @@ class Forwarder:
                 for task in done:
                     if task.result():
                         self.loads.acquire(polls[task].id)
+                        self.warmup.begin(polls[task].id)
                         return polls[task]
             return None
         finally:
@@ -245,22 +287,40 @@ class Forwarder:
                 task.cancel()
 
     async def _backend(
-        self, app: str, exclude: frozenset[str], deadline: float
+        self, app: str, exclude: frozenset[str], deadline: float, wake: bool = True
     ) -> Backend | web.Response:
-        """A backend with the request counted against it, or the error answer."""
+        """A backend with the request counted against it, or the error answer. `wake`: False
+        when a machine that just started is already there to wait for (another start would
+        only take longer)."""
         while True:
             choice = self.router.choose(app, exclude)
             self._report_lost(choice)
-            if choice.backend is not None:
+            backend = choice.backend
+            starting = backend is not None and backend.id in self.waker.starting
+            if backend is not None and starting and self.waker.waking(app):
+                # the catalog shows it started before its port accepts: follow the start
+                self.loads.release(backend.id, app)
+                woken = await self.waker.wake(app)
+                if woken is not None and woken.id not in exclude:
+                    self.loads.acquire(woken.id)
+                    self.warmup.begin(woken.id)
+                    return woken
+                continue
+            if backend is not None:
                 if choice.over_soft:
                     self.waker.wake_soon(app)
-                return choice.backend
+                return backend
             if choice.serving == 0 and not await self._app_exists(app):
                 self.stats["app_not_found"] += 1
                 return json_error(404, "app_not_found", f"no app named {app!r}")
+            if not wake:  # not counted: the caller waits for the machine that just started
+                return json_error(
+                    503, "no_machines", f"{app} has no machine that can take requests"
+                )
             woken = await self.waker.wake(app)
             if woken is not None and woken.id not in exclude:
                 self.loads.acquire(woken.id)
+                self.warmup.begin(woken.id)
                 return woken
             if choice.serving == 0 or time.monotonic() >= deadline:
                 break
@@ -309,14 +369,15 @@ class Forwarder:
         began = time.perf_counter()
         try:
             try:
-                upstream = await self.session.request(
-                    request.method,
-                    backend.url + request.rel_url.raw_path_qs,
-                    headers=upstream_headers(request),
-                    data=body.stream(),
-                    allow_redirects=False,
-                    skip_auto_headers=("User-Agent", "Accept-Encoding", "Content-Type"),
-                )
+                async with self.warmup.gate(backend.id):
+                    upstream = await self.session.request(
+                        request.method,
+                        backend.url + request.rel_url.raw_path_qs,
+                        headers=upstream_headers(request),
+                        data=body.stream(),
+                        allow_redirects=False,
+                        skip_auto_headers=("User-Agent", "Accept-Encoding", "Content-Type"),
+                    )
             except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
                 log.info("%s of %s refused a connection: %s", backend.id, app, exc)
                 return "connect"

@@ -61,6 +61,7 @@ class Waker:
         self._flights: dict[str, asyncio.Task[Backend | None]] = {}
         self._lost: dict[str, tuple[str, float]] = {}  # lost machine id -> (app, when seen)
         self._tasks: set[asyncio.Task[Any]] = set()
+        self.starting: set[str] = set()  # machines being started by a flight, until they accept
         self.starts = 0  # machines this proxy asked the broker to start
         self.metrics: ProxyMetrics | None = None
 
@@ -155,12 +156,14 @@ class Waker:
         # In use while it starts: a machine slower to accept than the idle timeout must not be
         # stopped by autostop under the request that woke it.
         self.router.loads.acquire(row.id)
+        self.starting.add(row.id)
         try:
             if not await self._started(row, backend, deadline):
                 if self.metrics is not None:
                     self.metrics.cold_starts["failed"].inc()
                 return None
         finally:
+            self.starting.discard(row.id)
             self.router.loads.release(row.id, row.app)
         if self.metrics is not None:
             self.metrics.cold_starts["ok"].inc()

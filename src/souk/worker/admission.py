@@ -159,8 +159,15 @@ class Fences:
 # --- requests -----------------------------------------------------------------------------------
 
 
-def create(tx: Tx, settings: WorkerSettings, machine_id: str, req: CreateMachine) -> None:
-    """Reserve the guest and record the machine; queue its start if asked."""
+def create(
+    tx: Tx,
+    settings: WorkerSettings,
+    machine_id: str,
+    req: CreateMachine,
+    hold_until: float | None = None,
+) -> None:
+    """Reserve the guest and record the machine; queue its start if asked. With `hold_until`,
+    the machine is provisional until then (see `holds`), in this same commit."""
     guest = req.config.guest
     cap = capacity(tx, settings)
     found = _misfit(guest, guest.cpus, guest.memory_mb, cap, cordoned=cap.cordoned)
@@ -197,6 +204,9 @@ def create(tx: Tx, settings: WorkerSettings, machine_id: str, req: CreateMachine
         data={"app": req.app, "guest": guest.model_dump()},
     )
     reserve(tx, settings, guest.cpus, guest.memory_mb, 1, f"machine {machine_id}")
+    if hold_until is not None:
+        queries.insert_hold(tx, machine_id, hold_until)
+        tx.log("machine", machine_id, "hold", "provisional", None, data={"until": hold_until})
     if req.start:
         enqueue(tx, machine_id, OPERATIONS["start"], "created", {})
 

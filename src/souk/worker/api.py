@@ -8,7 +8,14 @@ from typing import cast, get_args
 
 from aiohttp import web
 
-from souk.models.api import NONCE_HEADER, Lease, WorkerLeaseRequest
+from souk.models.api import (
+    HOLD_HEADER,
+    NONCE_HEADER,
+    ConfirmationResult,
+    Confirmations,
+    Lease,
+    WorkerLeaseRequest,
+)
 from souk.models.capacity import Capacity, Offer, OfferRequest
 from souk.models.errors import ErrorBody
 from souk.models.machine import (
@@ -54,6 +61,7 @@ from souk.worker.errors import (
     TimedOut,
     WorkerError,
 )
+from souk.worker.holds import MAX_HOLD
 from souk.worker.status import WorkerStatus
 
 MAX_WAIT = 60.0
@@ -99,6 +107,7 @@ ACCESS = AccessTable(
         "GET /v1/status": _BROKERS,
         "POST /v1/offers": _BROKERS,
         "POST /v1/machines": _BROKERS,
+        "POST /v1/confirmations": _BROKERS,
         "GET /v1/machines": _BROKERS,
         f"GET {_M}": _BROKERS,
         f"PUT {_M}": _BROKERS,
@@ -162,15 +171,31 @@ def _routes(engine: Engine) -> list[Route]:
             " this create came too late"
         )
 
+    def hold(request: web.Request) -> float | None:
+        raw = request.headers.get(HOLD_HEADER)
+        if raw is None:
+            return None
+        try:
+            seconds = float(raw)
+        except ValueError:
+            seconds = -1.0
+        if not 0 < seconds <= MAX_HOLD:
+            raise ApiError(400, "invalid", f"{HOLD_HEADER}: seconds, above 0, at most {MAX_HOLD:g}")
+        return seconds
+
     async def create(request: web.Request) -> web.Response:
         body = await read_model(request, CreateMachine)
         if fences.holds(body.id):
             raise fenced(body.id or "")
-        machine = await engine.create(body)
+        machine = await engine.create(body, hold(request))
         if fences.holds(machine.id):  # fenced while it was being recorded
             await engine.submit(machine.id, "destroy", {"force": True})
             raise fenced(machine.id)
         return reply(machine, status=201)
+
+    async def confirm(request: web.Request) -> web.Response:
+        body = await read_model(request, Confirmations)
+        return reply(ConfirmationResult.model_validate({"holds": await engine.confirm(body.ids)}))
 
     async def list_machines(request: web.Request) -> web.Response:
         include = request.query.get("include_deleted", "") in ("1", "true")
@@ -422,6 +447,15 @@ def _routes(engine: Engine) -> list[Route]:
             Machine,
             201,
             errors=(409, 412, *WRITE_ERRORS),
+        ),
+        Route(
+            "POST",
+            "/v1/confirmations",
+            confirm,
+            f"End the provisional holds of machines created with {HOLD_HEADER}",
+            Confirmations,
+            ConfirmationResult,
+            errors=WRITE_ERRORS,
         ),
         Route(
             "GET",

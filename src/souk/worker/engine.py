@@ -32,7 +32,7 @@ from souk.models.machine import (
 from souk.models.machine_ops import ExecRequest, ExecResponse, MachineVersion, ProcessStat
 from souk.models.volume import CreateVolume, UpdateVolumeRequest, Volume, VolumeSnapshot
 from souk.sealing import Sealer, worker_key
-from souk.worker import admission, app_users, leases, ps, queries, volume_disk
+from souk.worker import admission, app_users, holds, leases, ps, queries, volume_disk
 from souk.worker import secrets as machine_secrets
 from souk.worker import volumes as volume_ops
 from souk.worker.check_following import CheckFollowing
@@ -93,8 +93,10 @@ class Engine:
         self.metrics = WorkerMetrics(settings.metrics)
         self.store.on_batch = self.metrics.batch if settings.metrics else None
         self.marked_here: set[str] = set()  # spawn markers no earlier worker run can have used
+        self.pending_at_boot: set[int] = set()  # operations queued before this run began
         self.sealer = Sealer(worker_key(settings.data_dir))  # machines' secrets, at rest
         self.runner = Runner(self.store, self, self.metrics)
+        self.holds = holds.HoldKeeper(self.store, self.runner.kick)
         self.volumes = VolumeRunner(self.store, settings)
         self.volumes_refused = volume_disk.unsupported_reason()
         if settings.disk_mb is None and self.volumes_refused is None:
@@ -137,13 +139,16 @@ class Engine:
         except StorageFault:  # informative only; the worker serves (and says why) all the same
             pass
         await self.volumes.recover()  # before any machine that mounts one starts
+        self.pending_at_boot = queries.pending_operation_ids(self.store.read)
         await self.supervisor.adopt()
         for machine_id in queries.machines_with_pending(self.store.read):
             self.runner.kick(machine_id)
         # results are not kept across restarts
         self.following.sync(queries.started_ids(self.store.read))
+        self.holds.start()  # holds whose deadline passed while the worker was down end now
 
     async def close(self) -> None:
+        await self.holds.close()
         tasks = [
             *self.runner.tasks.cancel(),
             *self.supervisor.cancel(),
@@ -156,18 +161,30 @@ class Engine:
 
     # --- accepting work ----------------------------------------------------------------------
 
-    async def create(self, req: CreateMachine) -> Machine:
+    async def create(self, req: CreateMachine, hold: float | None = None) -> Machine:
+        """`hold`: seconds the machine stays provisional (see `holds`) unless confirmed."""
         machine_id = req.id or admission.new_machine_id()
         admission.check_runnable(self.drivers, self.settings, req.config)
+        until = None if hold is None else time.time() + min(max(hold, 0.0), holds.MAX_HOLD)
 
         def accept_create(tx: Tx) -> None:
-            admission.create(tx, self.settings, machine_id, req)
+            admission.create(tx, self.settings, machine_id, req, until)
             machine_secrets.record(tx, self.sealer, req.app, machine_id, req.secrets)
 
         await self.store.write(accept_create)
         if req.start:
             self.runner.kick(machine_id)
+        if until is not None:
+            self.holds.poke()
         return self.get(machine_id, events=False)
+
+    async def confirm(self, machine_ids: list[str]) -> dict[str, str]:
+        """End the holds of these machines: their creator has answered its client."""
+        return await self.store.write(lambda tx: holds.confirm(tx, machine_ids))
+
+    def provisional_until(self, machine_id: str) -> float | None:
+        """The deadline of the machine's hold, or None once confirmed (or never held)."""
+        return queries.hold_until(self.store.read, machine_id)
 
     async def submit(
         self,

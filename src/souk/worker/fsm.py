@@ -11,7 +11,7 @@ agree.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import get_args
+from typing import Literal, get_args
 
 from souk.models.machine import MachineState
 from souk.models.volume import VolumeState
@@ -36,6 +36,10 @@ TRANSITIONS: dict[MachineState, frozenset[MachineState]] = {
 class Step:
     name: str
     enters: MachineState | None = None  # the state the machine is in once this step is logged
+    # Logged in the next step's commit (one fsync for both) when the worker that accepted the
+    # operation runs it: a crash between them resumes at this step, which must then find and
+    # adopt whatever the next step may have started.
+    with_next: bool = False
 
 
 @dataclass(frozen=True)
@@ -46,7 +50,7 @@ class Operation:
     ends_in: MachineState | None  # None: the state it was accepted from
 
 
-_START = (Step("begin_start", "starting"), Step("spawn", "started"))
+_START = (Step("begin_start", "starting", with_next=True), Step("spawn", "started"))
 _STOP = (Step("begin_stop", "stopping"), Step("signal"), Step("end_stop", "stopped"))
 
 OPERATIONS: dict[str, Operation] = {
@@ -85,6 +89,18 @@ OPERATIONS: dict[str, Operation] = {
 
 
 STEP_NAMES: frozenset[str] = frozenset(s.name for op in OPERATIONS.values() for s in op.steps)
+
+# A machine a broker creates is *provisional* until that broker confirms it has answered its
+# client: if no confirmation comes before the hold's deadline (kept in SQLite, so a restart keeps
+# it), the worker destroys the machine itself. The hold runs beside the machine's state: a
+# provisional machine starts, runs and holds its capacity like any other.
+HoldState = Literal["provisional", "confirmed", "expired"]
+HOLD_TRANSITIONS: dict[HoldState, frozenset[HoldState]] = {
+    "provisional": frozenset({"confirmed", "expired"}),
+    "confirmed": frozenset(),
+    "expired": frozenset(),
+}
+HOLD_EXPIRES_WITH = "destroy"  # the operation an expired hold queues, forced
 
 
 class IllegalTransition(Exception):
@@ -181,7 +197,10 @@ def markdown() -> str:
         "| --- | --- | --- | --- |",
     ]
     for op in OPERATIONS.values():
-        steps = " → ".join(f"{s.name}" + (f" (`{s.enters}`)" if s.enters else "") for s in op.steps)
+        steps = " → ".join(
+            f"{s.name}" + (f" (`{s.enters}`)" if s.enters else "") + ("+" if s.with_next else "")
+            for s in op.steps
+        )
         allowed = ", ".join(f"`{s}`" for s in sorted(op.allowed_from))
         ends = f"`{op.ends_in}`" if op.ends_in else "unchanged"
         lines.append(f"| {op.name} | {allowed} | {steps} | {ends} |")
@@ -203,6 +222,13 @@ def markdown() -> str:
         )
         allowed = ", ".join(f"`{s}`" for s in sorted(vop.allowed_from)) or "(new volume)"
         lines.append(f"| {vop.name} | {allowed} | {steps} |")
+    lines.append("\nA step marked + is committed together with the step after it.")
+    lines += ["", "| hold | may go to |", "| --- | --- |"]
+    lines += [
+        f"| `{h}` | {', '.join(f'`{t}`' for t in sorted(HOLD_TRANSITIONS[h])) or '—'} |"
+        for h in HOLD_TRANSITIONS
+    ]
+    lines.append(f"\nAn expired hold queues a forced `{HOLD_EXPIRES_WITH}`.")
     return "\n".join(lines) + "\n"
 
 

@@ -46,25 +46,42 @@ def settle_projection(tx: Tx, machine_id: str) -> None:
 
 
 async def advance(
-    store: Store, run: StepRun, data: dict[str, Any] | None = None, **columns: Any
+    store: Store,
+    run: StepRun,
+    data: dict[str, Any] | None = None,
+    after: int | None = None,
+    **columns: Any,
 ) -> int:
     """Log the step as complete, entering its state and setting `columns`, in one transaction.
-    Returns the index of the next step."""
+    `after`: the first step of the operation not logged yet, when earlier steps (fsm.py's
+    `with_next`) are to be logged in this same commit. Returns the index of the next step."""
     step, machine_id = run.step, run.machine_id
     last = run.index == len(run.op.steps) - 1
+    first = run.index if after is None else after
 
     def commit(tx: Tx) -> None:
         row = queries.existing_machine(tx, machine_id)
-        state = step.enters or row["state"]
-        check_transition(row["state"], state)
+        state = row["state"]
+        for earlier in run.op.steps[first : run.index]:
+            state = _enter(tx, run, earlier, state, None)
+        state = _enter(tx, run, step, state, data)
         queries.set_columns(tx, machine_id, {"state": state, "updated_at": now_iso(), **columns})
         queries.set_progress(tx, run.op_id, run.index + 1, last)
-        tx.log("machine", machine_id, run.op.name, step.name, state, run.op_id, data)
         if last:
             settle_projection(tx, machine_id)
 
     await store.write(commit)
     return run.index + 1
+
+
+def _enter(
+    tx: Tx, run: StepRun, step: Step, state: MachineState, data: dict[str, Any] | None
+) -> MachineState:
+    """Log one step, checking the move to the state it enters; returns the state now."""
+    new = step.enters or state
+    check_transition(state, new)
+    tx.log("machine", run.machine_id, run.op.name, step.name, new, run.op_id, data)
+    return new
 
 
 async def skip(store: Store, run: StepRun, to: int, why: str) -> int:
@@ -87,7 +104,13 @@ async def fail(store: Store, machine_id: str, op_id: int, op: Operation, error: 
 
     def commit(tx: Tx) -> None:
         row = queries.existing_machine(tx, machine_id)
-        state = "failed" if "failed" in TRANSITIONS[row["state"]] else row["state"]
+        state: MachineState = row["state"]
+        index = queries.operation_progress(tx, op_id)
+        while index < len(op.steps) and op.steps[index].with_next:  # done, and not logged yet
+            run = StepRun(machine_id, op_id, op, index, {})
+            state = _enter(tx, run, op.steps[index], state, None)
+            index += 1
+        state = "failed" if "failed" in TRANSITIONS[state] else state
         queries.set_failed(tx, machine_id, state, now_iso())
         queries.finish_operation(tx, op_id)
         tx.log("machine", machine_id, op.name, "error", state, op_id, {"error": error})

@@ -331,9 +331,19 @@ def queued_after(db: Db, machine_id: str, op_id: int) -> bool:
     return _one(db, sql, (machine_id, op_id)) is not None
 
 
+def pending_operation_ids(db: Db) -> set[int]:
+    return {row[0] for row in db.execute("SELECT id FROM operations WHERE done = 0")}
+
+
 def machines_with_pending(db: Db) -> list[str]:
     rows = db.execute("SELECT DISTINCT machine FROM operations WHERE done = 0")
     return [row["machine"] for row in rows]
+
+
+def operation_progress(db: Db, op_id: int) -> int:
+    """The index of the operation's first step not logged yet."""
+    row = _one(db, "SELECT next_step FROM operations WHERE id = ?", (op_id,))
+    return 0 if row is None else int(row["next_step"])
 
 
 def set_progress(db: Db, op_id: int, next_step: int, done: bool) -> None:
@@ -353,6 +363,33 @@ def finish_operations(db: Db, machine_id: str, next_step: int) -> None:
         "UPDATE operations SET next_step = ?, done = 1 WHERE machine = ? AND done = 0",
         (next_step, machine_id),
     )
+
+
+# --- provisional holds --------------------------------------------------------------------------
+
+
+def insert_hold(db: Db, machine_id: str, until: float) -> None:
+    db.execute("INSERT OR REPLACE INTO holds VALUES (?, ?)", (machine_id, until))
+
+
+def hold_until(db: Db, machine_id: str) -> float | None:
+    row = _one(db, "SELECT until FROM holds WHERE machine = ?", (machine_id,))
+    return None if row is None else float(row["until"])
+
+
+def delete_hold(db: Db, machine_id: str) -> bool:
+    """Whether the machine was held."""
+    return db.execute("DELETE FROM holds WHERE machine = ?", (machine_id,)).rowcount > 0
+
+
+def next_hold(db: Db) -> float | None:
+    row = _one(db, "SELECT MIN(until) FROM holds")
+    return None if row is None or row[0] is None else float(row[0])
+
+
+def due_holds(db: Db, now: float, limit: int = BATCH) -> list[str]:
+    rows = db.execute("SELECT machine FROM holds WHERE until <= ? LIMIT ?", (now, limit))
+    return [row[0] for row in rows]
 
 
 # --- capacity -----------------------------------------------------------------------------------

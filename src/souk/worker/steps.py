@@ -15,6 +15,7 @@ import logging
 import shutil
 import time
 from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import replace
 from typing import Protocol
 
 from souk.models.machine import MachineConfig, StopConfig, normalize_signal
@@ -45,6 +46,7 @@ class StepHost(Protocol):
     supervisor: Supervisor
     marked_here: set[str]  # spawn markers no earlier worker run can have used
     sealer: Sealer  # opens the secrets the machine runs with
+    pending_at_boot: set[int]  # operations queued before this worker run began
 
 
 StepFn = Callable[[StepHost, StepRun], Awaitable[int]]
@@ -131,20 +133,31 @@ def _stop_config(w: StepHost, run: StepRun) -> StopConfig:
 
 @STEPS.implements("begin_start")
 async def _begin_start(w: StepHost, run: StepRun) -> int:
+    """Logged with the spawn (one commit less on the way to a running process) when this
+    worker run accepted the operation: no process with its marker can exist yet. An operation
+    queued before a restart may have spawned one: this step is then logged first, and the spawn
+    looks for that process."""
     while (delay := float(run.params.get("not_before", 0)) - time.time()) > 0:
         if queries.queued_after(w.store.read, run.machine_id, run.op_id):
             # a restart backing off yields to what came next
             return await skip(w.store, run, len(run.op.steps), "superseded")
         await asyncio.sleep(min(delay, 0.1))
     marker = spawn_marker(run.machine_id, run.op_id)
-    following = await advance(w.store, run, marker=marker)
+    if run.op_id in w.pending_at_boot:  # an earlier run may have spawned with this marker
+        return await advance(w.store, run, marker=marker)
     w.marked_here.add(marker)
-    return following
+    if run.step.with_next:
+        return run.index + 1
+    return await advance(w.store, run, marker=marker)
 
 
 @STEPS.implements("spawn")
 async def _spawn(w: StepHost, run: StepRun) -> int:
-    launch = await app_users.assign(w.store, w.settings.data_dir, _launch(w, run, secrets=True))
+    logged = queries.operation_progress(w.store.read, run.op_id)
+    launch = _launch(w, run, secrets=True)
+    if logged < run.index:  # begin_start is to be logged with this step: its marker is new
+        launch = replace(launch, marker=spawn_marker(run.machine_id, run.op_id))
+    launch = await app_users.assign(w.store, w.settings.data_dir, launch)
     launch = _with_volumes(w, launch)
     w.marked_here.discard(launch.marker)
     kind = Drivers.kind_of(launch.config)
@@ -153,14 +166,19 @@ async def _spawn(w: StepHost, run: StepRun) -> int:
     if kind == "image":  # prepared means pulled: the cache (and the catalog) has it now
         await sync_images(w.store, w.drivers.images)
     handle = await driver.spawn(launch)
-    following = await advance(
-        w.store,
-        run,
-        {"pid": handle.pid, "driver": kind},
-        pid=handle.pid,
-        pid_start=handle.pid_start,
-        driver=kind,
-        exit_code=None,
+    following, _ = await asyncio.gather(
+        advance(
+            w.store,
+            run,
+            {"pid": handle.pid, "driver": kind},
+            after=min(logged, run.index),
+            marker=launch.marker,
+            pid=handle.pid,
+            pid_start=handle.pid_start,
+            driver=kind,
+            exit_code=None,
+        ),
+        driver.settled(run.machine_id),
     )
     w.supervisor.monitor(run.machine_id)
     return following

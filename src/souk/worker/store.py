@@ -153,6 +153,11 @@ CREATE TABLE IF NOT EXISTS volume_snapshots (
     created_at TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS volume_snapshots_volume ON volume_snapshots (volume, created_at);
+CREATE TABLE IF NOT EXISTS holds (
+    machine TEXT PRIMARY KEY,    -- a provisional machine: its creator has not confirmed it yet
+    until REAL NOT NULL          -- wall-clock deadline: unconfirmed then, the worker destroys it
+);
+CREATE INDEX IF NOT EXISTS holds_until ON holds (until);
 """
 
 

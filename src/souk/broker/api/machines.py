@@ -13,7 +13,7 @@ from pydantic import BaseModel
 from souk.broker.api import leases, volumes
 from souk.broker.api.params import flag, lease_nonce, machine_ids, policy, strategy
 from souk.broker.api.secrets import machine_secrets
-from souk.broker.api.state import IDEMPOTENCY, broker_of
+from souk.broker.api.state import IDEMPOTENCY, Broker, broker_of
 from souk.broker.auth import grant_of
 from souk.broker.placement.pipeline import NoCapacity
 from souk.broker.placement.reservation import keyed_prefix
@@ -89,7 +89,7 @@ async def list_machines(request: web.Request) -> web.Response:
     return fly_reply(out)
 
 
-async def create_machine(request: web.Request) -> web.Response:
+async def create_machine(request: web.Request) -> web.StreamResponse:
     b = broker_of(request)
     app = request.match_info["app"]
     body = await read_model(request, CreateMachineRequest)
@@ -107,8 +107,8 @@ async def create_machine(request: web.Request) -> web.Response:
     prefix = idempotency_prefix(request, app)
     if prefix is not None:
         earlier = await b.keyed(app, prefix, region)
-        if earlier is not None:
-            return fly_reply(public(earlier))
+        if earlier is not None:  # a retry: a broker killed before it answered left it unconfirmed
+            return await answered(request, public(earlier), b, _address(b, earlier))
     try:
         machine = await b.placer.place(
             region,
@@ -145,18 +145,36 @@ async def create_machine(request: web.Request) -> web.Response:
             message,
             {"region": exc.region, "workers_asked": exc.asked, "refusals": refusals},
         ) from None
+    address = _address(b, machine)
+    b.hint(machine, address)
+    nonce = None
+    if body.lease_ttl:
+        lease = WorkerLeaseRequest(ttl=body.lease_ttl, owner=grant_of(request).token_id)
+        nonce = (await leases.take(b, app, machine.id, lease)).nonce
+    return await answered(request, public(machine, nonce), b, address)
+
+
+def _address(b: Broker, machine: Machine) -> str:
     worker = b.fleet.worker(machine.worker)
     address = worker.address if worker else ""
     if not address:
         for row in b.fleet.workers(region=machine.region, reachable_only=False):
             if row.id == machine.worker:
                 address = row.address
-    b.hint(machine, address)
-    nonce = None
-    if body.lease_ttl:
-        lease = WorkerLeaseRequest(ttl=body.lease_ttl, owner=grant_of(request).token_id)
-        nonce = (await leases.take(b, app, machine.id, lease)).nonce
-    return fly_reply(public(machine, nonce))
+    return address
+
+
+async def answered(
+    request: web.Request, machine: PublicMachine, b: Broker, address: str
+) -> web.Response:
+    """Send the created machine to the client, then confirm it to its worker: a machine whose
+    answer could not be sent stays provisional there and is destroyed when its hold ends."""
+    response = reply(machine, status=200)
+    await response.prepare(request)
+    await response.write_eof()
+    if address:
+        b.placer.reserver.confirm(machine.worker, address, machine.id)
+    return response
 
 
 def with_secrets(

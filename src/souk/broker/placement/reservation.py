@@ -1,12 +1,17 @@
 """Reserving on a picked worker: the only step whose answer is final, because the worker alone
 judges its capacity, in the same transaction that records the machine.
 
-A reservation whose answer is lost (timeout, broken connection) may still have happened, or
-may still happen (its request held up in the network); its machine id is the broker's, so the
-broker destroys that id on that worker in the background before moving on, fencing it there
-(the worker refuses that id's create if it comes later), and retries the destroy with backoff
-until the worker answers, for up to `CLEANUP_FOR`. The user never holds a machine they were not
-told about (docs/reliability.md states the bound).
+Every create is *provisional* on the worker for `HOLD_FOR` seconds: the broker confirms it
+(`confirm`, batched per worker) once it has answered its client, and the worker destroys a
+machine nobody confirmed when its hold ends, by itself, after any crash of either side. So a
+machine whose create answer is lost (worker killed after its commit, broker killed before it
+answered) is gone within the hold, even if the broker never speaks to that worker again.
+
+A reservation whose answer is lost (timeout, broken connection) may also still happen (its
+request held up in the network); its machine id is the broker's, so the broker destroys that id
+on that worker in the background before moving on, fencing it there (the worker refuses that
+id's create if it comes later), and retries the destroy with backoff for up to the hold: past
+it, the worker destroys the machine itself. docs/reliability.md states the bound.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import hmac
 import logging
 import secrets
 import time
+from dataclasses import dataclass, field
 
 from souk.broker.liveness import Liveness
 from souk.broker.placement.candidates import Candidate
@@ -26,9 +32,12 @@ from souk.models.machine import CreateMachine, Machine
 
 log = logging.getLogger("souk.broker")
 
+HOLD_FOR = 60.0  # a created machine stays provisional this long on its worker unless confirmed
 CLEANUP_TIMEOUT = 10.0  # one attempt
-CLEANUP_FOR = 20 * 60.0  # retried this long: longer than TCP retransmits a held-up request
 CLEANUP_FIRST, CLEANUP_MAX = 0.25, 30.0  # backoff between attempts
+CONFIRM_TIMEOUT = 5.0  # one attempt
+CONFIRM_BATCH = 1000  # ids per confirmation call
+CONFIRM_FIRST, CONFIRM_MAX = 0.05, 2.0  # backoff between attempts
 
 
 TAG_LENGTH = 4
@@ -56,13 +65,27 @@ def keyed_prefix(secret: bytes, app: str, key: str) -> str:
     return mac.hexdigest()[: 14 - TAG_LENGTH]
 
 
-class Reserver:
-    """Reserves through one worker client and keeps the cleanups of lost answers running."""
+@dataclass
+class _Confirming:
+    """One worker's confirmations still to send: id -> when its hold ends (monotonic)."""
 
-    def __init__(self, client: WorkerClient, liveness: Liveness | None = None) -> None:
+    address: str
+    due: dict[str, float] = field(default_factory=dict)
+    task: asyncio.Task[None] | None = None
+
+
+class Reserver:
+    """Reserves through one worker client, confirms what was answered, and keeps the cleanups
+    of lost answers running. `hold`: seconds each create stays provisional on its worker."""
+
+    def __init__(
+        self, client: WorkerClient, liveness: Liveness | None = None, hold: float = HOLD_FOR
+    ) -> None:
         self.client = client
         self.liveness = liveness or Liveness()
+        self.hold = hold
         self._cleanups: set[asyncio.Task[None]] = set()
+        self._confirming: dict[str, _Confirming] = {}
 
     async def reserve(
         self,
@@ -79,7 +102,9 @@ class Reserver:
         new_id = create.id or new_machine_id(cand.worker, id_prefix)
         attempt = create.model_copy(update={"id": new_id})
         try:
-            machine = await self.client.create(cand.worker, cand.address, attempt, timeout)
+            machine = await self.client.create(
+                cand.worker, cand.address, attempt, timeout, hold=self.hold
+            )
         except WorkerError as exc:
             refusals.append(Refusal(worker=cand.worker, reason=exc.message))
             if exc.http_status == 0:
@@ -103,9 +128,58 @@ class Reserver:
             return None
         return machine if machine.app == app else None
 
+    def confirm(self, worker: str, address: str, machine_id: str) -> None:
+        """The machine was answered to a client: end its hold on the worker. Sent in the
+        background, batched with the worker's other confirmations, and retried until the hold
+        would have ended anyway."""
+        pending = self._confirming.get(worker)
+        if pending is None:
+            pending = self._confirming[worker] = _Confirming(address)
+        pending.address = address or pending.address
+        pending.due.setdefault(machine_id, time.monotonic() + self.hold)
+        if pending.task is None or pending.task.done():
+            pending.task = asyncio.create_task(self._send_confirmations(worker, pending))
+
+    async def _send_confirmations(self, worker: str, pending: _Confirming) -> None:
+        delay = CONFIRM_FIRST
+        while pending.due:
+            now = time.monotonic()
+            late = [m for m, until in pending.due.items() if until <= now]
+            for machine_id in late:
+                del pending.due[machine_id]
+                log.error("could not confirm %s on %s: its hold has ended", machine_id, worker)
+            ids = list(pending.due)[:CONFIRM_BATCH]
+            if not ids:
+                break
+            try:
+                result = await self.client.confirm(
+                    worker, pending.address, ids, timeout=CONFIRM_TIMEOUT
+                )
+            except WorkerError as exc:
+                if 0 < exc.http_status < 500:  # a worker that keeps no holds, say: give up
+                    log.warning("%s refused confirmations: %s", worker, exc.message)
+                    for machine_id in ids:
+                        pending.due.pop(machine_id, None)
+                    continue
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, CONFIRM_MAX)
+                continue
+            delay = CONFIRM_FIRST
+            for machine_id in ids:
+                pending.due.pop(machine_id, None)
+                if result.holds.get(machine_id) == "expired":
+                    log.error("%s on %s was confirmed after its hold ended", machine_id, worker)
+        if self._confirming.get(worker) is pending and not pending.due:
+            del self._confirming[worker]
+
+    @property
+    def confirmations_pending(self) -> int:
+        return sum(len(p.due) for p in self._confirming.values())
+
     async def close(self) -> None:
-        """Cancel the cleanups still running (the broker is stopping)."""
-        tasks = list(self._cleanups)
+        """Cancel the cleanups and confirmations still running (the broker is stopping)."""
+        confirming = [p.task for p in self._confirming.values() if p.task is not None]
+        tasks = [*self._cleanups, *confirming]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -117,7 +191,8 @@ class Reserver:
 
     def _cleanup(self, cand: Candidate, machine_id: str) -> None:
         async def destroy() -> None:
-            end, delay = time.monotonic() + CLEANUP_FOR, CLEANUP_FIRST
+            # past the hold, the worker has destroyed an unconfirmed machine by itself
+            end, delay = time.monotonic() + self.hold, CLEANUP_FIRST
             while True:
                 try:
                     await self.client.destroy(

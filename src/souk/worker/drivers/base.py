@@ -88,6 +88,10 @@ class Driver(Protocol):
     async def spawn(self, launch: Launch) -> Handle:
         """Start the machine, or return the handle of the copy already running for this marker."""
 
+    async def settled(self, machine_id: str) -> None:
+        """What the spawn left running beside the process (its cgroup limits), done: awaited
+        together with the spawn's commit, so that it costs no time of its own."""
+
     def adopt(self, machine_id: str, marker: str, handle: Handle | None) -> Handle | None:
         """The running process of this spawn, if it is still alive (after a worker restart)."""
 

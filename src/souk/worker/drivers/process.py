@@ -14,11 +14,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import json
 import os
 import shutil
 import signal as signals
+import stat
 import sys
+import time
+from collections.abc import Awaitable
 from pathlib import Path
 from typing import IO, Any
 
@@ -32,6 +36,7 @@ from souk.worker.drivers.processes import SPEC_ENV
 from souk.worker.files import write_files
 
 POLL = 0.05
+SETPRIV_WAIT = 1.0  # at most this long for setpriv to become the machine's command
 
 
 def machine_env(launch: Launch) -> dict[str, str]:
@@ -82,6 +87,26 @@ class ProcessDriver:
     def __init__(self, cgroups: Cgroups) -> None:
         self.cgroups = cgroups
         self._exits: dict[str, asyncio.Future[int | None]] = {}
+        self._settling: dict[str, asyncio.Future[None]] = {}
+
+    async def settled(self, machine_id: str) -> None:
+        pending = self._settling.pop(machine_id, None)
+        if pending is not None:
+            await pending
+
+    def _settle(self, machine_id: str, pid: int, cpus: int, memory_mb: int, setpriv: bool) -> None:
+        self.cgroups.limit(machine_id, pid, cpus, memory_mb)
+        if not setpriv or SETPRIV is None:
+            return
+        wrapper = os.path.realpath(SETPRIV)
+        deadline = time.monotonic() + SETPRIV_WAIT
+        while time.monotonic() < deadline:
+            try:
+                if os.readlink(f"/proc/{pid}/exe") != wrapper:
+                    return
+            except OSError:  # gone already: its exit is the monitor's to report
+                return
+            time.sleep(0.0005)
 
     async def prepare(self, launch: Launch) -> None:
         workdir = _workdir(launch)
@@ -96,12 +121,14 @@ class ProcessDriver:
         workdir = _workdir(launch)
         workdir.mkdir(parents=True, exist_ok=True)
         _link_volumes(launch, workdir)
-        argv, env, identity = launch.config.argv(), machine_env(launch), _identity(launch.user)
+        env = machine_env(launch)
         several = bool(launch.config.processes)
-        if several:  # one launcher runs them all: see processes.py
+        identity: dict[str, Any] = {}
+        if several:  # one launcher runs them all and starts each as its own ids: processes.py
             argv = [sys.executable, "-I", processes.__file__]  # stdlib only: runs as a file
             env = {**env, SPEC_ENV: json.dumps(process_specs(launch))}
-            identity = {}  # it starts each process as its own ids
+        else:
+            argv, identity = _as_user(launch.config.argv(), launch.user, env, workdir)
         with _log(launch.rundir / "stdout.log") as out, _log(launch.rundir / "stderr.log") as err:
             try:
                 proc = await asyncio.create_subprocess_exec(
@@ -117,15 +144,23 @@ class ProcessDriver:
             except PermissionError as exc:
                 if launch.user is None:
                     raise
-                raise PermissionError(
-                    exc.errno,
-                    f"the app's host user (uid {launch.user.uid}) may not run {argv[0]}: it and"
-                    " every directory above it must be open to others",
-                ) from exc
+                raise _not_for(launch.user, argv[-1], exc.errno or errno.EACCES) from exc
         guest = launch.config.guest
-        self.cgroups.limit(launch.machine_id, proc.pid, guest.cpus, guest.memory_mb)
-        if proc.stdin is not None:  # the launcher's go, now that the cgroup holds it
-            proc.stdin.close()
+        # In a thread, awaited beside the spawn's commit (`settled`): moving a process into a
+        # cgroup waits for the kernel (an RCU grace period) for as long as a commit takes.
+        # Through setpriv, the process is itself only once setpriv has dropped to the app's
+        # ids and run the command: it is not reported started before.
+        settling = asyncio.to_thread(
+            self._settle,
+            launch.machine_id,
+            proc.pid,
+            guest.cpus,
+            guest.memory_mb,
+            argv[0] == SETPRIV,
+        )
+        self._settling[launch.machine_id] = asyncio.ensure_future(
+            _then_go(settling, proc) if several else settling
+        )
         started = procfs.start_time(proc.pid) or "0"
         self._exits[launch.machine_id] = asyncio.ensure_future(proc.wait())
         return Handle(proc.pid, started)
@@ -305,16 +340,69 @@ def process_specs(launch: Launch) -> list[dict[str, Any]]:
     return specs
 
 
+async def _then_go(settling: Awaitable[None], proc: asyncio.subprocess.Process) -> None:
+    """The launcher of several processes starts them once its cgroup holds it: its go is its
+    stdin closing."""
+    try:
+        await settling
+    finally:
+        if proc.stdin is not None:
+            proc.stdin.close()
+
+
 def _workdir(launch: Launch) -> Path:
     return launch.home or launch.rundir / "work"
 
 
+SETPRIV = shutil.which("setpriv")  # util-linux
+
+
+def _as_user(
+    argv: list[str], user: HostUser | None, env: dict[str, str], cwd: Path
+) -> tuple[list[str], dict[str, Any]]:
+    """The command line and subprocess arguments that run `argv` as the app's user; nothing to
+    drop unless the worker is root.
+
+    Through `setpriv` when the host has it: Python forks the whole worker (no vfork) when asked
+    to change ids itself, which costs tens of milliseconds on a worker of some size, against a
+    few for a vfork and `setpriv`'s own setuid and exec. What that would refuse only at its own
+    exec (a command not found, or not open to others) is refused here first, as before."""
+    if user is None or os.geteuid() != 0:
+        return argv, {}
+    if SETPRIV is None:
+        return argv, {"user": user.uid, "group": user.gid, "extra_groups": []}
+    found = shutil.which(argv[0], path=env.get("PATH")) if "/" not in argv[0] else argv[0]
+    if found is None or not (cwd / found).exists():
+        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), argv[0])
+    if not _open_to_others(cwd / found):
+        raise _not_for(user, argv[0], errno.EACCES)
+    ids = [f"--reuid={user.uid}", f"--regid={user.gid}", "--clear-groups"]
+    return [SETPRIV, *ids, "--", *argv], {}
+
+
 def _identity(user: HostUser | None) -> dict[str, Any]:
-    """What subprocess needs to start the process as the app's user; nothing to drop unless the
-    worker is root."""
+    """Python's own change of ids, for commands off the spawn path (`exec`)."""
     if user is None or os.geteuid() != 0:
         return {}
     return {"user": user.uid, "group": user.gid, "extra_groups": []}
+
+
+def _open_to_others(path: Path) -> bool:
+    """Executable by others, and every directory above it searchable by them."""
+    try:
+        if not os.stat(path).st_mode & stat.S_IXOTH:
+            return False
+        return all(os.stat(d).st_mode & stat.S_IXOTH for d in path.resolve().parents)
+    except OSError:
+        return False
+
+
+def _not_for(user: HostUser, command: str, code: int) -> PermissionError:
+    return PermissionError(
+        code,
+        f"the app's host user (uid {user.uid}) may not run {command}: it and every directory"
+        " above it must be open to others",
+    )
 
 
 def _log(path: Path) -> IO[bytes]:

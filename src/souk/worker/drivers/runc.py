@@ -126,6 +126,9 @@ class RuncDriver:
         bundle.mkdir(mode=0o700, parents=True, exist_ok=True)
         _write_private(bundle / "config.json", json.dumps(spec, indent=1).encode())
 
+    async def settled(self, machine_id: str) -> None:
+        return None
+
     async def spawn(self, launch: Launch) -> Handle:
         cid = self.container_id(launch.machine_id)
         if (self.state_dir / cid).exists():  # runc knows it: running (adopt) or an earlier run
