@@ -98,12 +98,18 @@ async def test_a_region_with_no_room_answers_412_within_the_deadline(
         assert "no offer" in reasons["silent"]
 
 
+# Long enough that a loaded machine never turns "too slow" into "no room": the race is about
+# room, and exactly the room there is must be placed.
+RACE_DEADLINE = 30.0
+
+
 @contextlib.asynccontextmanager
 async def second_broker(c: Cluster, strategy_registry: AppRegistry) -> AsyncIterator[TestClient]:  # type: ignore[type-arg]
     client = WorkerClient()
     fleet = StaticFleet(list(c.urls.values()), strategy_registry, client)
     await fleet.refresh()
-    broker = Broker(fleet, client, Placer(fleet, client), registry=strategy_registry)
+    placer = Placer(fleet, client, deadline=RACE_DEADLINE)
+    broker = Broker(fleet, client, placer, registry=strategy_registry)
     async with TestClient(TestServer(make_app(broker, SECRET), host="127.0.0.1")) as tc:
         yield tc
 
@@ -113,7 +119,7 @@ async def test_two_brokers_racing_never_overcommit_or_lose_a_machine(
     make_cluster: ClusterFactory, strategy: str, tmp_path: Any
 ) -> None:
     specs = [WorkerSpec(f"w{i}", "mad", cpus=4, memory_mb=4096) for i in range(3)]
-    async with make_cluster(specs) as c:
+    async with make_cluster(specs, deadline=RACE_DEADLINE) as c:
         registry = AppRegistry()
         registry.create("demo")
         async with second_broker(c, registry) as other:
