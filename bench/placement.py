@@ -540,7 +540,7 @@ async def one_size(
             report.rows.append(
                 Row.of(size, "raw", raw, raw_alone, raw.rate, args.requests, None, None)
             )
-            for strategy in STRATEGIES:
+            for strategy in args.strategies:
                 url = f"{b.url}/v1/apps/{APP}/machines?strategy={strategy}"
                 alone = await phase(f"{strategy} alone", url, args.sequential, 1, body, headers)
                 alone_decisions = list(b.decisions)
@@ -639,12 +639,16 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=600, help="creates per loaded phase")
     parser.add_argument("--sequential", type=int, default=200, help="creates one at a time")
     parser.add_argument("--concurrency", type=int, default=32, help="creates in flight")
+    parser.add_argument(
+        "--strategies", default=",".join(STRATEGIES), help="strategies to measure, comma-separated"
+    )
     parser.add_argument("--quick", action="store_true", help="a short run (150 / 50 creates)")
     parser.add_argument("--http", action="store_true", help="the older mode: no NATS")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.add_argument("--profile", type=Path, help="write cProfile stats of the broker here")
     args = parser.parse_args()
     args.sizes = [int(s) for s in args.sizes.split(",")]
+    args.strategies = [s for s in args.strategies.split(",") if s]
     if args.quick:
         args.requests, args.sequential = 150, 50
     err = Console(stderr=True)
