@@ -16,7 +16,11 @@ For each fleet size, once the broker's replica knows every worker, in one run:
   (from the start of `Placer.place` to the reservation request: offers gathered and ranked)
   measured inside the broker both ways.
 `--http` runs the older mode instead: a `StaticFleet` read once over HTTP, offers as one HTTP
-request per worker, no NATS.
+request per worker, no NATS. `--secure` measures each size twice in the same run, plain and with
+a signed catalog (every worker signs its rows with its own key, certified by a bench CA; the
+broker's replica checks every batch and heartbeat), and adds a table of the ratios: placements/s
+(plain over signed), decision p99 and broker CPU per create (signed over plain). The workers'
+HTTP stays plain: mutual TLS on the reservation hop is not part of this mode yet.
 
     .venv/bin/python bench/placement.py            # about 4 minutes; --quick, --json
     .venv/bin/python bench/placement.py --sizes 1000 --profile prof/   # cProfile of the broker
@@ -36,11 +40,13 @@ import tempfile
 import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 from aiohttp import web
+from cryptography.hazmat.primitives.serialization import Encoding
 from rich.console import Console
 from rich.progress import (
     BarColumn,
@@ -65,9 +71,12 @@ from souk.broker.tokens import mint
 from souk.catalog import http as catalog_http
 from souk.catalog.bus import NatsBus
 from souk.catalog.replica import following
+from souk.catalog.signing import Ed25519Signer
+from souk.catalog.trust import CaTrust
 from souk.clients.workers import WorkerClient
 from souk.models.api import Strategy
 from souk.models.machine import GuestConfig
+from souk.pki import issue, load_cas, load_cert, load_key, new_ca, new_key, save_cert, save_key
 from tests.support.nats import NatsServer, nats_version
 
 SECRET = b"bench-secret-0123456789abcdef"
@@ -138,9 +147,34 @@ class CpuWindow:
 # --- workers: child processes --------------------------------------------------------------------
 
 
-async def serve_workers(count: int, offset: int, data_dir: Path, nats: str | None) -> None:
+def ca_signer(ca_dir: Path | None, role: str, name: str) -> Ed25519Signer | None:
+    """A node's signer, issued here from the bench CA's key and certificate in `ca_dir` (the
+    secured mode), or None."""
+    if ca_dir is None:
+        return None
+    key = new_key()
+    cert = issue(
+        load_key(ca_dir / "ca.key"), load_cert(ca_dir / "ca.crt"), key, role, name, (), 1,
+        datetime.now(UTC),
+    )  # fmt: skip
+    return Ed25519Signer(key.private_bytes_raw(), cert.public_bytes(Encoding.DER))
+
+
+def make_ca(workdir: Path) -> Path:
+    ca_dir = workdir / "ca"
+    ca_dir.mkdir(parents=True, exist_ok=True)
+    key = new_key()
+    save_key(ca_dir / "ca.key", key, replace=True)
+    save_cert(ca_dir / "ca.crt", new_ca(key, "bench CA"))
+    return ca_dir
+
+
+async def serve_workers(
+    count: int, offset: int, data_dir: Path, nats: str | None, ca_dir: Path | None = None
+) -> None:
     """Child process: `count` sim workers on loopback sharing one NATS connection (if any);
-    prints one URL per line, then `ready`, then waits for stdin to close."""
+    prints one URL per line, then `ready`, then waits for stdin to close. With `ca_dir`, each
+    worker signs its catalog rows with its own key."""
     from souk.worker.daemon import make_app as worker_app
     from souk.worker.daemon import make_driver, offering, publishing, running
     from souk.worker.engine import Engine
@@ -167,7 +201,8 @@ async def serve_workers(count: int, offset: int, data_dir: Path, nats: str | Non
             await web.TCPSite(runner, "127.0.0.1", 0, backlog=1024).start()
             url = f"http://127.0.0.1:{runner.addresses[0][1]}"
             if bus is not None:
-                await stack.enter_async_context(publishing(engine, bus, url))
+                signer = ca_signer(ca_dir, "worker", s.name)
+                await stack.enter_async_context(publishing(engine, bus, url, signer))
                 await stack.enter_async_context(offering(engine, bus))
             print(url, flush=True)
         print("ready", flush=True)
@@ -188,6 +223,7 @@ async def worker_hosts(
     progress: Progress,
     task: TaskID,
     profile: Path | None = None,
+    ca_dir: Path | None = None,
 ) -> AsyncIterator[Hosts]:
     procs: list[asyncio.subprocess.Process] = []
     per = -(-total // HOSTS)
@@ -195,6 +231,7 @@ async def worker_hosts(
         count = min(per, total - h * per)
         if count > 0:
             argv = [__file__, "--serve", str(count), str(h * per), str(data_dir), nats or ""]
+            argv.append(str(ca_dir or ""))
             if profile is not None:
                 argv.append(str(profile / f"workers-{total}-host{h}.prof"))
             procs.append(
@@ -258,18 +295,25 @@ async def serve_broker(
 
 
 @contextlib.asynccontextmanager
-async def catalog_broker(nats: str, data_dir: Path) -> AsyncIterator[BrokerUnderTest]:
+async def catalog_broker(
+    nats: str, data_dir: Path, ca_dir: Path | None = None
+) -> AsyncIterator[BrokerUnderTest]:
     """The broker as `broker_site` assembles it with `--nats` and a registry: a replica on its
     own connection (bootstrapping, its SQLite copy in a file), `CatalogFleet`, the registry as
-    owner of the apps rows, and a `Placer` that asks for offers on the bus."""
+    owner of the apps rows, and a `Placer` that asks for offers on the bus. With `ca_dir`, a
+    signed catalog: the replica checks every owner's signature, the registry signs."""
     async with contextlib.AsyncExitStack() as stack:
         bus = await NatsBus.connect(nats, name="souk-broker")
         stack.push_async_callback(bus.close)
         data_dir.mkdir(parents=True, exist_ok=True)
-        replica = await stack.enter_async_context(following(bus, data_dir / "catalog.db"))
+        trust = None if ca_dir is None else CaTrust(load_cas(ca_dir / "ca.crt"))
+        replica = await stack.enter_async_context(
+            following(bus, data_dir / "catalog.db", trust=trust)
+        )
         registry = AppRegistry(data_dir / "apps.db")
         stack.callback(registry.close)
-        await stack.enter_async_context(registry_owner(bus, registry))
+        signer = ca_signer(ca_dir, "broker", "bench-broker")
+        await stack.enter_async_context(registry_owner(bus, registry, signer))
         registry.create(APP)
         fleet = CatalogFleet(replica, registry)
         client = WorkerClient()
@@ -447,6 +491,7 @@ class Row:
     failed: int
     cpu: dict[str, float]  # loaded phase: seconds per process group, % of one core for the host
     cpu_ms_per_create: dict[str, float]  # loaded phase: broker, workers, nats
+    mode: str = "plain"  # or "signed": the catalog signed by its owners, checked by the broker
 
     @classmethod
     def of(
@@ -491,6 +536,7 @@ class Report:
     requests: int
     sequential: int
     concurrency: int
+    strategies: list[str] = field(default_factory=list)
     rows: list[Row] = field(default_factory=list)
     parts: list[dict[str, float]] = field(default_factory=list)
 
@@ -502,18 +548,23 @@ async def one_size(
     nats: tuple[str, int] | None,
     progress: Progress,
     report: Report,
+    secure: bool = False,
 ) -> None:
-    task = progress.add_task(f"{size:>5} workers: starting", total=size)
-    data = workdir / f"size-{size}"
+    mode = "signed" if secure else "plain"
+    task = progress.add_task(f"{size:>5} workers ({mode}): starting", total=size)
+    data = workdir / f"size-{size}-{mode}"
     headers = {"Authorization": f"Bearer {mint(SECRET)}"}
     raw_body = {"app": APP, "config": CONFIG}
     body = {"region": REGION, "config": CONFIG}
     if args.profile:
         args.profile.mkdir(parents=True, exist_ok=True)
     nats_url = nats[0] if nats else None
-    async with worker_hosts(size, data, nats_url, progress, task, args.profile) as hosts:
+    ca_dir = make_ca(data) if secure else None
+    async with worker_hosts(size, data, nats_url, progress, task, args.profile, ca_dir) as hosts:
         groups = {"broker": [os.getpid()], "workers": hosts.pids, "nats": [nats[1]] if nats else []}
-        broker_cm = catalog_broker(nats[0], data / "broker") if nats else http_broker(hosts.urls)
+        broker_cm = (
+            catalog_broker(nats[0], data / "broker", ca_dir) if nats else http_broker(hosts.urls)
+        )
         progress.update(task, description=f"{size:>5} workers: broker catching up", completed=0)
         async with broker_cm as b:
             deadline = time.monotonic() + 120
@@ -540,7 +591,8 @@ async def one_size(
             report.rows.append(
                 Row.of(size, "raw", raw, raw_alone, raw.rate, args.requests, None, None)
             )
-            for strategy in STRATEGIES:
+            report.rows[-1].mode = mode
+            for strategy in args.strategies:
                 url = f"{b.url}/v1/apps/{APP}/machines?strategy={strategy}"
                 alone = await phase(f"{strategy} alone", url, args.sequential, 1, body, headers)
                 alone_decisions = list(b.decisions)
@@ -559,6 +611,7 @@ async def one_size(
                         list(b.decisions),
                     )
                 )
+                report.rows[-1].mode = mode
             report.parts.append(decision_parts(size, b.placer))
     progress.update(task, description=f"{size:>5} workers: done")
 
@@ -572,6 +625,7 @@ async def measure(args: argparse.Namespace, progress: Progress) -> Report:
         requests=args.requests,
         sequential=args.sequential,
         concurrency=args.concurrency,
+        strategies=list(args.strategies),
     )
     with tempfile.TemporaryDirectory(prefix="souk-bench-") as tmp:
         workdir = Path(tmp)
@@ -581,7 +635,8 @@ async def measure(args: argparse.Namespace, progress: Progress) -> Report:
                 server = stack.enter_context(NatsServer(log_path=workdir / "nats-server.log"))
                 nats = (server.url, server.pid)
             for size in args.sizes:
-                await one_size(size, args, workdir, nats, progress, report)
+                for secure in (False, True) if args.secure else (False,):
+                    await one_size(size, args, workdir, nats, progress, report, secure)
     return report
 
 
@@ -607,8 +662,10 @@ def tables(report: Report) -> list[Table]:
     ):  # fmt: skip
         inside.add_column(col, justify="left" if col == "strategy" else "right")
     for r in report.rows:
-        last = r.strategy == STRATEGIES[-1]
+        last = r.strategy == report.strategies[-1]
         name = "raw, one worker" if r.strategy == "raw" else r.strategy
+        if r.mode != "plain":
+            name += f" ({r.mode})"
         speed.add_row(
             f"{r.workers:,}", name, f"{r.rate:,.0f}", f"{r.vs_raw:.2f}", pair(r.p50_ms, r.p99_ms),
             pair(r.alone_p50_ms, r.alone_p99_ms), str(r.failed), end_section=last,
@@ -628,7 +685,28 @@ def tables(report: Report) -> list[Table]:
             f"{p['workers']:,.0f}", f"{p['read_rows_ms']:.2f}", f"{p['candidates_ms']:.2f}",
             f"{p['rank_ms']:.2f}",
         )  # fmt: skip
-    return [speed, inside, parts]
+    out = [speed, inside, parts]
+    plain = {(r.workers, r.strategy): r for r in report.rows if r.mode == "plain"}
+    signed = [r for r in report.rows if r.mode == "signed" and (r.workers, r.strategy) in plain]
+    if signed:
+        cost = Table(title="what security costs: signed over plain, in the same run (goal ≤ 1.2x)")
+        for col in (
+            "workers", "strategy", "placements/s", "decision p99 (loaded)", "broker CPU/create",
+        ):  # fmt: skip
+            cost.add_column(col, justify="left" if col == "strategy" else "right")
+
+        def ratio(a: float | None, b: float | None) -> str:
+            return "-" if not a or not b else f"{a / b:.2f}x"
+
+        for r in signed:
+            base = plain[(r.workers, r.strategy)]
+            cost.add_row(
+                f"{r.workers:,}", r.strategy, ratio(base.rate, r.rate),
+                ratio(r.decision_p99_ms, base.decision_p99_ms),
+                ratio(r.cpu_ms_per_create["broker"], base.cpu_ms_per_create["broker"]),
+            )  # fmt: skip
+        out.append(cost)
+    return out
 
 
 def main() -> None:
@@ -639,12 +717,21 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=600, help="creates per loaded phase")
     parser.add_argument("--sequential", type=int, default=200, help="creates one at a time")
     parser.add_argument("--concurrency", type=int, default=32, help="creates in flight")
+    parser.add_argument(
+        "--strategies", default=",".join(STRATEGIES), help="strategies to measure, comma-separated"
+    )
     parser.add_argument("--quick", action="store_true", help="a short run (150 / 50 creates)")
     parser.add_argument("--http", action="store_true", help="the older mode: no NATS")
+    parser.add_argument(
+        "--secure",
+        action="store_true",
+        help="also each size with a signed catalog (workers sign, the broker's replica checks)",
+    )
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.add_argument("--profile", type=Path, help="write cProfile stats of the broker here")
     args = parser.parse_args()
     args.sizes = [int(s) for s in args.sizes.split(",")]
+    args.strategies = [s for s in args.strategies.split(",") if s]
     if args.quick:
         args.requests, args.sequential = 150, 50
     err = Console(stderr=True)
@@ -675,10 +762,13 @@ def main() -> None:
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--serve":
-        nats_url = sys.argv[5] if len(sys.argv) > 5 else ""
-        serve = serve_workers(int(sys.argv[2]), int(sys.argv[3]), Path(sys.argv[4]), nats_url)
-        if len(sys.argv) > 6:  # a profile of the whole worker host, written as it stops
-            cProfile.run("asyncio.run(serve)", sys.argv[6])
+        nats_url, ca_arg = sys.argv[5], sys.argv[6]
+        serve = serve_workers(
+            int(sys.argv[2]), int(sys.argv[3]), Path(sys.argv[4]), nats_url,
+            Path(ca_arg) if ca_arg else None,
+        )  # fmt: skip
+        if len(sys.argv) > 7:  # a profile of the whole worker host, written as it stops
+            cProfile.run("asyncio.run(serve)", sys.argv[7])
         else:
             asyncio.run(serve)
     elif len(sys.argv) > 1 and sys.argv[1] == "--load":

@@ -86,6 +86,9 @@ class FakeView:
     def placeable(self, region: str) -> list[WorkerRow]:
         return self.workers(region)
 
+    def silent(self, region: str) -> list[WorkerRow]:
+        return [w for w in self.workers(region, reachable_only=False) if w.unreachable]
+
     def worker(self, worker_id: str) -> WorkerRow | None:
         return self.worker_rows.get(worker_id)
 

@@ -28,6 +28,10 @@ class Fleet(Protocol):
         """The region's reachable workers for placement (see `CatalogView.placeable`)."""
         ...
 
+    def silent(self, region: str) -> list[WorkerRow]:
+        """The region's workers `placeable` leaves out (see `CatalogView.silent`)."""
+        ...
+
     def worker(self, worker_id: str) -> WorkerRow | None: ...
 
     def machines(self, app: str | None = None, region: str | None = None) -> list[MachineRow]: ...
@@ -100,6 +104,11 @@ class StaticFleet:
     def placeable(self, region: str) -> list[WorkerRow]:
         return self.workers(region)
 
+    def silent(self, region: str) -> list[WorkerRow]:
+        return [
+            w for w in self._workers.values() if w.region == region and w.id not in self._reachable
+        ]
+
     def worker(self, worker_id: str) -> WorkerRow | None:
         return self._workers.get(worker_id)
 
@@ -143,6 +152,9 @@ class CatalogFleet:
 
     def placeable(self, region: str) -> list[WorkerRow]:
         return self.view.placeable(region)
+
+    def silent(self, region: str) -> list[WorkerRow]:
+        return self.view.silent(region)
 
     def worker(self, worker_id: str) -> WorkerRow | None:
         return self.view.worker(worker_id)

@@ -119,7 +119,7 @@ class Placer:
         self.liveness = Liveness()
         self.link: Link | None = BusLink(bus) if bus is not None else None
         self.reserver = Reserver(client, self.liveness)
-        self._regions: dict[str, tuple[float, list[WorkerRow]]] = {}
+        self._regions: dict[str, tuple[float, int, list[WorkerRow]]] = {}
         self.journal = Journal()  # the last creates' decisions, to explain them
 
     async def place(
@@ -200,25 +200,22 @@ class Placer:
     def usable(self, region: str) -> tuple[list[WorkerRow], set[str]]:
         """The region's workers placement may use (see `souk.broker.liveness`), and which of
         them are doubtful: silent on the bus, so asked over HTTP. The fast path is the
-        catalog's reachable rows as held; the region's other rows are read (copied) at most
-        once per `REGION_EVERY` seconds, and only their silence is looked at."""
+        catalog's reachable rows as held; the region's silent rows are read when that count
+        changes, else at most once per `REGION_EVERY` seconds."""
         held = self.fleet.placeable(region)
         shunned = self.liveness.shunned
         rows = [w for w in held if not shunned(w.id)] if self.liveness.any_shunned else held
         now_m = time.monotonic()
         cached = self._regions.get(region)
-        if cached is None or now_m - cached[0] > REGION_EVERY:
-            cached = self._regions[region] = (
-                now_m,
-                self.fleet.workers(region=region, reachable_only=False),
-            )
-        if len(cached[1]) <= len(held):
+        if cached is None or now_m - cached[0] > REGION_EVERY or cached[1] != len(held):
+            cached = self._regions[region] = (now_m, len(held), self.fleet.silent(region))
+        if not cached[2]:
             return rows, set()
         known = {w.id for w in held}
         now = time.time()
         doubtful = [
             w
-            for w in cached[1]
+            for w in cached[2]
             if w.id not in known and not shunned(w.id) and self.liveness.fresh(w, now)
         ]
         if not doubtful:

@@ -45,11 +45,17 @@ def candidates(
     if strategy != "catalog":
         yield reachable
         return
-    size = max(1, sample if image is None else len(reachable))
-    start = rng.randrange(len(reachable)) if reachable else 0
-    order = reachable[start:] + reachable[:start]
-    for i in range(0, len(order), size):
-        yield order[i : i + size]
+    n = len(reachable)
+    size = max(1, sample if image is None else n)
+    start = rng.randrange(n) if reachable else 0
+    for a in range(start, start + n, size):  # the region turned at `start`, never copied whole
+        b = min(a + size, start + n)
+        if b <= n:
+            yield reachable[a:b]
+        elif a >= n:
+            yield reachable[a - n : b - n]
+        else:
+            yield reachable[a:] + reachable[: b - n]
 
 
 class Feasible(NamedTuple):

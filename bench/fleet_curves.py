@@ -1,0 +1,357 @@
+"""How a broker's CPU per operation grows with the fleet: 10, 100, 1,000 and 10,000 workers.
+
+In one process, no network: a catalog replica (SQLite in a file, as in production) is handed the
+messages that N simulated owners (`SimRows`) publish, one at a time, and a `Placer` over
+`CatalogFleet` takes catalog-strategy decisions on what it holds. CPU time (`process_time`) per
+operation, which a busy shared host blurs far less than wall-clock figures, for each part of a
+broker's work:
+
+- heartbeat: one owner's heartbeat that brings no news (1,000 a second at 1,000 workers);
+- batch: one worker row changed (what every reservation makes its worker publish);
+- decision: the catalog strategy's decision (the region's placeable rows, one slice of them
+  filtered into candidates, ranked), and in the same run the same decision reading the region
+  afresh as before (`before`: every reachable row filtered on every create, every row copied once
+  a second to find the silent ones);
+- request + response: a create's body parsed and validated, and the machine it answers
+  serialized.
+
+Signed (each owner with its own Ed25519 key and certificate, the replica checking against the
+CA), heartbeats and batches are measured again, up to `--signed-up-to` owners (issuing a
+certificate per owner is what limits it). The decision's wall-clock p99 is reported too.
+
+    .venv/bin/python bench/fleet_curves.py                       # about a minute
+    .venv/bin/python bench/fleet_curves.py --plot docs/images    # and the PNG charts
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from _harness import pct
+
+from souk.broker.fleet import CatalogFleet
+from souk.broker.placement.pipeline import Placer
+from souk.broker.placement.stages import candidates, rank
+from souk.catalog.bus import InProcessBus, Message
+from souk.catalog.owner import Owner
+from souk.catalog.replica import Replica
+from souk.catalog.sim import SimRows
+from souk.clients.workers import WorkerClient
+from souk.models.api import CreateMachineRequest
+from souk.models.machine import CreateMachine, GuestConfig, Machine
+from tests.catalog.pki import Ca
+
+REGION = "bench"
+BODY = json.dumps(
+    {
+        "region": REGION,
+        "config": {"init": {"exec": ["true"]}, "guest": {"cpus": 1, "memory_mb": 256}},
+    }
+).encode()
+GUEST = GuestConfig(cpus=1, memory_mb=256)
+
+
+class RecordingBus(InProcessBus):
+    """Keeps what owners publish, to hand it to a replica one message at a time."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.kept: list[Message] = []
+
+    async def publish(self, subject: str, data: bytes, reply: str | None = None) -> None:
+        self.kept.append(Message(subject, data, reply))
+
+
+@dataclass
+class Recorded:
+    start: list[Message]  # each owner's worker row and first heartbeat
+    batches: list[Message]  # one worker row change each
+    beats: list[Message]  # heartbeats that bring no news
+
+
+async def record(n: int, changes: int, beats: int, ca: Ca | None) -> Recorded:
+    bus = RecordingBus()
+    owners: list[tuple[SimRows, Owner]] = []
+    for i in range(n):
+        src = SimRows(f"w{i:05d}", REGION, cpus=1000)
+        signer = ca.node("worker", src.owner).signer() if ca is not None else None
+        owner = Owner(bus, src, heartbeat_every=3600, signer=signer)
+        owner.published = 0
+        await owner._publish(src.seq, list(src.rows.values()))
+        await owner.heartbeat(with_cert=True)
+        owners.append((src, owner))
+    start = len(bus.kept)
+    rng = random.Random(1)
+    for _ in range(changes):
+        src, owner = owners[rng.randrange(n)]
+        reserved = rng.randrange(100)
+        change = src.put("workers", src.owner, src.worker_row(reserved).model_dump(mode="json"))
+        await owner._publish(src.seq, [change])
+    middle = len(bus.kept)
+    for i in range(beats):
+        await owners[i % n][1].heartbeat()
+    return Recorded(bus.kept[:start], bus.kept[start:middle], bus.kept[middle:])
+
+
+@dataclass
+class Size:
+    workers: int
+    mode: str  # plain or signed
+    heartbeat_us: float
+    batch_us: float
+    decision_us: float | None = None
+    decision_before_us: float | None = None
+    decision_p99_ms: float | None = None
+    decision_before_p99_ms: float | None = None
+    request_us: float | None = None
+    sqlite_per_beat: float = 0.0  # statements a heartbeat without news runs
+
+
+def cpu_per(fn: Callable[[], Any], rounds: int) -> tuple[float, list[float]]:
+    """CPU µs per call, and each call's wall-clock seconds."""
+    walls = []
+    c0 = time.process_time()
+    for _ in range(rounds):
+        t = time.perf_counter()
+        fn()
+        walls.append(time.perf_counter() - t)
+    return 1e6 * (time.process_time() - c0) / rounds, walls
+
+
+async def one_size(n: int, signed: bool, workdir: Path, rounds: int) -> Size:
+    ca = Ca() if signed else None
+    rec = await record(n, rounds, max(rounds, n), ca)
+    path = workdir / f"replica-{n}-{signed}.db"
+    # every owner stays reachable however long the recording and replay take on a busy host
+    replica = Replica(
+        InProcessBus(), path, unreachable_after=3600, trust=ca.trust() if ca else None
+    )
+    await replica.start(bootstrap=False)
+    for msg in rec.start:
+        await (replica._on_batch if ".ch." in msg.subject else replica._on_beat)(msg)
+    replica._flush()
+
+    statements: list[str] = []
+    replica.store.conn.set_trace_callback(statements.append)
+    c0 = time.process_time()
+    for msg in rec.beats:
+        await replica._on_beat(msg)
+        replica._flush()
+    beat_us = 1e6 * (time.process_time() - c0) / len(rec.beats)
+    sqlite_per_beat = len(statements) / len(rec.beats)
+    replica.store.conn.set_trace_callback(None)
+
+    c0 = time.process_time()
+    for msg in rec.batches:
+        await replica._on_batch(msg)
+        replica._flush()  # one commit per batch: the most a replica pays
+    batch_us = 1e6 * (time.process_time() - c0) / len(rec.batches)
+    if sum(replica.guard.refused.values()) or replica.stats["gaps"]:
+        raise SystemExit(f"the replay went wrong: {dict(replica.guard.refused)}")
+    size = Size(n, "signed" if signed else "plain", beat_us, batch_us)
+    size.sqlite_per_beat = sqlite_per_beat
+    if not signed:
+        decide(size, replica, rounds)
+    await replica.stop()
+    return size
+
+
+def decide(size: Size, replica: Replica, rounds: int) -> None:
+    fleet = CatalogFleet(replica, None)
+    placer = Placer(fleet, WorkerClient(), rng=random.Random(2))
+    rng = random.Random(3)
+
+    def decision() -> None:
+        reachable, _ = placer.usable(REGION)
+        rows = next(candidates(reachable, "catalog", placer.sample, None, rng))
+        rank(placer.eligible(rows, GUEST).candidates, GUEST, rng=rng)
+
+    every = [0]
+
+    def before() -> None:  # the same, reading the region as it was read before
+        reachable = replica._reachable_in(REGION, time.monotonic()).rows
+        every[0] += 1
+        if every[0] % 200 == 0:  # the copy of every row, once a second at 200 creates/s
+            replica.workers(region=REGION, reachable_only=False)
+        start = rng.randrange(len(reachable))
+        order = reachable[start:] + reachable[:start]
+        rows = order[: placer.sample]
+        rank(placer.eligible(rows, GUEST).candidates, GUEST, rng=rng)
+
+    if len(replica.placeable(REGION)) != size.workers:
+        raise SystemExit(f"the replica holds {len(replica.placeable(REGION))} placeable workers")
+    decision()  # the placeable rows and the candidates, built once as in a running broker
+    before()
+    size.decision_us, walls = cpu_per(decision, rounds)
+    size.decision_p99_ms = pct(walls, 99)
+    size.decision_before_us, walls = cpu_per(before, rounds)
+    size.decision_before_p99_ms = pct(walls, 99)
+
+    machine = None
+
+    def request() -> None:
+        nonlocal machine
+        body = CreateMachineRequest.model_validate_json(BODY)
+        create = CreateMachine(app="bench", config=body.config, start=not body.skip_launch)
+        if machine is None:
+            machine = Machine(
+                id="0123456789abcd",
+                name="bench",
+                app="bench",
+                worker="w00000",
+                region=REGION,
+                config=create.config,
+                state="created",
+                instance_id="i1",
+                created_at="2026-01-01T00:00:00Z",
+                updated_at="2026-01-01T00:00:00Z",
+            )
+        machine.model_dump_json()
+
+    size.request_us, _ = cpu_per(request, rounds)
+
+
+@dataclass
+class Report:
+    machine: str
+    sizes: list[Size] = field(default_factory=list)
+
+
+async def measure(args: argparse.Namespace, console: Console) -> Report:
+    from _harness import machine_info
+
+    report = Report(machine_info())
+    with tempfile.TemporaryDirectory(prefix="souk-bench-") as tmp:
+        for n in args.sizes:
+            for signed in (False, True):
+                if signed and n > args.signed_up_to:
+                    continue
+                console.print(f"{n:>6} workers, {'signed' if signed else 'plain'}", style="dim")
+                report.sizes.append(await one_size(n, signed, Path(tmp), args.rounds))
+    return report
+
+
+def table(report: Report) -> Table:
+    t = Table(title="a broker's CPU per operation (µs), by fleet size, in one run")
+    for col in (
+        "workers", "mode", "heartbeat", "SQLite stmts / beat", "batch",
+        "decision", "decision before", "decision p99 ms (before)", "request + response",
+    ):  # fmt: skip
+        t.add_column(col, justify="right")
+    plain = {s.workers: s for s in report.sizes if s.mode == "plain"}
+
+    def vs(v: float, base: float) -> str:
+        return f"{v:.1f} ({v / base:.2f}x)"
+
+    for s in report.sizes:
+        base = plain[s.workers]
+        signed = s.mode == "signed"
+        t.add_row(
+            f"{s.workers:,}", s.mode,
+            vs(s.heartbeat_us, base.heartbeat_us) if signed else f"{s.heartbeat_us:.1f}",
+            f"{s.sqlite_per_beat:.2f}",
+            vs(s.batch_us, base.batch_us) if signed else f"{s.batch_us:.1f}",
+            "" if s.decision_us is None else f"{s.decision_us:.1f}",
+            "" if s.decision_before_us is None else f"{s.decision_before_us:.1f}",
+            "" if s.decision_p99_ms is None
+            else f"{s.decision_p99_ms:.3f} ({s.decision_before_p99_ms:.3f})",
+            "" if s.request_us is None else f"{s.request_us:.1f}",
+        )  # fmt: skip
+    return t
+
+
+def plot(report: Report, into: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    into.mkdir(parents=True, exist_ok=True)
+    plain = [s for s in report.sizes if s.mode == "plain"]
+    signed = [s for s in report.sizes if s.mode == "signed"]
+    xs = [s.workers for s in plain]
+    out = []
+
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    series: list[tuple[str, list[float], str]] = [
+        ("decision (catalog strategy)", [s.decision_us or 0.0 for s in plain], "o-"),
+        ("decision, region read as before", [s.decision_before_us or 0.0 for s in plain], "o--"),
+        ("one worker row change applied", [s.batch_us for s in plain], "s-"),
+        ("one heartbeat without news", [s.heartbeat_us for s in plain], "^-"),
+        ("create request parsed + answer", [s.request_us or 0.0 for s in plain], "d-"),
+    ]
+    for label, ys, style in series:
+        ax.plot(xs, ys, style, label=label)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("workers in the region (owners followed)")
+    ax.set_ylabel("broker CPU per operation (µs)")
+    ax.set_title("Broker CPU per operation as the fleet grows")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path = into / "broker-cpu-per-operation.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    out.append(path)
+
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    sx = [s.workers for s in signed]
+    by = {s.workers: s for s in plain}
+    ax.plot(sx, [by[s.workers].batch_us for s in signed], "s-", label="batch, plain")
+    ax.plot(sx, [s.batch_us for s in signed], "s--", label="batch, signed")
+    ax.plot(sx, [by[s.workers].heartbeat_us for s in signed], "^-", label="heartbeat, plain")
+    ax.plot(sx, [s.heartbeat_us for s in signed], "^--", label="heartbeat, signed")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("owners followed")
+    ax.set_ylabel("replica CPU per message (µs)")
+    ax.set_title("Catalog replica: plain against signed")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path = into / "catalog-cpu-signed.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    out.append(path)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--sizes", default="10,100,1000,10000")
+    parser.add_argument("--rounds", type=int, default=2000, help="operations per part")
+    parser.add_argument("--signed-up-to", type=int, default=1000)
+    parser.add_argument("--plot", type=Path, help="write the PNG charts into this directory")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    args.sizes = [int(s) for s in args.sizes.split(",")]
+    err = Console(stderr=True)
+    report = asyncio.run(measure(args, err))
+    if args.json:
+        print(json.dumps(asdict(report), indent=2))
+    else:
+        out = Console(width=max(Console().width, 150))
+        out.print(f"machine: {report.machine}")
+        out.print(table(report))
+    if args.plot is not None:
+        for path in plot(report, args.plot):
+            err.print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,78 @@
+"""What keeps a replica cheap at scale: a heartbeat without news writes nothing, and the
+placeable rows placement reads are kept between reads yet follow every change."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from souk.catalog.bus import InProcessBus
+from souk.catalog.replica import Replica
+from souk.catalog.sim import SimRows
+from tests.support.catalog import converged, start_owner
+from tests.support.waiting import eventually
+
+
+async def test_a_heartbeat_without_news_writes_nothing_but_keeps_the_owner_alive(
+    tmp_path: Path,
+) -> None:
+    bus = InProcessBus()
+    replica = Replica(bus, tmp_path / "r.db", unreachable_after=0.5)
+    await replica.start(bootstrap=False)
+    src = SimRows("w1", "mad")
+    owner = await start_owner(bus, src, beat=60)
+    src.machine("web")
+    await eventually(lambda: converged(replica, [src]))
+    replica._flush()
+    statements: list[str] = []
+    replica.store.conn.set_trace_callback(statements.append)
+    commits = replica.store.commits
+    heard = replica.owners["w1"].heard
+    await asyncio.sleep(0.6)  # silent past `unreachable_after`
+    assert not replica.reachable("w1") and replica.placeable("mad") == []
+    for _ in range(3):
+        await owner.heartbeat()
+    await eventually(lambda: replica.owners["w1"].heard > heard)
+    replica._flush()
+    assert statements == [] and replica.store.commits == commits
+    assert replica.reachable("w1")
+    assert [w.id for w in replica.placeable("mad")] == ["w1"]  # placeable again at once
+    src.machine("api")  # news: written
+    await eventually(lambda: converged(replica, [src]))
+    replica._flush()
+    assert any("INSERT" in s for s in statements)
+    await owner.stop()
+    await replica.stop()
+
+
+async def test_placeable_rows_follow_changes_arrivals_and_silence() -> None:
+    bus = InProcessBus()
+    replica = Replica(bus, unreachable_after=0.4)
+    await replica.start(bootstrap=False)
+    sources = [SimRows(f"w{i}", "mad") for i in range(3)]
+    owners = [await start_owner(bus, s, beat=0.1) for s in sources]
+    await eventually(lambda: converged(replica, sources))
+    first = replica.placeable("mad")
+    assert {w.id for w in first} == {"w0", "w1", "w2"}
+    assert replica.placeable("mad") is first  # kept, not rebuilt, between reads
+
+    sources[1].put("workers", "w1", sources[1].worker_row(5).model_dump(mode="json"))
+    await eventually(lambda: converged(replica, sources))
+    (w1,) = [w for w in replica.placeable("mad") if w.id == "w1"]
+    assert w1.cpus_reserved == 5 and w1 is replica._workers["w1"]  # the row as now held
+
+    late = SimRows("w3", "mad")
+    owners.append(await start_owner(bus, late, beat=0.1))
+    await eventually(lambda: "w3" in {w.id for w in replica.placeable("mad")})
+
+    sources[0].put("workers", "w0", None)  # the worker row deleted
+    await eventually(lambda: "w0" not in {w.id for w in replica.placeable("mad")})
+
+    await owners[2].stop()  # w2 falls silent
+    await eventually(lambda: {w.id for w in replica.placeable("mad")} == {"w1", "w3"})
+    assert [w.id for w in replica.silent("mad")] == ["w2"]
+    assert replica.silent("mad")[0].unreachable
+    assert len(replica.placeable("mad")) == len({w.id for w in replica.placeable("mad")})
+    for o in owners[:2] + owners[3:]:
+        await o.stop()
+    await replica.stop()
