@@ -41,7 +41,7 @@ async def test_suspend_start_signal_exec_ps_and_versions_through_the_broker(
         assert [x["id"] for x in listed] == [m["id"]]
         # a suspended machine runs nothing new: exec is refused until a start resumes it
         resp = await c.call("POST", path + "/exec", json={"command": ["true"]})
-        assert (await err(resp, 409))["status"] == "invalid_state"
+        assert (await err(resp, 409))["code"] == "invalid_state"
         await ok(await c.call("POST", path + "/start"))
         await ok(await c.call("GET", path + "/wait", params={"state": "started"}))
 
@@ -52,7 +52,7 @@ async def test_suspend_start_signal_exec_ps_and_versions_through_the_broker(
         )
         assert out == {"stdout": "demo\n", "stderr": "", "exit_code": 0}
         resp = await c.call("POST", path + "/exec", json={"command": ["sleep", "5"], "timeout": 1})
-        assert (await err(resp, 408))["status"] == "timeout"
+        assert (await err(resp, 408))["code"] == "timeout"
         await err(await c.call("POST", path + "/exec", json={"cmd": ""}), 400)
 
         procs = await ok(await c.call("GET", path + "/ps"))

@@ -16,10 +16,10 @@ HOLD = 0.3
 
 def hold_events(c: Cluster, machine_id: str) -> list[str]:
     return [
-        e.type
+        f"{e.type}.{e.step}"
         for engine in c.engines.values()
         for e in (engine.events(machine_id) if engine.machines() else [])
-        if e.type.startswith("hold.")
+        if e.type == "hold"
     ]
 
 

@@ -78,7 +78,8 @@ async def test_suspend_freezes_the_machine_and_start_resumes_the_same_process(
     assert after["instance_id"] == before["instance_id"]
     assert engine.supervisor.handle(mid) == pid  # the same process, resumed, not restarted
     await eventually(lambda: ticks(engine, mid) > frozen_at)
-    events = [e["type"] for e in (await (await client.get(f"/v1/machines/{mid}")).json())["events"]]
+    body = await (await client.get(f"/v1/machines/{mid}")).json()
+    events = [f"{e['type']}.{e.get('step')}" for e in body["events"]]
     assert "suspend.freeze" in events and "resume.thaw" in events
     assert sum(t.endswith(".spawn") for t in events) == 1
 
@@ -122,7 +123,7 @@ async def test_signal_reaches_the_main_process(client: Client, engine: Engine) -
     assert resp.status == 200, await resp.text()
     await eventually(lambda: "usr1" in got.read_text())
     events = await (await client.get(f"/v1/machines/{mid}/events")).json()
-    assert [e["request"]["signal"] for e in events if e["type"] == "event.signal"] == [
+    assert [e["request"]["signal"] for e in events if e["type"] == "signal"] == [
         "SIGUSR1",
         "SIGHUP",
     ]

@@ -76,7 +76,7 @@ CASES: list[tuple[str, str, Any, int, str]] = [
     # Unknown fields, where the models forbid them.
     ("POST", "/v1/machines", {**config(), "colour": "red"}, 400, "invalid"),
     ("POST", "/v1/machines", config(colour="red"), 400, "invalid"),
-    ("POST", "/v1/machines", config(guest={"gpus": 1}), 400, "invalid"),
+    ("POST", "/v1/machines", config(guest={"gpus": 1}), 400, "unsupported"),
     ("POST", "/v1/machines/{id}/stop", {"signal": "SIGTERM", "grace": 1}, 400, "invalid"),
     ("PUT", "/v1/machines/{id}", {"config": GOOD, "colour": "red"}, 400, "invalid"),
     ("POST", "/v1/offers", {"guest": {}, "colour": "red"}, 400, "invalid"),

@@ -88,7 +88,8 @@ async def test_kill9_mid_burst_leaves_no_unconfirmed_machine(
     candidates = {f"hold{i:03d}" for i in range(BURST)}
 
     def confirmed_in_log(machine_id: str) -> bool:
-        return "hold.confirmed" in {e["type"] for e in worker.machine(machine_id)["events"]}
+        events = worker.machine(machine_id)["events"]
+        return ("hold", "confirmed") in {(e["type"], e.get("step")) for e in events}
 
     def holds_over() -> bool:
         live = settled(worker)
@@ -125,6 +126,6 @@ def test_an_unconfirmed_machine_is_destroyed_after_a_restart_past_its_deadline(
     assert live_pids(lost["id"]) == []
     assert worker.machine(kept["id"])["state"] == "started"
     assert worker.ok("GET", "/v1/capacity")["reserved"]["cpus"] == 1
-    events = [e["type"] for e in worker.machine(lost["id"])["events"]]
-    assert "hold.expired" in events
+    events = [(e["type"], e.get("step")) for e in worker.machine(lost["id"])["events"]]
+    assert ("hold", "expired") in events
     assert confirm(worker, {lost["id"], "nosuch0"}) == {lost["id"]: "expired", "nosuch0": "unknown"}

@@ -44,6 +44,6 @@ def test_a_suspended_machine_stays_suspended_across_a_worker_crash(worker: Worke
     worker.ok("POST", f"/v1/machines/{mid}/start")
     resumed = worker.wait(mid, "started")
     assert api_pid(resumed) == pid and live_pids(mid) == [pid]
-    assert sum(e["type"].endswith(".spawn") for e in resumed["events"]) == 1
+    assert sum(e.get("step") == "spawn" for e in resumed["events"]) == 1
     if frozen is not None:
         assert freezer_state(mid) == "THAWED"

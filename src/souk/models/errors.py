@@ -8,8 +8,9 @@ from pydantic import BaseModel
 
 
 class ErrorBody(BaseModel):
-    """`status` is the machine-readable reason, as the Fly Machines API names it; `code` repeats it
-    for the worker's internal API, whose clients predate the public one."""
+    """`code` is souk's machine-readable reason. `status` is the same on the worker's and the
+    proxy's own APIs; on the broker's public API it is Fly's (`insufficient_capacity` or
+    `unknown`), so that Fly's typed clients decode every error."""
 
     error: str
     status: str

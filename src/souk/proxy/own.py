@@ -123,7 +123,7 @@ class OwnRoutes:
         try:
             if status == 401:  # the broker's reason: malformed, expired, revoked...
                 body = ErrorBody.model_validate_json(payload)
-                return json_error(401, body.status, body.error)
+                return json_error(401, body.code or body.status, body.error)
             if status != 200:
                 return json_error(503, "broker_unreachable", f"the broker answered {status}")
             info = TokenInfo.model_validate_json(payload)

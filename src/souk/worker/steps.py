@@ -166,19 +166,19 @@ async def _spawn(w: StepHost, run: StepRun) -> int:
     if kind == "image":  # prepared means pulled: the cache (and the catalog) has it now
         await sync_images(w.store, w.drivers.images)
     handle = await driver.spawn(launch)
-    following, _ = await asyncio.gather(
-        advance(
-            w.store,
-            run,
-            {"pid": handle.pid, "driver": kind},
-            after=min(logged, run.index),
-            marker=launch.marker,
-            pid=handle.pid,
-            pid_start=handle.pid_start,
-            driver=kind,
-            exit_code=None,
-        ),
-        driver.settled(run.machine_id),
+    # Settled first (in its cgroup, and through setpriv the command itself): `started` is
+    # visible the moment it commits, and a started machine runs as its app, within its limits.
+    await driver.settled(run.machine_id)
+    following = await advance(
+        w.store,
+        run,
+        {"pid": handle.pid, "driver": kind},
+        after=min(logged, run.index),
+        marker=launch.marker,
+        pid=handle.pid,
+        pid_start=handle.pid_start,
+        driver=kind,
+        exit_code=None,
     )
     w.supervisor.monitor(run.machine_id)
     return following

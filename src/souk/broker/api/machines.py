@@ -169,7 +169,7 @@ async def answered(
 ) -> web.Response:
     """Send the created machine to the client, then confirm it to its worker: a machine whose
     answer could not be sent stays provisional there and is destroyed when its hold ends."""
-    response = reply(machine, status=200)
+    response = fly_reply(machine)
     await response.prepare(request)
     await response.write_eof()
     if address:

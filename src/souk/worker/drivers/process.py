@@ -146,10 +146,10 @@ class ProcessDriver:
                     raise
                 raise _not_for(launch.user, argv[-1], exc.errno or errno.EACCES) from exc
         guest = launch.config.guest
-        # In a thread, awaited beside the spawn's commit (`settled`): moving a process into a
-        # cgroup waits for the kernel (an RCU grace period) for as long as a commit takes.
-        # Through setpriv, the process is itself only once setpriv has dropped to the app's
-        # ids and run the command: it is not reported started before.
+        # In a thread, awaited before the spawn's commit (`settled`): moving a process into a
+        # cgroup waits for the kernel (an RCU grace period), which must not stall the event
+        # loop. Through setpriv, the process is itself only once setpriv has dropped to the
+        # app's ids and run the command: it is not reported started before.
         settling = asyncio.to_thread(
             self._settle,
             launch.machine_id,
