@@ -40,7 +40,9 @@ def main(argv: list[str] | None = None) -> int:
     sk.add_argument("--regions", default="mad,ams", help="regions, dealt to workers in turn")
     sk.add_argument("--faults", default=",".join(FAULTS), help="which faults, comma-separated")
     sk.add_argument("--seed", type=int, default=1, help="the schedule's random seed")
-    sk.add_argument("--settle", type=float, default=45.0, help="seconds before the audit")
+    sk.add_argument(
+        "--settle", type=float, default=75.0, help="seconds before the audit (past the 60 s hold)"
+    )
     sk.add_argument("--dir", type=Path, help="logs, data and report.json")
     down = sub.add_parser("down", help="remove leftovers of fleets whose owner is gone")
     down.add_argument("--all", action="store_true", help="every skf namespace, owner or not")

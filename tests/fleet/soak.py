@@ -271,7 +271,7 @@ def soak(
     seed: int = 1,
     hold: tuple[float, float] = (2.0, 6.0),
     converge_within: float = 60.0,
-    settle: float = 45.0,
+    settle: float = 75.0,
     progress: Callable[[str], None] = print,
 ) -> Report:
     """Faults from `faults` (all by default) in a seeded random order until `minutes` have

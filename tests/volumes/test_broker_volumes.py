@@ -179,7 +179,7 @@ async def test_souk_volumes_commands(three: Cluster) -> None:
     async def souk(*args: str) -> Any:
         done = await asyncio.to_thread(runner.invoke, cli, ["volumes", *args, *common])
         assert done.exit_code == 0, done.output
-        return json.loads(done.output)
+        return json.loads(done.stdout)  # stderr may hold the in-process broker's logs
 
     made = await souk("create", "data", "--size-mb", "16", "-r", "mad")
     assert made["size_mb"] == 16 and made["state"] == "created"
