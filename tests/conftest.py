@@ -41,7 +41,12 @@ def _temp_dirs_reachable(tmp_path_factory: pytest.TempPathFactory) -> Iterator[N
         path.chmod(path.stat().st_mode | 0o001)
         return path
 
-    reachable(tmp_path_factory.getbasetemp())
+    base = tmp_path_factory.getbasetemp()
+    reachable(base)
+    for above in base.parents:  # under xdist, each worker's base is a level below the run's
+        if above.name.startswith("souk-tests-") or above == Path(tempfile.gettempdir()):
+            break
+        reachable(above)
     mktemp = tmp_path_factory.mktemp
 
     def mktemp_reachable(basename: str, numbered: bool = True) -> Path:
