@@ -8,7 +8,14 @@ import re
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 from pydantic_core import PydanticCustomError
 
 from souk.models.duration import Duration
@@ -107,6 +114,16 @@ def unsupported(why: str) -> PydanticCustomError:
     return PydanticCustomError("unsupported", why)
 
 
+def refused(reasons: dict[str, str]) -> Any:
+    """One validator for a model's fields souk cannot honour, each with why: `unsupported` unless
+    sent empty (`refuse_set`)."""
+
+    def check(cls: type, value: Any, info: ValidationInfo) -> Any:
+        return refuse_set(value, reasons[str(info.field_name)])
+
+    return field_validator(*reasons)(classmethod(check))  # type: ignore[arg-type]
+
+
 def refuse_set(value: Any, why: str) -> Any:
     """`value` if it is empty (as Fly's clients send unset fields), else `unsupported`."""
     if value in (None, False, 0, "", [], {}):
@@ -137,20 +154,14 @@ class GuestConfig(Strict):
     kernel_args: list[str] | None = None
     persist_rootfs: Literal["never"] | None = None
 
-    @field_validator("gpus", "gpu_kind")
-    @classmethod
-    def _no_gpus(cls, value: Any) -> Any:
-        return refuse_set(value, "souk's workers offer no GPUs")
-
-    @field_validator("host_dedication_id")
-    @classmethod
-    def _no_dedication(cls, value: Any) -> Any:
-        return refuse_set(value, "souk has no dedicated hosts; the market picks the worker")
-
-    @field_validator("kernel_args")
-    @classmethod
-    def _no_kernel(cls, value: Any) -> Any:
-        return refuse_set(value, "souk's machines share the worker's kernel: no kernel arguments")
+    _refused = refused(
+        {
+            "gpus": "souk's workers offer no GPUs",
+            "gpu_kind": "souk's workers offer no GPUs",
+            "host_dedication_id": "souk has no dedicated hosts; the market picks the worker",
+            "kernel_args": "souk's machines share the worker's kernel: no kernel arguments",
+        }
+    )
 
 
 class InitConfig(Strict):
@@ -166,15 +177,12 @@ class InitConfig(Strict):
     def _no_nul(cls, argv: list[str] | None) -> list[str] | None:
         return no_nul(argv)
 
-    @field_validator("kernel_args")
-    @classmethod
-    def _no_kernel(cls, value: Any) -> Any:
-        return refuse_set(value, "souk's machines share the worker's kernel: no kernel arguments")
-
-    @field_validator("swap_size_mb")
-    @classmethod
-    def _no_swap(cls, value: Any) -> Any:
-        return refuse_set(value, "souk's machines get no swap of their own; size memory_mb instead")
+    _refused = refused(
+        {
+            "kernel_args": "souk's machines share the worker's kernel: no kernel arguments",
+            "swap_size_mb": "souk's machines get no swap of their own; size memory_mb instead",
+        }
+    )
 
 
 class RestartConfig(Strict):
@@ -182,10 +190,11 @@ class RestartConfig(Strict):
     max_retries: int = Field(10, ge=0, le=1000)
     gpu_bid_price: float | None = None
 
-    @field_validator("gpu_bid_price")
-    @classmethod
-    def _no_bid(cls, value: Any) -> Any:
-        return refuse_set(value, "souk has no spot market for GPUs")
+    _refused = refused(
+        {
+            "gpu_bid_price": "souk has no spot market for GPUs",
+        }
+    )
 
 
 class StopConfig(Strict):
@@ -208,15 +217,15 @@ class ServicePort(Strict):
     tls_options: dict[str, Any] | None = None
     proxy_proto_options: dict[str, Any] | None = None
 
-    @field_validator("start_port", "end_port")
-    @classmethod
-    def _no_ranges(cls, value: Any) -> Any:
-        return refuse_set(value, "souk's proxy forwards single ports, not ranges")
-
-    @field_validator("http_options", "tls_options", "proxy_proto_options")
-    @classmethod
-    def _no_options(cls, value: Any) -> Any:
-        return refuse_set(value, "souk's proxy has no per-port HTTP, TLS or PROXY options yet")
+    _refused = refused(
+        {
+            "start_port": "souk's proxy forwards single ports, not ranges",
+            "end_port": "souk's proxy forwards single ports, not ranges",
+            "http_options": "souk's proxy has no per-port HTTP, TLS or PROXY options yet",
+            "tls_options": "souk's proxy has no per-port HTTP, TLS or PROXY options yet",
+            "proxy_proto_options": "souk's proxy has no per-port HTTP, TLS or PROXY options yet",
+        }
+    )
 
     @model_validator(mode="after")
     def _one_port(self) -> ServicePort:
@@ -282,10 +291,12 @@ class Service(Strict):
             return "stop"
         return "off" if value is False else value
 
-    @field_validator("force_instance_key", "force_instance_description")
-    @classmethod
-    def _no_pinning(cls, value: Any) -> Any:
-        return refuse_set(value, "souk's proxy does not pin requests to one machine")
+    _refused = refused(
+        {
+            "force_instance_key": "souk's proxy does not pin requests to one machine",
+            "force_instance_description": "souk's proxy does not pin requests to one machine",
+        }
+    )
 
 
 def service_check_name(index: int, check: Check, port: int) -> str:
@@ -361,10 +372,11 @@ class MachineProcess(Strict):
             )
         return user
 
-    @field_validator("secrets")
-    @classmethod
-    def _no_secrets(cls, value: Any) -> Any:
-        return refuse_set(value, "per-process secrets are not supported yet")
+    _refused = refused(
+        {
+            "secrets": "per-process secrets are not supported yet",
+        }
+    )
 
     def argv(self, init: InitConfig) -> list[str]:
         """Its command: its exec, else its entrypoint + cmd, each part falling back to init's."""
@@ -500,15 +512,12 @@ class MachineConfig(Strict):
     def _env_names(cls, env: dict[str, str]) -> dict[str, str]:
         return check_env(env)
 
-    @field_validator("containers")
-    @classmethod
-    def _no_containers(cls, value: Any) -> Any:
-        return refuse_set(value, "souk runs one image per machine; use processes or machines")
-
-    @field_validator("statics")
-    @classmethod
-    def _no_statics(cls, value: Any) -> Any:
-        return refuse_set(value, "souk's proxy does not serve static files")
+    _refused = refused(
+        {
+            "containers": "souk runs one image per machine; use processes or machines",
+            "statics": "souk's proxy does not serve static files",
+        }
+    )
 
     @field_validator("dns")
     @classmethod
