@@ -5,11 +5,16 @@ writes (its CA only for its own broker)."""
 from __future__ import annotations
 
 import os
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import TypeVar
 
 import typer
 
+from souk.cli.command import run
 from souk.clients.machines import MachinesClient
+
+T = TypeVar("T")
 
 DEV_DIR = Path(".souk-dev")
 DEV_CA = Path("tls") / "ca" / "ca.crt"  # below DEV_DIR, made by `souk dev --secure`
@@ -17,6 +22,8 @@ DEFAULT_API = "http://127.0.0.1:4280"
 TIMEOUT = 120.0  # for one answer; streams (logs --follow) have none
 
 API = typer.Option(None, "--api", help="Broker URL (default: $SOUK_API, or souk dev's).")
+JSON = typer.Option(False, "--json", help="Print JSON instead of a table.")
+APP = typer.Option("demo", "--app", "-a", help="The app.")
 TOKEN = typer.Option(None, "--token", help="Bearer token (default: $SOUK_TOKEN, or souk dev's).")
 CA = typer.Option(
     None,
@@ -69,3 +76,13 @@ def connect(api: str | None, token: str | None, optional_token: bool = False) ->
     """A client of the broker (or, with `optional_token`, of a catalog node needing none)."""
     found = _find_token(token) if optional_token else api_token(token)
     return MachinesClient(api_url(api), found, TIMEOUT, ca=api_ca(_chosen["ca"], api))
+
+
+def call(api: str | None, token: str | None, fn: Callable[[MachinesClient], Awaitable[T]]) -> T:
+    """One call with a client of its own, errors reported the CLI's way."""
+
+    async def go() -> T:
+        async with connect(api, token) as client:
+            return await fn(client)
+
+    return run(go())

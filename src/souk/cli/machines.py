@@ -5,13 +5,13 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any
 
 import typer
 from pydantic import ValidationError
 
-from souk.cli.client import API, TOKEN, connect
-from souk.cli.command import problems, run, show
+from souk.cli.client import API, APP, JSON, TOKEN, call
+from souk.cli.command import problems, show
 from souk.clients.machines import MachinesClient
 from souk.models.api import CreateAppRequest, CreateMachineRequest, PublicMachine
 from souk.models.machine import GuestConfig, InitConfig, MachineConfig
@@ -19,22 +19,8 @@ from souk.models.machine import GuestConfig, InitConfig, MachineConfig
 machines = typer.Typer(help="Run and manage machines.", no_args_is_help=True)
 apps = typer.Typer(help="Create, list and delete apps.", no_args_is_help=True)
 
-JSON = typer.Option(False, "--json", help="Print JSON instead of a table.")
-APP = typer.Option("demo", "--app", "-a", help="The app.")
 COLUMNS = ["id", "name", "state", "region", "worker", "cpus", "memory_mb", "command"]
 APP_COLUMNS = ["name", "machine_count", "created_at"]
-
-T = TypeVar("T")
-
-
-def _call(api: str | None, token: str | None, call: Callable[[MachinesClient], Awaitable[T]]) -> T:
-    """One call with a client of its own, errors reported the CLI's way."""
-
-    async def go() -> T:
-        async with connect(api, token) as client:
-            return await call(client)
-
-    return run(go())
 
 
 def _flat(m: PublicMachine) -> dict[str, Any]:
@@ -80,7 +66,7 @@ def run_machine(
         )
     except ValidationError as exc:
         raise typer.BadParameter(problems(exc)) from None
-    _one(_call(api, token, lambda c: c.create(app, req, strategy)), as_json)
+    _one(call(api, token, lambda c: c.create(app, req, strategy)), as_json)
 
 
 @machines.command("list")
@@ -95,7 +81,7 @@ def list_(
 ) -> None:
     """List an app's machines."""
     states = [s for s in (state or "").split(",") if s]
-    rows = _call(api, token, lambda c: c.machines(app, region, states, all_))
+    rows = call(api, token, lambda c: c.machines(app, region, states, all_))
     show([_flat(m) for m in rows], COLUMNS, as_json, title=f"machines of {app}")
 
 
@@ -112,7 +98,7 @@ def why(
 ) -> None:
     """Why a machine is where it is: every worker looked at, its score or why it refused.
     Operator tokens; only the broker that placed the machine knows (docs/observability.md)."""
-    found = _call(api, token, lambda c: c.placement(app, machine_id))
+    found = call(api, token, lambda c: c.placement(app, machine_id))
     if as_json:
         print(json.dumps(found.model_dump(mode="json"), indent=2))
         return
@@ -135,7 +121,7 @@ def status(
     as_json: bool = JSON,
 ) -> None:
     """One machine."""
-    _one(_call(api, token, lambda c: c.machine(app, machine_id)), as_json)
+    _one(call(api, token, lambda c: c.machine(app, machine_id)), as_json)
 
 
 Action = Callable[[MachinesClient, str, str], Awaitable[PublicMachine]]
@@ -151,7 +137,7 @@ def _verb(verb: str, act: Action, doc: str) -> None:
         token: str | None = TOKEN,
         as_json: bool = JSON,
     ) -> None:
-        _one(_call(api, token, lambda c: act(c, app, machine_id)), as_json)
+        _one(call(api, token, lambda c: act(c, app, machine_id)), as_json)
 
     command.__doc__ = doc
     machines.command(verb)(command)
@@ -173,7 +159,7 @@ def destroy(
     as_json: bool = JSON,
 ) -> None:
     """Destroy a machine and release its reservation."""
-    _one(_call(api, token, lambda c: c.destroy(app, machine_id, force=force)), as_json)
+    _one(call(api, token, lambda c: c.destroy(app, machine_id, force=force)), as_json)
 
 
 @machines.command("logs")
@@ -193,7 +179,7 @@ def logs(
             sys.stdout.buffer.write(chunk)
             sys.stdout.buffer.flush()
 
-    _call(api, token, copy)
+    call(api, token, copy)
 
 
 @apps.command("create")
@@ -209,14 +195,14 @@ def create_app(
         req = CreateAppRequest(name=name, org_slug=org)
     except ValidationError as exc:
         raise typer.BadParameter(problems(exc)) from None
-    app = _call(api, token, lambda c: c.create_app(req))
+    app = call(api, token, lambda c: c.create_app(req))
     show([app.model_dump(mode="json")], APP_COLUMNS, as_json)
 
 
 @apps.command("list")
 def list_apps(api: str | None = API, token: str | None = TOKEN, as_json: bool = JSON) -> None:
     """Apps this token can see."""
-    data = _call(api, token, lambda c: c.apps())
+    data = call(api, token, lambda c: c.apps())
     rows = [a.model_dump(mode="json") for a in data.apps]
     show(rows, APP_COLUMNS, as_json, title="apps")
 
@@ -226,7 +212,7 @@ def destroy_app(
     name: str, api: str | None = API, token: str | None = TOKEN, as_json: bool = JSON
 ) -> None:
     """Delete an app that has no machines left."""
-    _call(api, token, lambda c: c.delete_app(name))
+    call(api, token, lambda c: c.delete_app(name))
     if as_json:
         print(json.dumps({"deleted": name}))
     else:

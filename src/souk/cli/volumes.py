@@ -3,33 +3,20 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any
 
 import typer
 from pydantic import BaseModel, ValidationError
 
-from souk.cli.client import API, TOKEN, connect
-from souk.cli.command import problems, run, show
+from souk.cli.client import API, APP, JSON, TOKEN, call
+from souk.cli.command import problems, show
 from souk.clients.machines import MachinesClient
 from souk.models.volume import CreateVolumeRequest, ExtendVolumeRequest, Volume
 
 volumes = typer.Typer(help="Create, grow, snapshot and destroy volumes.", no_args_is_help=True)
 
-JSON = typer.Option(False, "--json", help="Print JSON instead of a table.")
-APP = typer.Option("demo", "--app", "-a", help="The app.")
 COLUMNS = ["id", "name", "state", "region", "zone", "size_mb", "attached_machine_id"]
 SNAPSHOT_COLUMNS = ["id", "status", "size", "volume_size", "created_at"]
-
-T = TypeVar("T")
-
-
-def _call(api: str | None, token: str | None, call: Callable[[MachinesClient], Awaitable[T]]) -> T:
-    async def go() -> T:
-        async with connect(api, token) as client:
-            return await call(client)
-
-    return run(go())
 
 
 def _one(v: BaseModel, columns: list[str], as_json: bool) -> None:
@@ -74,7 +61,7 @@ def create(
         )
     except ValidationError as exc:
         raise typer.BadParameter(problems(exc)) from None
-    _one(_call(api, token, lambda c: c.create_volume(app, req)), COLUMNS, as_json)
+    _one(call(api, token, lambda c: c.create_volume(app, req)), COLUMNS, as_json)
 
 
 @volumes.command("list")
@@ -82,7 +69,7 @@ def list_(
     app: str = APP, api: str | None = API, token: str | None = TOKEN, as_json: bool = JSON
 ) -> None:
     """List an app's volumes."""
-    rows: list[Volume] = _call(api, token, lambda c: c.volumes(app))
+    rows: list[Volume] = call(api, token, lambda c: c.volumes(app))
     show([v.model_dump(mode="json") for v in rows], COLUMNS, as_json, title=f"volumes of {app}")
 
 
@@ -96,7 +83,7 @@ def show_(
 ) -> None:
     """One volume, with its use of its file system."""
     columns = [*COLUMNS, "bytes_total", "bytes_used"]
-    _one(_call(api, token, lambda c: c.volume(app, volume_id)), columns, as_json)
+    _one(call(api, token, lambda c: c.volume(app, volume_id)), columns, as_json)
 
 
 @volumes.command("extend")
@@ -114,7 +101,7 @@ def extend(
         req = ExtendVolumeRequest(**_size(size_gb, size_mb))
     except ValidationError as exc:
         raise typer.BadParameter(problems(exc)) from None
-    reply = _call(api, token, lambda c: c.extend_volume(app, volume_id, req))
+    reply = call(api, token, lambda c: c.extend_volume(app, volume_id, req))
     if as_json:
         print(json.dumps(reply.model_dump(mode="json"), indent=2))
     else:
@@ -137,7 +124,7 @@ def snapshots(
             await c.snapshot_volume(app, volume_id)
         return [s.model_dump(mode="json") for s in await c.snapshots(app, volume_id)]
 
-    show(_call(api, token, go), SNAPSHOT_COLUMNS, as_json, title=f"snapshots of {volume_id}")
+    show(call(api, token, go), SNAPSHOT_COLUMNS, as_json, title=f"snapshots of {volume_id}")
 
 
 @volumes.command("destroy")
@@ -149,4 +136,4 @@ def destroy(
     as_json: bool = JSON,
 ) -> None:
     """Destroy a volume and its snapshots (refused while a machine mounts it)."""
-    _one(_call(api, token, lambda c: c.destroy_volume(app, volume_id)), COLUMNS, as_json)
+    _one(call(api, token, lambda c: c.destroy_volume(app, volume_id)), COLUMNS, as_json)
