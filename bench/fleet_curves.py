@@ -272,61 +272,73 @@ def table(report: Report) -> Table:
     return t
 
 
+Series = list[tuple[str, list[int], list[float], str]]  # label, x, y, matplotlib style
+
+
 def plot(report: Report, into: Path) -> list[Path]:
+    into.mkdir(parents=True, exist_ok=True)
+    plain = [s for s in report.sizes if s.mode == "plain"]
+    signed = [s for s in report.sizes if s.mode == "signed"]
+    xs = [s.workers for s in plain]
+    broker: Series = [
+        ("decision (catalog strategy)", xs, [s.decision_us or 0.0 for s in plain], "o-"),
+        (
+            "decision, region read as before",
+            xs,
+            [s.decision_before_us or 0.0 for s in plain],
+            "o--",
+        ),
+        ("one worker row change applied", xs, [s.batch_us for s in plain], "s-"),
+        ("one heartbeat without news", xs, [s.heartbeat_us for s in plain], "^-"),
+        ("create request parsed + answer", xs, [s.request_us or 0.0 for s in plain], "d-"),
+    ]
+    sx = [s.workers for s in signed]
+    by = {s.workers: s for s in plain}
+    catalog: Series = [
+        ("batch, plain", sx, [by[s.workers].batch_us for s in signed], "s-"),
+        ("batch, signed", sx, [s.batch_us for s in signed], "s--"),
+        ("heartbeat, plain", sx, [by[s.workers].heartbeat_us for s in signed], "^-"),
+        ("heartbeat, signed", sx, [s.heartbeat_us for s in signed], "^--"),
+    ]
+    return [
+        _chart(
+            broker,
+            "workers in the region (owners followed)",
+            "broker CPU per operation (µs)",
+            "Broker CPU per operation as the fleet grows",
+            into / "broker-cpu-per-operation.png",
+        ),
+        _chart(
+            catalog,
+            "owners followed",
+            "replica CPU per message (µs)",
+            "Catalog replica: plain against signed",
+            into / "catalog-cpu-signed.png",
+        ),
+    ]
+
+
+def _chart(series: Series, xlabel: str, ylabel: str, title: str, path: Path) -> Path:
+    """One log-log chart of the series, written to `path`."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    into.mkdir(parents=True, exist_ok=True)
-    plain = [s for s in report.sizes if s.mode == "plain"]
-    signed = [s for s in report.sizes if s.mode == "signed"]
-    xs = [s.workers for s in plain]
-    out = []
-
     fig, ax = plt.subplots(figsize=(7, 4.2))
-    series: list[tuple[str, list[float], str]] = [
-        ("decision (catalog strategy)", [s.decision_us or 0.0 for s in plain], "o-"),
-        ("decision, region read as before", [s.decision_before_us or 0.0 for s in plain], "o--"),
-        ("one worker row change applied", [s.batch_us for s in plain], "s-"),
-        ("one heartbeat without news", [s.heartbeat_us for s in plain], "^-"),
-        ("create request parsed + answer", [s.request_us or 0.0 for s in plain], "d-"),
-    ]
-    for label, ys, style in series:
-        ax.plot(xs, ys, style, label=label)
+    for label, x, y, style in series:
+        ax.plot(x, y, style, label=label)
     ax.set_xscale("log")
     ax.set_yscale("log")
-    ax.set_xlabel("workers in the region (owners followed)")
-    ax.set_ylabel("broker CPU per operation (µs)")
-    ax.set_title("Broker CPU per operation as the fleet grows")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    path = into / "broker-cpu-per-operation.png"
     fig.savefig(path, dpi=110)
     plt.close(fig)
-    out.append(path)
-
-    fig, ax = plt.subplots(figsize=(7, 4.2))
-    sx = [s.workers for s in signed]
-    by = {s.workers: s for s in plain}
-    ax.plot(sx, [by[s.workers].batch_us for s in signed], "s-", label="batch, plain")
-    ax.plot(sx, [s.batch_us for s in signed], "s--", label="batch, signed")
-    ax.plot(sx, [by[s.workers].heartbeat_us for s in signed], "^-", label="heartbeat, plain")
-    ax.plot(sx, [s.heartbeat_us for s in signed], "^--", label="heartbeat, signed")
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel("owners followed")
-    ax.set_ylabel("replica CPU per message (µs)")
-    ax.set_title("Catalog replica: plain against signed")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    path = into / "catalog-cpu-signed.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    out.append(path)
-    return out
+    return path
 
 
 def main() -> None:
