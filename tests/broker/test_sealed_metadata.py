@@ -13,7 +13,6 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from souk.broker.api.state import Broker
 from souk.broker.fleet import StaticFleet
-from souk.broker.sealing import ENVELOPE, Sealer, Unsealable
 from souk.broker.server import make_app as make_broker_app
 from souk.broker.tokens import attenuate
 from souk.cli.deploy.config import AppConfig
@@ -26,6 +25,7 @@ from souk.cli.deploy.releases import (
     stale_releases,
 )
 from souk.clients.workers import WorkerClient
+from souk.sealing import ENVELOPE, Sealer, Unsealable
 from tests.broker.test_app_metadata import ok
 from tests.support.broker_cluster import SECRET, Cluster, ClusterFactory, WorkerSpec
 

@@ -13,9 +13,9 @@ from souk.broker.api.errors import fly_statuses, worker_errors
 from souk.broker.api.routes import ROUTES
 from souk.broker.api.state import BROKER, IDEMPOTENCY, SEALER, Broker
 from souk.broker.auth import MachineRegion, make_auth, undeclared
-from souk.broker.sealing import Sealer
 from souk.broker.ui import pages as ui_pages
 from souk.broker.ui.session import ui_session
+from souk.sealing import Sealer
 from souk.web import ApiError, Route, add_routes, error_middleware
 from souk.web.body import MAX_BODY_BYTES
 

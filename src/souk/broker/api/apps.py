@@ -11,11 +11,11 @@ from aiohttp import web
 from souk.broker.api.state import Broker, broker_of, sealer_of
 from souk.broker.auth import grant_of
 from souk.broker.registry import AppExists, AppNotFound, MetadataRefused
-from souk.broker.sealing import Unsealable
 from souk.broker.tokens import Scope
 from souk.models.api import App, AppOrganization, CreateAppRequest, ListAppsResponse
 from souk.models.catalog import AppRow
 from souk.models.machine import MetadataChange
+from souk.sealing import Unsealable
 from souk.web import ApiError, audience_of, read_model, reply
 
 
@@ -98,7 +98,7 @@ async def delete_app(request: web.Request) -> web.Response:
 
 def shown_metadata(request: web.Request, name: str, metadata: dict[str, str]) -> web.Response:
     """The app's metadata for this caller: sealed values opened if its token may deploy the
-    app, left out if not (see `souk.broker.sealing`)."""
+    app, left out if not (see `souk.sealing`)."""
     may_open = grant_of(request).permits(Scope("deploy", app=name))
     try:
         return reply(sealer_of(request).shown(name, metadata, may_open))

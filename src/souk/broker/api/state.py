@@ -14,10 +14,10 @@ from souk.broker.fleet import Fleet
 from souk.broker.placement.pipeline import Placer
 from souk.broker.placement.reservation import TAG_LENGTH, worker_tag
 from souk.broker.registry import AppRegistry
-from souk.broker.sealing import Sealer
 from souk.clients.workers import WorkerClient
 from souk.models.catalog import AppRow
 from souk.models.machine import Machine
+from souk.sealing import Sealer
 from souk.web import ApiError
 
 HINTS = 100_000
