@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import re
 from typing import get_args
 
 from aiohttp import web
@@ -15,7 +14,7 @@ from souk.broker.api.params import flag
 from souk.broker.api.state import broker_of
 from souk.broker.placement import quote
 from souk.models.catalog import MachineRow, WorkerRow
-from souk.models.machine import CpuKind, GuestConfig, MachineState
+from souk.models.machine import SIZES, CpuKind, GuestConfig, MachineState
 from souk.models.platform import (
     OrgMachine,
     OrgMachinesResponse,
@@ -29,11 +28,9 @@ from souk.web import ApiError, audience_of, read_model, reply
 
 DEFAULT_LIMIT = 500
 MAX_LIMIT = 1000
+
+
 # Fly's size presets as guests: shared-cpu-Nx has 256 MB per cpu, performance-Nx 2 GB.
-_SIZE = re.compile(r"^(shared-cpu|performance)-(\d{1,3})x\Z")
-_MB_PER_CPU = {"shared-cpu": 256, "performance": 2048}
-
-
 def _regions(b_regions: set[str], expression: str | None) -> list[str]:
     """The regions an expression names, in its order; every region for none or `any`."""
     names = [n.strip() for n in (expression or "").split(",") if n.strip()]
@@ -52,16 +49,11 @@ def _guest_from_query(request: web.Request) -> GuestConfig:
     q = request.query
     fields: dict[str, object] = {}
     size = q.get("size")
-    if size:
-        found = _SIZE.match(size)
-        if found is None:
-            raise ApiError(400, "invalid", "size: shared-cpu-Nx or performance-Nx")
-        kind, cpus = found.group(1), int(found.group(2))
-        fields = {
-            "cpu_kind": "shared" if kind == "shared-cpu" else "performance",
-            "cpus": cpus,
-            "memory_mb": cpus * _MB_PER_CPU[kind],
-        }
+    if size:  # the presets machine creates take
+        if size not in SIZES:
+            raise ApiError(400, "invalid", f"size: one of {', '.join(SIZES)}")
+        kind, cpus, memory_mb = SIZES[size]
+        fields = {"cpu_kind": kind, "cpus": cpus, "memory_mb": memory_mb}
     for name in ("cpus", "memory_mb"):
         if q.get(name):
             try:
