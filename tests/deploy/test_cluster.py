@@ -96,11 +96,12 @@ class App:
     def role(self, role: str) -> list[dict[str, Any]]:
         return [m for m in self.machines() if m["config"]["metadata"].get("souk.role") == role]
 
-    def greetings(self) -> dict[str, str]:
-        """What each started primary answers over HTTP, by machine id."""
+    def greetings(self, skip: str | None = None) -> dict[str, str]:
+        """What each started primary answers over HTTP, by machine id (but `skip`'s: a machine
+        whose command keeps exiting is `started` for a moment at each restart)."""
         out = {}
         for m in self.role("primary"):
-            if m["state"] == "started":
+            if m["state"] == "started" and m["id"] != skip:
                 with urllib.request.urlopen(f"http://{m['private_ip']}:8080/", timeout=5) as r:
                     out[m["id"]] = json.loads(r.read())["hello"]
         return out
@@ -186,7 +187,8 @@ def test_a_broken_release_stops_at_its_first_machine(app: App) -> None:
     touched = [m for m in app.machines() if releases_of(m) != "1"]
     assert [m["id"] for m in touched] == [failed]
     assert set(before) == {m["id"] for m in app.machines()}
-    assert set(app.greetings().values()) <= {"v1"} and len(app.greetings()) >= 1
+    healthy = app.greetings(skip=failed)
+    assert set(healthy.values()) == {"v1"} and len(healthy) >= 1
     status = app.souk("status")
     assert status["release"] == 1
     listed = app.souk("releases")
