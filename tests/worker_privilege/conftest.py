@@ -13,7 +13,7 @@ from souk.worker.daemon import make_driver, running
 from souk.worker.engine import Engine
 from souk.worker.oci.registry import RegistryClient
 from souk.worker.settings import WorkerSettings
-from tests.support.engines import settings
+from tests.support.engines import destroy_all, settings
 from tests.support.registry import Registry, registry_or_skip
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="only a root worker has ids to give")
@@ -30,14 +30,6 @@ async def pid_of(engine: Engine, machine_id: str) -> int:
     assert ok, found.state
     row = engine.store.read.execute("SELECT pid FROM machines WHERE id = ?", (machine_id,))
     return int(row.fetchone()["pid"])
-
-
-async def destroy_all(engine: Engine) -> None:
-    """Machines outlive their worker: take them down with it."""
-    for found in engine.machines():
-        await engine.submit(found.id, "destroy", {"force": True})
-    for found in engine.machines():
-        await engine.wait(found.id, "destroyed", 15, None)
 
 
 @pytest.fixture

@@ -17,10 +17,11 @@ from souk.worker.daemon import make_driver, running
 from souk.worker.engine import Engine
 from souk.worker.oci.registry import RegistryClient
 from souk.worker.settings import WorkerSettings
+from tests.support.engines import destroy_all
 from tests.support.images import ImageSpec, busybox_layer, layer
 from tests.support.registry import Registry, push
 
-from .conftest import destroy_all, needs_root, pid_of
+from .conftest import needs_root, pid_of
 
 pytestmark = [
     pytest.mark.integration,

@@ -17,8 +17,9 @@ from souk.worker.cgroups import detect
 from souk.worker.daemon import make_driver, running
 from souk.worker.engine import Engine
 from souk.worker.settings import WorkerSettings
+from tests.support.engines import destroy_all
 
-from .conftest import destroy_all, machine, needs_root, pid_of
+from .conftest import machine, needs_root, pid_of
 
 pytestmark = [pytest.mark.integration, needs_root]
 
