@@ -4,6 +4,7 @@ run finds what the first did and leaks nothing."""
 from __future__ import annotations
 
 import subprocess
+import threading
 from pathlib import Path
 
 from souk.worker import volume_disk
@@ -38,3 +39,27 @@ def test_every_step_is_idempotent_and_cleans_up_a_half_done_run(data_dir: Path) 
         volume_disk.detach(p)
         volume_disk.remove(p)
     assert leftovers(data_dir) == {"loops": [], "mounts": [], "files": []}
+
+
+def test_a_tool_left_running_by_a_killed_worker_keeps_the_volume_locked(data_dir: Path) -> None:
+    p = volume_disk.paths(data_dir, "vol_aaaaaa1")
+    data_dir.mkdir(parents=True)
+    release = threading.Event()
+    with volume_disk.exclusive(p):  # a tool started under the lock, then its worker is gone
+        orphan = subprocess.Popen(
+            ["sh", "-c", f"read line; touch {data_dir}/finished"],
+            stdin=subprocess.PIPE,
+            pass_fds=volume_disk.held(),
+        )
+    order: list[str] = []
+
+    def resumed_step() -> None:
+        with volume_disk.exclusive(p):
+            finished = (data_dir / "finished").exists()
+            order.append("step ran" if finished else "raced the orphan")
+        release.set()
+
+    threading.Thread(target=resumed_step).start()
+    assert not release.wait(0.3)  # still held by the orphan alone
+    orphan.communicate(b"done\n")
+    assert release.wait(10) and order == ["step ran"]

@@ -7,6 +7,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from souk.worker import volume_disk
 from souk.worker.engine import Engine
 from tests.support.clients import Client
@@ -175,6 +177,27 @@ async def test_a_failed_operation_is_an_error_and_its_volume_can_be_destroyed(
     await ok(await vclient.delete("/v1/volumes/vol_bbbbbb1"))
     cap = await ok(await vclient.get("/v1/capacity"))
     assert cap["disk_mb_reserved"] == 16
+
+
+async def test_a_failed_extend_leaves_the_volume_as_it_was_and_extendable(
+    vclient: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await make(vclient, "vol_aaaaaa1", 16)
+    real = volume_disk.grow_fs
+
+    def refuse(p: volume_disk.VolumePaths) -> None:
+        raise volume_disk.DiskError("resize2fs: the disk said no")
+
+    monkeypatch.setattr(volume_disk, "grow_fs", refuse)
+    put = vclient.put("/v1/volumes/vol_aaaaaa1/extend", json={"size_mb": 32})
+    err = await refused(await put, 500, "volume_failed")
+    assert "the disk said no" in err["error"]
+    after = await ok(await vclient.get("/v1/volumes/vol_aaaaaa1"))
+    assert after["state"] == "created" and after["bytes_total"] <= 16 << 20
+    monkeypatch.setattr(volume_disk, "grow_fs", real)  # the same size again finishes it
+    reply = await ok(await vclient.put("/v1/volumes/vol_aaaaaa1/extend", json={"size_mb": 32}))
+    grown = reply["volume"]
+    assert grown["state"] == "created" and grown["bytes_total"] > 16 << 20
 
 
 async def test_retention_is_changed_in_place(vclient: Client, vengine: Engine) -> None:

@@ -5,15 +5,24 @@ Every function here is idempotent and finds what an earlier, interrupted call le
 is found by its backing file, a mount by its mount point), so a step that ran half-way before a
 `kill -9` runs again without leaking a device, a mount or a file. Half-made files carry a `.tmp`
 suffix until they are complete and are renamed into place; a rename is the moment they exist.
+
+A `kill -9` does not stop the tool the worker was running (an e2fsck, a resize2fs, a copy): it
+goes on, orphaned. So every tool holds its volume's lock with the worker (`exclusive`), and the
+step that runs again after the restart waits for the orphan to finish instead of racing it.
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import subprocess
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, TypeVar
 
 TOOLS = ("losetup", "mkfs.ext4", "e2fsck", "resize2fs", "fsfreeze", "mount", "umount")
 
@@ -60,8 +69,46 @@ def unsupported_reason() -> str | None:
     return None
 
 
+_held = threading.local()  # the lock descriptors this thread holds, by volume root
+R = TypeVar("R")
+
+
+@contextmanager
+def exclusive(p: VolumePaths) -> Iterator[None]:
+    """The volume's lock (re-entered freely by the thread that holds it). Tools started while it
+    is held inherit it, so it stays held until they exit, whoever dies first."""
+    held: dict[Path, int] = _held.__dict__.setdefault("fds", {})
+    if p.root in held:
+        yield
+        return
+    make_root(p)
+    fd = os.open(p.root / "lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        held[p.root] = fd
+        yield
+    finally:
+        held.pop(p.root, None)
+        os.close(fd)
+
+
+def holding(fn: Callable[..., R], p: VolumePaths, *args: Any) -> R:
+    """`fn(p, *args)` with the volume's lock held."""
+    with exclusive(p):
+        return fn(p, *args)
+
+
+def held() -> tuple[int, ...]:
+    """The lock descriptors a tool started now inherits."""
+    return tuple(_held.__dict__.get("fds", {}).values())
+
+
+def _tool(*argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(argv, capture_output=True, text=True, check=False, pass_fds=held())
+
+
 def _run(*argv: str) -> str:
-    done = subprocess.run(argv, capture_output=True, text=True, check=False)
+    done = _tool(*argv)
     if done.returncode != 0:
         raise DiskError(f"{' '.join(argv)}: {done.stderr.strip() or done.returncode}")
     return done.stdout
@@ -225,7 +272,7 @@ def grow_fs(p: VolumePaths) -> None:
     if not is_mounted(p.mountpoint):
         _grow_offline(device)
         return
-    online = subprocess.run(["resize2fs", device], capture_output=True, text=True, check=False)
+    online = _tool("resize2fs", device)
     if online.returncode == 0:
         return
     if "Permission denied" not in online.stderr:
@@ -242,7 +289,7 @@ def grow_fs(p: VolumePaths) -> None:
 
 
 def _grow_offline(device: str) -> None:
-    check = subprocess.run(["e2fsck", "-f", "-p", device], capture_output=True, text=True)
+    check = _tool("e2fsck", "-f", "-p", device)
     if check.returncode > 1:  # 1: errors corrected
         raise DiskError(f"e2fsck {device}: {check.stdout.strip()} {check.stderr.strip()}")
     _run("resize2fs", device)
@@ -250,7 +297,7 @@ def _grow_offline(device: str) -> None:
 
 def thaw(p: VolumePaths) -> None:
     if is_mounted(p.mountpoint):
-        subprocess.run(["fsfreeze", "-u", str(p.mountpoint)], capture_output=True, check=False)
+        _tool("fsfreeze", "-u", str(p.mountpoint))
 
 
 def snapshot(p: VolumePaths, snapshot_id: str) -> int:

@@ -317,8 +317,8 @@ class VolumeRunner:
         resume every queued operation."""
         for volume_id in queries.live_volume_ids(self.store.read):  # made, not on their way out
             try:
-                await asyncio.to_thread(volume_disk.mount, self.paths(volume_id))
-                await asyncio.to_thread(volume_disk.thaw, self.paths(volume_id))
+                await _disk(volume_disk.mount, self.paths(volume_id))
+                await _disk(volume_disk.thaw, self.paths(volume_id))
             except (OSError, volume_disk.DiskError) as exc:
                 log.error("volume %s could not be mounted: %s", volume_id, exc)
         for volume_id in queries.volumes_with_pending(self.store.read):
@@ -385,69 +385,73 @@ class VolumeRunner:
     async def _fail(self, run: VolumeRun, error: str) -> None:
         def commit(tx: Tx) -> None:
             queries.set_volume_progress(tx, run.op_id, run.index, True)
-            row = queries.volume(tx, run.volume_id)
-            if row is not None and queries.next_volume_operation(tx, run.volume_id) is None:
-                queries.set_volume_columns(tx, run.volume_id, {"projected": row["state"]})
-            if run.op.name == "extend" and row is not None:  # the growth did not happen
-                have = self.paths(run.volume_id).image
-                size = have.stat().st_size >> 20 if have.exists() else row["size_mb"]
-                queries.set_volume_columns(
-                    tx, run.volume_id, {"size_mb": min(size, row["size_mb"])}
-                )
             data = {"error": error}
             tx.log("volume", run.volume_id, run.op.name, "error", None, run.op_id, data)
+            row = queries.volume(tx, run.volume_id)
+            if row is None:
+                return
+            state = row["state"]
+            if run.op.name == "extend":  # the growth did not happen: the volume is as it was
+                have = self.paths(run.volume_id).image
+                size = have.stat().st_size >> 20 if have.exists() else row["size_mb"]
+                state = "created" if state == "extending" else state
+                changes = {"size_mb": min(size, row["size_mb"]), "state": state}
+                queries.set_volume_columns(tx, run.volume_id, changes)
+            if queries.next_volume_operation(tx, run.volume_id) is None:
+                queries.set_volume_columns(tx, run.volume_id, {"projected": state})
 
         await self.store.write(commit)
 
 
-def _in_thread(fn: Callable[..., Any], *args: Any) -> Awaitable[Any]:
-    return asyncio.to_thread(fn, *args)
+def _disk(fn: Callable[..., Any], p: volume_disk.VolumePaths, *args: Any) -> Awaitable[Any]:
+    """`fn(p, *args)` in a thread, holding the volume's lock (volume_disk.exclusive)."""
+    return asyncio.to_thread(volume_disk.holding, fn, p, *args)
 
 
 @_step("make_disk")
 async def _make_disk(r: VolumeRunner, run: VolumeRun) -> None:
-    await _in_thread(volume_disk.make_disk, r.paths(run.volume_id), int(run.params["size_mb"]))
+    await _disk(volume_disk.make_disk, r.paths(run.volume_id), int(run.params["size_mb"]))
 
 
 @_step("copy_snapshot")
 async def _copy_snapshot(r: VolumeRunner, run: VolumeRun) -> None:
     source = r.paths(str(run.params["source"])).snapshot(str(run.params["snapshot"]))
     p = r.paths(run.volume_id)
-    await _in_thread(volume_disk.copy_snapshot, p, source)
+    await _disk(volume_disk.copy_snapshot, p, source)
     if p.image.stat().st_size < int(run.params["size_mb"]) << 20:  # restored into a bigger one
-        await _in_thread(volume_disk.grow, p, int(run.params["size_mb"]))
+        await _disk(volume_disk.grow, p, int(run.params["size_mb"]))
 
 
 @_step("attach_loop")
 async def _attach_loop(r: VolumeRunner, run: VolumeRun) -> None:
-    await _in_thread(volume_disk.attach, r.paths(run.volume_id))
+    await _disk(volume_disk.attach, r.paths(run.volume_id))
 
 
 @_step("mount_fs")
 async def _mount_fs(r: VolumeRunner, run: VolumeRun) -> None:
     p = r.paths(run.volume_id)
-    await _in_thread(volume_disk.mount, p)
+    await _disk(volume_disk.mount, p)
     if p.image.stat().st_size < int(run.params["size_mb"]) << 20:
-        await _in_thread(volume_disk.grow, p, int(run.params["size_mb"]))
+        await _disk(volume_disk.grow, p, int(run.params["size_mb"]))
 
 
 @_step("grow_file")
 async def _grow_file(r: VolumeRunner, run: VolumeRun) -> None:
     p = r.paths(run.volume_id)
-    await _in_thread(volume_disk.grow_file, p, int(run.params["size_mb"]))
+    await _disk(volume_disk.grow_file, p, int(run.params["size_mb"]))
 
 
 @_step("grow_fs")
 async def _grow_fs(r: VolumeRunner, run: VolumeRun) -> None:
-    await _in_thread(volume_disk.mount, r.paths(run.volume_id))
-    await _in_thread(volume_disk.grow_fs, r.paths(run.volume_id))
+    await _disk(volume_disk.mount, r.paths(run.volume_id))
+    await _disk(volume_disk.grow_fs, r.paths(run.volume_id))
 
 
 @_step("copy_frozen")
 async def _copy_frozen(r: VolumeRunner, run: VolumeRun) -> None:
     snapshot_id = str(run.params["snapshot"])
     p = r.paths(run.volume_id)
-    size = await _in_thread(volume_disk.snapshot, p, snapshot_id)
+    size = await _disk(volume_disk.snapshot, p, snapshot_id)
     volume_size = p.image.stat().st_size
 
     def record(tx: Tx) -> None:
@@ -481,7 +485,7 @@ async def _prune(r: VolumeRunner, run: VolumeRun) -> None:
                 if f.stem not in named:
                     f.unlink(missing_ok=True)
 
-    await _in_thread(remove_unnamed)
+    await asyncio.to_thread(remove_unnamed)
 
 
 @_step("begin_release")
@@ -491,17 +495,17 @@ async def _begin_release(r: VolumeRunner, run: VolumeRun) -> None:
 
 @_step("unmount_fs")
 async def _unmount(r: VolumeRunner, run: VolumeRun) -> None:
-    await _in_thread(volume_disk.unmount, r.paths(run.volume_id))
+    await _disk(volume_disk.unmount, r.paths(run.volume_id))
 
 
 @_step("detach_loop")
 async def _detach(r: VolumeRunner, run: VolumeRun) -> None:
-    await _in_thread(volume_disk.detach, r.paths(run.volume_id))
+    await _disk(volume_disk.detach, r.paths(run.volume_id))
 
 
 @_step("remove_disk")
 async def _remove(r: VolumeRunner, run: VolumeRun) -> None:
-    await _in_thread(volume_disk.remove, r.paths(run.volume_id))
+    await _disk(volume_disk.remove, r.paths(run.volume_id))
 
 
 @_step("release_disk")
