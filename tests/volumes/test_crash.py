@@ -116,7 +116,7 @@ def test_kill9_at_random_steps_loses_nothing_and_leaks_nothing(worker: VolumeWor
             others = [v["id"] for v in settle(worker) if v["id"] != "vol_keep001"]
             if others:
                 reply = killed_during(worker, "DELETE", f"/v1/volumes/{others[0]}", None, delay)
-                if reply is not None and reply.status == 200:
+                if reply is None or reply.status == 200:  # no answer: it may have happened
                     acknowledged.discard(others[0])
         volumes = settle(worker)
         held = {v["id"] for v in volumes}
