@@ -10,6 +10,8 @@ from pathlib import Path
 from souk.models.machine import CreateMachine, MachineConfig
 from souk.sealing import WORKER_KEY_FILE
 from souk.worker.daemon import make_driver, running
+from souk.worker.drivers.base import Launch
+from souk.worker.drivers.process import process_env
 from souk.worker.engine import Engine
 from tests.support.engines import settings
 
@@ -37,3 +39,21 @@ async def test_each_start_opens_the_secrets_and_a_replaced_key_fails_it(tmp_path
         errors = [e for e in again.events(machine.id) if (e.type, e.step) == ("start", "error")]
         assert errors and "do not open with this worker's key" in str(errors[-1].request)
         assert "t-2" not in again.get(machine.id).model_dump_json()
+
+
+def test_a_process_that_ignores_the_app_secrets_gets_none_of_them(tmp_path: Path) -> None:
+    config = MachineConfig.model_validate(
+        {
+            "env": {"TOKEN": "t-1", "PLAIN": "p"},  # the app's secret, as the worker merged it
+            "processes": [
+                {"cmd": ["a"]},
+                {"cmd": ["b"], "ignore_app_secrets": True},
+                {"cmd": ["c"], "ignore_app_secrets": True, "env": {"TOKEN": "its own"}},
+            ],
+        }
+    )
+    secrets = {"TOKEN": "t-1"}
+    launch = Launch("m1", "demo", "mad", "i1", config, "mk", tmp_path, "10.0.0.2", secrets=secrets)
+    envs = [process_env(launch, p) for p in config.processes]
+    assert [e.get("TOKEN") for e in envs] == ["t-1", None, "its own"]
+    assert all(e["PLAIN"] == "p" for e in envs)

@@ -308,7 +308,8 @@ class ProcessDriver:
 
 
 def process_env(launch: Launch, process: MachineProcess) -> dict[str, str]:
-    """A process's env: the machine's, then its own, then its `env_from` fields."""
+    """A process's env: the machine's (without the app's secrets if it ignores them), then
+    its own, then its `env_from` fields."""
     fields = {
         "id": launch.machine_id,
         "version": launch.instance_id,
@@ -317,7 +318,11 @@ def process_env(launch: Launch, process: MachineProcess) -> dict[str, str]:
         "region": launch.region,
         "image": launch.config.image or "",
     }
-    env = {**machine_env(launch), **process.env}
+    env = machine_env(launch)
+    if process.ignore_app_secrets:
+        for name in launch.secrets:
+            env.pop(name, None)
+    env.update(process.env)
     env.update({ref.env_var: fields[ref.field_ref] for ref in process.env_from})
     return env
 
