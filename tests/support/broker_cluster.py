@@ -22,6 +22,7 @@ from souk.catalog import http as catalog_http
 from souk.catalog.bus import InProcessBus
 from souk.catalog.replica import following
 from souk.clients.workers import WorkerClient
+from souk.models.machine import CpuKind
 from souk.web import Route
 from souk.worker.daemon import make_app, make_driver, offering, publishing, running
 from souk.worker.engine import Engine
@@ -39,6 +40,7 @@ class WorkerSpec:
     memory_mb: int = 4096
     driver: str = "sim"
     disk_mb: int | None = None
+    cpu_kinds: tuple[CpuKind, ...] = ("shared",)
 
 
 @dataclass
@@ -75,6 +77,7 @@ async def cluster(
                 cpus=spec.cpus,
                 memory_mb=spec.memory_mb,
                 disk_mb=spec.disk_mb,
+                cpu_kinds=spec.cpu_kinds,
                 durable=False,
             )
             engine = await stack.enter_async_context(
