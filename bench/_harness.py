@@ -16,6 +16,7 @@ import statistics
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
@@ -46,16 +47,49 @@ def machine_info() -> str:
     return f"{os.cpu_count()} cpus ({model}), Python {platform.python_version()}"
 
 
+def proc_ticks(pids: Sequence[int]) -> int:
+    """user + system clock ticks used by these processes (and their reaped children)."""
+    used = 0
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            used += sum(int(v) for v in fields[11:15])
+    return used
+
+
+def cpu_ms(pid: int) -> float:
+    """CPU the process has used so far (with its reaped children), in ms."""
+    return proc_ticks([pid]) * 1000 / os.sysconf("SC_CLK_TCK")
+
+
+@dataclass
+class WorkerProcess:
+    url: str
+    pid: int
+
+
 @contextlib.asynccontextmanager
 async def worker(driver: str, data_dir: Path, fsync: bool) -> AsyncIterator[str]:
-    """A `souk worker` process; on the way out its machines are destroyed (so it reaps their
-    processes), it is stopped, and anything left carrying one of its machines' ids is killed."""
+    """A `souk worker` process (`worker_process`), by its URL."""
+    async with worker_process(driver, data_dir, fsync) as found:
+        yield found.url
+
+
+@contextlib.asynccontextmanager
+async def worker_process(
+    driver: str, data_dir: Path, fsync: bool, extra: Sequence[str] = ()
+) -> AsyncIterator[WorkerProcess]:
+    """A `souk worker` process, `extra` added to its flags; on the way out its machines are
+    destroyed (so it reaps their processes), it is stopped, and anything left carrying one of its
+    machines' ids is killed."""
     port = free_port()
     argv = [str(SOUK), "worker", "--name", "bench", "--region", "bench"]
     argv += ["--listen", f"127.0.0.1:{port}", "--data-dir", str(data_dir), "--driver", driver]
     argv += ["--cpus", "100000", "--memory-mb", "100000000", "--log-level", "warning"]
     if not fsync:
         argv.append("--no-fsync")
+    argv += extra
     log_path = data_dir.with_suffix(".log")
     with open(log_path, "ab") as log:
         proc = await asyncio.create_subprocess_exec(
@@ -72,7 +106,7 @@ async def worker(driver: str, data_dir: Path, fsync: bool) -> AsyncIterator[str]
                         if resp.status == 200:
                             break
                 await asyncio.sleep(0.02)
-        yield url
+        yield WorkerProcess(url, proc.pid)
         await destroy_all(url)
     finally:
         ids = recorded_ids(data_dir / "worker.db")

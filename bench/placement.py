@@ -19,8 +19,12 @@ For each fleet size, once the broker's replica knows every worker, in one run:
 request per worker, no NATS. `--secure` measures each size twice in the same run, plain and with
 a signed catalog (every worker signs its rows with its own key, certified by a bench CA; the
 broker's replica checks every batch and heartbeat), and adds a table of the ratios: placements/s
-(plain over signed), decision p99 and broker CPU per create (signed over plain). The workers'
+(plain over signed), decision p99 and CPU per create (signed over plain). The workers'
 HTTP stays plain: mutual TLS on the reservation hop is not part of this mode yet.
+`--metrics-cost [ROUNDS]` measures each size the same way plain (metrics on, as they run) and with
+metrics off in the broker and its workers (`souk broker --no-metrics`, `souk worker
+--no-metrics`), ROUNDS pairs of them (which goes first alternating), and adds the same table of
+ratios, on over off, one line per pair.
 
     .venv/bin/python bench/placement.py            # about 4 minutes; --quick, --json
     .venv/bin/python bench/placement.py --sizes 1000 --profile prof/   # cProfile of the broker
@@ -58,10 +62,11 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from _harness import pct
+from _harness import pct, proc_ticks
 
 from souk.broker.api.state import Broker
 from souk.broker.fleet import CatalogFleet, Fleet, StaticFleet
+from souk.broker.metrics import BrokerMetrics
 from souk.broker.placement.pipeline import Placer
 from souk.broker.placement.stages import rank
 from souk.broker.registry import AppRegistry
@@ -70,6 +75,7 @@ from souk.broker.server import make_app
 from souk.broker.tokens import mint
 from souk.catalog import http as catalog_http
 from souk.catalog.bus import NatsBus
+from souk.catalog.metrics import watch_replica
 from souk.catalog.replica import following
 from souk.catalog.signing import Ed25519Signer
 from souk.catalog.trust import CaTrust
@@ -87,6 +93,13 @@ HOSTS = 2  # child processes hosting workers
 STRATEGIES: tuple[Strategy, ...] = ("offers", "p2c", "catalog")
 GOAL_RATE = 3750.0  # placements/s: Nomad's million-container run on 5 servers
 GOAL_DECISION_P99_MS = 10.0  # at 1,000 workers in a region
+# Modes measured next to "plain" (the broker as it runs) when asked, each set against it in a
+# table of ratios: its title, and whether the mode is the costlier of the pair.
+SIGNED, METRICS_OFF = "signed", "metrics off"
+COSTS = {
+    SIGNED: ("what security costs: signed over plain, in the same run (goal ≤ 1.2x)", True),
+    METRICS_OFF: ("what metrics cost: on (plain) over off, in the same run (goal ≤ 1.05x)", False),
+}
 
 
 # --- CPU accounting: ours against the host's -----------------------------------------------------
@@ -100,17 +113,6 @@ def host_ticks() -> tuple[int, int, int]:
     steal = vals[7] if len(vals) > 7 else 0
     total = sum(vals[:8])
     return total - idle - steal, steal, total
-
-
-def proc_ticks(pids: list[int]) -> int:
-    """user + system clock ticks used by these processes (and their reaped children)."""
-    used = 0
-    for pid in pids:
-        with contextlib.suppress(OSError):
-            with open(f"/proc/{pid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            used += sum(int(v) for v in fields[11:15])
-    return used
 
 
 @dataclass
@@ -170,7 +172,12 @@ def make_ca(workdir: Path) -> Path:
 
 
 async def serve_workers(
-    count: int, offset: int, data_dir: Path, nats: str | None, ca_dir: Path | None = None
+    count: int,
+    offset: int,
+    data_dir: Path,
+    nats: str | None,
+    ca_dir: Path | None = None,
+    metrics: bool = True,
 ) -> None:
     """Child process: `count` sim workers on loopback sharing one NATS connection (if any);
     prints one URL per line, then `ready`, then waits for stdin to close. With `ca_dir`, each
@@ -193,6 +200,7 @@ async def serve_workers(
                 cpus=100_000,
                 memory_mb=100_000_000,
                 durable=False,
+                metrics=metrics,
             )
             engine = await stack.enter_async_context(running(Engine(s, make_driver("sim", s))))
             runner = web.AppRunner(worker_app(engine), access_log=None)
@@ -224,6 +232,7 @@ async def worker_hosts(
     task: TaskID,
     profile: Path | None = None,
     ca_dir: Path | None = None,
+    metrics: bool = True,
 ) -> AsyncIterator[Hosts]:
     procs: list[asyncio.subprocess.Process] = []
     per = -(-total // HOSTS)
@@ -231,7 +240,7 @@ async def worker_hosts(
         count = min(per, total - h * per)
         if count > 0:
             argv = [__file__, "--serve", str(count), str(h * per), str(data_dir), nats or ""]
-            argv.append(str(ca_dir or ""))
+            argv += [str(ca_dir or ""), "on" if metrics else "off"]
             if profile is not None:
                 argv.append(str(profile / f"workers-{total}-host{h}.prof"))
             procs.append(
@@ -296,12 +305,13 @@ async def serve_broker(
 
 @contextlib.asynccontextmanager
 async def catalog_broker(
-    nats: str, data_dir: Path, ca_dir: Path | None = None
+    nats: str, data_dir: Path, ca_dir: Path | None = None, metrics: bool = True
 ) -> AsyncIterator[BrokerUnderTest]:
     """The broker as `broker_site` assembles it with `--nats` and a registry: a replica on its
     own connection (bootstrapping, its SQLite copy in a file), `CatalogFleet`, the registry as
     owner of the apps rows, and a `Placer` that asks for offers on the bus. With `ca_dir`, a
-    signed catalog: the replica checks every owner's signature, the registry signs."""
+    signed catalog: the replica checks every owner's signature, the registry signs. `metrics`:
+    as `--metrics/--no-metrics`."""
     async with contextlib.AsyncExitStack() as stack:
         bus = await NatsBus.connect(nats, name="souk-broker")
         stack.push_async_callback(bus.close)
@@ -310,6 +320,8 @@ async def catalog_broker(
         replica = await stack.enter_async_context(
             following(bus, data_dir / "catalog.db", trust=trust)
         )
+        watched = BrokerMetrics(metrics)
+        watch_replica(watched.metrics, replica)
         registry = AppRegistry(data_dir / "apps.db")
         stack.callback(registry.close)
         signer = ca_signer(ca_dir, "broker", "bench-broker")
@@ -317,7 +329,7 @@ async def catalog_broker(
         registry.create(APP)
         fleet = CatalogFleet(replica, registry)
         client = WorkerClient()
-        placer = Placer(fleet, client, bus=bus)
+        placer = Placer(fleet, client, bus=bus, metrics=watched)
         broker = Broker(fleet, client, placer, registry)
         yield await stack.enter_async_context(
             serve_broker(broker, placer, catalog_http.routes(replica))
@@ -325,14 +337,14 @@ async def catalog_broker(
 
 
 @contextlib.asynccontextmanager
-async def http_broker(urls: list[str]) -> AsyncIterator[BrokerUnderTest]:
+async def http_broker(urls: list[str], metrics: bool = True) -> AsyncIterator[BrokerUnderTest]:
     """The older mode: a `StaticFleet` read once, offers as one HTTP request per worker."""
     client = WorkerClient()
     registry = AppRegistry()
     registry.create(APP)
     fleet = StaticFleet(urls, registry, client)
     await fleet.refresh(machines=False)
-    placer = Placer(fleet, client)
+    placer = Placer(fleet, client, metrics=BrokerMetrics(metrics))
     async with serve_broker(Broker(fleet, client, placer, registry=registry), placer) as b:
         yield b
 
@@ -491,7 +503,9 @@ class Row:
     failed: int
     cpu: dict[str, float]  # loaded phase: seconds per process group, % of one core for the host
     cpu_ms_per_create: dict[str, float]  # loaded phase: broker, workers, nats
-    mode: str = "plain"  # or "signed": the catalog signed by its owners, checked by the broker
+    mode: str = "plain"  # or SIGNED (the catalog signed by its owners, checked by the broker),
+    # or METRICS_OFF (the broker and its workers record no metrics)
+    round: int = 0  # --metrics-cost: which pair of plain and metrics off
 
     @classmethod
     def of(
@@ -548,22 +562,26 @@ async def one_size(
     nats: tuple[str, int] | None,
     progress: Progress,
     report: Report,
-    secure: bool = False,
+    mode: str = "plain",
+    round_: int = 0,
 ) -> None:
-    mode = "signed" if secure else "plain"
+    metrics = mode != METRICS_OFF
     task = progress.add_task(f"{size:>5} workers ({mode}): starting", total=size)
-    data = workdir / f"size-{size}-{mode}"
+    data = workdir / f"size-{size}-{mode.replace(' ', '-')}-{round_}"
     headers = {"Authorization": f"Bearer {mint(SECRET)}"}
     raw_body = {"app": APP, "config": CONFIG}
     body = {"region": REGION, "config": CONFIG}
     if args.profile:
         args.profile.mkdir(parents=True, exist_ok=True)
     nats_url = nats[0] if nats else None
-    ca_dir = make_ca(data) if secure else None
-    async with worker_hosts(size, data, nats_url, progress, task, args.profile, ca_dir) as hosts:
+    ca_dir = make_ca(data) if mode == SIGNED else None
+    hosting = worker_hosts(size, data, nats_url, progress, task, args.profile, ca_dir, metrics)
+    async with hosting as hosts:
         groups = {"broker": [os.getpid()], "workers": hosts.pids, "nats": [nats[1]] if nats else []}
         broker_cm = (
-            catalog_broker(nats[0], data / "broker", ca_dir) if nats else http_broker(hosts.urls)
+            catalog_broker(nats[0], data / "broker", ca_dir, metrics)
+            if nats
+            else http_broker(hosts.urls, metrics)
         )
         progress.update(task, description=f"{size:>5} workers: broker catching up", completed=0)
         async with broker_cm as b:
@@ -582,7 +600,8 @@ async def one_size(
                 progress.update(task, description=f"{size:>5} workers: {name}", total=n)
                 progress.reset(task, total=n)
                 b.decisions.clear()
-                with profiled(args.profile, f"broker-{size}-{name.replace(' ', '_')}"):
+                named = f"broker-{size}-{mode}-{name}".replace(" ", "_")
+                with profiled(args.profile, named):
                     return await run_load(url, n, c, body, hdr, groups, progress, task)
 
             raw_url = hosts.urls[0] + "/v1/machines"
@@ -591,7 +610,7 @@ async def one_size(
             report.rows.append(
                 Row.of(size, "raw", raw, raw_alone, raw.rate, args.requests, None, None)
             )
-            report.rows[-1].mode = mode
+            report.rows[-1].mode, report.rows[-1].round = mode, round_
             for strategy in args.strategies:
                 url = f"{b.url}/v1/apps/{APP}/machines?strategy={strategy}"
                 alone = await phase(f"{strategy} alone", url, args.sequential, 1, body, headers)
@@ -611,7 +630,7 @@ async def one_size(
                         list(b.decisions),
                     )
                 )
-                report.rows[-1].mode = mode
+                report.rows[-1].mode, report.rows[-1].round = mode, round_
             report.parts.append(decision_parts(size, b.placer))
     progress.update(task, description=f"{size:>5} workers: done")
 
@@ -635,9 +654,23 @@ async def measure(args: argparse.Namespace, progress: Progress) -> Report:
                 server = stack.enter_context(NatsServer(log_path=workdir / "nats-server.log"))
                 nats = (server.url, server.pid)
             for size in args.sizes:
-                for secure in (False, True) if args.secure else (False,):
-                    await one_size(size, args, workdir, nats, progress, report, secure)
+                for mode, round_ in schedule(args.secure, args.metrics_cost):
+                    await one_size(size, args, workdir, nats, progress, report, mode, round_)
     return report
+
+
+def schedule(secure: bool, metrics_rounds: int) -> list[tuple[str, int]]:
+    """Each size's modes and rounds, in order: plain, then signed; with metrics rounds, metrics
+    off after plain, then pairs of both with the first alternating, so that an effect of the
+    order does not pass for a cost."""
+    out = [("plain", 0)] + ([(SIGNED, 0)] if secure else [])
+    for r in range(metrics_rounds):
+        if r == 0:  # its plain is the first of all
+            out.append((METRICS_OFF, 0))
+        else:
+            pair = [("plain", r), (METRICS_OFF, r)]
+            out += pair[::-1] if r % 2 else pair
+    return out
 
 
 def pair(a: float | None, b: float | None) -> str:
@@ -686,27 +719,41 @@ def tables(report: Report) -> list[Table]:
             f"{p['rank_ms']:.2f}",
         )  # fmt: skip
     out = [speed, inside, parts]
-    plain = {(r.workers, r.strategy): r for r in report.rows if r.mode == "plain"}
-    signed = [r for r in report.rows if r.mode == "signed" and (r.workers, r.strategy) in plain]
-    if signed:
-        cost = Table(title="what security costs: signed over plain, in the same run (goal ≤ 1.2x)")
-        for col in (
-            "workers", "strategy", "placements/s", "decision p99 (loaded)", "broker CPU/create",
-        ):  # fmt: skip
-            cost.add_column(col, justify="left" if col == "strategy" else "right")
-
-        def ratio(a: float | None, b: float | None) -> str:
-            return "-" if not a or not b else f"{a / b:.2f}x"
-
-        for r in signed:
-            base = plain[(r.workers, r.strategy)]
-            cost.add_row(
-                f"{r.workers:,}", r.strategy, ratio(base.rate, r.rate),
-                ratio(r.decision_p99_ms, base.decision_p99_ms),
-                ratio(r.cpu_ms_per_create["broker"], base.cpu_ms_per_create["broker"]),
-            )  # fmt: skip
-        out.append(cost)
+    plain = {(r.workers, r.strategy, r.round): r for r in report.rows if r.mode == "plain"}
+    for mode, (title, costlier) in COSTS.items():
+        twins = [r for r in report.rows if r.mode == mode and key(r) in plain]
+        if twins:
+            pairs = [(plain[key(r)], r) for r in twins]
+            out.append(cost_table(title, [(b, a) if costlier else (a, b) for a, b in pairs]))
     return out
+
+
+def key(row: Row) -> tuple[int, str, int]:
+    return row.workers, row.strategy, row.round
+
+
+def cost_table(title: str, pairs: list[tuple[Row, Row]]) -> Table:
+    """Ratios of each (costlier, cheaper) pair of rows: how much slower, and how much more the
+    decision and each create's CPU take."""
+    cost = Table(title=title)
+    for col in (
+        "workers", "strategy", "round", "placements/s", "decision p99 (loaded)",
+        "broker CPU/create", "workers CPU/create",
+    ):  # fmt: skip
+        cost.add_column(col, justify="left" if col == "strategy" else "right")
+
+    def ratio(a: float | None, b: float | None) -> str:
+        return "-" if not a or not b else f"{a / b:.2f}x"
+
+    for costly, cheap in pairs:
+        cpu, base = costly.cpu_ms_per_create, cheap.cpu_ms_per_create
+        cost.add_row(
+            f"{costly.workers:,}", costly.strategy, str(costly.round),
+            ratio(cheap.rate, costly.rate),
+            ratio(costly.decision_p99_ms, cheap.decision_p99_ms),
+            ratio(cpu["broker"], base["broker"]), ratio(cpu["workers"], base["workers"]),
+        )  # fmt: skip
+    return cost
 
 
 def main() -> None:
@@ -726,6 +773,16 @@ def main() -> None:
         "--secure",
         action="store_true",
         help="also each size with a signed catalog (workers sign, the broker's replica checks)",
+    )
+    parser.add_argument(
+        "--metrics-cost",
+        type=int,
+        nargs="?",
+        const=1,
+        default=0,
+        metavar="ROUNDS",
+        help="also each size with metrics off in the broker and its workers; ROUNDS pairs of "
+        "plain and metrics off (default 1), the first of a pair alternating",
     )
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.add_argument("--profile", type=Path, help="write cProfile stats of the broker here")
@@ -765,10 +822,10 @@ if __name__ == "__main__":
         nats_url, ca_arg = sys.argv[5], sys.argv[6]
         serve = serve_workers(
             int(sys.argv[2]), int(sys.argv[3]), Path(sys.argv[4]), nats_url,
-            Path(ca_arg) if ca_arg else None,
+            Path(ca_arg) if ca_arg else None, sys.argv[7] == "on",
         )  # fmt: skip
-        if len(sys.argv) > 7:  # a profile of the whole worker host, written as it stops
-            cProfile.run("asyncio.run(serve)", sys.argv[7])
+        if len(sys.argv) > 8:  # a profile of the whole worker host, written as it stops
+            cProfile.run("asyncio.run(serve)", sys.argv[8])
         else:
             asyncio.run(serve)
     elif len(sys.argv) > 1 and sys.argv[1] == "--load":

@@ -8,7 +8,12 @@ SQLite commits (with fsync unless --no-fsync). The `process` driver really spawn
 measured one at a time (latency) and with --concurrency in flight (throughput). Every machine and
 process is destroyed afterwards.
 
-Usage: .venv/bin/python bench/worker_ops.py [--machines 200] [--concurrency 16] [--json]
+`--metrics-cost [ROUNDS]` measures each worker row with a worker with metrics on and one started
+with `--no-metrics`, back to back, ROUNDS times (3 by default; which goes first alternates), and
+adds a table of the ratios, on over off: the median of the rounds and their spread.
+
+Usage: .venv/bin/python bench/worker_ops.py [--machines 200] [--concurrency 16]
+       [--metrics-cost [ROUNDS]] [--json]
 """
 
 from __future__ import annotations
@@ -18,12 +23,14 @@ import asyncio
 import contextlib
 import json
 import os
+import statistics
 import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 from rich.console import Console
@@ -37,9 +44,10 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from _harness import machine_info, pct, worker
+from _harness import cpu_ms, machine_info, pct, worker_process
 
 COMMAND = ["sleep", "60"]
+OFF = " (metrics off)"
 CONFIG = {
     "init": {"exec": COMMAND},
     "guest": {"cpus": 1, "memory_mb": 16},
@@ -58,6 +66,8 @@ class Row:
     accept_p50_ms: float | None = None  # worker rows: until the create is acknowledged
     vs_bare: float = 0.0  # p50 over the bare spawn's p50 at the same concurrency
     rate_vs_bare: float = 0.0  # per second over the bare spawn's, at the same concurrency
+    cpu_ms_per_op: float | None = None  # worker rows: the worker process's CPU (and its children)
+    round: int = 0  # --metrics-cost: which round of on and off
 
 
 async def drive(
@@ -144,7 +154,11 @@ async def create_starts(
 # --- the run -------------------------------------------------------------------------------------
 
 
-async def measure(n: int, concurrency: int, fsync: bool, progress: Progress) -> list[Row]:
+async def measure(
+    n: int, concurrency: int, fsync: bool, progress: Progress, rounds: int = 0
+) -> list[Row]:
+    """The rows; with `rounds`, each worker row that many times with metrics on and off, which
+    goes first alternating from one round to the next."""
     rows: list[Row] = []
     levels = [1, concurrency]
     with tempfile.TemporaryDirectory(prefix="souk-bench-") as tmp:
@@ -154,27 +168,73 @@ async def measure(n: int, concurrency: int, fsync: bool, progress: Progress) -> 
             lat, elapsed = await bare_spawns(n, c, work / f"bare-{c}", advancer(progress, task))
             rows.append(Row("bare spawn", c, n, pct(lat, 50), pct(lat, 99), n / elapsed))
             for driver in ("process", "sim"):
-                data_dir = work / f"{driver}-{c}"
-                task = progress.add_task(f"worker ({driver}), {c} in flight", total=n)
-                async with worker(driver, data_dir, fsync) as url:
-                    lat, acc, elapsed = await create_starts(url, n, c, advancer(progress, task))
-                rows.append(
-                    Row(
-                        f"worker/{driver}",
-                        c,
-                        n,
-                        pct(lat, 50),
-                        pct(lat, 99),
-                        n / elapsed,
-                        accept_p50_ms=pct(acc, 50),
-                    )
-                )
+                for r in range(max(1, rounds)):  # on and off back to back, for the same reason
+                    for metrics in switches(rounds, r):
+                        row = await worker_row(driver, metrics, n, c, fsync, work, progress)
+                        row.round = r
+                        rows.append(row)
     bare = {row.in_flight: row for row in rows if row.path == "bare spawn"}
     for row in rows:
         base = bare[row.in_flight]
         row.vs_bare = row.p50_ms / base.p50_ms if base.p50_ms else 0.0
         row.rate_vs_bare = row.per_s / base.per_s if base.per_s else 0.0
     return rows
+
+
+def switches(rounds: int, r: int) -> tuple[bool, ...]:
+    """Metrics on only; or, measuring their cost, on and off with the first alternating."""
+    if not rounds:
+        return (True,)
+    return (True, False) if r % 2 == 0 else (False, True)
+
+
+async def worker_row(
+    driver: str, metrics: bool, n: int, c: int, fsync: bool, work: Path, progress: Progress
+) -> Row:
+    """`n` create+starts through a fresh worker, `c` in flight; `metrics=False`: `--no-metrics`."""
+    path = f"worker/{driver}" + ("" if metrics else OFF)
+    data_dir = work / f"{driver}-{c}-{'on' if metrics else 'off'}-{len(progress.tasks)}"
+    task = progress.add_task(f"{path}, {c} in flight", total=n)
+    extra = () if metrics else ("--no-metrics",)
+    async with worker_process(driver, data_dir, fsync, extra) as w:
+        began = cpu_ms(w.pid)
+        lat, acc, elapsed = await create_starts(w.url, n, c, advancer(progress, task))
+        used = cpu_ms(w.pid) - began
+    row = Row(path, c, n, pct(lat, 50), pct(lat, 99), n / elapsed, accept_p50_ms=pct(acc, 50))
+    row.cpu_ms_per_op = used / n
+    return row
+
+
+# What --metrics-cost sets on against off: each row's figure, by the name of its ratio.
+RATIOS: dict[str, Callable[[Row], float]] = {
+    "p50": lambda r: r.p50_ms,
+    "rate": lambda r: r.per_s,
+    "cpu": lambda r: r.cpu_ms_per_op or 0.0,
+}
+
+
+def costs(rows: list[Row]) -> list[dict[str, Any]]:
+    """Each worker row with metrics on over its twin of the same round with them off, for each of
+    `RATIOS`: the median of the rounds and their spread (lowest, highest)."""
+    off = {(r.path, r.in_flight, r.round): r for r in rows if r.path.endswith(OFF)}
+    found: dict[tuple[str, int], list[Row]] = {}
+    twins: dict[tuple[str, int], list[Row]] = {}
+    for on in rows:
+        twin = off.get((on.path + OFF, on.in_flight, on.round))
+        if twin is not None:
+            found.setdefault((on.path, on.in_flight), []).append(on)
+            twins.setdefault((on.path, on.in_flight), []).append(twin)
+    out: list[dict[str, Any]] = []
+    for (path, c), ons in found.items():
+        cost: dict[str, Any] = {"path": path, "in_flight": c, "rounds": len(ons)}
+        for name, figure in RATIOS.items():
+            ratios = sorted(
+                figure(a) / figure(b) if figure(b) else 0.0
+                for a, b in zip(ons, twins[(path, c)], strict=True)
+            )
+            cost[name] = {"median": statistics.median(ratios), "spread": [ratios[0], ratios[-1]]}
+        out.append(cost)
+    return out
 
 
 def advancer(progress: Progress, task: TaskID) -> Callable[[], None]:
@@ -191,6 +251,7 @@ def table(rows: list[Row], fsync: bool) -> Table:
         "p99 ms",
         "per s",
         "accept p50 ms",
+        "CPU ms/op",
         "p50 vs bare",
         "per s vs bare",
     ):
@@ -204,8 +265,27 @@ def table(rows: list[Row], fsync: bool) -> Table:
             f"{row.p99_ms:.2f}",
             f"{row.per_s:.0f}",
             "" if row.accept_p50_ms is None else f"{row.accept_p50_ms:.2f}",
+            "" if row.cpu_ms_per_op is None else f"{row.cpu_ms_per_op:.2f}",
             f"{row.vs_bare:.1f}",
             f"{row.rate_vs_bare:.2f}",
+        )
+    return out
+
+
+def cost_table(found: list[dict[str, Any]]) -> Table:
+    out = Table(
+        title="what metrics cost: on over off, in the same run (goal: within 5%); "
+        "median of the rounds (lowest-highest)"
+    )
+    for name in ("path", "in flight", "rounds", "p50", "per s", "worker CPU/op"):
+        out.add_column(name, justify="left" if name == "path" else "right")
+    for c in found:
+        ratios = [c[name] for name in RATIOS]
+        out.add_row(
+            c["path"],
+            str(c["in_flight"]),
+            str(c["rounds"]),
+            *(f"{r['median']:.3f} ({r['spread'][0]:.2f}-{r['spread'][1]:.2f})" for r in ratios),
         )
     return out
 
@@ -217,6 +297,16 @@ def main() -> None:
     parser.add_argument("--machines", type=int, default=200, help="per row (default 200)")
     parser.add_argument("--concurrency", type=int, default=16, help="in flight (default 16)")
     parser.add_argument("--no-fsync", action="store_true", help="run the workers with --no-fsync")
+    parser.add_argument(
+        "--metrics-cost",
+        type=int,
+        nargs="?",
+        const=3,
+        default=0,
+        metavar="ROUNDS",
+        help="each worker row with metrics on and with --no-metrics, ROUNDS times (default 3), "
+        "and their ratios",
+    )
     parser.add_argument("--json", action="store_true", help="print the rows as JSON")
     args = parser.parse_args()
     err = Console(stderr=True)
@@ -227,13 +317,19 @@ def main() -> None:
         TimeElapsedColumn(),
     )
     with Progress(*columns, console=err, transient=args.json) as progress:
-        rows = asyncio.run(measure(args.machines, args.concurrency, not args.no_fsync, progress))
+        rows = asyncio.run(
+            measure(args.machines, args.concurrency, not args.no_fsync, progress, args.metrics_cost)
+        )
+    found = costs(rows)
     if args.json:
-        print(json.dumps({"machine": machine_info(), "rows": [asdict(r) for r in rows]}, indent=2))
+        report = {"machine": machine_info(), "rows": [asdict(r) for r in rows], "costs": found}
+        print(json.dumps(report, indent=2))
         return
-    console = Console() if sys.stdout.isatty() else Console(width=110)
+    console = Console() if sys.stdout.isatty() else Console(width=120)
     console.print(machine_info())
     console.print(table(rows, not args.no_fsync))
+    if found:
+        console.print(cost_table(found))
 
 
 if __name__ == "__main__":

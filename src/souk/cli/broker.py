@@ -9,7 +9,7 @@ import typer
 
 from souk.broker import runtime
 from souk.broker.tokens import read_secret
-from souk.cli.serving import LOG_FORMAT, LOG_LEVEL, log_to_stderr, parse_listen
+from souk.cli.serving import LOG_FORMAT, LOG_LEVEL, METRICS, log_to_stderr, parse_listen
 from souk.cli.tls import TLS_CERT, TLS_DIR_HELP, TLS_KEY, node_files, open_bus, server_cert
 
 
@@ -51,6 +51,7 @@ def run(
     insecure: bool = typer.Option(
         False, help="Without --tls-dir: follow an open bus other than loopback, unsigned rows."
     ),
+    metrics: bool = METRICS,
     log_level: str = LOG_LEVEL,
     log_format: str = LOG_FORMAT,
 ) -> None:
@@ -83,6 +84,7 @@ def run(
         tls=tls,
         listener=listener,
         default_region=default_region,
+        metrics=metrics,
     )
     asyncio.run(runtime.serve(opts))
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import typer
 
 from souk.cli.client import CA, api_ca, api_token, api_url
-from souk.cli.serving import LOG_FORMAT, LOG_LEVEL, log_to_stderr, parse_listen
+from souk.cli.serving import LOG_FORMAT, LOG_LEVEL, METRICS, log_to_stderr, parse_listen
 from souk.cli.tls import TLS_CERT, TLS_DIR_HELP, TLS_KEY, node_files, open_bus, server_cert
 
 
@@ -54,6 +54,7 @@ def run(
     insecure: bool = typer.Option(
         False, help="Without --tls-dir: follow an open bus other than loopback, unsigned rows."
     ),
+    metrics: bool = METRICS,
     log_level: str = LOG_LEVEL,
     log_format: str = LOG_FORMAT,
 ) -> None:
@@ -84,5 +85,6 @@ def run(
         ca=api_ca(ca, api),
         listener=listener,
         tls=tls,
+        metrics=metrics,
     )
     asyncio.run(serve(opts))

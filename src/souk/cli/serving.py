@@ -13,6 +13,12 @@ LOG_FORMAT = typer.Option(
     "--log-format",
     help="text, or json: one object per line, each with the resource it is about and its state.",
 )
+METRICS = typer.Option(
+    True,
+    "--metrics/--no-metrics",
+    help="--no-metrics: hot paths record nothing; /metrics still answers with the figures read "
+    "at scrape time.",
+)
 
 
 def parse_listen(listen: str) -> tuple[str, int]:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from souk.cli.serving import LOG_FORMAT, LOG_LEVEL, log_to_stderr, parse_listen
+from souk.cli.serving import LOG_FORMAT, LOG_LEVEL, METRICS, log_to_stderr, parse_listen
 from souk.cli.tls import TLS_DIR_HELP, loopback, node_files, open_bus
 from souk.models.machine import CpuKind
 from souk.worker.daemon import serve
@@ -53,6 +53,7 @@ def run(
         help="Without --tls-dir: serve plain HTTP on an address other than loopback, and "
         "publish unsigned rows to a bus other than loopback.",
     ),
+    metrics: bool = METRICS,
     log_level: str = LOG_LEVEL,
     log_format: str = LOG_FORMAT,
 ) -> None:
@@ -91,6 +92,7 @@ def run(
         durable=not no_fsync,
         insecure_registries=tuple(insecure_registry),
         image_cache_mb=image_cache_mb,
+        metrics=metrics,
     )
     try:
         asyncio.run(serve(settings, driver, host, port, nats, tls))
