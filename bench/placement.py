@@ -16,11 +16,12 @@ For each fleet size, once the broker's replica knows every worker, in one run:
   (from the start of `Placer.place` to the reservation request: offers gathered and ranked)
   measured inside the broker both ways.
 `--http` runs the older mode instead: a `StaticFleet` read once over HTTP, offers as one HTTP
-request per worker, no NATS. `--secure` measures each size twice in the same run, plain and with
-a signed catalog (every worker signs its rows with its own key, certified by a bench CA; the
-broker's replica checks every batch and heartbeat), and adds a table of the ratios: placements/s
-(plain over signed), decision p99 and CPU per create (signed over plain). The workers'
-HTTP stays plain: mutual TLS on the reservation hop is not part of this mode yet.
+request per worker, no NATS. `--secure [ROUNDS]` measures each size plain and with a signed
+catalog (every worker signs its rows with its own key, certified by a bench CA; the broker's
+replica checks every batch and heartbeat), ROUNDS pairs of them (which goes first alternating),
+and adds a table of the ratios: placements/s (plain over signed), decision p99 and CPU per
+create (signed over plain). The workers' HTTP stays plain: mutual TLS on the reservation hop
+is not part of this mode yet.
 `--metrics-cost [ROUNDS]` measures each size the same way plain (metrics on, as they run) and with
 metrics off in the broker and its workers (`souk broker --no-metrics`, `souk worker
 --no-metrics`), ROUNDS pairs of them (which goes first alternating), and adds the same table of
@@ -505,7 +506,7 @@ class Row:
     cpu_ms_per_create: dict[str, float]  # loaded phase: broker, workers, nats
     mode: str = "plain"  # or SIGNED (the catalog signed by its owners, checked by the broker),
     # or METRICS_OFF (the broker and its workers record no metrics)
-    round: int = 0  # --metrics-cost: which pair of plain and metrics off
+    round: int = 0  # --secure, --metrics-cost: which pair of plain and the costlier mode
 
     @classmethod
     def of(
@@ -654,22 +655,20 @@ async def measure(args: argparse.Namespace, progress: Progress) -> Report:
                 server = stack.enter_context(NatsServer(log_path=workdir / "nats-server.log"))
                 nats = (server.url, server.pid)
             for size in args.sizes:
-                for mode, round_ in schedule(args.secure, args.metrics_cost):
+                for mode, round_ in schedule({SIGNED: args.secure, METRICS_OFF: args.metrics_cost}):
                     await one_size(size, args, workdir, nats, progress, report, mode, round_)
     return report
 
 
-def schedule(secure: bool, metrics_rounds: int) -> list[tuple[str, int]]:
-    """Each size's modes and rounds, in order: plain, then signed; with metrics rounds, metrics
-    off after plain, then pairs of both with the first alternating, so that an effect of the
-    order does not pass for a cost."""
-    out = [("plain", 0)] + ([(SIGNED, 0)] if secure else [])
-    for r in range(metrics_rounds):
-        if r == 0:  # its plain is the first of all
-            out.append((METRICS_OFF, 0))
-        else:
-            pair = [("plain", r), (METRICS_OFF, r)]
-            out += pair[::-1] if r % 2 else pair
+def schedule(rounds: dict[str, int]) -> list[tuple[str, int]]:
+    """Each size's modes and rounds, in order: round r runs plain and every costlier mode asked
+    for that many rounds, and which runs first alternates from round to round (plain first in
+    even rounds), so that an effect of the order (a host getting busier, a heap growing) does
+    not pass for a cost. Round r's plain is shared by every mode of round r."""
+    out: list[tuple[str, int]] = []
+    for r in range(max([1, *rounds.values()])):
+        group = [("plain", r), *((mode, r) for mode, n in rounds.items() if r < n)]
+        out += group[::-1] if r % 2 else group
     return out
 
 
@@ -771,8 +770,13 @@ def main() -> None:
     parser.add_argument("--http", action="store_true", help="the older mode: no NATS")
     parser.add_argument(
         "--secure",
-        action="store_true",
-        help="also each size with a signed catalog (workers sign, the broker's replica checks)",
+        type=int,
+        nargs="?",
+        const=1,
+        default=0,
+        metavar="ROUNDS",
+        help="also each size with a signed catalog (workers sign, the broker's replica checks);"
+        " ROUNDS pairs of plain and signed (default 1), the first of a pair alternating",
     )
     parser.add_argument(
         "--metrics-cost",
