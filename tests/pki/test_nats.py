@@ -71,7 +71,8 @@ async def test_a_round_trip_over_mutual_tls(pki: Pki, bus: tuple[int, NodeFiles]
         sub = await broker.subscribe("souk.test")
         await broker.flush()
         await worker.publish("souk.test", b"hello")
-        msg = await sub.next_msg(timeout=5)
+        await worker.flush(timeout=5)  # at the server, not in the client's buffer, before the wait
+        msg = await sub.next_msg(timeout=10)
         assert msg.data == b"hello"
         # nats-py keeps no public handle on its TLS stream; reach in once to see what was agreed.
         transport: Any = worker._transport

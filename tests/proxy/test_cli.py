@@ -131,11 +131,12 @@ def test_souk_proxy_scales_an_app_from_zero(processes: tuple[str, str, str]) -> 
         ids.append(machine["id"])
 
     deadline = time.monotonic() + 20
-    while True:  # until the proxy's replica shows the machines (503 before, then 200)
-        status, headers, body = request("GET", f"{proxy}/x", headers={"souk-app": "hello"})
-        if status == 200 or time.monotonic() > deadline:
+    while True:  # until the proxy's replica holds both (with one, it would wake that one)
+        _, _, seen = request("GET", f"{proxy}/.souk/status", None, auth)
+        if seen["machines_known"] == 2 or time.monotonic() > deadline:
             break
-        time.sleep(0.1)
+        time.sleep(0.05)
+    status, headers, body = request("GET", f"{proxy}/x", headers={"souk-app": "hello"})
     assert status == 200, body
     assert headers["souk-machine"] == body["machine"] == ids[1]  # its own region, ams
     assert headers["souk-region"] == "ams"

@@ -124,6 +124,7 @@ class Proxy:
         return {
             "region": self.opts.region,
             "domain": self.opts.domain,
+            "machines_known": len(self.view.machines()),  # in its catalog replica, any state
             "inflight": dict(self.loads.inflight),
             "starts": self.waker.starts,
             "stopped": len(self.autostop.stopped),
