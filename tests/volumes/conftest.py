@@ -28,11 +28,12 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 def leftovers(data_dir: Path) -> dict[str, list[str]]:
-    """Loop devices, mounts and volume files under `data_dir`: what a clean worker has none of."""
+    """Loop devices, mounts and volume files under `data_dir`: what a clean worker has none of
+    (but the shared mount of its volumes' directory, which it keeps)."""
     root = str(data_dir.resolve())
     loops = subprocess.run(["losetup", "-a"], capture_output=True, text=True).stdout
-    with open("/proc/self/mountinfo") as f:
-        mounts = [line.split()[4] for line in f if line.split()[4].startswith(root)]
+    shared = f"{root}/volumes"
+    mounts = [m for m in volume_disk.mount_points() if m.startswith(root) and m != shared]
     files = (
         sorted(str(p) for p in (data_dir / "volumes").rglob("*"))
         if (data_dir / "volumes").exists()
@@ -46,7 +47,7 @@ def leftovers(data_dir: Path) -> dict[str, list[str]]:
 
 
 def sweep(data_dir: Path) -> None:
-    """Whatever a failed test left: unmount, detach, so the host keeps its loop devices."""
+    """Whatever a test left: unmount, detach, so the host keeps its loop devices and mounts."""
     root = data_dir.resolve()
     for p in sorted((root / "volumes").glob("*")) if (root / "volumes").exists() else []:
         paths = volume_disk.VolumePaths(p)
@@ -55,6 +56,8 @@ def sweep(data_dir: Path) -> None:
             volume_disk.detach(paths)
         except volume_disk.DiskError:
             pass
+    while volume_disk.is_mounted(root / "volumes"):  # the worker's shared mount of them
+        subprocess.run(["umount", str(root / "volumes")], check=True)
 
 
 @pytest.fixture

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import os
 from pathlib import Path
@@ -12,6 +13,7 @@ import pytest
 from souk.worker import volume_disk
 from souk.worker.engine import Engine
 from tests.support.clients import Client
+from tests.support.waiting import eventually
 from tests.volumes.conftest import leftovers
 
 
@@ -212,3 +214,29 @@ async def test_retention_is_changed_in_place(vclient: Client, vengine: Engine) -
     assert [s["id"] for s in listed] == [newest["id"]]
     resp = await vclient.put("/v1/volumes/vol_aaaaaa1", json={"snapshot_retention": 0})
     assert resp.status == 400
+
+
+async def test_a_mount_namespace_made_meanwhile_does_not_keep_a_volume_busy(
+    vclient: Client, vengine: Engine
+) -> None:
+    """A process in a namespace of its own (as `ip netns exec` or a service with a private /tmp
+    makes) copies the volume's mount; the unmounts an extend or a destroy make must reach it."""
+    await make(vclient, "vol_aaaaaa1", 16)
+    mnt = mountpoint(vengine, "vol_aaaaaa1")
+    argv = ["unshare", "--mount", "--propagation", "slave", "sleep", "60"]
+    neighbour = await asyncio.create_subprocess_exec(*argv)
+    try:
+        await eventually(lambda: _sees(neighbour.pid, mnt), timeout=5)
+        reply = await ok(await vclient.put("/v1/volumes/vol_aaaaaa1/extend", json={"size_mb": 32}))
+        assert reply["volume"]["state"] == "created" and reply["volume"]["size_mb"] == 32
+        await ok(await vclient.delete("/v1/volumes/vol_aaaaaa1"))
+        assert not _sees(neighbour.pid, mnt)  # gone there too, not only here
+    finally:
+        neighbour.kill()
+        await neighbour.wait()
+    assert leftovers(vengine.settings.data_dir)["loops"] == []
+
+
+def _sees(pid: int, mountpoint: Path) -> bool:
+    with open(f"/proc/{pid}/mountinfo") as f:
+        return any(line.split()[4] == str(mountpoint) for line in f)

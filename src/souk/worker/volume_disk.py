@@ -206,14 +206,31 @@ def attach(p: VolumePaths) -> str:
     return _run("losetup", "--direct-io=on", "-f", "--show", str(p.image)).strip()
 
 
-def is_mounted(mountpoint: Path) -> bool:
-    target = str(mountpoint)
+def mount_points() -> list[str]:
     with open("/proc/self/mountinfo") as f:
-        for line in f:
-            fields = line.split()
-            if len(fields) > 4 and fields[4].replace("\\040", " ") == target:
-                return True
-    return False
+        return [fields[4].replace("\\040", " ") for line in f if len(fields := line.split()) > 4]
+
+
+def is_mounted(mountpoint: Path) -> bool:
+    return str(mountpoint) in mount_points()
+
+
+def share_volumes(data_dir: Path) -> None:
+    """Make the volumes' directory a shared mount of its own (a bind mount onto itself), before
+    any volume is mounted in it. A mount namespace made while a volume is mounted (a process
+    under `ip netns exec`, a service with a private /tmp) holds a copy of its mount; with the
+    copy in a private tree, unmounting the volume here leaves the loop device busy, and an
+    offline extend then fails with "in use". In a shared tree the unmount reaches every copy
+    that follows it (the slave copies those tools make). DiskError if it cannot be done now:
+    volumes mounted there already would be hidden under the new mount."""
+    root = data_dir / "volumes"
+    root.mkdir(mode=0o711, exist_ok=True)
+    points = mount_points()
+    if str(root) not in points:
+        if any(point.startswith(f"{root}/") for point in points):
+            raise DiskError("volumes are mounted there already; a restart with none does it")
+        _run("mount", "--bind", str(root), str(root))
+    _run("mount", "--make-shared", str(root))
 
 
 def mount(p: VolumePaths) -> None:

@@ -315,6 +315,11 @@ class VolumeRunner:
     async def recover(self) -> None:
         """After a (re)start: mount every volume that should be, thaw any a crash left frozen,
         resume every queued operation."""
+        if self.settings.disk_mb is not None and volume_disk.unsupported_reason() is None:
+            try:
+                await asyncio.to_thread(volume_disk.share_volumes, self.settings.data_dir)
+            except volume_disk.DiskError as exc:
+                log.warning("the volumes' directory is not a shared mount: %s", exc)
         for volume_id in queries.live_volume_ids(self.store.read):  # made, not on their way out
             try:
                 await _disk(volume_disk.mount, self.paths(volume_id))
