@@ -390,20 +390,18 @@ class VolumeRunner:
     async def _fail(self, run: VolumeRun, error: str) -> None:
         def commit(tx: Tx) -> None:
             queries.set_volume_progress(tx, run.op_id, run.index, True)
-            data = {"error": error}
-            tx.log("volume", run.volume_id, run.op.name, "error", None, run.op_id, data)
             row = queries.volume(tx, run.volume_id)
-            if row is None:
-                return
-            state = row["state"]
-            if run.op.name == "extend":  # the growth did not happen: the volume is as it was
+            state = None if row is None else row["state"]
+            if row is not None and run.op.name == "extend":  # the growth did not happen
                 have = self.paths(run.volume_id).image
                 size = have.stat().st_size >> 20 if have.exists() else row["size_mb"]
-                state = "created" if state == "extending" else state
+                state = "created" if state == "extending" else state  # as it was: usable
                 changes = {"size_mb": min(size, row["size_mb"]), "state": state}
                 queries.set_volume_columns(tx, run.volume_id, changes)
-            if queries.next_volume_operation(tx, run.volume_id) is None:
+            if row is not None and queries.next_volume_operation(tx, run.volume_id) is None:
                 queries.set_volume_columns(tx, run.volume_id, {"projected": state})
+            data = {"error": error}
+            tx.log("volume", run.volume_id, run.op.name, "error", state, run.op_id, data)
 
         await self.store.write(commit)
 
