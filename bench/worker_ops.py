@@ -217,21 +217,16 @@ def costs(rows: list[Row]) -> list[dict[str, Any]]:
     """Each worker row with metrics on over its twin of the same round with them off, for each of
     `RATIOS`: the median of the rounds and their spread (lowest, highest)."""
     off = {(r.path, r.in_flight, r.round): r for r in rows if r.path.endswith(OFF)}
-    found: dict[tuple[str, int], list[Row]] = {}
-    twins: dict[tuple[str, int], list[Row]] = {}
+    pairs: dict[tuple[str, int], list[tuple[Row, Row]]] = {}
     for on in rows:
         twin = off.get((on.path + OFF, on.in_flight, on.round))
         if twin is not None:
-            found.setdefault((on.path, on.in_flight), []).append(on)
-            twins.setdefault((on.path, on.in_flight), []).append(twin)
+            pairs.setdefault((on.path, on.in_flight), []).append((on, twin))
     out: list[dict[str, Any]] = []
-    for (path, c), ons in found.items():
-        cost: dict[str, Any] = {"path": path, "in_flight": c, "rounds": len(ons)}
+    for (path, c), both in pairs.items():
+        cost: dict[str, Any] = {"path": path, "in_flight": c, "rounds": len(both)}
         for name, figure in RATIOS.items():
-            ratios = sorted(
-                figure(a) / figure(b) if figure(b) else 0.0
-                for a, b in zip(ons, twins[(path, c)], strict=True)
-            )
+            ratios = sorted(figure(a) / figure(b) if figure(b) else 0.0 for a, b in both)
             cost[name] = {"median": statistics.median(ratios), "spread": [ratios[0], ratios[-1]]}
         out.append(cost)
     return out
