@@ -28,6 +28,7 @@ from souk.worker.daemon import make_app, make_driver, offering, publishing, runn
 from souk.worker.engine import Engine
 from souk.worker.settings import WorkerSettings
 from tests.support.clients import Client
+from tests.support.engines import destroy_all
 
 SECRET = b"test-secret-0123456789abcdef"
 
@@ -83,6 +84,7 @@ async def cluster(
             engine = await stack.enter_async_context(
                 running(Engine(settings, make_driver(spec.driver, settings)))
             )
+            stack.push_async_callback(destroy_all, engine)  # machines outlive their worker
             server = TestServer(make_app(engine), host="127.0.0.1")
             await stack.enter_async_context(server)
             engines[spec.name] = engine

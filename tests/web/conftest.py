@@ -26,6 +26,7 @@ from souk.worker.daemon import make_app as make_worker_app
 from souk.worker.daemon import make_driver, running
 from souk.worker.engine import Engine
 from souk.worker.settings import WorkerSettings
+from tests.support.engines import destroy_all
 
 SECRET = b"web-test-secret-0123456789"
 
@@ -108,6 +109,7 @@ async def servers(tmp_path: Path) -> AsyncIterator[Servers]:
         engine = await stack.enter_async_context(
             running(Engine(settings, make_driver("process", settings)))
         )
+        stack.push_async_callback(destroy_all, engine)  # machines outlive their worker
         worker = await stack.enter_async_context(serving(make_worker_app(engine)))
         client = WorkerClient()
         registry = AppRegistry(tmp_path / "registry.db")
