@@ -19,8 +19,9 @@ from souk.models.machine import CreateMachine, MachineConfig
 from souk.worker import procfs
 from souk.worker.daemon import make_driver, publishing, running
 from souk.worker.engine import Engine
+from souk.worker.oci import network
 from souk.worker.oci.registry import RegistryClient
-from tests.support.engines import settings
+from tests.support.engines import destroy_all, settings
 from tests.support.images import ImageSpec, Layer, busybox_layer, layer
 from tests.support.registry import Registry, push
 
@@ -99,6 +100,11 @@ async def test_a_worker_without_an_image_registry_refuses_cleanly(tmp_path: Path
         assert ok, failed.state
         errors = [e for e in engine.events(machine.id) if (e.type, e.step) == ("start", "error")]
         assert errors
+        # A failed machine keeps what its start made (its network) until it is destroyed.
+        netns, _ = network.names(machine.id)
+        assert (network.NETNS_DIR / netns).exists()
+        await destroy_all(engine)
+        assert not (network.NETNS_DIR / netns).exists()
 
 
 async def test_the_catalog_learns_which_images_a_worker_caches(

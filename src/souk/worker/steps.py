@@ -268,7 +268,10 @@ async def _kill(w: StepHost, run: StepRun) -> int:
 @STEPS.implements("cleanup")
 async def _cleanup(w: StepHost, run: StepRun) -> int:
     launch = _launch(w, run)
-    await w.supervisor.running_driver(run.machine_id).cleanup(launch)
+    # A start that failed in `prepare` ran no process, but may have made things (an image
+    # machine's network, its root filesystem): its config's driver cleans those up.
+    ran = queries.driver_of(w.store.read, run.machine_id)
+    await w.drivers.require(ran or Drivers.kind_of(launch.config)).cleanup(launch)
     if launch.rundir.exists():
         await asyncio.to_thread(shutil.rmtree, launch.rundir, True)
     return await advance(w.store, run)
