@@ -32,13 +32,10 @@ def leftovers(data_dir: Path) -> dict[str, list[str]]:
     (but the shared mount of its volumes' directory, which it keeps)."""
     root = str(data_dir.resolve())
     loops = subprocess.run(["losetup", "-a"], capture_output=True, text=True).stdout
-    shared = f"{root}/volumes"
+    shared = str(volume_disk.volumes_dir(data_dir.resolve()))
     mounts = [m for m in volume_disk.mount_points() if m.startswith(root) and m != shared]
-    files = (
-        sorted(str(p) for p in (data_dir / "volumes").rglob("*"))
-        if (data_dir / "volumes").exists()
-        else []
-    )
+    kept = volume_disk.volumes_dir(data_dir)
+    files = sorted(str(p) for p in kept.rglob("*")) if kept.exists() else []
     return {
         "loops": [line for line in loops.splitlines() if root in line],
         "mounts": mounts,
@@ -48,16 +45,16 @@ def leftovers(data_dir: Path) -> dict[str, list[str]]:
 
 def sweep(data_dir: Path) -> None:
     """Whatever a test left: unmount, detach, so the host keeps its loop devices and mounts."""
-    root = data_dir.resolve()
-    for p in sorted((root / "volumes").glob("*")) if (root / "volumes").exists() else []:
+    kept = volume_disk.volumes_dir(data_dir.resolve())
+    for p in sorted(kept.glob("*")) if kept.exists() else []:
         paths = volume_disk.VolumePaths(p)
         try:
             volume_disk.unmount(paths)
             volume_disk.detach(paths)
         except volume_disk.DiskError:
             pass
-    while volume_disk.is_mounted(root / "volumes"):  # the worker's shared mount of them
-        subprocess.run(["umount", str(root / "volumes")], check=True)
+    while volume_disk.is_mounted(kept):  # the worker's shared mount of them
+        subprocess.run(["umount", str(kept)], check=True)
 
 
 @pytest.fixture

@@ -53,8 +53,13 @@ class VolumePaths:
         return self.snapshots / f"{snapshot_id}.img"
 
 
+def volumes_dir(data_dir: Path) -> Path:
+    """Where a worker keeps its volumes, each in a directory of its own."""
+    return data_dir / "volumes"
+
+
 def paths(data_dir: Path, volume_id: str) -> VolumePaths:
-    return VolumePaths(data_dir / "volumes" / volume_id)
+    return VolumePaths(volumes_dir(data_dir) / volume_id)
 
 
 def unsupported_reason() -> str | None:
@@ -223,7 +228,7 @@ def share_volumes(data_dir: Path) -> None:
     offline extend then fails with "in use". In a shared tree the unmount reaches every copy
     that follows it (the slave copies those tools make). DiskError if it cannot be done now:
     volumes mounted there already would be hidden under the new mount."""
-    root = data_dir / "volumes"
+    root = volumes_dir(data_dir)
     root.mkdir(mode=0o711, exist_ok=True)
     points = mount_points()
     if str(root) not in points:
