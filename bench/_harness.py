@@ -18,6 +18,7 @@ import sys
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 
@@ -25,9 +26,48 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(1, str(ROOT))
 
+from souk.catalog.certs import bus_options  # noqa: E402
+from souk.catalog.permissions import Node, render  # noqa: E402
+from souk.catalog.signing import Ed25519Signer  # noqa: E402
+from souk.pki import NodeFiles  # noqa: E402
+from tests.catalog.pki import Ca  # noqa: E402
 from tests.support.machines import kill_machine_processes, recorded_ids  # noqa: E402
 from tests.support.ports import free_port  # noqa: E402
 from tests.support.worker_process import SOUK  # noqa: E402
+
+
+class Pki:
+    """A cluster CA, issued from by `souk.pki` in memory, and nodes' files in `workdir/tls`, one
+    directory each, as `souk certs issue --out DIR` writes them; the secured benchmarks' cluster."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.dir = workdir / "tls"
+        workdir.mkdir(parents=True, exist_ok=True)
+        self.ca = Ca(common_name="bench CA")
+        self.ca_path = self.ca.write(workdir)
+
+    def signer(self, role: str, name: str) -> Ed25519Signer:
+        return self.ca.node(role, name).signer()
+
+    def files(self, role: str, name: str, sans: Sequence[str] = ()) -> NodeFiles:
+        files = NodeFiles.in_dir(self.dir / name, name)
+        if not files.cert.exists():
+            self.ca.node(role, name, sans=sans).write(self.dir / name)
+        return files
+
+    def bus_config(
+        self, port: int, nodes: Sequence[Node], extra_users: Sequence[dict[str, Any]] = ()
+    ) -> Path:
+        """The authenticated bus on loopback, as `souk nats config` writes it for `nodes`;
+        `extra_users`: a benchmark's own (one connection speaking for many owners)."""
+        server = self.files("bus", "localhost", sans=["127.0.0.1"])
+        text = render(nodes, server, "127.0.0.1", port, extra_users=extra_users)
+        path = self.dir / f"nats-{port}.conf"
+        path.write_text(text)
+        return path
+
+    def bus_options(self, role: str, name: str) -> dict[str, Any]:
+        return bus_options(self.files(role, name))
 
 
 def pct(xs: Sequence[float], q: int) -> float:

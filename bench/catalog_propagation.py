@@ -61,21 +61,19 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from _harness import machine_info, pct
+from _harness import Pki, machine_info, pct
 
 from souk.catalog import owner as owner_module
 from souk.catalog import replica as replica_module
 from souk.catalog.bus import InProcessBus, Message, NatsBus
 from souk.catalog.certs import bus_options
 from souk.catalog.owner import Owner
-from souk.catalog.permissions import Node, render
+from souk.catalog.permissions import Node
 from souk.catalog.protocol import PREFIX, Batch, encode
 from souk.catalog.replica import Replica, following
-from souk.catalog.signing import Ed25519Signer
 from souk.catalog.sim import SimRows
 from souk.catalog.trust import CaTrust
 from souk.pki import NodeFiles, load_cas
-from tests.catalog.pki import Ca
 from tests.support.ports import free_port
 
 REGIONS = ["mad", "ams", "ord", "nrt"]
@@ -135,14 +133,14 @@ class Server:
 
 @contextlib.asynccontextmanager
 async def nats_server(workdir: Path, pki: Pki | None = None) -> AsyncIterator[Server]:
-    """A nats-server on loopback; with `pki`, the authenticated one (see `Pki.config`)."""
+    """A nats-server on loopback; with `pki`, the authenticated one (see `bus_config`)."""
     binary = shutil.which("nats-server")
     if binary is None:
         raise SystemExit("nats-server is not installed (Debian: apt-get install nats-server)")
     port, mport = free_port(), free_port()
     argv = [binary, "-a", "127.0.0.1", "-p", str(port), "-m", str(mport)]
     if pki is not None:
-        argv = [binary, "-c", str(pki.config(port)), "-m", str(mport)]
+        argv = [binary, "-c", str(bus_config(pki, port)), "-m", str(mport)]
     with open(workdir / f"nats-server{'-tls' if pki else ''}.log", "wb") as log:
         proc = await asyncio.create_subprocess_exec(
             *argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log
@@ -189,51 +187,26 @@ class Mode:
 PLAIN, SIGNED, SIGNED_TLS = Mode("plain"), Mode("signed", True), Mode("signed+tls", True, True)
 
 
-class Pki:
-    """A cluster CA, issued from by `souk.pki` in memory, and nodes' files in `workdir`, one
-    directory each, as `souk certs issue --out DIR` writes them."""
-
-    def __init__(self, workdir: Path) -> None:
-        self.dir = workdir / "tls"
-        self.ca = Ca(common_name="bench CA")
-        self.ca_path = self.ca.write(workdir)
-
-    def signer(self, role: str, name: str) -> Ed25519Signer:
-        return self.ca.node(role, name).signer()
-
-    def files(self, role: str, name: str, sans: Sequence[str] = ()) -> NodeFiles:
-        files = NodeFiles.in_dir(self.dir / name, name)
-        if not files.cert.exists():
-            self.ca.node(role, name, sans=sans).write(self.dir / name)
-        return files
-
-    def config(self, port: int) -> Path:
-        """The authenticated bus, as `souk nats config` writes it: two replicas (operators)
-        and, for the owners that share one connection here, a user that may speak for all."""
-        server = self.files("bus", "localhost", sans=["127.0.0.1"])
-        fleet = {
-            "user": "souk://worker/fleet",
-            "permissions": {
-                "publish": {"allow": [f"{PREFIX}.ch.>", f"{PREFIX}.hb.>"]},
-                "subscribe": {
-                    "allow": [
-                        f"{PREFIX}.pull.*",
-                        f"{PREFIX}.cert.*",
-                        f"{PREFIX}.hello",
-                        "_INBOX.worker.fleet.>",
-                    ]
-                },
-                "allow_responses": {"max": 1},
+def bus_config(pki: Pki, port: int) -> Path:
+    """The authenticated bus: two replicas (operators) and, for the owners that share one
+    connection here, a user that may speak for all."""
+    fleet = {
+        "user": "souk://worker/fleet",
+        "permissions": {
+            "publish": {"allow": [f"{PREFIX}.ch.>", f"{PREFIX}.hb.>"]},
+            "subscribe": {
+                "allow": [
+                    f"{PREFIX}.pull.*",
+                    f"{PREFIX}.cert.*",
+                    f"{PREFIX}.hello",
+                    "_INBOX.worker.fleet.>",
+                ]
             },
-        }
-        nodes = [Node("operator", f"replica{i}") for i in (1, 2)]
-        text = render(nodes, server, "127.0.0.1", port, extra_users=[fleet])
-        path = self.dir / "nats-tls.conf"
-        path.write_text(text)
-        return path
-
-    def bus_options(self, role: str, name: str) -> dict[str, Any]:
-        return bus_options(self.files(role, name))
+            "allow_responses": {"max": 1},
+        },
+    }
+    nodes = [Node("operator", f"replica{i}") for i in (1, 2)]
+    return pki.bus_config(port, nodes, [fleet])
 
 
 # --- the owners' side ------------------------------------------------------------------------

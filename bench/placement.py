@@ -16,12 +16,14 @@ For each fleet size, once the broker's replica knows every worker, in one run:
   (from the start of `Placer.place` to the reservation request: offers gathered and ranked)
   measured inside the broker both ways.
 `--http` runs the older mode instead: a `StaticFleet` read once over HTTP, offers as one HTTP
-request per worker, no NATS. `--secure [ROUNDS]` measures each size plain and with a signed
-catalog (every worker signs its rows with its own key, certified by a bench CA; the broker's
-replica checks every batch and heartbeat), ROUNDS pairs of them (which goes first alternating),
-and adds a table of the ratios: placements/s (plain over signed), decision p99 and CPU per
-create (signed over plain). The workers' HTTP stays plain: mutual TLS on the reservation hop
-is not part of this mode yet.
+request per worker, no NATS. `--secure [ROUNDS]` measures each size plain and secured as a cluster
+across hosts runs (a bench CA certifies every node): every worker signs its rows with its own key
+and the broker's replica checks every batch and heartbeat; NATS is a second nats-server
+configured as `souk nats config` writes it (mutual TLS, users from certificates, subject
+permissions); the broker reserves on workers over mutual TLS, checking each worker's name; the
+load reaches the broker's public API over HTTPS. ROUNDS pairs of plain and secured (which goes
+first alternating), and a table of the ratios: placements/s (plain over secured), decision p99
+and CPU per create (secured over plain).
 `--metrics-cost [ROUNDS]` measures each size the same way plain (metrics on, as they run) and with
 metrics off in the broker and its workers (`souk broker --no-metrics`, `souk worker
 --no-metrics`), ROUNDS pairs of them (which goes first alternating), and adds the same table of
@@ -39,19 +41,18 @@ import contextlib
 import cProfile
 import json
 import os
+import ssl
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import asdict, dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 from aiohttp import web
-from cryptography.hazmat.primitives.serialization import Encoding
 from rich.console import Console
 from rich.progress import (
     BarColumn,
@@ -63,7 +64,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from _harness import pct, proc_ticks
+from _harness import Pki, pct, proc_ticks
 
 from souk.broker.api.state import Broker
 from souk.broker.fleet import CatalogFleet, Fleet, StaticFleet
@@ -76,15 +77,29 @@ from souk.broker.server import make_app
 from souk.broker.tokens import mint
 from souk.catalog import http as catalog_http
 from souk.catalog.bus import NatsBus
+from souk.catalog.certs import bus_options, load_signer
 from souk.catalog.metrics import watch_replica
+from souk.catalog.permissions import Node, inbox_prefix, permissions
+from souk.catalog.protocol import (
+    HELLO,
+    REGISTRY_OWNER,
+    WILDCARD,
+    cert_subject,
+    changes_subject,
+    heartbeat_subject,
+    pull_subject,
+)
 from souk.catalog.replica import following
-from souk.catalog.signing import Ed25519Signer
 from souk.catalog.trust import CaTrust
 from souk.clients.workers import WorkerClient
 from souk.models.api import Strategy
+from souk.models.capacity import offers_subject
 from souk.models.machine import GuestConfig
-from souk.pki import issue, load_cas, load_cert, load_key, new_ca, new_key, save_cert, save_key
+from souk.pki import NodeFiles, load_cas
+from souk.pki.identity import identity_uri
+from souk.pki.tls import server_context
 from tests.support.nats import NatsServer, nats_version
+from tests.support.ports import free_port
 
 SECRET = b"bench-secret-0123456789abcdef"
 REGION = "bench"
@@ -96,9 +111,10 @@ GOAL_RATE = 3750.0  # placements/s: Nomad's million-container run on 5 servers
 GOAL_DECISION_P99_MS = 10.0  # at 1,000 workers in a region
 # Modes measured next to "plain" (the broker as it runs) when asked, each set against it in a
 # table of ratios: its title, and whether the mode is the costlier of the pair.
-SIGNED, METRICS_OFF = "signed", "metrics off"
+SECURE, METRICS_OFF = "secure", "metrics off"
+BROKER = "bench-broker"  # the broker's certificate name
 COSTS = {
-    SIGNED: ("what security costs: signed over plain, in the same run (goal ≤ 1.2x)", True),
+    SECURE: ("what security costs: secured over plain, in the same run (goal ≤ 1.2x)", True),
     METRICS_OFF: ("what metrics cost: on (plain) over off, in the same run (goal ≤ 1.05x)", False),
 }
 
@@ -150,26 +166,27 @@ class CpuWindow:
 # --- workers: child processes --------------------------------------------------------------------
 
 
-def ca_signer(ca_dir: Path | None, role: str, name: str) -> Ed25519Signer | None:
-    """A node's signer, issued here from the bench CA's key and certificate in `ca_dir` (the
-    secured mode), or None."""
-    if ca_dir is None:
-        return None
-    key = new_key()
-    cert = issue(
-        load_key(ca_dir / "ca.key"), load_cert(ca_dir / "ca.crt"), key, role, name, (), 1,
-        datetime.now(UTC),
-    )  # fmt: skip
-    return Ed25519Signer(key.private_bytes_raw(), cert.public_bytes(Encoding.DER))
+def fleet_user() -> dict[str, Any]:
+    """The secured bus's user for a host of workers: they share one connection here, so it may
+    publish and answer for every worker of the region (a real worker only for itself)."""
+    perms = permissions(Node("worker", "fleet", REGION))
+    perms["publish"]["allow"] = [changes_subject(REGION), heartbeat_subject(REGION)]
+    perms["subscribe"]["allow"] = [
+        pull_subject(WILDCARD), cert_subject(WILDCARD), HELLO, offers_subject(REGION),
+        f"{inbox_prefix('worker', 'fleet')}.>",
+    ]  # fmt: skip
+    return {"user": identity_uri("worker", "fleet"), "permissions": perms}
 
 
-def make_ca(workdir: Path) -> Path:
-    ca_dir = workdir / "ca"
-    ca_dir.mkdir(parents=True, exist_ok=True)
-    key = new_key()
-    save_key(ca_dir / "ca.key", key, replace=True)
-    save_cert(ca_dir / "ca.crt", new_ca(key, "bench CA"))
-    return ca_dir
+def secure_cluster(workdir: Path, size: int) -> Pki:
+    """A bench CA and every node's files: `size` workers (named as their ids, reached on
+    loopback), the workers' shared bus user, the broker."""
+    pki = Pki(workdir)
+    for i in range(size):
+        pki.files("worker", f"w{i}", sans=["127.0.0.1"])
+    pki.files("worker", "fleet")
+    pki.files("broker", BROKER, sans=["127.0.0.1"])
+    return pki
 
 
 async def serve_workers(
@@ -177,21 +194,24 @@ async def serve_workers(
     offset: int,
     data_dir: Path,
     nats: str | None,
-    ca_dir: Path | None = None,
+    tls_dir: Path | None = None,
     metrics: bool = True,
 ) -> None:
     """Child process: `count` sim workers on loopback sharing one NATS connection (if any);
-    prints one URL per line, then `ready`, then waits for stdin to close. With `ca_dir`, each
-    worker signs its catalog rows with its own key."""
+    prints one URL per line, then `ready`, then waits for stdin to close. With `tls_dir` (the
+    nodes' files, `secure_cluster`), secured as `souk worker --tls-dir` is: mutual TLS, every
+    route checked against the caller's role, rows signed with the worker's own key."""
     from souk.worker.daemon import make_app as worker_app
-    from souk.worker.daemon import make_driver, offering, publishing, running
+    from souk.worker.daemon import make_driver, offering, publishing, running, tls_context
     from souk.worker.engine import Engine
     from souk.worker.settings import WorkerSettings
 
     async with contextlib.AsyncExitStack() as stack:
         bus = None
         if nats:
-            bus = await NatsBus.connect(nats, name=f"bench-workers-{offset}")
+            fleet = None if tls_dir is None else NodeFiles.in_dir(tls_dir / "fleet", "fleet")
+            options = {} if fleet is None else bus_options(fleet)
+            bus = await NatsBus.connect(nats, name=f"bench-workers-{offset}", **options)
             stack.push_async_callback(bus.close)
         for i in range(offset, offset + count):
             s = WorkerSettings(
@@ -204,13 +224,16 @@ async def serve_workers(
                 metrics=metrics,
             )
             engine = await stack.enter_async_context(running(Engine(s, make_driver("sim", s))))
-            runner = web.AppRunner(worker_app(engine), access_log=None)
+            files = None if tls_dir is None else NodeFiles.in_dir(tls_dir / s.name, s.name)
+            runner = web.AppRunner(worker_app(engine, secure=files is not None), access_log=None)
             await runner.setup()
             stack.push_async_callback(runner.cleanup)
-            await web.TCPSite(runner, "127.0.0.1", 0, backlog=1024).start()
-            url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+            ctx = None if files is None else tls_context(files)
+            await web.TCPSite(runner, "127.0.0.1", 0, backlog=1024, ssl_context=ctx).start()
+            scheme = "http" if files is None else "https"
+            url = f"{scheme}://127.0.0.1:{runner.addresses[0][1]}"
             if bus is not None:
-                signer = ca_signer(ca_dir, "worker", s.name)
+                signer = None if files is None else load_signer(files, s.name)
                 await stack.enter_async_context(publishing(engine, bus, url, signer))
                 await stack.enter_async_context(offering(engine, bus))
             print(url, flush=True)
@@ -232,7 +255,7 @@ async def worker_hosts(
     progress: Progress,
     task: TaskID,
     profile: Path | None = None,
-    ca_dir: Path | None = None,
+    tls_dir: Path | None = None,
     metrics: bool = True,
 ) -> AsyncIterator[Hosts]:
     procs: list[asyncio.subprocess.Process] = []
@@ -241,7 +264,7 @@ async def worker_hosts(
         count = min(per, total - h * per)
         if count > 0:
             argv = [__file__, "--serve", str(count), str(h * per), str(data_dir), nats or ""]
-            argv += [str(ca_dir or ""), "on" if metrics else "off"]
+            argv += [str(tls_dir or ""), "on" if metrics else "off"]
             if profile is not None:
                 argv.append(str(profile / f"workers-{total}-host{h}.prof"))
             procs.append(
@@ -291,12 +314,18 @@ class BrokerUnderTest:
 
 @contextlib.asynccontextmanager
 async def serve_broker(
-    broker: Broker, placer: Placer, extra: list[Any] | None = None
+    broker: Broker,
+    placer: Placer,
+    extra: list[Any] | None = None,
+    tls: NodeFiles | None = None,
 ) -> AsyncIterator[BrokerUnderTest]:
+    """The public API; with `tls`, over HTTPS (`souk broker --tls-cert/--tls-key`)."""
     runner = web.AppRunner(make_app(broker, SECRET, extra or []), access_log=None)
     await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0, backlog=1024).start()
-    b = BrokerUnderTest(f"http://127.0.0.1:{runner.addresses[0][1]}", placer, broker.fleet)
+    ctx = None if tls is None else server_context(tls, require_client_cert=False)
+    await web.TCPSite(runner, "127.0.0.1", 0, backlog=1024, ssl_context=ctx).start()
+    scheme = "http" if tls is None else "https"
+    b = BrokerUnderTest(f"{scheme}://127.0.0.1:{runner.addresses[0][1]}", placer, broker.fleet)
     placer.on_decision = lambda strategy, seconds: b.decisions.append(seconds)
     try:
         yield b
@@ -306,18 +335,20 @@ async def serve_broker(
 
 @contextlib.asynccontextmanager
 async def catalog_broker(
-    nats: str, data_dir: Path, ca_dir: Path | None = None, metrics: bool = True
+    nats: str, data_dir: Path, tls: NodeFiles | None = None, metrics: bool = True
 ) -> AsyncIterator[BrokerUnderTest]:
     """The broker as `broker_site` assembles it with `--nats` and a registry: a replica on its
     own connection (bootstrapping, its SQLite copy in a file), `CatalogFleet`, the registry as
-    owner of the apps rows, and a `Placer` that asks for offers on the bus. With `ca_dir`, a
-    signed catalog: the replica checks every owner's signature, the registry signs. `metrics`:
-    as `--metrics/--no-metrics`."""
+    owner of the apps rows, and a `Placer` that asks for offers on the bus. With `tls` (its
+    node files), secured as `souk broker --tls-dir` is: its replica checks every owner's
+    signature, the registry signs, the bus and the workers are reached over mutual TLS, and the
+    public API is HTTPS. `metrics`: as `--metrics/--no-metrics`."""
     async with contextlib.AsyncExitStack() as stack:
-        bus = await NatsBus.connect(nats, name="souk-broker")
+        options = {} if tls is None else bus_options(tls)
+        bus = await NatsBus.connect(nats, name="souk-broker", **options)
         stack.push_async_callback(bus.close)
         data_dir.mkdir(parents=True, exist_ok=True)
-        trust = None if ca_dir is None else CaTrust(load_cas(ca_dir / "ca.crt"))
+        trust = None if tls is None else CaTrust(load_cas(tls.ca))
         replica = await stack.enter_async_context(
             following(bus, data_dir / "catalog.db", trust=trust)
         )
@@ -325,15 +356,15 @@ async def catalog_broker(
         watch_replica(watched.metrics, replica)
         registry = AppRegistry(data_dir / "apps.db")
         stack.callback(registry.close)
-        signer = ca_signer(ca_dir, "broker", "bench-broker")
+        signer = None if tls is None else load_signer(tls, REGISTRY_OWNER)
         await stack.enter_async_context(registry_owner(bus, registry, signer))
         registry.create(APP)
         fleet = CatalogFleet(replica, registry)
-        client = WorkerClient()
+        client = WorkerClient(tls=tls)
         placer = Placer(fleet, client, bus=bus, metrics=watched)
         broker = Broker(fleet, client, placer, registry)
         yield await stack.enter_async_context(
-            serve_broker(broker, placer, catalog_http.routes(replica))
+            serve_broker(broker, placer, catalog_http.routes(replica), tls)
         )
 
 
@@ -354,15 +385,38 @@ async def http_broker(urls: list[str], metrics: bool = True) -> AsyncIterator[Br
 
 
 async def load(spec: dict[str, Any]) -> None:
-    """Child process: `requests` POSTs at `concurrency` in flight; prints `n DONE` as it goes
-    and `result {json}` at the end."""
+    """Child process: `warmup` POSTs at `concurrency` in flight, unmeasured; says `warm` and
+    waits for a line on stdin; then `requests` POSTs at `concurrency` in flight; prints `n DONE`
+    as it goes and `result {json}` at the end."""
     requests, concurrency = int(spec["requests"]), int(spec["concurrency"])
     latencies: list[float] = []
     statuses: dict[str, int] = {}
     todo = iter(range(requests))
     every = max(1, requests // 40)
-    connector = aiohttp.TCPConnector(limit=concurrency)
+    ssl_ctx: ssl.SSLContext | bool = True
+    if spec.get("tls"):  # the broker's CA; and a broker's certificate, for the raw phase
+        ca, cert, key = spec["tls"]
+        ssl_ctx = ssl.create_default_context(cafile=ca)
+        ssl_ctx.load_cert_chain(cert, key)
+    connector = aiohttp.TCPConnector(limit=concurrency, ssl=ssl_ctx)
     async with aiohttp.ClientSession(connector=connector, headers=spec["headers"]) as session:
+
+        async def post() -> None:
+            async with session.post(spec["url"], json=spec["body"]) as resp:
+                await resp.read()
+
+        # Unmeasured creates first, at the same concurrency: the connections they open (and,
+        # secured, their handshakes) are kept, by this client and by the broker towards its
+        # workers, as in a cluster that has been placing for a while.
+        warmup = iter(range(int(spec["warmup"])))
+
+        async def warm() -> None:
+            for _ in warmup:
+                await post()
+
+        await asyncio.gather(*(warm() for _ in range(concurrency)))
+        print("warm", flush=True)
+        await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
 
         async def one() -> None:
             for _ in todo:
@@ -398,19 +452,31 @@ async def run_load(
     groups: dict[str, list[int]],
     progress: Progress,
     task: TaskID,
+    tls: NodeFiles | None = None,
 ) -> LoadResult:
     spec = {
         "url": url,
+        "warmup": max(2 * concurrency, requests // 4),
         "requests": requests,
         "concurrency": concurrency,
         "body": body,
         "headers": headers,
+        "tls": None if tls is None else [str(tls.ca), str(tls.cert), str(tls.key)],
     }
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, __file__, "--load", json.dumps(spec), stdout=subprocess.PIPE
+        sys.executable,
+        __file__,
+        "--load",
+        json.dumps(spec),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
     )
+    assert proc.stdout is not None and proc.stdin is not None
+    while (line := (await proc.stdout.readline()).decode()) and line.strip() != "warm":
+        pass
     cpu = CpuWindow({**groups, "load": [proc.pid]})
-    assert proc.stdout is not None
+    proc.stdin.write(b"go\n")
+    await proc.stdin.drain()
     result: dict[str, Any] | None = None
     usage: dict[str, float] = {}
     while line := (await proc.stdout.readline()).decode():
@@ -504,7 +570,7 @@ class Row:
     failed: int
     cpu: dict[str, float]  # loaded phase: seconds per process group, % of one core for the host
     cpu_ms_per_create: dict[str, float]  # loaded phase: broker, workers, nats
-    mode: str = "plain"  # or SIGNED (the catalog signed by its owners, checked by the broker),
+    mode: str = "plain"  # or SECURE (signed rows, TLS everywhere: the cluster across hosts),
     # or METRICS_OFF (the broker and its workers record no metrics)
     round: int = 0  # --secure, --metrics-cost: which pair of plain and the costlier mode
 
@@ -566,22 +632,59 @@ async def one_size(
     mode: str = "plain",
     round_: int = 0,
 ) -> None:
-    metrics = mode != METRICS_OFF
+    """One size in one mode; secured, on a nats-server of its own configured for the cluster."""
     task = progress.add_task(f"{size:>5} workers ({mode}): starting", total=size)
     data = workdir / f"size-{size}-{mode.replace(' ', '-')}-{round_}"
-    headers = {"Authorization": f"Bearer {mint(SECRET)}"}
-    raw_body = {"app": APP, "config": CONFIG}
-    body = {"region": REGION, "config": CONFIG}
     if args.profile:
         args.profile.mkdir(parents=True, exist_ok=True)
     nats_url = nats[0] if nats else None
-    ca_dir = make_ca(data) if mode == SIGNED else None
-    hosting = worker_hosts(size, data, nats_url, progress, task, args.profile, ca_dir, metrics)
+    tls_dir = broker_tls = None
+    nats_pid = nats[1] if nats else None
+    async with contextlib.AsyncExitStack() as secured:
+        if mode == SECURE and nats is not None:
+            progress.update(task, description=f"{size:>5} workers ({mode}): certificates")
+            pki = secure_cluster(data, size)
+            tls_dir, broker_tls = pki.dir, pki.files("broker", BROKER)
+            port = free_port()
+            config = pki.bus_config(port, [Node("broker", BROKER)], [fleet_user()])
+            log_path = data / "nats-server-tls.log"
+            server = secured.enter_context(NatsServer(port, config=config, log_path=log_path))
+            nats_url, nats_pid = f"tls://127.0.0.1:{port}", server.pid
+        await measure_size(
+            size, args, data, nats_url, nats_pid, tls_dir, broker_tls, progress, task, report,
+            mode, round_,
+        )  # fmt: skip
+    progress.update(task, description=f"{size:>5} workers: done")
+
+
+async def measure_size(
+    size: int,
+    args: argparse.Namespace,
+    data: Path,
+    nats_url: str | None,
+    nats_pid: int | None,
+    tls_dir: Path | None,
+    broker_tls: NodeFiles | None,
+    progress: Progress,
+    task: TaskID,
+    report: Report,
+    mode: str,
+    round_: int,
+) -> None:
+    metrics = mode != METRICS_OFF
+    headers = {"Authorization": f"Bearer {mint(SECRET)}"}
+    raw_body = {"app": APP, "config": CONFIG}
+    body = {"region": REGION, "config": CONFIG}
+    hosting = worker_hosts(size, data, nats_url, progress, task, args.profile, tls_dir, metrics)
     async with hosting as hosts:
-        groups = {"broker": [os.getpid()], "workers": hosts.pids, "nats": [nats[1]] if nats else []}
+        groups = {
+            "broker": [os.getpid()],
+            "workers": hosts.pids,
+            "nats": [nats_pid] if nats_pid else [],
+        }
         broker_cm = (
-            catalog_broker(nats[0], data / "broker", ca_dir, metrics)
-            if nats
+            catalog_broker(nats_url, data / "broker", broker_tls, metrics)
+            if nats_url
             else http_broker(hosts.urls, metrics)
         )
         progress.update(task, description=f"{size:>5} workers: broker catching up", completed=0)
@@ -603,7 +706,7 @@ async def one_size(
                 b.decisions.clear()
                 named = f"broker-{size}-{mode}-{name}".replace(" ", "_")
                 with profiled(args.profile, named):
-                    return await run_load(url, n, c, body, hdr, groups, progress, task)
+                    return await run_load(url, n, c, body, hdr, groups, progress, task, broker_tls)
 
             raw_url = hosts.urls[0] + "/v1/machines"
             raw_alone = await phase("raw alone", raw_url, args.sequential, 1, raw_body, {})
@@ -633,7 +736,6 @@ async def one_size(
                 )
                 report.rows[-1].mode, report.rows[-1].round = mode, round_
             report.parts.append(decision_parts(size, b.placer))
-    progress.update(task, description=f"{size:>5} workers: done")
 
 
 async def measure(args: argparse.Namespace, progress: Progress) -> Report:
@@ -655,7 +757,7 @@ async def measure(args: argparse.Namespace, progress: Progress) -> Report:
                 server = stack.enter_context(NatsServer(log_path=workdir / "nats-server.log"))
                 nats = (server.url, server.pid)
             for size in args.sizes:
-                for mode, round_ in schedule({SIGNED: args.secure, METRICS_OFF: args.metrics_cost}):
+                for mode, round_ in schedule({SECURE: args.secure, METRICS_OFF: args.metrics_cost}):
                     await one_size(size, args, workdir, nats, progress, report, mode, round_)
     return report
 
@@ -775,8 +877,8 @@ def main() -> None:
         const=1,
         default=0,
         metavar="ROUNDS",
-        help="also each size with a signed catalog (workers sign, the broker's replica checks);"
-        " ROUNDS pairs of plain and signed (default 1), the first of a pair alternating",
+        help="also each size secured (signed catalog, mutual TLS to workers and on NATS, HTTPS"
+        " API); ROUNDS pairs of plain and secured (default 1), the first of a pair alternating",
     )
     parser.add_argument(
         "--metrics-cost",
@@ -823,10 +925,10 @@ def main() -> None:
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--serve":
-        nats_url, ca_arg = sys.argv[5], sys.argv[6]
+        nats_url, tls_arg = sys.argv[5], sys.argv[6]
         serve = serve_workers(
             int(sys.argv[2]), int(sys.argv[3]), Path(sys.argv[4]), nats_url,
-            Path(ca_arg) if ca_arg else None, sys.argv[7] == "on",
+            Path(tls_arg) if tls_arg else None, sys.argv[7] == "on",
         )  # fmt: skip
         if len(sys.argv) > 8:  # a profile of the whole worker host, written as it stops
             cProfile.run("asyncio.run(serve)", sys.argv[8])
