@@ -94,6 +94,7 @@ from souk.catalog.trust import CaTrust
 from souk.clients.workers import WorkerClient
 from souk.models.api import Strategy
 from souk.models.capacity import offers_subject
+from souk.models.catalog import WorkerRow
 from souk.models.machine import GuestConfig
 from souk.pki import NodeFiles, load_cas
 from souk.pki.identity import identity_uri
@@ -379,6 +380,19 @@ async def http_broker(urls: list[str], metrics: bool = True) -> AsyncIterator[Br
     placer = Placer(fleet, client, metrics=BrokerMetrics(metrics))
     async with serve_broker(Broker(fleet, client, placer, registry=registry), placer) as b:
         yield b
+
+
+async def warm_pool(b: BrokerUnderTest) -> None:
+    """Opens the broker's connection to every worker (secured, with its handshake), as a broker
+    that places continuously holds them (an idle one is kept a minute: `TLS_KEEPALIVE`): at
+    1,000 workers the unmeasured creates before a phase reach only some of them."""
+    limit = asyncio.Semaphore(64)
+
+    async def touch(worker: WorkerRow) -> None:
+        async with limit:
+            await b.placer.client.capacity(worker.id, worker.address)
+
+    await asyncio.gather(*(touch(w) for w in b.fleet.workers(region=REGION)))
 
 
 # --- load: a child process -----------------------------------------------------------------------
@@ -701,6 +715,8 @@ async def measure_size(
             async def phase(name: str, url: str, n: int, c: int, body: Any, hdr: Any) -> LoadResult:
                 progress.update(task, description=f"{size:>5} workers: settling before {name}")
                 await settle(hosts.pids, idle)
+                if url.startswith(b.url):
+                    await warm_pool(b)
                 progress.update(task, description=f"{size:>5} workers: {name}", total=n)
                 progress.reset(task, total=n)
                 b.decisions.clear()
