@@ -330,7 +330,9 @@ class Store:
                 closing = self._closed
             if batch or self._unsynced_since is not None:
                 self._run(batch)
-            if closing and self._unsynced_since is None:
+            if closing:
+                if self._unsynced_since is not None:
+                    self._run([])  # what was deferred is made durable (tried once) on the way out
                 with self._cond:
                     if not self._queue:
                         return

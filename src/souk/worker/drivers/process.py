@@ -20,6 +20,7 @@ import os
 import shutil
 import signal as signals
 import stat
+import subprocess
 import sys
 import time
 from collections.abc import Awaitable
@@ -31,7 +32,7 @@ from souk.worker import procfs
 from souk.worker.cgroups import Cgroups
 from souk.worker.drivers import execs, processes
 from souk.worker.drivers.base import ExecResult, Handle, HostUser, Launch
-from souk.worker.drivers.exits import poll_until_gone, until_gone
+from souk.worker.drivers.exits import child_exit, poll_until_gone, until_gone
 from souk.worker.drivers.processes import SPEC_ENV
 from souk.worker.files import write_files
 
@@ -131,9 +132,11 @@ class ProcessDriver:
             argv, identity = _as_user(launch.config.argv(), launch.user, env, workdir)
         with _log(launch.rundir / "stdout.log") as out, _log(launch.rundir / "stderr.log") as err:
             try:
-                proc = await asyncio.create_subprocess_exec(
-                    *argv,
-                    stdin=asyncio.subprocess.PIPE if several else asyncio.subprocess.DEVNULL,
+                # Popen itself, as asyncio's subprocess would (a vfork, on the loop), without
+                # its child watcher: the exit is read on a pidfd (`child_exit`).
+                proc = subprocess.Popen(  # noqa: ASYNC220
+                    argv,
+                    stdin=subprocess.PIPE if several else subprocess.DEVNULL,
                     stdout=out,
                     stderr=err,
                     cwd=workdir,
@@ -162,7 +165,7 @@ class ProcessDriver:
             _then_go(settling, proc) if several else settling
         )
         started = procfs.start_time(proc.pid) or "0"
-        self._exits[launch.machine_id] = asyncio.ensure_future(proc.wait())
+        self._exits[launch.machine_id] = asyncio.ensure_future(child_exit(proc))
         return Handle(proc.pid, started)
 
     def adopt(self, machine_id: str, marker: str, handle: Handle | None) -> Handle | None:
@@ -345,7 +348,7 @@ def process_specs(launch: Launch) -> list[dict[str, Any]]:
     return specs
 
 
-async def _then_go(settling: Awaitable[None], proc: asyncio.subprocess.Process) -> None:
+async def _then_go(settling: Awaitable[None], proc: subprocess.Popen[bytes]) -> None:
     """The launcher of several processes starts them once its cgroup holds it: its go is its
     stdin closing."""
     try:
