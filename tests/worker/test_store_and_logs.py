@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from souk.worker import logs
+from souk.worker.errors import StorageFault
 from souk.worker.store import Commit, Store, Tx
 
 
@@ -142,4 +144,26 @@ async def test_a_store_without_fsync_defers_nothing(tmp_path: Path) -> None:
     store = Store(tmp_path / "db.sqlite", durable=False)
     await store.write(logs_one("m1"), durable=False)
     assert not store.unsynced and store.head() == 1
+    store.close()
+
+
+async def test_a_failed_sync_leaves_the_deferred_commit_to_be_synced_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = Store(tmp_path / "db.sqlite")
+    await store.write(logs_one("m1"), durable=False)
+    real, calls = store._fsync_log, []
+
+    def fails_once() -> None:
+        calls.append(1)
+        if len(calls) == 1:
+            raise OSError(errno.EIO, "I/O error")
+        real()
+
+    monkeypatch.setattr(store, "_fsync_log", fails_once)
+    with pytest.raises((OSError, StorageFault)):
+        await store.synced()
+    assert store.unsynced and store.head() == 0
+    await store.synced()
+    assert not store.unsynced and store.head() == 1 and len(calls) == 2
     store.close()

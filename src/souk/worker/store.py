@@ -355,8 +355,9 @@ class Store:
             try:
                 if committed is None or not committed.last_seq:  # no frame of its own: fsync
                     self._fsync_log()
-            except OSError as exc:  # not durable yet: asked again by the next durable batch
-                sync_error = exc
+            except OSError as exc:  # not durable yet: tried again by the next durable batch,
+                sync_error = exc  # or by itself SYNC_WITHIN from now
+                self._unsynced_since = time.monotonic()
             else:
                 self._durable_commits = self.commits
                 earlier, self._unannounced = self._unannounced, None
