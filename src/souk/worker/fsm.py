@@ -94,7 +94,8 @@ OPERATIONS: dict[str, Operation] = {
 # kernel had its pages), resumes the start and adopts the process it may have spawned, by its
 # marker; a crash of the host loses the create, and with it every process it led to.
 CREATE_SYNCED_BY = "spawn"
-assert any(s.name == CREATE_SYNCED_BY for s in OPERATIONS["start"].steps)
+if CREATE_SYNCED_BY not in {s.name for s in OPERATIONS["start"].steps}:
+    raise LookupError(f"{CREATE_SYNCED_BY!r} is no step of start")
 
 STEP_NAMES: frozenset[str] = frozenset(s.name for op in OPERATIONS.values() for s in op.steps)
 

@@ -156,8 +156,9 @@ class ProcessDriver:
         guest = launch.config.guest
         # In a thread, awaited before the spawn returns (so before its commit): moving a
         # process into a cgroup waits for the kernel (an RCU grace period), which must not
-        # stall the event loop, and so may reading its start time. Through setpriv, the process is itself only once setpriv has dropped to the
-        # app's ids and run the command: it is not reported started before.
+        # stall the event loop, and so may reading its start time. Through setpriv, the
+        # process is itself only once setpriv has dropped to the app's ids and run the
+        # command: it is not reported started before.
         settling = asyncio.ensure_future(
             asyncio.to_thread(
                 self._settle,
