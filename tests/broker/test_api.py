@@ -32,6 +32,7 @@ async def test_machine_lifecycle(small: Cluster) -> None:
     c = small
     m = await create(c)
     assert m["region"] == "mad" and m["worker"] in ("m1", "m2") and m["app"] == "demo"
+    assert m["state"] == "started"  # the worker's answer, relayed: it waited for the start
     mid = m["id"]
     assert await ok(await c.call("GET", f"{M}/{mid}/wait", params={"state": "started"})) == {
         "ok": True

@@ -41,6 +41,19 @@ async def test_create_wait_stop_destroy_over_http(client: Client) -> None:
     assert (events[0]["type"], events[0]["step"]) == ("destroy", "end_destroy")
 
 
+async def test_a_create_with_start_answers_once_its_machine_runs(client: Client) -> None:
+    resp = await client.post("/v1/machines", json=SLEEP)
+    assert resp.status == 201
+    machine = await resp.json()
+    assert machine["state"] == "started"  # no second round trip needed to see it run
+    resp = await client.get(
+        f"/v1/machines/{machine['id']}/wait", params={"state": "started", "timeout": "0"}
+    )
+    assert resp.status == 200
+    body = {**SLEEP, "start": False}
+    assert (await (await client.post("/v1/machines", json=body)).json())["state"] == "created"
+
+
 async def test_wait_times_out_with_408(client: Client) -> None:
     body = {**SLEEP, "start": False}
     mid = (await (await client.post("/v1/machines", json=body)).json())["id"]

@@ -20,7 +20,8 @@ from souk.worker.drivers.base import Launch
 from souk.worker.drivers.process import ProcessDriver
 from souk.worker.engine import Engine
 from souk.worker.errors import WorkerError
-from tests.support.engines import settings
+from souk.worker.store import Commit
+from tests.support.engines import destroy_all, settings
 
 
 def request(argv: list[str], **config: object) -> CreateMachine:
@@ -275,3 +276,41 @@ async def test_a_command_that_cannot_run_fails_the_machine(engine: Engine) -> No
     errors = [e for e in engine.events(m.id) if (e.type, e.step) == ("start", "error")]
     assert errors and "nonexistent" in errors[0].request["error"]
     assert engine.capacity().reserved.cpus == 1  # failed, not destroyed: still reserved
+
+
+async def test_a_create_that_waits_answers_started_after_one_durable_commit(
+    tmp_path: Path,
+) -> None:
+    s = settings(tmp_path, durable=True)
+    async with running(Engine(s, make_driver("process", s))) as engine:
+        try:
+            await engine.create(request(["sleep", "30"]), wait=5)  # the app's first: its user
+            commits: list[Commit] = []
+            engine.store.listeners.append(commits.append)
+            m = await engine.create(request(["sleep", "30"]), wait=5)
+            assert m.state == "started" and not engine.store.unsynced
+            await asyncio.sleep(0.01)
+            (commit,) = commits  # the create was announced with the spawn, durable together
+            steps = engine.store.read.execute(
+                "SELECT op, step FROM oplog WHERE resource = ? AND seq BETWEEN ? AND ?",
+                (m.id, commit.first_seq, commit.last_seq),
+            ).fetchall()
+            assert [tuple(r) for r in steps] == [
+                ("create", "reserve"),
+                ("start", "accepted"),
+                ("start", "begin_start"),
+                ("start", "spawn"),
+            ]
+            assert alive(await started(engine, m.id, 0))
+            # Without time to wait for the start, the answer still waits for the create's fsync.
+            late = await engine.create(request(["sleep", "30"]), wait=1e-6)
+            assert late.state in ("created", "starting", "started")
+            assert not engine.store.unsynced
+            await started(engine, late.id)
+        finally:
+            await destroy_all(engine)
+
+
+async def test_a_create_that_fails_to_start_answers_failed(engine: Engine) -> None:
+    m = await engine.create(request(["/nonexistent/command"]), wait=5)
+    assert m.state == "failed"

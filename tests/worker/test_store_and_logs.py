@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from souk.worker import logs
+from souk.worker.errors import StorageFault
 from souk.worker.store import Commit, Store, Tx
 
 
@@ -84,3 +86,84 @@ async def test_follow_streams_new_output_across_a_rotation(tmp_path: Path) -> No
             break
     await task
     assert seen == b"one\ntwo\n"
+
+
+def logs_one(resource: str) -> Callable[[Tx], int]:
+    return lambda tx: tx.log("machine", resource, "create", "reserve", "created")
+
+
+async def test_a_deferred_commit_is_announced_with_the_durable_one_after_it(
+    tmp_path: Path,
+) -> None:
+    store = Store(tmp_path / "db.sqlite")
+    commits: list[Commit] = []
+    store.listeners.append(commits.append)
+    await store.write(logs_one("m0"))
+    await asyncio.sleep(0.01)
+    assert store.head() == 1 and len(commits) == 1
+    await store.write(logs_one("m1"), durable=False)
+    mark = store.commits
+    await asyncio.sleep(0.01)
+    assert store.unsynced
+    assert store.head() == 1  # not durable yet: not counted, and announced to nobody
+    assert len(commits) == 1
+    assert store.read.execute("SELECT COUNT(*) FROM oplog").fetchone()[0] == 2  # but committed
+    await store.write(logs_one("m2"))  # durable: the deferred commit with it
+    await store.synced(mark)  # at once: durable already
+    await asyncio.sleep(0.01)
+    assert not store.unsynced and store.head() == 3
+    assert commits[1] == Commit(2, 3, frozenset({("machine", "m1"), ("machine", "m2")}))
+    store.close()
+
+
+async def test_a_deferred_commit_is_made_durable_on_request_or_by_itself(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = Store(tmp_path / "db.sqlite")
+    commits: list[Commit] = []
+    store.listeners.append(commits.append)
+    await store.write(logs_one("m1"), durable=False)
+    await store.synced()  # no durable write follows: the writer fsyncs the log itself
+    await asyncio.sleep(0.01)
+    assert not store.unsynced and store.head() == 1
+    assert [c.touched for c in commits] == [frozenset({("machine", "m1")})]
+
+    monkeypatch.setattr("souk.worker.store.SYNC_WITHIN", 0.05)
+    await store.write(logs_one("m2"), durable=False)
+    assert store.unsynced
+    for _ in range(100):  # nobody asks: it is made durable within SYNC_WITHIN all the same
+        if not store.unsynced:
+            break
+        await asyncio.sleep(0.01)
+    await asyncio.sleep(0.01)
+    assert not store.unsynced and store.head() == 2 and len(commits) == 2
+    store.close()
+
+
+async def test_a_store_without_fsync_defers_nothing(tmp_path: Path) -> None:
+    store = Store(tmp_path / "db.sqlite", durable=False)
+    await store.write(logs_one("m1"), durable=False)
+    assert not store.unsynced and store.head() == 1
+    store.close()
+
+
+async def test_a_failed_sync_leaves_the_deferred_commit_to_be_synced_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = Store(tmp_path / "db.sqlite")
+    await store.write(logs_one("m1"), durable=False)
+    real, calls = store._fsync_log, []
+
+    def fails_once() -> None:
+        calls.append(1)
+        if len(calls) == 1:
+            raise OSError(errno.EIO, "I/O error")
+        real()
+
+    monkeypatch.setattr(store, "_fsync_log", fails_once)
+    with pytest.raises((OSError, StorageFault)):
+        await store.synced()
+    assert store.unsynced and store.head() == 0
+    await store.synced()
+    assert not store.unsynced and store.head() == 1 and len(calls) == 2
+    store.close()

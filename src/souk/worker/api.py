@@ -65,6 +65,9 @@ from souk.worker.holds import MAX_HOLD
 from souk.worker.status import WorkerStatus
 
 MAX_WAIT = 60.0
+# How long a create with `start: true` may wait to answer with its machine started (or failed):
+# well within the share of its deadline a broker gives one worker.
+CREATE_WAIT = 0.5
 
 # The one place a worker's refusal becomes an HTTP status; the most specific class listed wins.
 HTTP_STATUS: dict[type[WorkerError], int] = {
@@ -187,7 +190,7 @@ def _routes(engine: Engine) -> list[Route]:
         body = await read_model(request, CreateMachine)
         if fences.holds(body.id):
             raise fenced(body.id or "")
-        machine = await engine.create(body, hold(request))
+        machine = await engine.create(body, hold(request), wait=CREATE_WAIT)
         if fences.holds(machine.id):  # fenced while it was being recorded
             await engine.submit(machine.id, "destroy", {"force": True})
             raise fenced(machine.id)
@@ -442,7 +445,8 @@ def _routes(engine: Engine) -> list[Route]:
             "POST",
             "/v1/machines",
             create,
-            "Reserve and create a machine",
+            "Reserve and create a machine; with `start`, answered once it runs (or within"
+            f" {CREATE_WAIT:g}s)",
             CreateMachine,
             Machine,
             201,

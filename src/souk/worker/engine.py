@@ -161,8 +161,14 @@ class Engine:
 
     # --- accepting work ----------------------------------------------------------------------
 
-    async def create(self, req: CreateMachine, hold: float | None = None) -> Machine:
-        """`hold`: seconds the machine stays provisional (see `holds`) unless confirmed."""
+    async def create(
+        self, req: CreateMachine, hold: float | None = None, wait: float = 0.0
+    ) -> Machine:
+        """`hold`: seconds the machine stays provisional (see `holds`) unless confirmed.
+        `wait`: with `start`, seconds the answer may wait for the machine to be started (or to
+        fail starting), so that its client need not ask again. A machine that can start at
+        once is then committed with its start's spawn (fsm.py's `CREATE_SYNCED_BY`): the answer
+        comes once it is durable, whatever the wait."""
         machine_id = req.id or admission.new_machine_id()
         admission.check_runnable(self.drivers, self.settings, req.config)
         until = None if hold is None else time.time() + min(max(hold, 0.0), holds.MAX_HOLD)
@@ -171,12 +177,36 @@ class Engine:
             admission.create(tx, self.settings, machine_id, req, until)
             machine_secrets.record(tx, self.sealer, req.app, machine_id, req.secrets)
 
-        await self.store.write(accept_create)
+        waits = req.start and wait > 0 and self._starts_at_once(req.config)
+        await self.store.write(accept_create, durable=not waits)
+        mark = self.store.commits  # the create's commit is one of these
         if req.start:
             self.runner.kick(machine_id)
         if until is not None:
             self.holds.poke()
+        if waits:
+            await self._started_or_failed(machine_id, wait)
+            await self.store.synced(mark)
         return self.get(machine_id, events=False)
+
+    def _starts_at_once(self, config: MachineConfig) -> bool:
+        """No image to pull first: a start that takes about as long as a spawn."""
+        return Drivers.kind_of(config) == "command" or self.drivers.image_cached(config.image)
+
+    async def _started_or_failed(self, machine_id: str, timeout: float) -> None:
+        """Until the machine is past `created` and `starting`, or `timeout` seconds."""
+        deadline = time.monotonic() + timeout
+        while True:
+            event = self._changed.setdefault(machine_id, asyncio.Event())
+            if queries.state_of(self.store.read, machine_id) not in ("created", "starting"):
+                return
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return
+            try:
+                await asyncio.wait_for(event.wait(), remaining)
+            except TimeoutError:
+                pass
 
     async def confirm(self, machine_ids: list[str]) -> dict[str, str]:
         """End the holds of these machines: their creator has answered its client."""

@@ -87,6 +87,15 @@ OPERATIONS: dict[str, Operation] = {
     )
 }
 
+# A create with `start: true` whose answer waits for the start (a machine that can start at once:
+# a host command, an image already cached) is committed *deferred* (store.py: no fsync of its
+# own). The start's first durable commit, its spawn's, makes it durable with `begin_start` and
+# the spawn's record: one fsync for the three. A worker killed before then finds the create (the
+# kernel had its pages), resumes the start and adopts the process it may have spawned, by its
+# marker; a crash of the host loses the create, and with it every process it led to.
+CREATE_SYNCED_BY = "spawn"
+if CREATE_SYNCED_BY not in {s.name for s in OPERATIONS["start"].steps}:
+    raise LookupError(f"{CREATE_SYNCED_BY!r} is no step of start")
 
 STEP_NAMES: frozenset[str] = frozenset(s.name for op in OPERATIONS.values() for s in op.steps)
 
@@ -223,6 +232,10 @@ def markdown() -> str:
         allowed = ", ".join(f"`{s}`" for s in sorted(vop.allowed_from)) or "(new volume)"
         lines.append(f"| {vop.name} | {allowed} | {steps} |")
     lines.append("\nA step marked + is committed together with the step after it.")
+    lines.append(
+        "A create with `start: true` that answers once its machine runs is committed without"
+        f" an fsync of its own: the start's `{CREATE_SYNCED_BY}` commit makes it durable."
+    )
     lines += ["", "| hold | may go to |", "| --- | --- |"]
     lines += [
         f"| `{h}` | {', '.join(f'`{t}`' for t in sorted(HOLD_TRANSITIONS[h])) or '—'} |"

@@ -116,7 +116,8 @@ class WorkerRows:
             (seq, "volumes", vid)
             for seq, vid in queries.volumes_changed_since(read, since, limit + 1, live_only)
         ]
-        found.sort()
+        # A deferred commit (store.py) is not durable yet: its rows come with the commit that is.
+        found = sorted(f for f in found if f[0] <= head)
         more = len(found) > limit
         if more:
             found = found[:limit]

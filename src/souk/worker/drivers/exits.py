@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import subprocess
 from collections.abc import Awaitable
 
 from souk.worker import procfs
@@ -39,6 +40,27 @@ class ExitCodes:
         if future is None:
             return None
         return await asyncio.shield(future)
+
+
+async def child_exit(proc: subprocess.Popen[bytes]) -> int:
+    """The exit code of one of the worker's own children (negative: the signal that ended it),
+    read once it exits: on its pidfd where the kernel has them, so that no thread waits for each
+    child (asyncio's child watcher starts one per process, on the spawn's path); else waited for
+    in a thread."""
+    try:
+        fd = os.pidfd_open(proc.pid)
+    except (AttributeError, OSError):
+        return await asyncio.to_thread(proc.wait)
+    loop = asyncio.get_running_loop()
+    gone: asyncio.Future[None] = loop.create_future()
+    loop.add_reader(fd, _resolve, gone)
+    try:
+        if proc.poll() is None:
+            await gone
+    finally:
+        loop.remove_reader(fd)
+        os.close(fd)
+    return proc.wait()  # it has exited: reaped at once
 
 
 async def poll_until_gone(handle: Handle, interval: float) -> None:

@@ -20,6 +20,7 @@ import os
 import shutil
 import signal as signals
 import stat
+import subprocess
 import sys
 import time
 from collections.abc import Awaitable
@@ -31,7 +32,7 @@ from souk.worker import procfs
 from souk.worker.cgroups import Cgroups
 from souk.worker.drivers import execs, processes
 from souk.worker.drivers.base import ExecResult, Handle, HostUser, Launch
-from souk.worker.drivers.exits import poll_until_gone, until_gone
+from souk.worker.drivers.exits import child_exit, poll_until_gone, until_gone
 from souk.worker.drivers.processes import SPEC_ENV
 from souk.worker.files import write_files
 
@@ -87,26 +88,31 @@ class ProcessDriver:
     def __init__(self, cgroups: Cgroups) -> None:
         self.cgroups = cgroups
         self._exits: dict[str, asyncio.Future[int | None]] = {}
-        self._settling: dict[str, asyncio.Future[None]] = {}
+        self._settling: dict[str, asyncio.Future[object]] = {}
 
     async def settled(self, machine_id: str) -> None:
         pending = self._settling.pop(machine_id, None)
         if pending is not None:
             await pending
 
-    def _settle(self, machine_id: str, pid: int, cpus: int, memory_mb: int, setpriv: bool) -> None:
+    def _settle(self, machine_id: str, pid: int, cpus: int, memory_mb: int, setpriv: bool) -> str:
+        """Returns the process's start time, read first (its exit is not read, nor the process
+        reaped, before): reading it right after the fork waits on the kernel while the new
+        process is being set up, which the event loop need not."""
+        started = procfs.start_time(pid) or "0"
         self.cgroups.limit(machine_id, pid, cpus, memory_mb)
         if not setpriv or SETPRIV is None:
-            return
+            return started
         wrapper = os.path.realpath(SETPRIV)
         deadline = time.monotonic() + SETPRIV_WAIT
         while time.monotonic() < deadline:
             try:
                 if os.readlink(f"/proc/{pid}/exe") != wrapper:
-                    return
+                    return started
             except OSError:  # gone already: its exit is the monitor's to report
-                return
+                return started
             time.sleep(0.0005)
+        return started
 
     async def prepare(self, launch: Launch) -> None:
         workdir = _workdir(launch)
@@ -131,9 +137,11 @@ class ProcessDriver:
             argv, identity = _as_user(launch.config.argv(), launch.user, env, workdir)
         with _log(launch.rundir / "stdout.log") as out, _log(launch.rundir / "stderr.log") as err:
             try:
-                proc = await asyncio.create_subprocess_exec(
-                    *argv,
-                    stdin=asyncio.subprocess.PIPE if several else asyncio.subprocess.DEVNULL,
+                # Popen itself, as asyncio's subprocess would (a vfork, on the loop), without
+                # its child watcher: the exit is read on a pidfd (`child_exit`).
+                proc = subprocess.Popen(  # noqa: ASYNC220
+                    argv,
+                    stdin=subprocess.PIPE if several else subprocess.DEVNULL,
                     stdout=out,
                     stderr=err,
                     cwd=workdir,
@@ -146,23 +154,28 @@ class ProcessDriver:
                     raise
                 raise _not_for(launch.user, argv[-1], exc.errno or errno.EACCES) from exc
         guest = launch.config.guest
-        # In a thread, awaited before the spawn's commit (`settled`): moving a process into a
-        # cgroup waits for the kernel (an RCU grace period), which must not stall the event
-        # loop. Through setpriv, the process is itself only once setpriv has dropped to the
-        # app's ids and run the command: it is not reported started before.
-        settling = asyncio.to_thread(
-            self._settle,
-            launch.machine_id,
-            proc.pid,
-            guest.cpus,
-            guest.memory_mb,
-            argv[0] == SETPRIV,
+        # In a thread, awaited before the spawn returns (so before its commit): moving a
+        # process into a cgroup waits for the kernel (an RCU grace period), which must not
+        # stall the event loop, and so may reading its start time. Through setpriv, the
+        # process is itself only once setpriv has dropped to the app's ids and run the
+        # command: it is not reported started before.
+        settling = asyncio.ensure_future(
+            asyncio.to_thread(
+                self._settle,
+                launch.machine_id,
+                proc.pid,
+                guest.cpus,
+                guest.memory_mb,
+                argv[0] == SETPRIV,
+            )
         )
-        self._settling[launch.machine_id] = asyncio.ensure_future(
-            _then_go(settling, proc) if several else settling
+        self._settling[launch.machine_id] = (
+            asyncio.ensure_future(_then_go(settling, proc)) if several else settling
         )
-        started = procfs.start_time(proc.pid) or "0"
-        self._exits[launch.machine_id] = asyncio.ensure_future(proc.wait())
+        try:
+            started = await asyncio.shield(settling)
+        finally:  # its exit read (and the process reaped) only once its start time is known
+            self._exits[launch.machine_id] = asyncio.ensure_future(child_exit(proc))
         return Handle(proc.pid, started)
 
     def adopt(self, machine_id: str, marker: str, handle: Handle | None) -> Handle | None:
@@ -345,7 +358,7 @@ def process_specs(launch: Launch) -> list[dict[str, Any]]:
     return specs
 
 
-async def _then_go(settling: Awaitable[None], proc: asyncio.subprocess.Process) -> None:
+async def _then_go(settling: Awaitable[object], proc: subprocess.Popen[bytes]) -> None:
     """The launcher of several processes starts them once its cgroup holds it: its go is its
     stdin closing."""
     try:
