@@ -86,8 +86,26 @@ class RuncDriver:
         reference = launch.config.image
 
         async def root() -> tuple[Image, Path]:
-            image = await self.images.pull(reference)
-            return image, await self.images.prepare_rootfs(image, _image_dir(launch), launch.user)
+            """The image, pulled, and its root filesystem. A tag is looked up at the registry
+            every time, but most often it names what it named last time: that image's root
+            filesystem is mounted meanwhile, and kept if the registry agrees."""
+            workdir = _image_dir(launch)
+            guess = self.images.last_pulled(reference)
+            early = None
+            if guess is not None:
+                early = asyncio.ensure_future(
+                    self.images.prepare_rootfs(guess, workdir, launch.user)
+                )
+            try:
+                image = await self.images.pull(reference)
+            finally:
+                if early is not None:  # ended before anything else: `cleanup` undoes it
+                    await asyncio.wait([early])
+            if early is not None and not early.cancelled() and early.exception() is None:
+                if guess is not None and guess.digest == image.digest:
+                    return image, early.result()
+                await self.images.release_rootfs(workdir)  # the tag moved on
+            return image, await self.images.prepare_rootfs(image, workdir, launch.user)
 
         # The network is independent of the image: both are made at once (the `ip` runs are
         # most of a warm start's own cost). Both end before a failure of either is raised, and

@@ -108,12 +108,24 @@ class ImageCache:
                 raise
             return self._image(self.store.save(cached, name))
         record = self.store.image(resolved.digest)
+        if record is not None and self._complete(record):  # nothing to fetch: nothing to GC
+            return self._image(self.store.save(record, name))
         try:
-            if record is None or not self._complete(record):
-                record = await self._fetch(resolved)
-            record = self.store.save(record, name)
+            record = self.store.save(await self._fetch(resolved), name)
         finally:
             await self.gc()  # to budget, and whatever a failed pull left behind
+        return self._image(record)
+
+    def last_pulled(self, reference: str) -> Image | None:
+        """The image `reference` named when it was last pulled, complete on disk; no registry is
+        asked (what `pull` will most likely return, for work that can start before it does)."""
+        try:
+            ref = self.client.parse(reference)
+        except ValueError:
+            return None
+        record = self.store.image(ref.digest) if ref.digest else self.store.find(str(ref))
+        if record is None or not self._complete(record):
+            return None
         return self._image(record)
 
     def _complete(self, record: ImageRecord) -> bool:
