@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from souk.worker.oci import network
+import souk.worker.oci.network as network
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root")
 
