@@ -144,7 +144,7 @@ class ImageCache:
                 partial.write_bytes(resolved.raw)  # verified against its digest already
                 os.replace(partial, path)
             # The config and the layers are fetched at once, each layer unpacked as it arrives;
-            # a broken config is refused before any layer is unpacked (or kept).
+            # a broken config is refused before any layer is kept.
             config_ok = asyncio.get_running_loop().create_future()
             limit = asyncio.Semaphore(self.parallel)
 
@@ -193,9 +193,9 @@ class ImageCache:
     async def _layer(
         self, ref: ImageRef, blob: Descriptor, config_ok: asyncio.Future[None]
     ) -> None:
-        """Download a layer and unpack it as it arrives (once its image's config is known to be
-        good), or from its file where it cannot be (zstd, a registry that ignores Range, a blob
-        here already or being downloaded for another pull)."""
+        """Download a layer and unpack it as it arrives, or from its file where it cannot be
+        (zstd, a registry that ignores Range, a blob here already or being downloaded for another
+        pull); kept once its image's config is known to be good."""
         digest = blob.digest
 
         async def unpacked() -> None:
@@ -205,12 +205,12 @@ class ImageCache:
                 return
             tmp = self.store.tmp_path(digest).with_suffix(f".unpack-{uuid.uuid4().hex}")
             try:
-                size = await self._unpack_streaming(ref, blob, tmp, config_ok)
+                size = await self._unpack_streaming(ref, blob, tmp)
                 if size is None:  # from the file, then
                     blob_path = await self._blob(ref, blob)
-                    await asyncio.shield(config_ok)
                     await _thread_to_its_end(shutil.rmtree, tmp, True)
                     size = await _thread_to_its_end(unpack_layer, blob_path, tmp, self.overlay)
+                await asyncio.shield(config_ok)  # a broken config: no layer of it is kept
                 self._keep_unpacked(digest, tmp, size)
             finally:
                 if tmp.exists():
@@ -221,20 +221,13 @@ class ImageCache:
         else:
             await self._blob(ref, blob)
 
-    async def _unpack_streaming(
-        self, ref: ImageRef, blob: Descriptor, tmp: Path, config_ok: asyncio.Future[None]
-    ) -> int | None:
+    async def _unpack_streaming(self, ref: ImageRef, blob: Descriptor, tmp: Path) -> int | None:
         """The layer unpacked into `tmp` while it downloads; None: not done (it must be
         unpacked from its file). Nothing unpacked is kept unless the blob's digest is right."""
         if self.store.blob_path(blob.digest).exists() or self.store.flights.running(blob.digest):
             return None
         growing = GrowingFile()
-
-        async def unpack() -> int:
-            await asyncio.shield(config_ok)  # a broken config: nothing unpacked
-            return await _thread_to_its_end(unpack_stream, growing, tmp, self.overlay)
-
-        work = asyncio.ensure_future(unpack())
+        work = asyncio.ensure_future(_thread_to_its_end(unpack_stream, growing, tmp, self.overlay))
         try:
             try:
                 await self._blob(ref, blob, growing.grew)
