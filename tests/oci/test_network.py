@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -95,5 +96,41 @@ async def test_a_name_left_without_a_namespace_is_replaced(machine_id: str) -> N
     Path(network.NETNS_DIR / netns).touch()
     await network.setup(machine_id, "10.213.0.11")
     assert "inet 10.213.0.11/32 " in ip("-n", netns, "addr", "show", "dev", "eth0")
+    await network.teardown(machine_id)
+    assert gone(machine_id)
+
+
+KILLED_MIDWAY = """
+import asyncio, sys, time
+import souk.worker.oci.network as network
+real = network._Netlink.add_address
+def slow(self, index, address):
+    if address != network.GATEWAY:
+        print("ready", flush=True)
+        time.sleep(60)
+    real(self, index, address)
+network._Netlink.add_address = slow
+asyncio.run(network.setup(sys.argv[1], "10.213.0.12"))
+"""
+
+
+def kill_midway(machine_id: str) -> None:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", KILLED_MIDWAY, machine_id], stdout=subprocess.PIPE, env=env
+    )
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == b"ready\n"
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+async def test_a_worker_killed_midway_leaves_what_teardown_removes(machine_id: str) -> None:
+    """kill -9 while the namespace is being made (all but the machine's address there): the
+    next worker's teardown (or setup) finds all of it by the machine's name."""
+    kill_midway(machine_id)
+    netns, veth = network.names(machine_id)
+    assert (network.NETNS_DIR / netns).exists() and network._conf(veth).exists()
     await network.teardown(machine_id)
     assert gone(machine_id)
