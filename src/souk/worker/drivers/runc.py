@@ -147,7 +147,8 @@ class RuncDriver:
         )
         bundle = launch.rundir / "bundle"
         bundle.mkdir(mode=0o700, parents=True, exist_ok=True)
-        _write_private(bundle / "config.json", json.dumps(spec, indent=1).encode())
+        # No indent: json's C encoder only writes without one (the pure-Python one took ~0.5 ms)
+        _write_private(bundle / "config.json", json.dumps(spec).encode())
 
     async def settled(self, machine_id: str) -> None:
         return None
