@@ -102,10 +102,13 @@ class RuncDriver:
             finally:
                 if early is not None:  # ended before anything else: `cleanup` undoes it
                     await asyncio.wait([early])
-            if early is not None and not early.cancelled() and early.exception() is None:
-                if guess is not None and guess.digest == image.digest:
+                    if not early.cancelled():
+                        early.exception()  # retrieved: a failed pull's error is the one raised
+            if early is not None:
+                made = not early.cancelled() and early.exception() is None
+                if made and guess is not None and guess.digest == image.digest:
                     return image, early.result()
-                await self.images.release_rootfs(workdir)  # the tag moved on
+                await self.images.release_rootfs(workdir)  # the tag moved on (or it failed)
             return image, await self.images.prepare_rootfs(image, workdir, launch.user)
 
         async def network_made() -> Path:

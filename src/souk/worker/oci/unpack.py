@@ -267,6 +267,7 @@ class GrowingFile:
             if self._file is not None:
                 self._file.close()
             self._ended = True
+            self._cond.notify_all()
 
 
 class _Prefixed:
