@@ -389,22 +389,3 @@ def test_a_growing_file_is_read_as_it_grows_and_fails_with_its_download(tmp_path
     never.end()
     with pytest.raises(NotStreamable):  # nothing came: unpacked from the file instead
         unpack_stream(never, tmp_path / "never", True)
-
-
-def test_gzip_layers_inflate_beside_the_unpacking(tmp_path: Path) -> None:
-    """Inflated by a thread of its own: a layer of two gzip members unpacks whole; a cut-short
-    or broken one is refused, and the inflating thread ends either way."""
-    first = TarBuilder().file("a", b"a" * 100_000).bytes()
-    two = gzip.compress(first[:10240]) + gzip.compress(first[10240:])
-    (tmp_path / "two").write_bytes(two)
-    assert unpack_layer(tmp_path / "two", tmp_path / "out-two", True) == 100_000
-    assert (tmp_path / "out-two" / "a").read_bytes() == b"a" * 100_000
-    whole = gzip.compress(first)
-    for name, data in (("short", whole[: len(whole) // 2]), ("broken", whole[:20] + b"x" * 50)):
-        (tmp_path / name).write_bytes(data)
-        with pytest.raises(UnsafeLayer):
-            unpack_layer(tmp_path / name, tmp_path / f"out-{name}", True)
-    for thread in threading.enumerate():
-        if thread.name == "souk-inflate":
-            thread.join(5)
-    assert not [t for t in threading.enumerate() if t.name == "souk-inflate"]

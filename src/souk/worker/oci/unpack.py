@@ -7,13 +7,11 @@ use, else in the tar's own `.wh.` form for the copying merge to apply."""
 from __future__ import annotations
 
 import os
-import queue
 import shutil
 import stat
 import subprocess
 import tarfile
 import threading
-import zlib
 from pathlib import Path
 from typing import IO
 
@@ -23,7 +21,6 @@ OPAQUE_XATTR = "trusted.overlay.opaque"
 GZIP_MAGIC = b"\x1f\x8b"
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 READ_SIZE = 1 << 20
-GZIP_WBITS = 16 + zlib.MAX_WBITS  # zlib's own word for gzip's header and trailer
 
 
 class UnsafeLayer(ValueError):
@@ -132,89 +129,18 @@ def _unpack(stream: IO[bytes] | _Prefixed, gzipped: bool, dest: Path, overlay: b
     dest.mkdir(parents=True, exist_ok=True)
     total = 0
     dirs: list[tuple[Path, tarfile.TarInfo]] = []
-    tarball = _Inflating(stream) if gzipped else stream
     try:
-        # read a megabyte at a time: tarfile's 10 KiB costs a Python round each
-        with tarfile.open(fileobj=tarball, mode="r|", bufsize=READ_SIZE) as tar:  # type: ignore[call-overload]
+        mode = "r|gz" if gzipped else "r|"
+        # read (and inflated) a megabyte at a time: tarfile's 10 KiB costs a Python round each
+        with tarfile.open(fileobj=stream, mode=mode, bufsize=READ_SIZE) as tar:  # type: ignore[call-overload]
             for member in tar:
                 total += _entry(tar, member, dest, overlay, dirs)
     except tarfile.TarError as e:
         raise UnsafeLayer(f"layer is not a valid tarball: {e}") from e
-    finally:
-        if isinstance(tarball, _Inflating):
-            tarball.close()
     for path, member in reversed(dirs):  # after their contents, so later writes don't undo it
         os.chmod(path, member.mode & 0o7777)
         os.utime(path, (member.mtime, member.mtime))
     return total
-
-
-class _Inflating:
-    """A gzip stream inflated by a thread of its own, a few megabytes ahead of its reader: zlib
-    lets go of the GIL, so a layer's entries are made while the next ones inflate (about half
-    of an unpack's time each, for busybox)."""
-
-    def __init__(self, source: IO[bytes] | _Prefixed) -> None:
-        self._source = source
-        self._chunks: queue.Queue[bytes | BaseException] = queue.Queue(maxsize=4)
-        self._stop = threading.Event()
-        self._rest = b""
-        self._done = False
-        self._thread = threading.Thread(target=self._inflate, name="souk-inflate", daemon=True)
-        self._thread.start()
-
-    def _put(self, item: bytes | BaseException) -> bool:
-        while not self._stop.is_set():
-            try:
-                self._chunks.put(item, timeout=0.1)
-                return True
-            except queue.Full:
-                continue
-        return False
-
-    def _inflate(self) -> None:
-        try:
-            inflater = zlib.decompressobj(GZIP_WBITS)
-            while data := self._source.read(READ_SIZE):
-                while data:
-                    out = inflater.decompress(data, READ_SIZE)  # at most this much at once
-                    if out and not self._put(out):
-                        return
-                    data = inflater.unconsumed_tail
-                    if inflater.eof:  # the end of a member: another may follow
-                        data = inflater.unused_data
-                        if not data.startswith(GZIP_MAGIC):
-                            break
-                        inflater = zlib.decompressobj(GZIP_WBITS)
-            if not inflater.eof:
-                raise zlib.error("the gzip stream ends early")
-            self._put(b"")
-        except BaseException as e:  # handed to the reader
-            self._put(e)
-
-    def read(self, size: int = -1) -> bytes:
-        out = bytearray()
-        while size < 0 or len(out) < size:
-            if not self._rest:
-                if self._done:
-                    break
-                item = self._chunks.get()
-                if isinstance(item, zlib.error):
-                    raise UnsafeLayer(f"layer is not valid gzip: {item}") from item
-                if isinstance(item, BaseException):
-                    raise item
-                if not item:
-                    self._done = True
-                    break
-                self._rest = item
-            take = len(self._rest) if size < 0 else min(size - len(out), len(self._rest))
-            out += self._rest[:take]
-            self._rest = self._rest[take:]
-        return bytes(out)
-
-    def close(self) -> None:
-        """Stop the inflating thread; it ends once its read of the source returns."""
-        self._stop.set()
 
 
 class NotStreamable(Exception):
