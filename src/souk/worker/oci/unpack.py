@@ -20,7 +20,6 @@ OPAQUE = ".wh..wh..opq"
 OPAQUE_XATTR = "trusted.overlay.opaque"
 GZIP_MAGIC = b"\x1f\x8b"
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
-READ_SIZE = 1 << 20
 
 
 class UnsafeLayer(ValueError):
@@ -130,9 +129,7 @@ def _unpack(stream: IO[bytes] | _Prefixed, gzipped: bool, dest: Path, overlay: b
     total = 0
     dirs: list[tuple[Path, tarfile.TarInfo]] = []
     try:
-        mode = "r|gz" if gzipped else "r|"
-        # read (and inflated) a megabyte at a time: tarfile's 10 KiB costs a Python round each
-        with tarfile.open(fileobj=stream, mode=mode, bufsize=READ_SIZE) as tar:  # type: ignore[call-overload]
+        with tarfile.open(fileobj=stream, mode="r|gz" if gzipped else "r|") as tar:  # type: ignore[call-overload]
             for member in tar:
                 total += _entry(tar, member, dest, overlay, dirs)
     except tarfile.TarError as e:
