@@ -28,7 +28,6 @@ from souk.worker.oci.spec import runtime_spec
 
 POLL = 0.02
 STARTED_POLL = 0.002  # for the pid file runc writes: a start waits on it, so look often
-NETWORK_YIELDS = 3  # turns of the event loop a start's other work gets before its network
 MARKER = "souk.marker"
 
 
@@ -87,40 +86,14 @@ class RuncDriver:
         reference = launch.config.image
 
         async def root() -> tuple[Image, Path]:
-            """The image, pulled, and its root filesystem. A tag is looked up at the registry
-            every time, but most often it names what it named last time: that image's root
-            filesystem is mounted meanwhile, and kept if the registry agrees."""
-            workdir = _image_dir(launch)
-            guess = self.images.last_pulled(reference)
-            early = None
-            if guess is not None:
-                early = asyncio.ensure_future(
-                    self.images.prepare_rootfs(guess, workdir, launch.user)
-                )
-            try:
-                image = await self.images.pull(reference)
-            finally:
-                if early is not None:  # ended before anything else: `cleanup` undoes it
-                    await asyncio.wait([early])
-                    if not early.cancelled():
-                        early.exception()  # retrieved: a failed pull's error is the one raised
-            if early is not None:
-                made = not early.cancelled() and early.exception() is None
-                if made and guess is not None and guess.digest == image.digest:
-                    return image, early.result()
-                await self.images.release_rootfs(workdir)  # the tag moved on (or it failed)
-            return image, await self.images.prepare_rootfs(image, workdir, launch.user)
-
-        async def network_made() -> Path:
-            """The network, made while the event loop waits (about two milliseconds): once the
-            registry has been asked and the root filesystem's mount is under way."""
-            for _ in range(NETWORK_YIELDS):
-                await asyncio.sleep(0)
-            return await network.setup(launch.machine_id, launch.private_ip)
+            image = await self.images.pull(reference)
+            return image, await self.images.prepare_rootfs(image, _image_dir(launch), launch.user)
 
         # The network is independent of the image: both are made at once. Both end before a
         # failure of either is raised, and `cleanup` undoes whatever exists.
-        made, net = await asyncio.gather(root(), network_made(), return_exceptions=True)
+        made, net = await asyncio.gather(
+            root(), network.setup(launch.machine_id, launch.private_ip), return_exceptions=True
+        )
         if isinstance(made, BaseException):
             raise made
         if isinstance(net, BaseException):

@@ -116,18 +116,6 @@ class ImageCache:
             await self.gc()  # to budget, and whatever a failed pull left behind
         return self._image(record)
 
-    def last_pulled(self, reference: str) -> Image | None:
-        """The image `reference` named when it was last pulled, complete on disk; no registry is
-        asked (what `pull` will most likely return, for work that can start before it does)."""
-        try:
-            ref = self.client.parse(reference)
-        except ValueError:
-            return None
-        record = self.store.image(ref.digest) if ref.digest else self.store.find(str(ref))
-        if record is None or not self._complete(record):
-            return None
-        return self._image(record)
-
     def _complete(self, record: ImageRecord) -> bool:
         return all(self.store.blob_path(d).exists() for d in record.blobs) and all(
             self.store.layer_size(d) is not None for d in record.layers
