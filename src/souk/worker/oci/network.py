@@ -296,17 +296,13 @@ async def _to_its_end(fn: Callable[..., T], *args: Any) -> T:
 
 
 async def setup(machine_id: str, address: str) -> Path:
-    """Create (or find complete) the machine's namespace; its path, for the runtime spec.
-
-    Made while the event loop waits, about a millisecond of system calls: handed to the
-    executor, the same work took several times as long whenever the loop had Python to run
-    meanwhile (a start's registry request), each call waiting its turn for the GIL."""
+    """Create (or find complete) the machine's namespace; its path, for the runtime spec."""
     netns, veth = names(machine_id)
     path = NETNS_DIR / netns
     if path.exists() and _address_of(path) == address:
         return path
     await teardown(machine_id)
-    _make(path, veth, address)
+    await _to_its_end(_make, path, veth, address)
     return path
 
 
