@@ -3,7 +3,7 @@ private address on eth0; the host routes that /32 to the veth and answers ARP fo
 gateway (each veth holds that link-local address), so no bridge or shared subnet is needed.
 
 All of it is made by the worker itself, with system calls and rtnetlink messages (what `ip` would
-send), not by running `ip`: the kernel's part takes well under a millisecond, a process several.
+send), not by running `ip`: about two milliseconds in all, where two `ip -batch` runs took 12-19.
 A thread that enters a namespace (`unshare`, `setns`) is a fresh one that ends after: a namespace
 is the calling thread's own, and no other thread of the worker ever runs in the machine's.
 
@@ -48,7 +48,7 @@ IFA_ADDRESS, IFA_LOCAL = 1, 2
 RTA_DST, RTA_OIF, RTA_GATEWAY = 1, 4, 5
 IFF_UP = 1
 RT_TABLE_MAIN, RTPROT_BOOT, RTN_UNICAST = 254, 3, 1
-RT_SCOPE_UNIVERSE, RT_SCOPE_LINK, RT_SCOPE_HOST = 0, 253, 254
+RT_SCOPE_UNIVERSE, RT_SCOPE_LINK = 0, 253
 _HEADER = struct.Struct("=IHHII")  # nlmsghdr: length, type, flags, sequence, port
 _IFINFOMSG = struct.Struct("=BxHiII")  # family, type, index, flags, change
 _IFADDRMSG = struct.Struct("=BBBBI")  # family, prefix length, flags, scope, interface index
