@@ -3,18 +3,29 @@
 from __future__ import annotations
 
 import asyncio
+import gzip
 import os
+import shutil
+import subprocess
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from souk.models.machine import InitConfig
+from souk.worker.oci import images
 from souk.worker.oci.images import ImageCache
-from souk.worker.oci.manifest import Platform, host_platform
-from souk.worker.oci.registry import DigestMismatch, RegistryClient
+from souk.worker.oci.manifest import OCI_LAYER_ZSTD, Platform, host_platform
+from souk.worker.oci.registry import DigestMismatch, RegistryClient, sha256_digest
 from souk.worker.oci.rootfs import is_mounted, overlay_supported
-from souk.worker.oci.unpack import UnsafeLayer
+from souk.worker.oci.unpack import (
+    GrowingFile,
+    NotStreamable,
+    UnsafeLayer,
+    unpack_layer,
+    unpack_stream,
+)
 from tests.support.images import ImageSpec, Layer, TarBuilder, layer, push_image, push_index
 from tests.support.registry import Registry, push
 
@@ -293,3 +304,88 @@ async def test_in_use_callback_protects_images(
     used.clear()
     assert await cache.gc(budget=0) == [image.digest]
     assert stored(cache)["blobs/sha256"] == []
+
+
+def tree(root: Path) -> dict[str, tuple[int, bytes | str | None]]:
+    found: dict[str, tuple[int, bytes | str | None]] = {}
+    for path in sorted(root.rglob("*")):
+        st = path.lstat()
+        if path.is_symlink():
+            content: bytes | str | None = os.readlink(path)
+        elif path.is_file():
+            content = path.read_bytes()
+        else:
+            content = None
+        found[str(path.relative_to(root))] = (st.st_mode, content)
+    return found
+
+
+def zstd(data: bytes) -> bytes:
+    return subprocess.run(["zstd", "-q", "-c"], input=data, capture_output=True, check=True).stdout
+
+
+async def test_layers_unpacked_as_they_download_match_their_files(
+    registry: Registry,
+    client: RegistryClient,
+    make_cache: Make,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each layer is unpacked while it downloads (gzip and plain tar), or from its file once it
+    is complete where it cannot be (zstd): the same tree either way."""
+    big = TarBuilder().dir("d")
+    for i in range(200):  # several chunks: the unpacking reads what has arrived, then waits
+        big.file(f"d/f{i}", os.urandom(10_000))
+    big.symlink("link", "d/f0")
+    layers = [layer(big.bytes()), layer(TarBuilder().file("plain", b"p").bytes(), False)]
+    if shutil.which("zstd"):
+        raw = TarBuilder().file("z", b"zstd layer").bytes()
+        layers.append(Layer(zstd(raw), sha256_digest(raw), OCI_LAYER_ZSTD))
+    await push(client, registry, "streamed:1", ImageSpec(layers))
+    cache = make_cache()
+    from_files: list[Path] = []
+
+    def unpack_file(blob: Path, dest: Path, overlay: bool) -> int:
+        from_files.append(blob)
+        return unpack_layer(blob, dest, overlay)
+
+    monkeypatch.setattr(images, "unpack_layer", unpack_file)
+    image = await cache.pull(f"{registry.host}/streamed:1")
+    assert len(from_files) == len(layers) - 2  # the zstd one
+    assert len(image.layers) == len(layers)
+    for i, digest in enumerate(image.layers):
+        again = tmp_path / f"again-{i}"
+        unpack_layer(cache.store.blob_path(digest), again, cache.overlay)
+        assert tree(cache.store.layer_path(digest)) == tree(again)
+    assert stored(cache)["tmp"] == []
+
+
+def test_a_growing_file_is_read_as_it_grows_and_fails_with_its_download(tmp_path: Path) -> None:
+    data = gzip.compress(TarBuilder().file("a", b"x" * 300_000).bytes())
+    partial = tmp_path / "blob.partial"
+    growing = GrowingFile()
+    result: list[int] = []
+    reader = threading.Thread(
+        target=lambda: result.append(unpack_stream(growing, tmp_path / "out", True))
+    )
+    with open(partial, "wb") as out:
+        for start in range(0, len(data), 4096):
+            out.write(data[start : start + 4096])
+            out.flush()
+            growing.grew(partial, min(start + 4096, len(data)))
+            if start == 0:
+                reader.start()
+    growing.end()
+    reader.join(10)
+    assert result == [300_000]
+    assert (tmp_path / "out" / "a").read_bytes() == b"x" * 300_000
+
+    failed = GrowingFile()
+    failed.grew(partial, 100)
+    failed.end(DigestMismatch("bad"))
+    with pytest.raises(NotStreamable):
+        unpack_stream(failed, tmp_path / "failed", True)
+    never = GrowingFile()
+    never.end()
+    with pytest.raises(NotStreamable):  # nothing came: unpacked from the file instead
+        unpack_stream(never, tmp_path / "never", True)

@@ -3,14 +3,31 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
 
 from souk.worker.oci.auth import AuthError, Credentials
-from souk.worker.oci.manifest import OCI_MANIFEST, ManifestError, Platform, host_platform
+from souk.worker.oci.manifest import (
+    OCI_LAYER,
+    OCI_MANIFEST,
+    Descriptor,
+    ManifestError,
+    Platform,
+    host_platform,
+)
 from souk.worker.oci.reference import ImageRef
-from souk.worker.oci.registry import DigestMismatch, NotFound, RegistryClient
+from souk.worker.oci.registry import (
+    DigestMismatch,
+    NotFound,
+    RegistryClient,
+    RegistryConfig,
+    Restarted,
+    sha256_digest,
+)
 from tests.support.images import ImageSpec, Layer, TarBuilder, layer, push_image, push_index
 from tests.support.registry import Registry, push
 
@@ -133,3 +150,41 @@ async def test_manifest_digest_is_checked(registry: Registry, client: RegistryCl
     media_type, raw, digest = await client.get_manifest(ref, pushed.digest)
     assert digest == pushed.digest and json.loads(raw)["mediaType"] == media_type
     assert isinstance(ref, ImageRef) and ref.digest == pushed.digest
+
+
+async def test_a_download_the_registry_restarts_says_so_to_its_reader(tmp_path: Path) -> None:
+    """A registry that breaks a blob off midway, then ignores the Range that resumes it, sends
+    the blob from its first byte again: a download with a `progress` reader raises `Restarted`
+    (its reader saw the first bytes already); one without just starts over."""
+    blob = os.urandom(300_000)
+    descriptor = Descriptor(OCI_LAYER, sha256_digest(blob), len(blob))
+    sent: list[str | None] = []
+
+    async def serve(request: web.Request) -> web.StreamResponse:
+        sent.append(request.headers.get("Range"))
+        resp = web.StreamResponse(status=200)
+        resp.content_length = len(blob)
+        await resp.prepare(request)
+        if len(sent) == 1:  # the first answer breaks off
+            await resp.write(blob[:100_000])
+            assert request.transport is not None
+            request.transport.close()
+            return resp
+        await resp.write(blob)
+        return resp
+
+    app = web.Application()
+    app.router.add_get("/v2/{name}/blobs/{digest}", serve)
+    async with TestServer(app) as server:
+        host = f"{server.host}:{server.port}"
+        config = RegistryConfig(insecure=frozenset([host]))
+        async with RegistryClient(config) as client:
+            ref = client.parse(f"{host}/restarts:1")
+            told: list[int] = []
+            with pytest.raises(Restarted):
+                await client.download_blob(
+                    ref, descriptor, tmp_path / "blob", lambda _, n: told.append(n)
+                )
+            assert told and told[-1] <= 100_000 and sent[1] is not None  # it asked for the rest
+            await client.download_blob(ref, descriptor, tmp_path / "blob")
+    assert (tmp_path / "blob").read_bytes() == blob

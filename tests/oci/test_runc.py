@@ -154,3 +154,32 @@ async def test_exec_ps_pause_and_resume_in_a_container(
         assert not procfs.is_alive(handle.pid, handle.pid_start)
     finally:
         await driver.cleanup(machine)
+
+
+async def test_a_tag_that_moved_starts_the_image_it_names_now(
+    registry: Registry, client: RegistryClient, driver: RuncDriver, tmp_path: Path
+) -> None:
+    """A cached image's tag is looked up at the registry on every start: once it has moved, the
+    next start runs the image it names now, and the first image's pin went with its machine."""
+    reference = f"{registry.host}/moving:1"
+    config = MachineConfig(image=reference, init=InitConfig(exec=["/bin/cat", "/which"]))
+
+    async def run(which: bytes, ip: str) -> tuple[str, str]:
+        base = busybox_layer().file("which", which).bytes()
+        await push(client, registry, "moving:1", ImageSpec([layer(base)]))
+        machine = launch(tmp_path, config, ip)
+        await driver.prepare(machine)
+        try:
+            await driver.spawn(machine)
+            assert await driver.wait(machine.machine_id) == 0
+            record = driver.images.store.find(reference)
+            assert record is not None
+            return (machine.rundir / "stdout.log").read_text(), record.digest
+        finally:
+            await driver.cleanup(machine)
+
+    first, first_digest = await run(b"first\n", "10.213.7.9")
+    second, second_digest = await run(b"second\n", "10.213.7.10")
+    assert (first, second) == ("first\n", "second\n")
+    assert first_digest != second_digest
+    assert not driver.images.store.pinned()

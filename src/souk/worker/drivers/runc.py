@@ -89,9 +89,8 @@ class RuncDriver:
             image = await self.images.pull(reference)
             return image, await self.images.prepare_rootfs(image, _image_dir(launch), launch.user)
 
-        # The network is independent of the image: both are made at once (the `ip` runs are
-        # most of a warm start's own cost). Both end before a failure of either is raised, and
-        # `cleanup` undoes whatever exists.
+        # The network is independent of the image: both are made at once. Both end before a
+        # failure of either is raised, and `cleanup` undoes whatever exists.
         made, net = await asyncio.gather(
             root(), network.setup(launch.machine_id, launch.private_ip), return_exceptions=True
         )
@@ -124,7 +123,8 @@ class RuncDriver:
         )
         bundle = launch.rundir / "bundle"
         bundle.mkdir(mode=0o700, parents=True, exist_ok=True)
-        _write_private(bundle / "config.json", json.dumps(spec, indent=1).encode())
+        # No indent: json's C encoder only writes without one (the pure-Python one took ~0.5 ms)
+        _write_private(bundle / "config.json", json.dumps(spec).encode())
 
     async def settled(self, machine_id: str) -> None:
         return None

@@ -20,7 +20,7 @@ from souk.worker.drivers.base import HostUser
 from souk.worker.oci.config import ImageConfig
 from souk.worker.oci.manifest import Descriptor
 from souk.worker.oci.reference import ImageRef
-from souk.worker.oci.registry import RegistryClient, Resolved
+from souk.worker.oci.registry import Progress, RegistryClient, Resolved, Restarted
 from souk.worker.oci.rootfs import (
     idmap_supported,
     is_mounted,
@@ -31,7 +31,7 @@ from souk.worker.oci.rootfs import (
     unmount_layers,
 )
 from souk.worker.oci.store import BlobStore, ImageRecord
-from souk.worker.oci.unpack import unpack_layer
+from souk.worker.oci.unpack import GrowingFile, NotStreamable, unpack_layer, unpack_stream
 
 T = TypeVar("T")
 
@@ -108,10 +108,10 @@ class ImageCache:
                 raise
             return self._image(self.store.save(cached, name))
         record = self.store.image(resolved.digest)
+        if record is not None and self._complete(record):  # nothing to fetch: nothing to GC
+            return self._image(self.store.save(record, name))
         try:
-            if record is None or not self._complete(record):
-                record = await self._fetch(resolved)
-            record = self.store.save(record, name)
+            record = self.store.save(await self._fetch(resolved), name)
         finally:
             await self.gc()  # to budget, and whatever a failed pull left behind
         return self._image(record)
@@ -131,17 +131,28 @@ class ImageCache:
                 partial = path.with_name(f".{path.name}.{uuid.uuid4().hex}")
                 partial.write_bytes(resolved.raw)  # verified against its digest already
                 os.replace(partial, path)
-            config = await self._blob(resolved.ref, manifest.config)
-            ImageConfig.parse(config.read_bytes())  # refuse a broken config before the layers
+            # The config and the layers are fetched at once, each layer unpacked as it arrives;
+            # a broken config is refused before any layer is kept.
+            config_ok = asyncio.get_running_loop().create_future()
             limit = asyncio.Semaphore(self.parallel)
+
+            async def config() -> None:
+                try:
+                    path = await self._blob(resolved.ref, manifest.config)
+                    ImageConfig.parse(path.read_bytes())
+                except BaseException as e:
+                    config_ok.set_exception(e)
+                    config_ok.exception()  # retrieved: there may be no layer to wait on it
+                    raise
+                config_ok.set_result(None)
 
             async def layer(blob: Descriptor) -> None:
                 async with limit:
-                    await self._blob(resolved.ref, blob)
-                await self._unpack(blob.digest)
+                    await self._layer(resolved.ref, blob, config_ok)
 
             try:
                 async with asyncio.TaskGroup() as tasks:
+                    tasks.create_task(config())
                     for blob in manifest.layers:
                         tasks.create_task(layer(blob))
             except ExceptionGroup as group:  # the first failure is the one worth reporting
@@ -152,38 +163,86 @@ class ImageCache:
         layers = [x.digest for x in manifest.layers]
         return ImageRecord(resolved.digest, manifest.config.digest, layers)
 
-    async def _blob(self, ref: ImageRef, blob: Descriptor) -> Path:
+    async def _blob(
+        self, ref: ImageRef, blob: Descriptor, progress: Progress | None = None
+    ) -> Path:
         path = self.store.blob_path(blob.digest)
 
         async def download() -> Path:
             if not path.exists():
                 tmp = self.store.tmp_path(blob.digest)
-                await self.client.download_blob(ref, blob, tmp)
+                await self.client.download_blob(ref, blob, tmp, progress)
                 os.replace(tmp, path)
                 self.downloads += 1
             return path
 
         return path if path.exists() else await self.store.flights.run(blob.digest, download)
 
-    async def _unpack(self, digest: str) -> None:
-        async def unpack() -> None:
+    async def _layer(
+        self, ref: ImageRef, blob: Descriptor, config_ok: asyncio.Future[None]
+    ) -> None:
+        """Download a layer and unpack it as it arrives, or from its file where it cannot be
+        (zstd, a registry that ignores Range, a blob here already or being downloaded for another
+        pull); kept once its image's config is known to be good."""
+        digest = blob.digest
+
+        async def unpacked() -> None:
             if self.store.layer_size(digest) is not None:
+                await self._blob(ref, blob)
+                await asyncio.shield(config_ok)
                 return
             tmp = self.store.tmp_path(digest).with_suffix(f".unpack-{uuid.uuid4().hex}")
             try:
-                blob = self.store.blob_path(digest)
-                size = await _thread_to_its_end(unpack_layer, blob, tmp, self.overlay)
-                final = self.store.layer_path(digest)
-                if final.exists():  # half unpacked before a crash
-                    os.replace(final, self.store.root / "trash" / uuid.uuid4().hex)
-                os.replace(tmp, final)
-                self.store.mark_unpacked(digest, size)
+                size = await self._unpack_streaming(ref, blob, tmp)
+                if size is None:  # from the file, then
+                    blob_path = await self._blob(ref, blob)
+                    await _thread_to_its_end(shutil.rmtree, tmp, True)
+                    size = await _thread_to_its_end(unpack_layer, blob_path, tmp, self.overlay)
+                await asyncio.shield(config_ok)  # a broken config: no layer of it is kept
+                self._keep_unpacked(digest, tmp, size)
             finally:
                 if tmp.exists():
                     await asyncio.to_thread(shutil.rmtree, tmp, True)
 
         if self.store.layer_size(digest) is None:
-            await self.store.flights.run(f"unpack:{digest}", unpack)
+            await self.store.flights.run(f"unpack:{digest}", unpacked)
+        else:
+            await self._blob(ref, blob)
+
+    async def _unpack_streaming(self, ref: ImageRef, blob: Descriptor, tmp: Path) -> int | None:
+        """The layer unpacked into `tmp` while it downloads; None: not done (it must be
+        unpacked from its file). Nothing unpacked is kept unless the blob's digest is right."""
+        if self.store.blob_path(blob.digest).exists() or self.store.flights.running(blob.digest):
+            return None
+        growing = GrowingFile()
+        work = asyncio.ensure_future(_thread_to_its_end(unpack_stream, growing, tmp, self.overlay))
+        try:
+            try:
+                await self._blob(ref, blob, growing.grew)
+            except Restarted as e:
+                growing.end(e)
+                await asyncio.wait([work])
+                return None
+            except BaseException as e:
+                growing.end(e)
+                await asyncio.wait([work])
+                raise
+            growing.end()
+            try:
+                return await work
+            except NotStreamable:
+                return None
+        finally:
+            if work.done() and not work.cancelled():
+                work.exception()  # retrieved: the download's failure is the one raised
+            growing.close()
+
+    def _keep_unpacked(self, digest: str, tmp: Path, size: int) -> None:
+        final = self.store.layer_path(digest)
+        if final.exists():  # half unpacked before a crash
+            os.replace(final, self.store.root / "trash" / uuid.uuid4().hex)
+        os.replace(tmp, final)
+        self.store.mark_unpacked(digest, size)
 
     def _image(self, record: ImageRecord) -> Image:
         config = ImageConfig.parse(self.store.blob_path(record.config).read_bytes())

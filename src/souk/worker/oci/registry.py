@@ -7,7 +7,7 @@ import asyncio
 import hashlib
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -44,6 +44,14 @@ class NotFound(RegistryError):
 
 class DigestMismatch(RegistryError):
     """Content did not hash to the digest that named it; nothing of it is kept."""
+
+
+class Restarted(RegistryError):
+    """A download began again from its first byte (the registry ignored a Range) after its
+    progress had told of bytes already there: what read them must start over too."""
+
+
+Progress = Callable[[Path, int], None]
 
 
 @dataclass(frozen=True)
@@ -195,14 +203,26 @@ class RegistryClient:
 
     # -- blobs -----------------------------------------------------------------------------
 
-    async def download_blob(self, ref: ImageRef, blob: Descriptor, dest: Path) -> None:
+    async def download_blob(
+        self, ref: ImageRef, blob: Descriptor, dest: Path, progress: Progress | None = None
+    ) -> None:
         """Download into `dest`, resuming a `.partial` left by an earlier attempt; `dest` only
-        ever appears holding bytes that hash to `blob.digest`."""
+        ever appears holding bytes that hash to `blob.digest`. `progress(partial, n)`: the
+        first `n` bytes are in the file `partial` now (read them as they come, to unpack while
+        the rest arrives; they are verified only once this returns). `Restarted` if bytes it
+        told of must be read again."""
         partial = dest.with_name(dest.name + ".partial")
+        told = [0]
+
+        def tell(size: int) -> None:
+            if progress is not None and size > told[0]:
+                told[0] = size
+                progress(partial, size)
+
         last: Exception | None = None
         for _ in range(max(1, self.config.retries)):
             try:
-                await self._download_once(ref, blob, partial)
+                await self._download_once(ref, blob, partial, tell, told[0])
                 break
             except (TimeoutError, aiohttp.ClientError) as e:
                 last = e
@@ -215,25 +235,38 @@ class RegistryClient:
             raise DigestMismatch(f"blob hashes to {digest}, not {blob.digest}")
         os.replace(partial, dest)
 
-    async def _download_once(self, ref: ImageRef, blob: Descriptor, partial: Path) -> None:
+    async def _download_once(
+        self,
+        ref: ImageRef,
+        blob: Descriptor,
+        partial: Path,
+        tell: Callable[[int], None],
+        told: int,
+    ) -> None:
         have = partial.stat().st_size if partial.exists() else 0
         if have >= blob.size:
             # Complete already, or longer than it should be (then certainly wrong): start over
             # unless exactly complete, which the caller verifies.
             if have == blob.size:
+                tell(have)
                 return
+            if told:
+                raise Restarted(f"blob {blob.digest}: {have} bytes, more than {blob.size}")
             partial.unlink()
             have = 0
         headers = {"Range": f"bytes={have}-"} if have else {}
         path = f"{ref.repository}/blobs/{blob.digest}"
         async with await self._send("GET", ref, path, headers=headers) as resp:
             if resp.status == 200:
+                if told:
+                    raise Restarted(f"blob {blob.digest}: the registry sent it from the start")
                 have, mode = 0, "wb"
             elif resp.status == 206 and have:
                 mode = "ab"
             else:
                 raise await self._fail(resp, f"blob {blob.digest}")
             with open(partial, mode) as out:
+                tell(have)
                 async for chunk in resp.content.iter_chunked(CHUNK):
                     have += len(chunk)
                     if have > blob.size:
@@ -241,6 +274,8 @@ class RegistryClient:
                         partial.unlink()
                         raise DigestMismatch(f"blob {blob.digest} is longer than {blob.size}")
                     out.write(chunk)
+                    out.flush()
+                    tell(have)
 
     async def blob_exists(self, ref: ImageRef, digest: str) -> bool:
         async with await self._send("HEAD", ref, f"{ref.repository}/blobs/{digest}") as resp:

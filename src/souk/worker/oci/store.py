@@ -51,6 +51,9 @@ class SingleFlight:
     def __init__(self) -> None:
         self._running: dict[str, asyncio.Future[object]] = {}
 
+    def running(self, key: str) -> bool:
+        return key in self._running
+
     async def run(self, key: str, work: Callable[[], Awaitable[T]]) -> T:
         if key in self._running:
             return cast(T, await asyncio.shield(self._running[key]))

@@ -11,6 +11,7 @@ import shutil
 import stat
 import subprocess
 import tarfile
+import threading
 from pathlib import Path
 from typing import IO
 
@@ -98,24 +99,115 @@ def _decompressed(blob: Path) -> tuple[IO[bytes], subprocess.Popen[bytes] | None
 
 def unpack_layer(blob: Path, dest: Path, overlay: bool) -> int:
     """Unpack `blob` (tar, gzip or zstd) into the empty directory `dest`; the bytes written."""
-    dest.mkdir(parents=True, exist_ok=True)
     stream, proc, gzipped = _decompressed(blob)
-    total = 0
-    dirs: list[tuple[Path, tarfile.TarInfo]] = []
     try:
-        with tarfile.open(fileobj=stream, mode="r|gz" if gzipped else "r|") as tar:
-            for member in tar:
-                total += _entry(tar, member, dest, overlay, dirs)
-    except tarfile.TarError as e:
-        raise UnsafeLayer(f"layer is not a valid tarball: {e}") from e
+        return _unpack(stream, gzipped, dest, overlay)
     finally:
         stream.close()
         if proc is not None and proc.wait() != 0:
             raise UnsafeLayer(f"zstd failed on {blob}")
+
+
+def unpack_stream(source: GrowingFile, dest: Path, overlay: bool) -> int:
+    """`unpack_layer` of a blob as it is downloaded (tar or gzip; `NotStreamable` for zstd,
+    which is unpacked from the file once it is complete)."""
+    try:
+        head = source.read(len(ZSTD_MAGIC))
+        while head and len(head) < len(ZSTD_MAGIC) and (more := source.read(len(ZSTD_MAGIC))):
+            head += more
+        if not head:
+            raise NotStreamable("nothing came")
+        if head.startswith(ZSTD_MAGIC):
+            raise NotStreamable("zstd")
+        return _unpack(_Prefixed(head, source), head.startswith(GZIP_MAGIC), dest, overlay)
+    finally:
+        source.close()
+
+
+def _unpack(stream: IO[bytes] | _Prefixed, gzipped: bool, dest: Path, overlay: bool) -> int:
+    dest.mkdir(parents=True, exist_ok=True)
+    total = 0
+    dirs: list[tuple[Path, tarfile.TarInfo]] = []
+    try:
+        with tarfile.open(fileobj=stream, mode="r|gz" if gzipped else "r|") as tar:  # type: ignore[call-overload]
+            for member in tar:
+                total += _entry(tar, member, dest, overlay, dirs)
+    except tarfile.TarError as e:
+        raise UnsafeLayer(f"layer is not a valid tarball: {e}") from e
     for path, member in reversed(dirs):  # after their contents, so later writes don't undo it
         os.chmod(path, member.mode & 0o7777)
         os.utime(path, (member.mtime, member.mtime))
     return total
+
+
+class NotStreamable(Exception):
+    """This blob is unpacked from its file once downloaded, not as it arrives."""
+
+
+class GrowingFile:
+    """A file the event loop is downloading into, read by an unpacking thread as it grows:
+    `grew(path, n)` says its first `n` bytes are there; `end()` that no more will come, and
+    `end(error)` that the reader must fail (the download did). A reader that has nothing to read
+    waits; one whose file never grew gets `NotStreamable` at the end."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._size = 0
+        self._ended = False
+        self._error: BaseException | None = None
+        self._file: IO[bytes] | None = None
+        self._read = 0
+
+    def grew(self, path: Path, size: int) -> None:
+        with self._cond:
+            if self._file is None:  # now: the file is renamed once complete
+                self._file = open(path, "rb")  # noqa: SIM115  (closed by `close`)
+            self._size = size
+            self._cond.notify()
+
+    def end(self, error: BaseException | None = None) -> None:
+        with self._cond:
+            self._ended, self._error = True, error
+            self._cond.notify()
+
+    def read(self, size: int = -1) -> bytes:
+        with self._cond:
+            while self._read >= self._size and not self._ended and self._error is None:
+                self._cond.wait()
+            if self._error is not None:
+                raise NotStreamable(f"the download failed: {self._error}")
+            if self._file is None:
+                raise NotStreamable("the file never grew")
+            file, available = self._file, self._size - self._read
+        if available <= 0:
+            return b""
+        data = file.read(available if size < 0 else min(size, available))
+        self._read += len(data)
+        return data
+
+    def close(self) -> None:
+        with self._cond:
+            if self._file is not None:
+                self._file.close()
+            self._ended = True
+            self._cond.notify_all()
+
+
+class _Prefixed:
+    """`head`, then the rest of `source`: what tarfile reads after the magic was looked at."""
+
+    def __init__(self, head: bytes, source: GrowingFile) -> None:
+        self.head, self.source = head, source
+
+    def read(self, size: int = -1) -> bytes:
+        if self.head:
+            data = self.head if size < 0 else self.head[:size]
+            self.head = self.head[len(data) :]
+            return data
+        return self.source.read(size)
+
+    def close(self) -> None:
+        self.source.close()
 
 
 def _entry(
