@@ -467,6 +467,7 @@ async def run_load(
     progress: Progress,
     task: TaskID,
     tls: NodeFiles | None = None,
+    profiler: cProfile.Profile | None = None,
 ) -> LoadResult:
     spec = {
         "url": url,
@@ -489,6 +490,8 @@ async def run_load(
     while (line := (await proc.stdout.readline()).decode()) and line.strip() != "warm":
         pass
     cpu = CpuWindow({**groups, "load": [proc.pid]})
+    if profiler is not None:
+        profiler.enable()
     proc.stdin.write(b"go\n")
     await proc.stdin.drain()
     result: dict[str, Any] | None = None
@@ -498,6 +501,8 @@ async def run_load(
             progress.update(task, completed=int(line.split()[1]))
         elif line.startswith("result "):
             usage = cpu.read()  # before the load process exits and its counters go
+            if profiler is not None:
+                profiler.disable()
             result = json.loads(line.removeprefix("result "))
     await proc.wait()
     if result is None:
@@ -526,15 +531,15 @@ async def settle(pids: list[int], idle: float, timeout: float = 120) -> None:
 
 
 @contextlib.contextmanager
-def profiled(into: Path | None, name: str) -> Iterator[None]:
-    """cProfile of this process (the broker) over the block, written to `into/name.prof`."""
+def profiled(into: Path | None, name: str) -> Iterator[cProfile.Profile | None]:
+    """A cProfile of this process (the broker) for the block to enable over what it measures
+    (not the unmeasured creates before), written to `into/name.prof`."""
     if into is None:
-        yield
+        yield None
         return
     profiler = cProfile.Profile()
-    profiler.enable()
     try:
-        yield
+        yield profiler
     finally:
         profiler.disable()
         profiler.dump_stats(into / f"{name}.prof")
@@ -721,8 +726,10 @@ async def measure_size(
                 progress.reset(task, total=n)
                 b.decisions.clear()
                 named = f"broker-{size}-{mode}-{name}".replace(" ", "_")
-                with profiled(args.profile, named):
-                    return await run_load(url, n, c, body, hdr, groups, progress, task, broker_tls)
+                with profiled(args.profile, named) as profiler:
+                    return await run_load(
+                        url, n, c, body, hdr, groups, progress, task, broker_tls, profiler
+                    )
 
             raw_url = hosts.urls[0] + "/v1/machines"
             raw_alone = await phase("raw alone", raw_url, args.sequential, 1, raw_body, {})

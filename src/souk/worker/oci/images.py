@@ -12,7 +12,6 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
 
 import aiohttp
 
@@ -32,8 +31,7 @@ from souk.worker.oci.rootfs import (
 )
 from souk.worker.oci.store import BlobStore, ImageRecord
 from souk.worker.oci.unpack import GrowingFile, NotStreamable, unpack_layer, unpack_stream
-
-T = TypeVar("T")
+from souk.worker.threads import to_thread_to_its_end
 
 
 @dataclass(frozen=True)
@@ -196,8 +194,8 @@ class ImageCache:
                 size = await self._unpack_streaming(ref, blob, tmp)
                 if size is None:  # from the file, then
                     blob_path = await self._blob(ref, blob)
-                    await _thread_to_its_end(shutil.rmtree, tmp, True)
-                    size = await _thread_to_its_end(unpack_layer, blob_path, tmp, self.overlay)
+                    await to_thread_to_its_end(shutil.rmtree, tmp, True)
+                    size = await to_thread_to_its_end(unpack_layer, blob_path, tmp, self.overlay)
                 await asyncio.shield(config_ok)  # a broken config: no layer of it is kept
                 self._keep_unpacked(digest, tmp, size)
             finally:
@@ -215,7 +213,9 @@ class ImageCache:
         if self.store.blob_path(blob.digest).exists() or self.store.flights.running(blob.digest):
             return None
         growing = GrowingFile()
-        work = asyncio.ensure_future(_thread_to_its_end(unpack_stream, growing, tmp, self.overlay))
+        work = asyncio.ensure_future(
+            to_thread_to_its_end(unpack_stream, growing, tmp, self.overlay)
+        )
         try:
             try:
                 await self._blob(ref, blob, growing.grew)
@@ -329,14 +329,3 @@ class ImageCache:
         evicted = self.store.collect(budget)
         await asyncio.to_thread(self.store.empty_trash)
         return evicted
-
-
-async def _thread_to_its_end(fn: Callable[..., T], *args: Any) -> T:
-    """`asyncio.to_thread`, except that a cancelled caller waits for the thread before unwinding:
-    a thread cannot be stopped midway, and the cleanup that follows must not race it."""
-    work = asyncio.ensure_future(asyncio.to_thread(fn, *args))
-    try:
-        return await asyncio.shield(work)
-    except asyncio.CancelledError:
-        await asyncio.wait([work])
-        raise

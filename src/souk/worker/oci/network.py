@@ -14,7 +14,6 @@ complete."""
 
 from __future__ import annotations
 
-import asyncio
 import ctypes
 import ctypes.util
 import errno as errnos
@@ -27,7 +26,9 @@ import struct
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
+
+from souk.worker.threads import to_thread_to_its_end
 
 GATEWAY = "169.254.1.1"  # what machines route through; answered by the host's proxy ARP
 NETNS_DIR = Path("/var/run/netns")
@@ -284,17 +285,6 @@ def _unmake(netns: str, veth: str) -> None:
     path.unlink(missing_ok=True)
 
 
-async def _to_its_end(fn: Callable[..., T], *args: Any) -> T:
-    """`asyncio.to_thread`, except that a cancelled caller waits for the thread before it
-    unwinds: what the thread makes is undone after, not while, it is made."""
-    work = asyncio.ensure_future(asyncio.to_thread(fn, *args))
-    try:
-        return await asyncio.shield(work)
-    except asyncio.CancelledError:
-        await asyncio.wait([work])
-        raise
-
-
 async def setup(machine_id: str, address: str) -> Path:
     """Create (or find complete) the machine's namespace; its path, for the runtime spec."""
     netns, veth = names(machine_id)
@@ -302,7 +292,7 @@ async def setup(machine_id: str, address: str) -> Path:
     if path.exists() and _address_of(path) == address:
         return path
     await teardown(machine_id)
-    await _to_its_end(_make, path, veth, address)
+    await to_thread_to_its_end(_make, path, veth, address)
     return path
 
 
@@ -310,4 +300,4 @@ async def teardown(machine_id: str) -> None:
     """Delete the namespace; its end of the veth pair, the host's end and the route go with it."""
     netns, veth = names(machine_id)
     if _conf(veth).exists() or os.path.lexists(NETNS_DIR / netns):
-        await _to_its_end(_unmake, netns, veth)
+        await to_thread_to_its_end(_unmake, netns, veth)
