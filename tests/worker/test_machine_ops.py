@@ -112,10 +112,13 @@ async def test_suspend_needs_a_started_machine(client: Client) -> None:
 
 async def test_signal_reaches_the_main_process(client: Client, engine: Engine) -> None:
     script = (
-        'trap "echo hup >> got" HUP; trap "echo usr1 >> got" USR1; while :; do sleep 0.02; done'
+        'trap "echo hup >> got" HUP; trap "echo usr1 >> got" USR1; : > ready;'
+        " while :; do sleep 0.02; done"
     )
     mid = await started(client, {"init": {"exec": ["sh", "-c", script]}})
     got = home(engine, mid) / "got"
+    # Started means running as its app, not done setting up: a signal before its traps kills it.
+    await eventually((home(engine, mid) / "ready").exists)
     resp = await client.post(f"/v1/machines/{mid}/signal", json={"signal": "SIGHUP"})
     assert resp.status == 200, await resp.text()
     await eventually(lambda: got.exists() and "hup" in got.read_text())
