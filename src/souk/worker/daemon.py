@@ -38,6 +38,7 @@ from souk.worker.drivers.process import ProcessDriver
 from souk.worker.drivers.runc import RuncDriver
 from souk.worker.drivers.sim import SimDriver
 from souk.worker.engine import Engine
+from souk.worker.inherited_signals import catch_ignored
 from souk.worker.oci.images import ImageCache
 from souk.worker.oci.registry import RegistryClient, RegistryConfig
 from souk.worker.rows import WorkerRows
@@ -88,6 +89,7 @@ def tls_context(files: NodeFiles) -> ssl.SSLContext:
 @contextlib.asynccontextmanager
 async def running(engine: Engine) -> AsyncIterator[Engine]:
     """Recover, then keep the background chores going while the worker runs."""
+    catch_ignored()  # before any machine starts: they inherit nothing the worker's start ignored
     await engine.recover()
     rotator = asyncio.create_task(
         logs.rotate_forever(engine.settings.data_dir / "machines", engine.settings.log_max_bytes)
