@@ -14,8 +14,10 @@ import signal
 import threading
 from types import FrameType
 
-# Python ignores SIGPIPE and SIGXFSZ itself, and `subprocess` restores them in its children.
-PYTHONS_OWN = frozenset({signal.SIGPIPE, signal.SIGXFSZ})
+# Left as they are: SIGPIPE and SIGXFSZ, which Python ignores itself and `subprocess` restores
+# in its children; and the terminal's job control, whose signals, caught rather than ignored,
+# would interrupt a background worker's reads and writes on its terminal over and over.
+LEFT = frozenset({signal.SIGPIPE, signal.SIGXFSZ, signal.SIGTTIN, signal.SIGTTOU, signal.SIGTSTP})
 
 
 def _ignore(_signum: int, _frame: FrameType | None) -> None:
@@ -29,7 +31,7 @@ def catch_ignored() -> list[int]:
         return []
     changed: list[int] = []
     for sig in signal.valid_signals():
-        if sig in PYTHONS_OWN:
+        if sig in LEFT:
             continue
         try:
             if signal.getsignal(sig) is signal.SIG_IGN:
