@@ -16,7 +16,9 @@ Per phase (fleet size, total change rate, replicas) it reports p50/p99/max laten
 bytes per change (counted at the owners, and at the server from its /varz), the heartbeat load,
 garbage-collector pauses, and the CPU of the replica, the owners, nats-server, the rest of the
 host and the hypervisor's steal. The floors: one message at a time between two connections, and
-a steady stream at each rate from this process to another (no catalog).
+a steady stream at each rate from this process to another (no catalog). A replica calls
+`heap.settle` once it holds every owner's rows, as a souk part does once it is ready;
+`--replica-gc default` leaves it Python's default collector instead.
 
 With `--secure`, each fleet size is measured three times in the same run: plain, signed (every
 owner signs with its own Ed25519 key, the replica checks against a CA) and signed over TLS (a
@@ -31,6 +33,7 @@ end-to-end runs.
 
 Usage: .venv/bin/python bench/catalog_propagation.py [--owners 100,1000] [--rates 500,2000]
        [--seconds 20] [--quick] [--json] [--profile-replica FILE] [--keep DIR] [--secure]
+       [--replica-gc settle|default]
        .venv/bin/python bench/catalog_propagation.py --replay [--owners 1000]
        [--replay-changes 10000] [--profile-replica FILE]
 """
@@ -63,6 +66,7 @@ from rich.table import Table
 
 from _harness import Pki, machine_info, pct
 
+from souk import heap
 from souk.catalog import owner as owner_module
 from souk.catalog import replica as replica_module
 from souk.catalog.bus import InProcessBus, Message, NatsBus
@@ -316,12 +320,19 @@ async def drive(fleet: Fleet, rate: float, seconds: float, tick: Callable[[int],
 
 
 async def replica_process(
-    url: str, workers: int, machines: int, profile: bool, out: Path, security: list[str]
+    url: str,
+    workers: int,
+    machines: int,
+    profile: bool,
+    souk_gc: bool,
+    out: Path,
+    security: list[str],
 ) -> None:
     """Child process: a replica following every region; prints `ready` once subscribed and
     `converged` once it holds every owner's rows; on EOF on stdin writes its samples to `out`.
     `security`: the CA to check signatures against, and the directory of its own node files
-    for TLS ("-" for none)."""
+    for TLS ("-" for none). `souk_gc`: `heap.settle` once converged, as a souk part does once
+    ready (its replica bootstrapped); else Python's default collector throughout."""
     samples: list[tuple[float, float]] = []  # (commit, visible) wall-clock times
     received: list[tuple[float, float]] = []  # (commit, decoded here)
     counters: list[tuple[float, int, int, int, int]] = []  # (wall, gaps, pulls, refused, batches)
@@ -354,6 +365,8 @@ async def replica_process(
                 and len(replica.machines()) >= machines
             ):
                 await asyncio.sleep(0.05)
+            if souk_gc:
+                heap.settle()
             print("converged", flush=True)
             if profiler is not None:
                 profiler.enable()
@@ -397,8 +410,10 @@ class Child:
         out: Path,
         profile: bool,
         security: tuple[str, str] = ("-", "-"),
+        souk_gc: bool = True,
     ) -> Child:
-        args = [url, str(workers), str(machines), "1" if profile else "0", *security]
+        gc_arg = "settle" if souk_gc else "default"
+        args = [url, str(workers), str(machines), "1" if profile else "0", gc_arg, *security]
         return await cls.start("--replica-process", args, out)
 
     async def expect(self, word: str, timeout: float) -> None:
@@ -716,6 +731,7 @@ async def measure_fleet(
     freeze: bool,
     mode: Mode = PLAIN,
     pki: Pki | None = None,
+    souk_gc: bool = True,
 ) -> list[Row]:
     """One fleet of `owners`, then each (rate, replicas) phase in turn while heartbeats flow."""
     machines = owners * MACHINES_PER_OWNER
@@ -735,7 +751,7 @@ async def measure_fleet(
     try:
         replicas.append(
             await Child.replica(
-                server.url, owners, machines, out(1), profile is not None, security(1)
+                server.url, owners, machines, out(1), profile is not None, security(1), souk_gc
             )
         )
         task = progress.add_task(f"{owners} owners, {mode.name}: starting", total=owners)
@@ -750,7 +766,7 @@ async def measure_fleet(
                     n = len(replicas) + 1
                     replicas.append(
                         await Child.replica(
-                            server.url, owners, machines, out(n), False, security(n)
+                            server.url, owners, machines, out(n), False, security(n), souk_gc
                         )
                     )
                     await replicas[-1].expect("converged", 120)
@@ -847,6 +863,7 @@ async def measure(args: argparse.Namespace, progress: Progress) -> Report:
                         args.freeze_owners,
                         mode,
                         pki,
+                        args.replica_gc == "settle",
                     )
     return Report(
         " ".join(["bench/catalog_propagation.py", *sys.argv[1:]]),
@@ -1257,6 +1274,13 @@ def main() -> None:
         action="store_false",
         help="leave the simulated owners' state to the garbage collector (one shared heap)",
     )
+    parser.add_argument(
+        "--replica-gc",
+        choices=("settle", "default"),
+        default="settle",
+        help="the replicas' garbage collector: heap.settle's once converged, as a souk part's"
+        " once ready (default), or Python's default",
+    )
     parser.add_argument("--quick", action="store_true", help="a short run: 5 s phases")
     parser.add_argument(
         "--secure",
@@ -1317,10 +1341,12 @@ def main() -> None:
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--replica-process":
-        url, workers, machines, profile, *security, out = sys.argv[2:]
-        asyncio.run(
-            replica_process(url, int(workers), int(machines), profile == "1", Path(out), security)
+        url, workers, machines, profile, gc_arg, *security, out = sys.argv[2:]
+        settles = gc_arg == "settle"
+        replica = replica_process(
+            url, int(workers), int(machines), profile == "1", settles, Path(out), security
         )
+        asyncio.run(replica)
         raise SystemExit(0)
     if len(sys.argv) > 1 and sys.argv[1] == "--sink-process":
         asyncio.run(sink_process(sys.argv[2], Path(sys.argv[3])))

@@ -27,7 +27,10 @@ and CPU per create (secured over plain).
 `--metrics-cost [ROUNDS]` measures each size the same way plain (metrics on, as they run) and with
 metrics off in the broker and its workers (`souk broker --no-metrics`, `souk worker
 --no-metrics`), ROUNDS pairs of them (which goes first alternating), and adds the same table of
-ratios, on over off, one line per pair.
+ratios, on over off, one line per pair. `--gc-cost [ROUNDS]`: likewise, the broker's process and
+the worker hosts with Python's default garbage collector against souk's (`heap.settle`, which
+every part calls once it is ready, and the benchmark's processes once their parts are), with the
+broker's time spent collecting per create in each.
 
     .venv/bin/python bench/placement.py            # about 4 minutes; --quick, --json
     .venv/bin/python bench/placement.py --sizes 1000 --profile prof/   # cProfile of the broker
@@ -39,6 +42,7 @@ import argparse
 import asyncio
 import contextlib
 import cProfile
+import gc
 import json
 import os
 import ssl
@@ -66,6 +70,7 @@ from rich.table import Table
 
 from _harness import Pki, pct, proc_ticks
 
+from souk import heap
 from souk.broker.api.state import Broker
 from souk.broker.fleet import CatalogFleet, Fleet, StaticFleet
 from souk.broker.metrics import BrokerMetrics
@@ -112,11 +117,12 @@ GOAL_RATE = 3750.0  # placements/s: Nomad's million-container run on 5 servers
 GOAL_DECISION_P99_MS = 10.0  # at 1,000 workers in a region
 # Modes measured next to "plain" (the broker as it runs) when asked, each set against it in a
 # table of ratios: its title, and whether the mode is the costlier of the pair.
-SECURE, METRICS_OFF = "secure", "metrics off"
+SECURE, METRICS_OFF, DEFAULT_GC = "secure", "metrics off", "default gc"
 BROKER = "bench-broker"  # the broker's certificate name
 COSTS = {
     SECURE: ("what security costs: secured over plain, in the same run (goal ≤ 1.2x)", True),
     METRICS_OFF: ("what metrics cost: on (plain) over off, in the same run (goal ≤ 1.05x)", False),
+    DEFAULT_GC: ("Python's default collector over heap.settle's, in the same run", True),
 }
 
 
@@ -164,6 +170,25 @@ class CpuWindow:
         }
 
 
+class GcClock:
+    """CPU seconds this process has spent in garbage collection, told by the collector."""
+
+    def __init__(self) -> None:
+        self.total = 0.0
+        self._began = 0.0
+        gc.callbacks.append(self._tick)
+
+    def _tick(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._began = time.process_time()
+        else:
+            self.total += time.process_time() - self._began
+
+
+GC_CLOCK = GcClock()
+PYTHON_GC = (700, 10, 10)  # the interpreter's own thresholds
+
+
 # --- workers: child processes --------------------------------------------------------------------
 
 
@@ -197,11 +222,13 @@ async def serve_workers(
     nats: str | None,
     tls_dir: Path | None = None,
     metrics: bool = True,
+    souk_gc: bool = True,
 ) -> None:
     """Child process: `count` sim workers on loopback sharing one NATS connection (if any);
     prints one URL per line, then `ready`, then waits for stdin to close. With `tls_dir` (the
     nodes' files, `secure_cluster`), secured as `souk worker --tls-dir` is: mutual TLS, every
-    route checked against the caller's role, rows signed with the worker's own key."""
+    route checked against the caller's role, rows signed with the worker's own key. `souk_gc`:
+    `heap.settle` once ready, as `souk worker` does; else Python's default collector."""
     from souk.worker.daemon import make_app as worker_app
     from souk.worker.daemon import make_driver, offering, publishing, running, tls_context
     from souk.worker.engine import Engine
@@ -238,6 +265,8 @@ async def serve_workers(
                 await stack.enter_async_context(publishing(engine, bus, url, signer))
                 await stack.enter_async_context(offering(engine, bus))
             print(url, flush=True)
+        if souk_gc:
+            heap.settle()
         print("ready", flush=True)
         await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
 
@@ -258,6 +287,7 @@ async def worker_hosts(
     profile: Path | None = None,
     tls_dir: Path | None = None,
     metrics: bool = True,
+    souk_gc: bool = True,
 ) -> AsyncIterator[Hosts]:
     procs: list[asyncio.subprocess.Process] = []
     per = -(-total // HOSTS)
@@ -266,6 +296,7 @@ async def worker_hosts(
         if count > 0:
             argv = [__file__, "--serve", str(count), str(h * per), str(data_dir), nats or ""]
             argv += [str(tls_dir or ""), "on" if metrics else "off"]
+            argv.append("settle" if souk_gc else "default")
             if profile is not None:
                 argv.append(str(profile / f"workers-{total}-host{h}.prof"))
             procs.append(
@@ -490,6 +521,7 @@ async def run_load(
     while (line := (await proc.stdout.readline()).decode()) and line.strip() != "warm":
         pass
     cpu = CpuWindow({**groups, "load": [proc.pid]})
+    collecting = GC_CLOCK.total
     if profiler is not None:
         profiler.enable()
     proc.stdin.write(b"go\n")
@@ -501,6 +533,7 @@ async def run_load(
             progress.update(task, completed=int(line.split()[1]))
         elif line.startswith("result "):
             usage = cpu.read()  # before the load process exits and its counters go
+            usage["broker_gc_s"] = GC_CLOCK.total - collecting
             if profiler is not None:
                 profiler.disable()
             result = json.loads(line.removeprefix("result "))
@@ -589,9 +622,11 @@ class Row:
     failed: int
     cpu: dict[str, float]  # loaded phase: seconds per process group, % of one core for the host
     cpu_ms_per_create: dict[str, float]  # loaded phase: broker, workers, nats
+    gc_ms_per_create: float = 0.0  # loaded phase: the broker's process in garbage collection
     mode: str = "plain"  # or SECURE (signed rows, TLS everywhere: the cluster across hosts),
-    # or METRICS_OFF (the broker and its workers record no metrics)
-    round: int = 0  # --secure, --metrics-cost: which pair of plain and the costlier mode
+    # METRICS_OFF (the broker and its workers record no metrics), or DEFAULT_GC (the broker and
+    # its workers keep Python's default collector instead of `heap.settle`'s)
+    round: int = 0  # --secure, --metrics-cost, --gc-cost: which pair of plain and the other
 
     @classmethod
     def of(
@@ -624,6 +659,7 @@ class Row:
                 g: round(loaded.cpu[f"{g}_s"] * 1000 / requests, 3)
                 for g in ("broker", "workers", "nats")
             },
+            gc_ms_per_create=round(loaded.cpu.get("broker_gc_s", 0.0) * 1000 / requests, 4),
         )
 
 
@@ -694,7 +730,10 @@ async def measure_size(
     headers = {"Authorization": f"Bearer {mint(SECRET)}"}
     raw_body = {"app": APP, "config": CONFIG}
     body = {"region": REGION, "config": CONFIG}
-    hosting = worker_hosts(size, data, nats_url, progress, task, args.profile, tls_dir, metrics)
+    souk_gc = mode != DEFAULT_GC
+    hosting = worker_hosts(
+        size, data, nats_url, progress, task, args.profile, tls_dir, metrics, souk_gc
+    )
     async with hosting as hosts:
         groups = {
             "broker": [os.getpid()],
@@ -715,6 +754,12 @@ async def measure_size(
                 progress.update(task, completed=known)
                 await asyncio.sleep(0.05)
 
+            if souk_gc:  # as every souk part does once it is ready
+                heap.settle()
+            else:  # from a heap as clean as settle's: an earlier size's cycles, frozen with
+                gc.unfreeze()  # it, are not this phase's garbage
+                gc.set_threshold(*PYTHON_GC)
+                gc.collect()
             idle = await cpu_pct(hosts.pids, 1.0)
 
             async def phase(name: str, url: str, n: int, c: int, body: Any, hdr: Any) -> LoadResult:
@@ -780,7 +825,9 @@ async def measure(args: argparse.Namespace, progress: Progress) -> Report:
                 server = stack.enter_context(NatsServer(log_path=workdir / "nats-server.log"))
                 nats = (server.url, server.pid)
             for size in args.sizes:
-                for mode, round_ in schedule({SECURE: args.secure, METRICS_OFF: args.metrics_cost}):
+                for mode, round_ in schedule(
+                    {SECURE: args.secure, METRICS_OFF: args.metrics_cost, DEFAULT_GC: args.gc_cost}
+                ):
                     await one_size(size, args, workdir, nats, progress, report, mode, round_)
     return report
 
@@ -862,7 +909,7 @@ def cost_table(title: str, pairs: list[tuple[Row, Row]]) -> Table:
     cost = Table(title=title)
     for col in (
         "workers", "strategy", "round", "placements/s", "decision p99 (loaded)",
-        "broker CPU/create", "workers CPU/create",
+        "broker CPU/create", "broker GC/create", "workers CPU/create",
     ):  # fmt: skip
         cost.add_column(col, justify="left" if col == "strategy" else "right")
 
@@ -875,7 +922,9 @@ def cost_table(title: str, pairs: list[tuple[Row, Row]]) -> Table:
             f"{costly.workers:,}", costly.strategy, str(costly.round),
             ratio(cheap.rate, costly.rate),
             ratio(costly.decision_p99_ms, cheap.decision_p99_ms),
-            ratio(cpu["broker"], base["broker"]), ratio(cpu["workers"], base["workers"]),
+            ratio(cpu["broker"], base["broker"]),
+            ratio(costly.gc_ms_per_create, cheap.gc_ms_per_create),
+            ratio(cpu["workers"], base["workers"]),
         )  # fmt: skip
     return cost
 
@@ -912,6 +961,17 @@ def main() -> None:
         metavar="ROUNDS",
         help="also each size with metrics off in the broker and its workers; ROUNDS pairs of "
         "plain and metrics off (default 1), the first of a pair alternating",
+    )
+    parser.add_argument(
+        "--gc-cost",
+        type=int,
+        nargs="?",
+        const=1,
+        default=0,
+        metavar="ROUNDS",
+        help="also each size with Python's default garbage collector in the broker's and the "
+        "workers' processes instead of heap.settle's; ROUNDS pairs (default 1), the first of a "
+        "pair alternating",
     )
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.add_argument("--profile", type=Path, help="write cProfile stats of the broker here")
@@ -951,10 +1011,10 @@ if __name__ == "__main__":
         nats_url, tls_arg = sys.argv[5], sys.argv[6]
         serve = serve_workers(
             int(sys.argv[2]), int(sys.argv[3]), Path(sys.argv[4]), nats_url,
-            Path(tls_arg) if tls_arg else None, sys.argv[7] == "on",
+            Path(tls_arg) if tls_arg else None, sys.argv[7] == "on", sys.argv[8] == "settle",
         )  # fmt: skip
-        if len(sys.argv) > 8:  # a profile of the whole worker host, written as it stops
-            cProfile.run("asyncio.run(serve)", sys.argv[8])
+        if len(sys.argv) > 9:  # a profile of the whole worker host, written as it stops
+            cProfile.run("asyncio.run(serve)", sys.argv[9])
         else:
             asyncio.run(serve)
     elif len(sys.argv) > 1 and sys.argv[1] == "--load":

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from aiohttp import web
 
+from souk import heap
 from souk.broker.runtime import BrokerOptions, broker_site, until_signalled
 from souk.broker.tokens import mint, new_secret, read_secret
 from souk.catalog.bus import Bus, InProcessBus
@@ -257,6 +258,7 @@ async def run_dev(
         secure=secure,
         insecure_registries=insecure_registries,
     ) as dev:
+        heap.settle()
         print(f"souk dev: 3 regions ({', '.join(REGIONS)}) x 2 workers")
         print(f"  broker (Machines API): {dev.api}")
         print(f"  proxy: {dev.proxy}  (apps at <app>.{dev.domain}, or header 'souk-app: <app>')")

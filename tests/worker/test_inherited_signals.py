@@ -63,7 +63,8 @@ async def test_a_machine_of_a_worker_started_under_nohup_traps_sighup(tmp_path: 
         config = MachineConfig.model_validate({"init": {"exec": ["sh", "-c", script]}})
         m = await engine.create(CreateMachine(app="demo", config=config, start=True))
         home = engine.settings.data_dir / "apps" / m.app / m.id
-        await eventually((home / "ready").exists)
+        assert (await engine.wait(m.id, "started", 10, None))[0]  # the spawn's commit is
+        await eventually((home / "ready").exists)  # not the create's: a moment later
         await engine.signal(m.id, "SIGHUP")
         await eventually(lambda: (home / "got").exists() and "hup" in (home / "got").read_text())
 

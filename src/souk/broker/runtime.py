@@ -16,6 +16,7 @@ from pathlib import Path
 
 from aiohttp import web
 
+from souk import heap
 from souk.broker.api.state import Broker
 from souk.broker.fleet import CatalogFleet, Fleet, StaticFleet
 from souk.broker.metrics import BrokerMetrics
@@ -183,5 +184,6 @@ async def until_signalled() -> None:
 
 async def serve(opts: BrokerOptions) -> None:
     async with broker_site(opts) as url:
+        heap.settle()
         print(f"souk broker ready on {url}", flush=True)
         await until_signalled()

@@ -16,7 +16,7 @@ from aiohttp.typedefs import Middleware
 from rich.console import Console
 from rich.table import Table
 
-from souk import __version__
+from souk import __version__, heap
 from souk.broker.auth import make_auth
 from souk.broker.tokens import read_secret
 from souk.catalog import http as catalog_http
@@ -164,6 +164,7 @@ async def _serve(
         )
         replica.unreachable_after = unreachable_after
         url = await stack.enter_async_context(catalog_site(replica, host, port, secret))
+        heap.settle()
         print(f"souk catalog ready on {url}", flush=True)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()

@@ -19,6 +19,7 @@ from typing import Any
 
 from aiohttp import web
 
+from souk import heap
 from souk.catalog import node
 from souk.catalog.metrics import watch_replica
 from souk.catalog.replica import Replica, following
@@ -168,6 +169,7 @@ async def serve(opts: ProxyOptions) -> None:
         trust = node.ca_trust(opts.tls) if opts.tls is not None else None
         replica = await stack.enter_async_context(following(bus, path, trust=trust))
         _, url = await stack.enter_async_context(proxy_site(replica, opts))
+        heap.settle()
         print(f"souk proxy ready on {url} (apps at <app>.{opts.domain})", flush=True)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()

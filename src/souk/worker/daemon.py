@@ -20,7 +20,7 @@ from collections.abc import AsyncIterator
 
 from aiohttp import web
 
-from souk import __version__
+from souk import __version__, heap
 from souk.catalog import node
 from souk.catalog.bus import Bus, Message
 from souk.catalog.connecting import ConnectingBus
@@ -190,6 +190,7 @@ async def serve(
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
+        heap.settle()
         print(f"souk worker {settings.name} ready on {scheme}://{host}:{port}", flush=True)
         await stop.wait()
         await runner.cleanup()

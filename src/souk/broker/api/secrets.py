@@ -142,13 +142,15 @@ async def delete_secret(request: web.Request) -> web.Response:
     return reply(DeleteAppSecretResponse(version=version, Version=version))
 
 
-def machine_secrets(request: web.Request, app: str, skip: bool | None) -> dict[str, str]:
+def machine_secrets(
+    request: web.Request, app: str, skip: bool | None, row: AppRow | None = None
+) -> dict[str, str]:
     """The app's secrets, opened, for a machine being created or updated (none if the client
-    asked to skip them); from the registry when this broker hosts it, else from the catalog."""
+    asked to skip them); from `row` if the caller has it, else as the fleet reads apps."""
     if skip:
         return {}
-    b = broker_of(request)
-    row = b.registry.get(app) if b.registry is not None else b.fleet.app(app)
+    if row is None:
+        row = broker_of(request).fleet.app(app)
     if row is None:
         raise ApiError(404, "not_found", f"app {app} not found")
     try:

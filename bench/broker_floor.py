@@ -1,0 +1,197 @@
+"""The floor under a broker's CPU per create: what its two HTTP exchanges cost through aiohttp
+when nothing else happens in them.
+
+A create is, for the broker, one request served (the public API) and one request sent (the
+reservation to the chosen worker), plus a share of a confirmation call. This measures each side
+alone, in CPU time of this process only, the other side being a child process:
+
+- served: an aiohttp server whose handler reads a create's body and answers a machine's JSON,
+  nothing between (no validation, no middleware); the load comes from a child process;
+- sent: an aiohttp client session posting a create's body and reading a machine's answer from a
+  child process's server.
+
+Both at `--concurrency` in flight over kept-alive connections, as the broker runs, the phases
+alternating `--rounds` times. Next to the broker's CPU per create from `bench/placement.py`, the
+difference is what souk itself does per create (validation, the decision, the catalog replica,
+the confirmation) and what the event loop spends between them.
+
+    .venv/bin/python bench/broker_floor.py            # about half a minute
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import time
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+from rich.console import Console
+from rich.table import Table
+
+import _harness  # noqa: F401  (puts the repository root on the path)
+from _harness import machine_info
+
+from souk.models.machine import Machine, MachineConfig
+
+CREATE = json.dumps(
+    {
+        "region": "bench",
+        "config": {"init": {"exec": ["true"]}, "guest": {"cpus": 1, "memory_mb": 256}},
+    }
+).encode()
+STAMP = "2026-11-27T00:00:00Z"
+MACHINE = (
+    Machine(
+        id="0123456789abcd",
+        name="bench-machine",
+        app="bench",
+        region="bench",
+        state="started",
+        instance_id="01JBENCH00000000000000000",
+        config=MachineConfig.model_validate(json.loads(CREATE)["config"]),
+        worker="bench-worker-0001",
+        private_ip="fdaa::2",
+        created_at=STAMP,
+        updated_at=STAMP,
+    )
+    .model_dump_json(exclude_none=True)
+    .encode()
+)
+
+
+async def serve(port: int = 0) -> tuple[web.AppRunner, int]:
+    async def create(request: web.Request) -> web.Response:
+        await request.read()
+        return web.Response(body=MACHINE, content_type="application/json")
+
+    app = web.Application()
+    app.router.add_post("/v1/machines", create)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", port, backlog=1024)
+    await site.start()
+    return runner, runner.addresses[0][1]
+
+
+async def send(url: str, requests: int, concurrency: int) -> None:
+    """`requests` posts, `concurrency` at a time, over one kept-alive session."""
+    left = requests
+    headers = {"Content-Type": "application/json"}
+    async with aiohttp.ClientSession() as http:
+
+        async def one_at_a_time() -> None:
+            nonlocal left
+            while left > 0:
+                left -= 1
+                async with http.post(url, data=CREATE, headers=headers) as resp:
+                    await resp.read()
+                    assert resp.status == 200
+
+        await asyncio.gather(*(one_at_a_time() for _ in range(concurrency)))
+
+
+async def child(role: str, arg: str, requests: int, concurrency: int) -> None:
+    """The other side, in its own process: a server that says its port, or a load that posts
+    once told to go (its warm-up already done)."""
+    if role == "serve":
+        runner, port = await serve()
+        print(port, flush=True)
+        await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
+        await runner.cleanup()
+        return
+    await send(arg, concurrency * 4, concurrency)
+    print("warm", flush=True)
+    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
+    await send(arg, requests, concurrency)
+    print("done", flush=True)
+
+
+async def spawn(*args: str) -> asyncio.subprocess.Process:
+    return await asyncio.create_subprocess_exec(
+        sys.executable, __file__, "--child", *args, stdin=-1, stdout=-1
+    )
+
+
+async def served(requests: int, concurrency: int) -> float:
+    """µs of this process's CPU per request served."""
+    runner, port = await serve()
+    url = f"http://127.0.0.1:{port}/v1/machines"
+    load = await spawn("load", url, str(requests), str(concurrency))
+    assert load.stdout is not None and load.stdin is not None
+    await load.stdout.readline()  # warm
+    began = time.process_time()
+    load.stdin.write(b"go\n")
+    await load.stdin.drain()
+    await load.stdout.readline()  # done
+    used = time.process_time() - began
+    await load.wait()
+    await runner.cleanup()
+    return used / requests * 1e6
+
+
+async def sent(requests: int, concurrency: int) -> float:
+    """µs of this process's CPU per request sent."""
+    server = await spawn("serve", "", "0", "0")
+    assert server.stdout is not None and server.stdin is not None
+    url = f"http://127.0.0.1:{int(await server.stdout.readline())}/v1/machines"
+    await send(url, concurrency * 4, concurrency)
+    began = time.process_time()
+    await send(url, requests, concurrency)
+    used = time.process_time() - began
+    server.stdin.write(b"stop\n")
+    await server.stdin.drain()
+    await server.wait()
+    return used / requests * 1e6
+
+
+async def measure(rounds: int, requests: int, concurrency: int) -> dict[str, Any]:
+    runs: dict[str, list[float]] = {"served": [], "sent": []}
+    for i in range(rounds):  # alternating which side goes first
+        order = ("served", "sent") if i % 2 == 0 else ("sent", "served")
+        for side in order:
+            phase = served if side == "served" else sent
+            runs[side].append(await phase(requests, concurrency))
+    return {
+        "rounds": rounds,
+        "requests": requests,
+        "concurrency": concurrency,
+        "create_bytes": len(CREATE),
+        "machine_bytes": len(MACHINE),
+        "served_us": runs["served"],
+        "sent_us": runs["sent"],
+        "served_median_us": statistics.median(runs["served"]),
+        "sent_median_us": statistics.median(runs["sent"]),
+    }
+
+
+def main() -> None:
+    if sys.argv[1:2] == ["--child"]:
+        role, arg, requests, concurrency = sys.argv[2:6]
+        asyncio.run(child(role, arg, int(requests), int(concurrency)))
+        return
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--requests", type=int, default=5000, help="per phase")
+    parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    args = parser.parse_args()
+    report = asyncio.run(measure(args.rounds, args.requests, args.concurrency))
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return
+    table = Table(title=f"aiohttp's floor per create, µs of CPU ({machine_info()})")
+    for col in ("side", *(f"round {i}" for i in range(args.rounds)), "median"):
+        table.add_column(col, justify="left" if col == "side" else "right")
+    for side in ("served", "sent"):
+        values = report[f"{side}_us"]
+        table.add_row(side, *(f"{v:.0f}" for v in values), f"{statistics.median(values):.0f}")
+    Console().print(table)
+
+
+if __name__ == "__main__":
+    main()
