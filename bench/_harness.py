@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import os
 import platform
 import signal
 import statistics
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -68,6 +70,24 @@ class Pki:
 
     def bus_options(self, role: str, name: str) -> dict[str, Any]:
         return bus_options(self.files(role, name))
+
+
+class GcPauses:
+    """This process's garbage-collector pauses: (wall-clock end, seconds) each, and their sum."""
+
+    def __init__(self) -> None:
+        self.pauses: list[tuple[float, float]] = []
+        self.total = 0.0
+        self._began = 0.0
+        gc.callbacks.append(self._note)
+
+    def _note(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._began = time.perf_counter()
+        else:
+            took = time.perf_counter() - self._began
+            self.pauses.append((time.time(), took))
+            self.total += took
 
 
 def pct(xs: Sequence[float], q: int) -> float:

@@ -64,7 +64,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from _harness import Pki, machine_info, pct
+from _harness import GcPauses, Pki, machine_info, pct
 
 from souk import heap
 from souk.catalog import owner as owner_module
@@ -107,21 +107,6 @@ def stamp_batches(module: Any, name: str, into: list[tuple[float, float]]) -> No
         return out
 
     setattr(module, name, traced)
-
-
-class GcPauses:
-    """This process's garbage-collector pauses: (wall-clock end, seconds)."""
-
-    def __init__(self) -> None:
-        self.pauses: list[tuple[float, float]] = []
-        self._began = 0.0
-        gc.callbacks.append(self._note)
-
-    def _note(self, phase: str, info: dict[str, Any]) -> None:
-        if phase == "start":
-            self._began = time.perf_counter()
-        else:
-            self.pauses.append((time.time(), time.perf_counter() - self._began))
 
 
 # --- nats-server -----------------------------------------------------------------------------

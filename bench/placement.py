@@ -68,7 +68,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from _harness import Pki, pct, proc_ticks
+from _harness import GcPauses, Pki, pct, proc_ticks
 
 from souk import heap
 from souk.broker.api.state import Broker
@@ -170,22 +170,7 @@ class CpuWindow:
         }
 
 
-class GcClock:
-    """CPU seconds this process has spent in garbage collection, told by the collector."""
-
-    def __init__(self) -> None:
-        self.total = 0.0
-        self._began = 0.0
-        gc.callbacks.append(self._tick)
-
-    def _tick(self, phase: str, info: dict[str, int]) -> None:
-        if phase == "start":
-            self._began = time.process_time()
-        else:
-            self.total += time.process_time() - self._began
-
-
-GC_CLOCK = GcClock()
+GC_PAUSES = GcPauses()  # this process's, so the broker's
 PYTHON_GC = (700, 10, 10)  # the interpreter's own thresholds
 
 
@@ -521,7 +506,7 @@ async def run_load(
     while (line := (await proc.stdout.readline()).decode()) and line.strip() != "warm":
         pass
     cpu = CpuWindow({**groups, "load": [proc.pid]})
-    collecting = GC_CLOCK.total
+    collecting = GC_PAUSES.total
     if profiler is not None:
         profiler.enable()
     proc.stdin.write(b"go\n")
@@ -533,7 +518,7 @@ async def run_load(
             progress.update(task, completed=int(line.split()[1]))
         elif line.startswith("result "):
             usage = cpu.read()  # before the load process exits and its counters go
-            usage["broker_gc_s"] = GC_CLOCK.total - collecting
+            usage["broker_gc_s"] = GC_PAUSES.total - collecting
             if profiler is not None:
                 profiler.disable()
             result = json.loads(line.removeprefix("result "))
@@ -905,11 +890,11 @@ def key(row: Row) -> tuple[int, str, int]:
 
 def cost_table(title: str, pairs: list[tuple[Row, Row]]) -> Table:
     """Ratios of each (costlier, cheaper) pair of rows: how much slower, and how much more the
-    decision and each create's CPU take."""
+    decision and each create's CPU take; and the broker's time in the collector per create."""
     cost = Table(title=title)
     for col in (
         "workers", "strategy", "round", "placements/s", "decision p99 (loaded)",
-        "broker CPU/create", "broker GC/create", "workers CPU/create",
+        "broker CPU/create", "broker GC ms/create, costlier / cheaper", "workers CPU/create",
     ):  # fmt: skip
         cost.add_column(col, justify="left" if col == "strategy" else "right")
 
@@ -923,7 +908,7 @@ def cost_table(title: str, pairs: list[tuple[Row, Row]]) -> Table:
             ratio(cheap.rate, costly.rate),
             ratio(costly.decision_p99_ms, cheap.decision_p99_ms),
             ratio(cpu["broker"], base["broker"]),
-            ratio(costly.gc_ms_per_create, cheap.gc_ms_per_create),
+            f"{costly.gc_ms_per_create:.3f} / {cheap.gc_ms_per_create:.3f}",
             ratio(cpu["workers"], base["workers"]),
         )  # fmt: skip
     return cost
