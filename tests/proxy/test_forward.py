@@ -324,6 +324,38 @@ async def test_after_sending_only_idempotent_requests_are_retried(
         await server.wait_closed()
 
 
+async def break_off_mid_answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """A backend stopped mid-answer: its head and part of a short body, then gone."""
+    await reader.readuntil(b"\r\n\r\n")
+    writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 40\r\nContent-Type: text/plain\r\n\r\npart")
+    await writer.drain()
+    writer.close()
+
+
+async def test_a_short_answer_broken_off_is_retried_not_relayed_truncated(
+    http: aiohttp.ClientSession,
+) -> None:
+    server = await asyncio.start_server(break_off_mid_answer, "127.0.0.1", 0)
+    broken_port = server.sockets[0].getsockname()[1]
+    try:
+        async with backends("good") as bs:
+            view = FakeView()
+            view.add("broken", region="mad", port=broken_port)
+            view.add("good", region="ams", port=bs["good"].port)
+            async with proxy_over(view, region="mad") as (proxy, url):
+                async with http.get(f"{url}/echo", headers=APP) as resp:
+                    assert resp.status == 200
+                    assert resp.headers["souk-machine"] == "good"
+                    assert (await resp.json())["name"] == "good"  # whole: it parses
+                async with http.post(f"{url}/echo", headers=APP, data=b"once") as resp:
+                    assert resp.status == 502  # not sent twice, and not half an answer
+                    assert (await resp.json())["code"] == "bad_gateway"
+                assert proxy.forwarder.stats["retries"] >= 1
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
 async def test_hard_limit_holds_requests_until_a_slot_frees(http: aiohttp.ClientSession) -> None:
     async with backends("one") as bs:
         view = FakeView()

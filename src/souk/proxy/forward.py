@@ -8,6 +8,10 @@ Failover: a backend that refuses the connection (or times out connecting) has re
 so the request goes to another machine whatever its method; a backend that fails after the
 request began to be sent gets it again only for idempotent methods (GET, HEAD, OPTIONS, PUT,
 DELETE, TRACE), and only if the request body was small enough to be held for a replay (64 KiB).
+A response of known length up to 64 KiB is read whole before anything of it reaches the client,
+so a backend that breaks it off (a machine stopped mid-answer, in a rolling deploy) counts as a
+failed attempt, not a truncated answer; longer and streamed responses are relayed as they come,
+and one broken off closes the client's connection, so that it sees the answer is incomplete.
 A machine that refused a connection is out of rotation for a moment and its standby is started,
 unless it was started only moments ago (an app still binding its port is not lost: the request
 waits for its port instead, if nothing else can take it).
@@ -50,6 +54,7 @@ HOP_BY_HOP = frozenset(
 )
 IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE", "TRACE"})
 REPLAY_LIMIT = 64 * 1024
+HOLD_LIMIT = 64 * 1024  # responses of known length up to this are read whole, then sent
 MAX_ATTEMPTS = 4
 APP_CACHE_FOR = 5.0  # seconds an answer about an app's existence is reused
 CONNECT_TIMEOUT = 3.0
@@ -387,6 +392,9 @@ class Forwarder:
             self.upstream_seconds.observe(time.perf_counter() - began)
             try:
                 return await self._relay(request, upstream, backend)
+            except (aiohttp.ClientError, TimeoutError) as exc:  # before a byte reached the client
+                log.info("%s of %s broke off its response: %s", backend.id, app, exc)
+                return "sent"
             finally:
                 upstream.release()
         finally:
@@ -395,13 +403,22 @@ class Forwarder:
     async def _relay(
         self, request: web.Request, upstream: aiohttp.ClientResponse, backend: Backend
     ) -> web.StreamResponse:
+        """The response, streamed; or sent at once if it is short and of known length, read
+        first (a backend failing that read raises: nothing has reached the client)."""
+        bodiless = (
+            request.method == "HEAD" or upstream.status in (204, 304) or upstream.status < 200
+        )
+        held = None
+        length = upstream.content_length
+        if not bodiless and length is not None and length <= HOLD_LIMIT:
+            held = await upstream.read()
         response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
         response.headers.extend(downstream_headers(upstream))
         response.headers[MACHINE_HEADER] = backend.id
         response.headers[REGION_HEADER] = backend.row.region
         await response.prepare(request)
-        if request.method == "HEAD" or upstream.status in (204, 304) or upstream.status < 200:
-            await response.write_eof()
+        if bodiless or held is not None:
+            await response.write_eof(held or b"")
             return response
         try:
             async for chunk in upstream.content.iter_any():
