@@ -64,7 +64,7 @@ MACHINE = (
 )
 
 
-async def serve(port: int = 0) -> tuple[web.AppRunner, int]:
+async def serve() -> tuple[web.AppRunner, int]:
     async def create(request: web.Request) -> web.Response:
         await request.read()
         return web.Response(body=MACHINE, content_type="application/json")
@@ -73,26 +73,25 @@ async def serve(port: int = 0) -> tuple[web.AppRunner, int]:
     app.router.add_post("/v1/machines", create)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", port, backlog=1024)
+    site = web.TCPSite(runner, "127.0.0.1", 0, backlog=1024)
     await site.start()
     return runner, runner.addresses[0][1]
 
 
-async def send(url: str, requests: int, concurrency: int) -> None:
-    """`requests` posts, `concurrency` at a time, over one kept-alive session."""
+async def send(http: aiohttp.ClientSession, url: str, requests: int, concurrency: int) -> None:
+    """`requests` posts, `concurrency` at a time, over the session's kept-alive connections."""
     left = requests
     headers = {"Content-Type": "application/json"}
-    async with aiohttp.ClientSession() as http:
 
-        async def one_at_a_time() -> None:
-            nonlocal left
-            while left > 0:
-                left -= 1
-                async with http.post(url, data=CREATE, headers=headers) as resp:
-                    await resp.read()
-                    assert resp.status == 200
+    async def one_at_a_time() -> None:
+        nonlocal left
+        while left > 0:
+            left -= 1
+            async with http.post(url, data=CREATE, headers=headers) as resp:
+                await resp.read()
+                assert resp.status == 200
 
-        await asyncio.gather(*(one_at_a_time() for _ in range(concurrency)))
+    await asyncio.gather(*(one_at_a_time() for _ in range(concurrency)))
 
 
 async def child(role: str, arg: str, requests: int, concurrency: int) -> None:
@@ -104,10 +103,11 @@ async def child(role: str, arg: str, requests: int, concurrency: int) -> None:
         await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
         await runner.cleanup()
         return
-    await send(arg, concurrency * 4, concurrency)
-    print("warm", flush=True)
-    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
-    await send(arg, requests, concurrency)
+    async with aiohttp.ClientSession() as http:
+        await send(http, arg, concurrency * 4, concurrency)  # the connections, then held
+        print("warm", flush=True)
+        await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
+        await send(http, arg, requests, concurrency)
     print("done", flush=True)
 
 
@@ -139,10 +139,11 @@ async def sent(requests: int, concurrency: int) -> float:
     server = await spawn("serve", "", "0", "0")
     assert server.stdout is not None and server.stdin is not None
     url = f"http://127.0.0.1:{int(await server.stdout.readline())}/v1/machines"
-    await send(url, concurrency * 4, concurrency)
-    began = time.process_time()
-    await send(url, requests, concurrency)
-    used = time.process_time() - began
+    async with aiohttp.ClientSession() as http:
+        await send(http, url, concurrency * 4, concurrency)
+        began = time.process_time()
+        await send(http, url, requests, concurrency)
+        used = time.process_time() - began
     server.stdin.write(b"stop\n")
     await server.stdin.drain()
     await server.wait()
