@@ -8,7 +8,7 @@ import contextlib
 import gzip
 import hashlib
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import aiohttp
@@ -292,6 +292,28 @@ async def test_a_refused_connection_is_retried_elsewhere_even_for_post(
             assert proxy.router.marks.has("failed", "bad")
 
 
+RawHandler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+
+
+@contextlib.asynccontextmanager
+async def beside_a_good_one(
+    misbehaving: str, handle: RawHandler
+) -> AsyncIterator[tuple[Proxy, str, Backend]]:
+    """A proxy in region mad, whose nearest machine is a raw backend answering as `handle`
+    does, and the app's other machine, "good", a well-behaved one in ams."""
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    try:
+        async with backends("good") as bs:
+            view = FakeView()
+            view.add(misbehaving, region="mad", port=server.sockets[0].getsockname()[1])
+            view.add("good", region="ams", port=bs["good"].port)
+            async with proxy_over(view, region="mad") as (proxy, url):
+                yield proxy, url, bs["good"]
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
 async def drop_after_headers(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
     """A backend that reads the request head, then hangs up without answering."""
     await reader.readuntil(b"\r\n\r\n")
@@ -301,27 +323,17 @@ async def drop_after_headers(reader: asyncio.StreamReader, writer: asyncio.Strea
 async def test_after_sending_only_idempotent_requests_are_retried(
     http: aiohttp.ClientSession,
 ) -> None:
-    server = await asyncio.start_server(drop_after_headers, "127.0.0.1", 0)
-    drop_port = server.sockets[0].getsockname()[1]
-    try:
-        async with backends("good") as bs:
-            view = FakeView()
-            view.add("drop", region="mad", port=drop_port)
-            view.add("good", region="ams", port=bs["good"].port)
-            async with proxy_over(view, region="mad") as (proxy, url):
-                async with http.get(f"{url}/echo", headers=APP) as resp:
-                    assert resp.status == 200
-                    assert resp.headers["souk-machine"] == "good"
-                async with http.put(f"{url}/echo", headers=APP, data=b"small") as resp:
-                    assert resp.status == 200  # idempotent, body held for a replay
-                async with http.post(f"{url}/echo", headers=APP, data=b"once") as resp:
-                    assert resp.status == 502
-                    assert (await resp.json())["code"] == "bad_gateway"
-                assert len(bs["good"].seen) == 2
-                assert not proxy.router.marks.has("failed", "drop")  # it did accept
-    finally:
-        server.close()
-        await server.wait_closed()
+    async with beside_a_good_one("drop", drop_after_headers) as (proxy, url, good):
+        async with http.get(f"{url}/echo", headers=APP) as resp:
+            assert resp.status == 200
+            assert resp.headers["souk-machine"] == "good"
+        async with http.put(f"{url}/echo", headers=APP, data=b"small") as resp:
+            assert resp.status == 200  # idempotent, body held for a replay
+        async with http.post(f"{url}/echo", headers=APP, data=b"once") as resp:
+            assert resp.status == 502
+            assert (await resp.json())["code"] == "bad_gateway"
+        assert len(good.seen) == 2
+        assert not proxy.router.marks.has("failed", "drop")  # it did accept
 
 
 async def break_off_mid_answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -335,25 +347,15 @@ async def break_off_mid_answer(reader: asyncio.StreamReader, writer: asyncio.Str
 async def test_a_short_answer_broken_off_is_retried_not_relayed_truncated(
     http: aiohttp.ClientSession,
 ) -> None:
-    server = await asyncio.start_server(break_off_mid_answer, "127.0.0.1", 0)
-    broken_port = server.sockets[0].getsockname()[1]
-    try:
-        async with backends("good") as bs:
-            view = FakeView()
-            view.add("broken", region="mad", port=broken_port)
-            view.add("good", region="ams", port=bs["good"].port)
-            async with proxy_over(view, region="mad") as (proxy, url):
-                async with http.get(f"{url}/echo", headers=APP) as resp:
-                    assert resp.status == 200
-                    assert resp.headers["souk-machine"] == "good"
-                    assert (await resp.json())["name"] == "good"  # whole: it parses
-                async with http.post(f"{url}/echo", headers=APP, data=b"once") as resp:
-                    assert resp.status == 502  # not sent twice, and not half an answer
-                    assert (await resp.json())["code"] == "bad_gateway"
-                assert proxy.forwarder.stats["retries"] >= 1
-    finally:
-        server.close()
-        await server.wait_closed()
+    async with beside_a_good_one("broken", break_off_mid_answer) as (proxy, url, _):
+        async with http.get(f"{url}/echo", headers=APP) as resp:
+            assert resp.status == 200
+            assert resp.headers["souk-machine"] == "good"
+            assert (await resp.json())["name"] == "good"  # whole: it parses
+        async with http.post(f"{url}/echo", headers=APP, data=b"once") as resp:
+            assert resp.status == 502  # not sent twice, and not half an answer
+            assert (await resp.json())["code"] == "bad_gateway"
+        assert proxy.forwarder.stats["retries"] >= 1
 
 
 async def test_hard_limit_holds_requests_until_a_slot_frees(http: aiohttp.ClientSession) -> None:
