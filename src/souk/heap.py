@@ -3,9 +3,9 @@
 A part serving requests allocates thousands of short-lived objects per second (models, dicts,
 futures) and holds a large heap that lives as long as it does (modules, pydantic's schemas, the
 catalog's rows). At the interpreter's default thresholds the collector runs a young collection
-every 700 allocations, some of them a few hundred microseconds inside a request, and every so
-often walks the whole heap: in a broker placing at full speed that was about 7% of its CPU and
-the slowest of its decisions (docs/benchmarks.md, "Garbage collection"). So: a young
+every 700 allocations, and walks again whatever survived: in a broker placing at full speed
+that was a third of its CPU per create (docs/benchmarks.md, "The floor under a create, and the
+collector"). So: a young
 generation about thirty times larger, and what a part has built by the time it is ready frozen
 out of the collector's walks. Nothing is freed later than reference counting frees it; only
 objects in reference cycles wait a little longer for a collection.
