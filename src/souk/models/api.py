@@ -53,7 +53,7 @@ class CreateMachineRequest(_FlyIgnored):
     skip_launch: bool = False
     lease_ttl: int | None = Field(None, ge=1, le=3600)
     avoid_workers: list[str] = Field(
-        [],
+        default_factory=list,
         max_length=64,
         description="souk extension: never place on these workers (e.g. a standby away from"
         " its primary's worker); no other worker fitting is a 412.",
@@ -128,7 +128,7 @@ class ImageRef(BaseModel):
     repository: str
     tag: str = ""
     digest: str = ""
-    labels: dict[str, str] = {}
+    labels: dict[str, str] = Field(default_factory=dict)
 
 
 class PublicMachine(Machine):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from souk.models.machine import CpuKind, GuestConfig
 
@@ -20,7 +20,7 @@ class Capacity(BaseModel):
     reserved: Resources
     free: Resources
     machines: int
-    labels: dict[str, str] = {}
+    labels: dict[str, str] = Field(default_factory=dict)
     cordoned: bool = False
     draining: bool = False
     # Disk for volumes: what --disk-mb offers, what volumes reserve of it, what is left.

@@ -29,7 +29,7 @@ class WorkerRow(Row):
     disk_mb_total: int = Field(0, ge=0)
     disk_mb_reserved: int = Field(0, ge=0)
     volumes_refused: str | None = None  # why it makes no volumes (no root, no loop devices)
-    labels: dict[str, str] = {}
+    labels: dict[str, str] = Field(default_factory=dict)
     cordoned: bool = False
     draining: bool = False
     epoch: str
@@ -63,9 +63,10 @@ class MachineRow(Row):
     memory_mb: int = Field(ge=1)
     image: str | None = None
     private_ip: str | None = None
-    ports: list[int] = []  # internal ports of its services, reachable at private_ip
-    standby_for: list[str] = []
-    metadata: dict[str, str] = {}
+    # internal ports of its services, reachable at private_ip
+    ports: list[int] = Field(default_factory=list)
+    standby_for: list[str] = Field(default_factory=list)
+    metadata: dict[str, str] = Field(default_factory=dict)
     metrics: MachineMetrics | None = None  # where its own metrics are scraped (Fly's)
     updated_at: str
 
@@ -82,8 +83,9 @@ class AppRow(Row):
     org: str = "personal"
     created_at: str
     deleted: bool = False
-    metadata: dict[str, Any] = {}
-    secrets: dict[str, SecretRecord] = {}  # sealed (see `souk.models.secrets`)
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    # sealed (see `souk.models.secrets`)
+    secrets: dict[str, SecretRecord] = Field(default_factory=dict)
     secrets_version: int = 0
 
 

@@ -209,7 +209,7 @@ class StopConfig(Strict):
 
 class ServicePort(Strict):
     port: int | None = Field(None, ge=1, le=65535)  # required: ranges are refused below
-    handlers: list[str] = []
+    handlers: list[str] = Field(default_factory=list)
     force_https: bool = False  # the proxy redirects plain HTTP on this port to https
     start_port: int | None = None
     end_port: int | None = None
@@ -244,7 +244,7 @@ class HttpHeader(Strict):
     """One header of an http check, as Fly writes them: a name and its values."""
 
     name: str = Field(min_length=1, max_length=256, pattern=r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
-    values: list[str] = []
+    values: list[str] = Field(default_factory=list)
 
     @field_validator("values")
     @classmethod
@@ -264,7 +264,7 @@ class Check(Strict):
     timeout: Duration = 2.0
     grace_period: Duration = 0.0
     method: str | None = Field(None, pattern=r"^[A-Za-z]{1,16}$")
-    headers: list[HttpHeader] = []
+    headers: list[HttpHeader] = Field(default_factory=list)
     protocol: Literal["http", "https"] | None = None
     tls_server_name: str | None = Field(None, max_length=253)
     tls_skip_verify: bool | None = None
@@ -274,12 +274,12 @@ class Check(Strict):
 class Service(Strict):
     protocol: Literal["tcp", "udp"] = "tcp"
     internal_port: int = Field(ge=1, le=65535)
-    ports: list[ServicePort] = []
+    ports: list[ServicePort] = Field(default_factory=list)
     autostop: Literal["off", "stop", "suspend"] = "off"
     autostart: bool = True
     min_machines_running: int = Field(0, ge=0)
     concurrency: ServiceConcurrency | None = None
-    checks: list[Check] = []
+    checks: list[Check] = Field(default_factory=list)
     force_instance_key: str | None = None
     force_instance_description: str | None = None
 
@@ -346,8 +346,8 @@ class MachineProcess(Strict):
     exec: list[str] | None = None
     entrypoint: list[str] | None = None
     cmd: list[str] | None = None
-    env: dict[str, str] = {}
-    env_from: list[EnvFrom] = []
+    env: dict[str, str] = Field(default_factory=dict)
+    env_from: list[EnvFrom] = Field(default_factory=list)
     user: str | None = Field(None, max_length=32)
     ignore_app_secrets: bool | None = None
     secrets: list[dict[str, Any]] | None = None
@@ -477,27 +477,28 @@ class MachineConfig(Strict):
     honour are refused with a 400 `unsupported` naming the field and why (docs/api.md)."""
 
     image: str | None = Field(None, max_length=512)
-    init: InitConfig = InitConfig()
-    env: dict[str, str] = {}
-    guest: GuestConfig = GuestConfig()
+    init: InitConfig = Field(default_factory=InitConfig)
+    env: dict[str, str] = Field(default_factory=dict)
+    guest: GuestConfig = Field(default_factory=GuestConfig)
     size: str | None = Field(None, description="A Fly size preset; sets guest's unset fields.")
-    restart: RestartConfig = RestartConfig()
-    stop_config: StopConfig = StopConfig()
-    metadata: dict[str, str] = {}
-    services: list[Service] = []
-    checks: dict[str, Check] = {}
-    standbys: list[str] = []
+    restart: RestartConfig = Field(default_factory=RestartConfig)
+    stop_config: StopConfig = Field(default_factory=StopConfig)
+    metadata: dict[str, str] = Field(default_factory=dict)
+    services: list[Service] = Field(default_factory=list)
+    checks: dict[str, Check] = Field(default_factory=dict)
+    standbys: list[str] = Field(default_factory=list)
     auto_destroy: bool = False
-    processes: list[MachineProcess] = []
+    processes: list[MachineProcess] = Field(default_factory=list)
     schedule: Schedule | None = None
     metrics: MachineMetrics | None = None
     disable_machine_autostart: bool | None = None
-    mounts: list[Mount] = Field([], max_length=1)  # one volume per machine, as Fly has it
+    # one volume per machine, as Fly has it
+    mounts: list[Mount] = Field(default_factory=list, max_length=1)
     containers: list[dict[str, Any]] | None = None
     statics: list[dict[str, Any]] | None = None
     dns: dict[str, Any] | None = None
     rootfs: dict[str, Any] | None = None
-    files: list[MachineFile] = Field([], max_length=64)
+    files: list[MachineFile] = Field(default_factory=list, max_length=64)
 
     @field_validator("files")
     @classmethod
@@ -595,7 +596,7 @@ class MachineEvent(BaseModel):
     status: str
     source: str = "worker"
     timestamp: int  # milliseconds since the epoch, as Fly reports it
-    request: dict[str, Any] = {}
+    request: dict[str, Any] = Field(default_factory=dict)
     step: str | None = None
 
 
@@ -626,8 +627,8 @@ class Machine(BaseModel):
     exit_code: int | None = None
     created_at: str
     updated_at: str
-    events: list[MachineEvent] = []
-    checks: list[CheckStatus] = []
+    events: list[MachineEvent] = Field(default_factory=list)
+    checks: list[CheckStatus] = Field(default_factory=list)
 
 
 class CreateMachine(Strict):
@@ -640,7 +641,7 @@ class CreateMachine(Strict):
     start: bool = True
     # The app's secrets, opened by the broker: the machine's env at each start, and the content
     # of files that name one. Kept apart from the config, which GET shows and rows carry.
-    secrets: dict[str, str] = Field({}, repr=False)
+    secrets: dict[str, str] = Field(default_factory=dict, repr=False)
 
     @field_validator("app")
     @classmethod
@@ -653,14 +654,14 @@ class CreateMachine(Strict):
 class UpdateMachine(Strict):
     config: MachineConfig
     start: bool | None = None
-    secrets: dict[str, str] = Field({}, repr=False)  # as CreateMachine's
+    secrets: dict[str, str] = Field(default_factory=dict, repr=False)  # as CreateMachine's
 
 
 class MetadataChange(Strict):
     """Keys to set and keys to remove from a machine's config.metadata, in place."""
 
-    set: dict[str, str] = {}
-    delete: list[str] = []
+    set: dict[str, str] = Field(default_factory=dict)
+    delete: list[str] = Field(default_factory=list)
 
 
 class StopRequest(Strict):

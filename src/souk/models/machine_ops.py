@@ -97,7 +97,7 @@ class ProcessStat(BaseModel):
     rss: int
     rtime: int
     stime: int
-    listen_sockets: list[ListenSocket] = []
+    listen_sockets: list[ListenSocket] = Field(default_factory=list)
 
 
 class MachineVersion(BaseModel):

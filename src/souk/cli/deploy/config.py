@@ -103,13 +103,13 @@ class AppConfig(Strict):
     image: str | None = Field(None, max_length=512)
     command: list[str] | None = None
     regions: dict[str, int] = Field(description="region -> machines (instances) there")
-    guest: GuestConfig = GuestConfig()
-    env: dict[str, str] = {}
-    services: list[Service] = []
-    checks: dict[str, Check] = {}
-    restart: RestartConfig = RestartConfig()
-    stop: StopConfig = StopConfig()
-    deploy: DeploySection = DeploySection()
+    guest: GuestConfig = Field(default_factory=GuestConfig)
+    env: dict[str, str] = Field(default_factory=dict)
+    services: list[Service] = Field(default_factory=list)
+    checks: dict[str, Check] = Field(default_factory=dict)
+    restart: RestartConfig = Field(default_factory=RestartConfig)
+    stop: StopConfig = Field(default_factory=StopConfig)
+    deploy: DeploySection = Field(default_factory=DeploySection)
     mounts: MountsSection | None = None
 
     @field_validator("app")

@@ -14,7 +14,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from souk.cli.deploy.config import SECRETS_KEY
 from souk.models.api import PublicMachine
@@ -40,7 +40,7 @@ class EventView(BaseModel):
     type: str  # Fly's: launch, start, stop, exit, ...
     status: str = ""
     timestamp: int = 0
-    request: dict[str, Any] = {}
+    request: dict[str, Any] = Field(default_factory=dict)
     step: str = ""  # souk's step within the operation
 
 
@@ -59,8 +59,8 @@ class MachineView(BaseModel):
     restart_count: int = 0
     created_at: str = ""
     private_ip: str | None = None
-    checks: list[CheckView] = []
-    events: list[EventView] = []
+    checks: list[CheckView] = Field(default_factory=list)
+    events: list[EventView] = Field(default_factory=list)
 
     @classmethod
     def of(cls, machine: PublicMachine) -> MachineView:

@@ -21,7 +21,7 @@ import time
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, Field, ValidationError
 
 from souk.cli.command import CommandError
 from souk.cli.deploy.config import AppConfig
@@ -42,7 +42,7 @@ class Release(BaseModel):
     image: str | None = None
     command: list[str] | None = None
     config: dict[str, Any]  # souk.toml; its env values are kept apart, sealed (`env_key`)
-    env: list[str] = []  # the names of its env variables
+    env: list[str] = Field(default_factory=list)  # the names of its env variables
     # Its env values went to the app's secrets (every release since secrets exist); a release
     # without it kept them in `env_key`.
     env_as_secrets: bool = False
