@@ -50,7 +50,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -325,6 +325,7 @@ class BrokerUnderTest:
     placer: Placer
     fleet: Fleet
     decisions: list[float] = field(default_factory=list)
+    batches: Callable[[], int] = lambda: 0  # catalog batches its replica has taken so far
 
     def known(self) -> int:
         return len(self.fleet.workers(region=REGION))
@@ -381,9 +382,11 @@ async def catalog_broker(
         client = WorkerClient(tls=tls)
         placer = Placer(fleet, client, bus=bus, metrics=watched)
         broker = Broker(fleet, client, placer, registry)
-        yield await stack.enter_async_context(
+        b = await stack.enter_async_context(
             serve_broker(broker, placer, catalog_http.routes(replica), tls)
         )
+        b.batches = lambda: replica.stats["batches"]
+        yield b
 
 
 @contextlib.asynccontextmanager
@@ -472,6 +475,7 @@ class LoadResult:
     latencies: list[float]
     failed: int
     cpu: dict[str, float]
+    batches: int = 0  # catalog batches the broker's replica took meanwhile
 
 
 async def run_load(
@@ -610,6 +614,7 @@ class Row:
     cpu: dict[str, float]  # loaded phase: seconds per process group, % of one core for the host
     cpu_ms_per_create: dict[str, float]  # loaded phase: broker, workers, nats
     gc_ms_per_create: float = 0.0  # loaded phase: the broker's process in garbage collection
+    batches_per_create: float = 0.0  # loaded phase: catalog batches the broker's replica took
     mode: str = "plain"  # or SECURE (signed rows, TLS everywhere: the cluster across hosts),
     # METRICS_OFF (the broker and its workers record no metrics), or DEFAULT_GC (the broker and
     # its workers keep Python's default collector instead of `heap.settle`'s)
@@ -647,6 +652,7 @@ class Row:
                 for g in ("broker", "workers", "nats")
             },
             gc_ms_per_create=round(loaded.cpu.get("broker_gc_s", 0.0) * 1000 / requests, 4),
+            batches_per_create=round(loaded.batches / requests, 2),
         )
 
 
@@ -758,10 +764,13 @@ async def measure_size(
                 progress.reset(task, total=n)
                 b.decisions.clear()
                 named = f"broker-{size}-{mode}-{name}".replace(" ", "_")
+                batches = b.batches()
                 with profiled(args.profile, named) as profiler:
-                    return await run_load(
+                    result = await run_load(
                         url, n, c, body, hdr, groups, progress, task, broker_tls, profiler
                     )
+                result.batches = b.batches() - batches
+                return result
 
             raw_url = hosts.urls[0] + "/v1/machines"
             raw_alone = await phase("raw alone", raw_url, args.sequential, 1, raw_body, {})
@@ -849,7 +858,7 @@ def tables(report: Report) -> list[Table]:
     for col in (
         "workers", "strategy", "decision p50 / p99 ms, one at a time",
         "decision p50 / p99 ms, loaded", "CPU ms/create: broker / workers / nats",
-        "host: others / steal %",
+        "catalog batches/create", "host: others / steal %",
     ):  # fmt: skip
         inside.add_column(col, justify="left" if col == "strategy" else "right")
     for r in report.rows:
@@ -866,6 +875,7 @@ def tables(report: Report) -> list[Table]:
             f"{r.workers:,}", name, pair(r.decision_alone_p50_ms, r.decision_alone_p99_ms),
             pair(r.decision_p50_ms, r.decision_p99_ms),
             f"{c['broker']:.2f} / {c['workers']:.2f} / {c['nats']:.2f}",
+            f"{r.batches_per_create:.2f}",
             f"{r.cpu['others_pct']:.0f} / {r.cpu['steal_pct']:.0f}", end_section=last,
         )  # fmt: skip
     parts = Table(title="the catalog decision taken apart, at rest (p50 ms)")

@@ -55,6 +55,29 @@ async def test_a_missed_batch_is_pulled() -> None:
     await replica.stop()
 
 
+async def test_an_owner_sends_a_row_only_when_it_reads_differently() -> None:
+    bus = InProcessBus()
+    replica = Replica(bus)
+    await replica.start(bootstrap=False)
+    src = SimRows("w1", "mad")
+    owner = await start_owner(bus, src, beat=60)
+    row = src.machine("web", key="m1").row
+    assert row is not None
+    await eventually(lambda: converged(replica, [src]))
+    sent, gaps = owner.batches, replica.stats["gaps"]
+    src.put("machines", "m1", row)  # a new version that reads as the last: not sent
+    await asyncio.sleep(0.05)
+    assert owner.batches == sent and replica.head("w1") == src.seq - 1
+    for change in ({**row, "state": "stopped"}, None, row):  # changed, deleted, back again
+        src.put("machines", "m1", change)
+        await eventually(lambda: replica.head("w1") == src.seq)
+    assert owner.batches == sent + 3
+    assert [m.state for m in replica.machines(app="web")] == ["started"]
+    assert replica.stats["gaps"] == gaps  # each batch followed on from the last one sent
+    await owner.stop()
+    await replica.stop()
+
+
 async def test_stale_and_duplicate_versions_are_ignored() -> None:
     bus = InProcessBus()
     replica = Replica(bus)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 from souk.catalog.bus import Faults, InProcessBus
@@ -110,4 +111,34 @@ async def test_a_workers_signed_rows_reach_a_replica_that_checks_them(tmp_path: 
         assert replica.guard.refused == {}
         rows.detach()
         await owner.stop()
+    await replica.stop()
+
+
+async def test_a_commit_that_changes_no_row_a_replica_holds_sends_nothing(tmp_path: Path) -> None:
+    """A create's confirmation is logged (the hold ends) but changes no catalog row: no batch
+    goes out for it, and the next change still follows on without a pull."""
+    bus = InProcessBus()
+    replica = Replica(bus)
+    await replica.start(bootstrap=False)
+    s = settings(tmp_path)
+    async with (
+        running(Engine(s, make_driver("sim", s))) as engine,
+        publishing(engine, bus, "http://w1.test") as owner,
+    ):
+        config = MachineConfig.model_validate({"init": {"exec": ["sleep", "60"]}})
+        machine = await engine.create(CreateMachine(app="web", config=config), hold=60, wait=5)
+        await eventually(lambda: machine_states(replica).get(machine.id) == "started")
+        await eventually(lambda: replica.head("w1") == owner.published == engine.store.head())
+        sent, head = owner.batches, engine.store.head()
+        gaps, pulls = replica.stats["gaps"], replica.stats["pulls"]  # the first catch-up's
+
+        assert await engine.confirm([machine.id]) == {machine.id: "confirmed"}
+        assert engine.store.head() > head and engine.provisional_until(machine.id) is None
+        await asyncio.sleep(0.1)
+        assert owner.batches == sent and replica.head("w1") == head
+
+        await engine.submit(machine.id, "stop", {})
+        await eventually(lambda: machine_states(replica).get(machine.id) == "stopped")
+        await eventually(lambda: replica.head("w1") == engine.store.head())
+        assert (replica.stats["gaps"], replica.stats["pulls"]) == (gaps, pulls)
     await replica.stop()

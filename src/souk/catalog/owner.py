@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
+from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Protocol
@@ -40,6 +42,8 @@ HEARTBEAT_EVERY = 1.0
 # burst of commits (or big rows) never makes a message the bus refuses: that would stall the
 # owner's replication with nothing but a bus error to show for it.
 BATCH_BYTES = 256 * 1024
+# Rows whose last sent version an owner remembers, to send no version a replica already has.
+REMEMBERED = 100_000
 
 
 def split(changes: list[Change], head: int) -> list[tuple[int, list[Change]]]:
@@ -109,6 +113,7 @@ class Owner:
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._subs: list[Subscription] = []
+        self._sent: OrderedDict[tuple[str, str], bytes] = OrderedDict()
         self.batches = 0
 
     async def start(self) -> None:
@@ -136,9 +141,29 @@ class Owner:
             await sub.unsubscribe()
 
     def committed(self, head: int, changes: Iterable[Change]) -> None:
-        """Called once per commit, in commit order, with the rows it changed."""
-        self._pending.append(_Pending(head, list(changes)))
-        self._wake.set()
+        """Called once per commit, in commit order, with the rows it touched. A row that reads
+        as it did when last sent is not sent again (a worker's commit that changes nothing a
+        replica holds, such as a create's confirmation, is one message fewer for every replica
+        and one signature fewer to check); a commit left with no row sends nothing, and the
+        next batch's head moves past it."""
+        news = [c for c in changes if self._news(c)]
+        if news:
+            self._pending.append(_Pending(head, news))
+            self._wake.set()
+
+    def _news(self, change: Change) -> bool:
+        key = (change.table, change.key)
+        if change.row is None:
+            self._sent.pop(key, None)
+            return True
+        digest = hashlib.blake2b(orjson.dumps(change.row), digest_size=16).digest()
+        if self._sent.get(key) == digest:
+            return False
+        self._sent[key] = digest
+        self._sent.move_to_end(key)
+        if len(self._sent) > REMEMBERED:  # forgotten: sent once more, if it ever repeats
+            self._sent.popitem(last=False)
+        return True
 
     async def _publisher(self) -> None:
         """Publishes what is pending at once; commits that land while a publish is in flight go

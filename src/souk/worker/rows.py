@@ -29,7 +29,6 @@ class WorkerRows:
         self.epoch = engine.epoch
         self.address = address
         self.publisher: Owner | None = None
-        self._last_worker: dict[str, Any] | None = None
 
     def attach(self, publisher: Owner) -> None:
         self.publisher = publisher
@@ -83,7 +82,8 @@ class WorkerRows:
 
     def on_commit(self, commit: Commit) -> None:
         """Runs on the event loop, in commit order: the rows this commit touched, as they are now
-        (a later commit's effects may show, with that commit's seq: versions only move on)."""
+        (a later commit's effects may show, with that commit's seq: versions only move on), and
+        the worker's own row; the `Owner` sends only those that changed."""
         if self.publisher is None:
             return
         changes = []
@@ -94,10 +94,7 @@ class WorkerRows:
                 changes.append(Change("images", resource, commit.last_seq, self._image(resource)))
             elif kind == "volume":
                 changes.append(self._volume(resource))
-        worker = self._worker()
-        if worker != self._last_worker:
-            self._last_worker = worker
-            changes.append(Change("workers", self.owner, commit.last_seq, worker))
+        changes.append(Change("workers", self.owner, commit.last_seq, self._worker()))
         self.publisher.committed(commit.last_seq, changes)
 
     def changes_since(self, since: int, limit: int) -> tuple[list[Change], int, bool]:
