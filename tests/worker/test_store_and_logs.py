@@ -140,10 +140,24 @@ async def test_a_deferred_commit_is_made_durable_on_request_or_by_itself(
     store.close()
 
 
-async def test_a_store_without_fsync_defers_nothing(tmp_path: Path) -> None:
+async def test_a_store_without_fsync_groups_its_announcements_as_one_with_fsync(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """So that a worker run with `--no-fsync` (and every benchmark's) publishes the catalog
+    batches a durable one does: a create and its start's spawn as one."""
     store = Store(tmp_path / "db.sqlite", durable=False)
+    monkeypatch.setattr(store, "_fsync_log", lambda: pytest.fail("fsync without durability"))
+    commits: list[Commit] = []
+    store.listeners.append(commits.append)
     await store.write(logs_one("m1"), durable=False)
-    assert not store.unsynced and store.head() == 1
+    await asyncio.sleep(0.01)
+    assert store.unsynced and store.head() == 0 and commits == []
+    await store.write(logs_one("m2"))
+    await store.write(logs_one("m3"), durable=False)
+    await store.synced()
+    await asyncio.sleep(0.01)
+    assert not store.unsynced and store.head() == 3
+    assert [(c.first_seq, c.last_seq) for c in commits] == [(1, 2), (3, 3)]
     store.close()
 
 

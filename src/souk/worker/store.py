@@ -12,7 +12,9 @@ next durable commit (or `synced()`, or at the latest `SYNC_WITHIN` seconds) give
 is one file written in order. A process killed after a deferred commit loses nothing of it (its
 pages are the kernel's); only a crash of the host can, and that ends every process the write led
 to as well. Until it is durable, a deferred commit is announced to no listener, and `head()`
-does not count it: nothing outside the worker learns of what it may lose.
+does not count it: nothing outside the worker learns of what it may lose. A store without fsync
+(`durable=False`, `souk worker --no-fsync`) defers and announces the same way, fsync apart, so
+its listeners (the catalog's feed) see the same commits grouped the same way.
 """
 
 from __future__ import annotations
@@ -303,7 +305,7 @@ class Store:
         with self._cond:
             if self._closed:
                 raise RuntimeError("store is closed")
-            self._queue.append((fn, future, durable or not self.durable))
+            self._queue.append((fn, future, durable))
             self._cond.notify()
         try:
             value = await asyncio.wrap_future(future)
@@ -353,8 +355,8 @@ class Store:
         sync_error: OSError | None = None
         if durable and self._unsynced_since is not None:
             try:
-                if committed is None or not committed.last_seq:  # no frame of its own: fsync
-                    self._fsync_log()
+                if self.durable and (committed is None or not committed.last_seq):
+                    self._fsync_log()  # no frame of its own to carry it: an fsync
             except OSError as exc:  # not durable yet: tried again by the next durable batch,
                 sync_error = exc  # or by itself SYNC_WITHIN from now
                 self._unsynced_since = time.monotonic()
