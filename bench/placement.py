@@ -75,6 +75,7 @@ from souk.broker.api.state import Broker
 from souk.broker.fleet import CatalogFleet, Fleet, StaticFleet
 from souk.broker.metrics import BrokerMetrics
 from souk.broker.placement.pipeline import Placer
+from souk.broker.placement.reservation import placing_client
 from souk.broker.placement.stages import rank
 from souk.broker.registry import AppRegistry
 from souk.broker.runtime import registry_owner
@@ -380,7 +381,7 @@ async def catalog_broker(
         registry.create(APP)
         fleet = CatalogFleet(replica, registry)
         client = WorkerClient(tls=tls)
-        placer = Placer(fleet, client, bus=bus, metrics=watched)
+        placer = Placer(fleet, placing_client(tls), bus=bus, metrics=watched)
         broker = Broker(fleet, client, placer, registry)
         b = await stack.enter_async_context(
             serve_broker(broker, placer, catalog_http.routes(replica), tls)
@@ -397,7 +398,7 @@ async def http_broker(urls: list[str], metrics: bool = True) -> AsyncIterator[Br
     registry.create(APP)
     fleet = StaticFleet(urls, registry, client)
     await fleet.refresh(machines=False)
-    placer = Placer(fleet, client, metrics=BrokerMetrics(metrics))
+    placer = Placer(fleet, placing_client(), metrics=BrokerMetrics(metrics))
     async with serve_broker(Broker(fleet, client, placer, registry=registry), placer) as b:
         yield b
 

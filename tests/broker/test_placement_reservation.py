@@ -9,7 +9,7 @@ import socket
 import pytest
 
 from souk.broker.placement.candidates import Candidate
-from souk.broker.placement.reservation import Reserver
+from souk.broker.placement.reservation import CONNECTIONS_PER_WORKER, Reserver, placing_client
 from souk.clients.workers import WorkerClient, WorkerError
 from souk.models.api import Refusal
 from souk.models.machine import CreateMachine
@@ -67,4 +67,34 @@ async def test_a_taken_id_of_the_callers_own_is_raised(make_cluster: ClusterFact
         with pytest.raises(WorkerError) as raised:
             await reserver.reserve(candidate(c, "one"), named, 5, refusals)
         assert (raised.value.http_status, raised.value.reason) == (409, "already_exists")
+        await reserver.client.close()
+
+
+def connections_to(port: int) -> int:
+    """Established TCP connections to `port` on loopback, as the kernel lists them."""
+    count = 0
+    with open("/proc/net/tcp") as table:
+        for line in list(table)[1:]:
+            fields = line.split()
+            if fields[3] == "01" and int(fields[2].split(":")[1], 16) == port:
+                count += 1
+    return count
+
+
+async def test_placement_holds_at_most_two_connections_to_a_worker(
+    make_cluster: ClusterFactory,
+) -> None:
+    """Creates at once on one worker wait for a held connection rather than open more (over
+    TLS, each one more is a handshake)."""
+    async with make_cluster([WorkerSpec("one", "mad", cpus=16)]) as c:
+        port = int(c.urls["one"].rsplit(":", 1)[1])
+        before = connections_to(port)  # the cluster's own (its broker's)
+        reserver = Reserver(placing_client())
+        refusals: list[Refusal] = []
+        cand = candidate(c, "one")
+        placed = await asyncio.gather(
+            *(reserver.reserve(cand, CREATE, 5, refusals) for _ in range(8))
+        )
+        assert all(m is not None for m in placed) and refusals == []
+        assert 1 <= connections_to(port) - before <= CONNECTIONS_PER_WORKER == 2
         await reserver.client.close()

@@ -22,6 +22,7 @@ from souk.broker.fleet import CatalogFleet, Fleet, StaticFleet
 from souk.broker.metrics import BrokerMetrics
 from souk.broker.placement.pipeline import DEFAULT_DEADLINE, Placer
 from souk.broker.placement.policies import policy_named
+from souk.broker.placement.reservation import placing_client
 from souk.broker.registry import AppRegistry
 from souk.broker.server import make_app
 from souk.catalog import http as catalog_http
@@ -126,8 +127,9 @@ async def broker_site(opts: BrokerOptions, bus: Bus | None = None) -> AsyncItera
             async def before_place() -> None:
                 await static.refresh(machines=False)
 
+        placing = placing_client(opts.tls)
         placer = Placer(
-            fleet, client, policy_named(opts.policy), opts.deadline, bus=bus, metrics=metrics
+            fleet, placing, policy_named(opts.policy), opts.deadline, bus=bus, metrics=metrics
         )
         broker = Broker(
             fleet,

@@ -65,6 +65,7 @@ def make_app(broker: Broker, secret: bytes, extra: Sequence[Route] = ()) -> web.
 
     async def close(_: web.Application) -> None:
         await broker.placer.reserver.close()
+        await broker.placer.client.close()
         await broker.client.close()
 
     app.on_cleanup.append(close)

@@ -110,9 +110,14 @@ class WorkerClient(HttpClient):
     carry) and base URL. With `tls`, the node files of the caller (a broker)."""
 
     def __init__(
-        self, session: aiohttp.ClientSession | None = None, tls: NodeFiles | None = None
+        self,
+        session: aiohttp.ClientSession | None = None,
+        tls: NodeFiles | None = None,
+        per_worker: int = 64,
     ) -> None:
-        super().__init__(session, limit=0, limit_per_host=64, tls=_tls(tls))
+        """`per_worker`: connections held to one worker at most; a request beyond them waits
+        for one to be free instead of opening another (and, with TLS, paying a handshake)."""
+        super().__init__(session, limit=0, limit_per_host=per_worker, tls=_tls(tls))
 
     def _server_name(self, worker: str, base: str) -> str | None:
         """The name the worker's certificate must carry: its id. A caller that knows only the
