@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 from souk.catalog.bus import Faults, InProcessBus
@@ -21,15 +23,27 @@ def machine_states(replica: Replica) -> dict[str, str]:
     return {m.id: m.state for m in replica.machines()}
 
 
-async def test_a_workers_machines_and_capacity_replicate(tmp_path: Path) -> None:
-    bus = InProcessBus()
+@contextlib.asynccontextmanager
+async def replicated(
+    tmp_path: Path, bus: InProcessBus | None = None
+) -> AsyncIterator[tuple[Engine, Owner, Replica]]:
+    """A sim worker, w1, publishing its rows on the bus, and a replica following them."""
+    bus = bus or InProcessBus()
     replica = Replica(bus)
     await replica.start(bootstrap=False)
     s = settings(tmp_path)
-    async with (
-        running(Engine(s, make_driver("sim", s))) as engine,
-        publishing(engine, bus, "http://w1.test"),
-    ):
+    try:
+        async with (
+            running(Engine(s, make_driver("sim", s))) as engine,
+            publishing(engine, bus, "http://w1.test") as owner,
+        ):
+            yield engine, owner, replica
+    finally:
+        await replica.stop()
+
+
+async def test_a_workers_machines_and_capacity_replicate(tmp_path: Path) -> None:
+    async with replicated(tmp_path) as (engine, _, replica):
         config = MachineConfig.model_validate({"init": {"exec": ["sleep", "60"]}})
         ids = [(await engine.create(CreateMachine(app="web", config=config))).id for _ in range(3)]
         await eventually(lambda: len(replica.machines(app="web")) == 3)
@@ -45,18 +59,11 @@ async def test_a_workers_machines_and_capacity_replicate(tmp_path: Path) -> None
             assert held[mid].state == machine.state
             assert held[mid].instance_id == machine.instance_id
         assert replica.regions_of_app("web") == ["mad"]
-    await replica.stop()
 
 
 async def test_a_replica_that_missed_everything_pulls_it(tmp_path: Path) -> None:
     bus = InProcessBus(Faults(drop=1.0))  # nothing gets through at first
-    replica = Replica(bus)
-    await replica.start(bootstrap=False)
-    s = settings(tmp_path)
-    async with (
-        running(Engine(s, make_driver("sim", s))) as engine,
-        publishing(engine, bus, "http://w1.test") as owner,
-    ):
+    async with replicated(tmp_path, bus) as (engine, owner, replica):
         owner.heartbeat_every = 0.05
         config = MachineConfig.model_validate({"init": {"exec": ["sleep", "60"]}})
         for _ in range(4):
@@ -66,7 +73,6 @@ async def test_a_replica_that_missed_everything_pulls_it(tmp_path: Path) -> None
         await owner.heartbeat()
         await eventually(lambda: len(replica.machines(app="web")) == 4)
         await eventually(lambda: replica.head("w1") == engine.store.head())
-    await replica.stop()
 
 
 async def test_a_recreated_worker_database_is_a_new_epoch(tmp_path: Path) -> None:
@@ -117,14 +123,7 @@ async def test_a_workers_signed_rows_reach_a_replica_that_checks_them(tmp_path: 
 async def test_a_commit_that_changes_no_row_a_replica_holds_sends_nothing(tmp_path: Path) -> None:
     """A create's confirmation is logged (the hold ends) but changes no catalog row: no batch
     goes out for it, and the next change still follows on without a pull."""
-    bus = InProcessBus()
-    replica = Replica(bus)
-    await replica.start(bootstrap=False)
-    s = settings(tmp_path)
-    async with (
-        running(Engine(s, make_driver("sim", s))) as engine,
-        publishing(engine, bus, "http://w1.test") as owner,
-    ):
+    async with replicated(tmp_path) as (engine, owner, replica):
         config = MachineConfig.model_validate({"init": {"exec": ["sleep", "60"]}})
         machine = await engine.create(CreateMachine(app="web", config=config), hold=60, wait=5)
         await eventually(lambda: machine_states(replica).get(machine.id) == "started")
@@ -141,4 +140,3 @@ async def test_a_commit_that_changes_no_row_a_replica_holds_sends_nothing(tmp_pa
         await eventually(lambda: machine_states(replica).get(machine.id) == "stopped")
         await eventually(lambda: replica.head("w1") == engine.store.head())
         assert (replica.stats["gaps"], replica.stats["pulls"]) == (gaps, pulls)
-    await replica.stop()
