@@ -43,13 +43,15 @@ tls {{
     )
     assert NATS is not None
     log = tmp_path / "nats.log"
-    proc = subprocess.Popen([NATS, "-c", str(config), "-l", str(log)])
+    proc = subprocess.Popen([NATS, "-c", str(config), "-l", str(log), "-D"])  # -D: why it closes
     try:
         wait_until(lambda: log.exists() and "Server is ready" in log.read_text(), 10, "nats ready")
         yield port, files
     finally:
         proc.kill()
         proc.wait()
+        if log.exists():  # captured: shown with a failure, to say why the server dropped a client
+            print(log.read_text())
 
 
 async def connect(port: int, files: NodeFiles, hostname: str = "nats-1") -> Client:
