@@ -5,10 +5,9 @@ futures) and holds a large heap that lives as long as it does (modules, pydantic
 catalog's rows). At the interpreter's default thresholds the collector runs a young collection
 every 700 allocations, and walks again whatever survived: in a broker placing at full speed
 that was a third of its CPU per create (docs/benchmarks.md, "The floor under a create, and the
-collector"). So: a young
-generation about thirty times larger, and what a part has built by the time it is ready frozen
-out of the collector's walks. Nothing is freed later than reference counting frees it; only
-objects in reference cycles wait a little longer for a collection.
+collector"). So: a young generation about thirty times larger, and what a part has built by the
+time it is ready frozen out of the collector's walks. Nothing is freed later than reference
+counting frees it; only objects in reference cycles wait a little longer for a collection.
 """
 
 from __future__ import annotations
