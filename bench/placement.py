@@ -105,6 +105,7 @@ from souk.models.machine import GuestConfig
 from souk.pki import NodeFiles, load_cas
 from souk.pki.identity import identity_uri
 from souk.pki.tls import server_context
+from souk.web.metrics import Observer
 from tests.support.nats import NatsServer, nats_version
 from tests.support.ports import free_port
 
@@ -327,9 +328,22 @@ class BrokerUnderTest:
     fleet: Fleet
     decisions: list[float] = field(default_factory=list)
     batches: Callable[[], int] = lambda: 0  # catalog batches its replica has taken so far
+    requests: Callable[[], int] = lambda: 0  # reservation requests it has sent to workers
 
     def known(self) -> int:
         return len(self.fleet.workers(region=REGION))
+
+
+@dataclass
+class Counting:
+    """Counts what a metric observes (whether metrics are on or off), and passes it on."""
+
+    inner: Observer
+    count: int = 0
+
+    def observe(self, amount: float) -> None:
+        self.count += 1
+        self.inner.observe(amount)
 
 
 @contextlib.asynccontextmanager
@@ -347,6 +361,8 @@ async def serve_broker(
     scheme = "http" if tls is None else "https"
     b = BrokerUnderTest(f"{scheme}://127.0.0.1:{runner.addresses[0][1]}", placer, broker.fleet)
     placer.on_decision = lambda strategy, seconds: b.decisions.append(seconds)
+    sent = placer.reserver.sent = Counting(placer.reserver.sent)
+    b.requests = lambda: sent.count
     try:
         yield b
     finally:
@@ -477,6 +493,7 @@ class LoadResult:
     failed: int
     cpu: dict[str, float]
     batches: int = 0  # catalog batches the broker's replica took meanwhile
+    requests: int = 0  # reservation requests the broker sent meanwhile
 
 
 async def run_load(
@@ -616,6 +633,7 @@ class Row:
     cpu_ms_per_create: dict[str, float]  # loaded phase: broker, workers, nats
     gc_ms_per_create: float = 0.0  # loaded phase: the broker's process in garbage collection
     batches_per_create: float = 0.0  # loaded phase: catalog batches the broker's replica took
+    requests_per_create: float = 0.0  # loaded phase: reservation requests the broker sent
     mode: str = "plain"  # or SECURE (signed rows, TLS everywhere: the cluster across hosts),
     # METRICS_OFF (the broker and its workers record no metrics), or DEFAULT_GC (the broker and
     # its workers keep Python's default collector instead of `heap.settle`'s)
@@ -654,6 +672,7 @@ class Row:
             },
             gc_ms_per_create=round(loaded.cpu.get("broker_gc_s", 0.0) * 1000 / requests, 4),
             batches_per_create=round(loaded.batches / requests, 2),
+            requests_per_create=round(loaded.requests / requests, 2),
         )
 
 
@@ -765,12 +784,12 @@ async def measure_size(
                 progress.reset(task, total=n)
                 b.decisions.clear()
                 named = f"broker-{size}-{mode}-{name}".replace(" ", "_")
-                batches = b.batches()
+                batches, sent = b.batches(), b.requests()
                 with profiled(args.profile, named) as profiler:
                     result = await run_load(
                         url, n, c, body, hdr, groups, progress, task, broker_tls, profiler
                     )
-                result.batches = b.batches() - batches
+                result.batches, result.requests = b.batches() - batches, b.requests() - sent
                 return result
 
             raw_url = hosts.urls[0] + "/v1/machines"
@@ -859,7 +878,7 @@ def tables(report: Report) -> list[Table]:
     for col in (
         "workers", "strategy", "decision p50 / p99 ms, one at a time",
         "decision p50 / p99 ms, loaded", "CPU ms/create: broker / workers / nats",
-        "catalog batches/create", "host: others / steal %",
+        "catalog batches / reservation requests per create", "host: others / steal %",
     ):  # fmt: skip
         inside.add_column(col, justify="left" if col == "strategy" else "right")
     for r in report.rows:
@@ -876,7 +895,7 @@ def tables(report: Report) -> list[Table]:
             f"{r.workers:,}", name, pair(r.decision_alone_p50_ms, r.decision_alone_p99_ms),
             pair(r.decision_p50_ms, r.decision_p99_ms),
             f"{c['broker']:.2f} / {c['workers']:.2f} / {c['nats']:.2f}",
-            f"{r.batches_per_create:.2f}",
+            f"{r.batches_per_create:.2f} / {r.requests_per_create:.2f}",
             f"{r.cpu['others_pct']:.0f} / {r.cpu['steal_pct']:.0f}", end_section=last,
         )  # fmt: skip
     parts = Table(title="the catalog decision taken apart, at rest (p50 ms)")

@@ -1,5 +1,6 @@
 """Reserving on picked workers, real ones on loopback: the worker's refusal is the reason
-given, a lost answer is cleaned up, and a taken id of the caller's own is the caller's error."""
+given, a lost answer is cleaned up, a taken id of the caller's own is the caller's error, and
+creates beyond a worker's lane leave together, each answered as if alone."""
 
 from __future__ import annotations
 
@@ -8,8 +9,9 @@ import socket
 
 import pytest
 
+from souk.broker.metrics import BrokerMetrics
 from souk.broker.placement.candidates import Candidate
-from souk.broker.placement.reservation import CONNECTIONS_PER_WORKER, Reserver, placing_client
+from souk.broker.placement.reservation import CREATES_IN_FLIGHT, Reserver, placing_client
 from souk.clients.workers import WorkerClient, WorkerError
 from souk.models.api import Refusal
 from souk.models.machine import CreateMachine
@@ -81,20 +83,68 @@ def connections_to(port: int) -> int:
     return count
 
 
-async def test_placement_holds_at_most_two_connections_to_a_worker(
+def sent(metrics: BrokerMetrics) -> tuple[float, float]:
+    """Reservation requests sent, and the creates they carried."""
+    read = metrics.metrics.registry.get_sample_value
+    count = read("souk_broker_reservation_creates_count")
+    total = read("souk_broker_reservation_creates_sum")
+    return count or 0.0, total or 0.0
+
+
+async def test_creates_beyond_a_workers_lane_go_together_in_one_request(
     make_cluster: ClusterFactory,
 ) -> None:
-    """Creates at once on one worker wait for a held connection rather than open more (over
-    TLS, each one more is a handshake)."""
+    """Creates at once on one worker: two leave at once, the rest wait for the first answer and
+    leave together, on a held connection (over TLS, each one more would be a handshake)."""
     async with make_cluster([WorkerSpec("one", "mad", cpus=16)]) as c:
         port = int(c.urls["one"].rsplit(":", 1)[1])
         before = connections_to(port)  # the cluster's own (its broker's)
+        metrics = BrokerMetrics()
+        reserver = Reserver(placing_client(), sent=metrics.reservation_creates)
+        refusals: list[Refusal] = []
+        cand = candidate(c, "one")
+        placed = await asyncio.gather(
+            *(reserver.reserve(cand, CREATE, 5, refusals) for _ in range(8))
+        )
+        assert refusals == []
+        ids = {m.id for m in placed if m is not None}
+        assert len(ids) == 8 and ids == {m.id for m in c.engines["one"].machines()}
+        assert CREATES_IN_FLIGHT == 2 and sent(metrics) == (3, 8)  # 1, 1, then the other 6
+        assert 1 <= connections_to(port) - before <= CREATES_IN_FLIGHT
+        await reserver.client.close()
+
+
+async def test_a_refusal_in_a_batch_is_that_creates_alone(make_cluster: ClusterFactory) -> None:
+    async with make_cluster([WorkerSpec("one", "mad", cpus=5)]) as c:
         reserver = Reserver(placing_client())
         refusals: list[Refusal] = []
         cand = candidate(c, "one")
         placed = await asyncio.gather(
             *(reserver.reserve(cand, CREATE, 5, refusals) for _ in range(8))
         )
-        assert all(m is not None for m in placed) and refusals == []
-        assert 1 <= connections_to(port) - before <= CONNECTIONS_PER_WORKER == 2
+        assert (
+            len([m for m in placed if m is not None]) == 5 == c.engines["one"].capacity().machines
+        )
+        assert [r.worker for r in refusals] == ["one"] * 3
+        assert all("free 0 cpus" in r.reason for r in refusals)
+        assert reserver.pending == 0  # refusals are answers: nothing to clean up
+        await reserver.client.close()
+
+
+async def test_a_create_whose_time_runs_out_in_the_lane_is_never_sent(
+    make_cluster: ClusterFactory,
+) -> None:
+    async with make_cluster([WorkerSpec("one", "mad")]) as c:
+        metrics = BrokerMetrics()
+        reserver = Reserver(placing_client(), sent=metrics.reservation_creates)
+        refusals: list[Refusal] = []
+        cand = candidate(c, "one")
+        times = [5.0] * CREATES_IN_FLIGHT + [0.001]  # the last waits longer than it may
+        placed = await asyncio.gather(*(reserver.reserve(cand, CREATE, t, refusals) for t in times))
+        assert placed[-1] is None and all(m is not None for m in placed[:-1])
+        assert [r.worker for r in refusals] == ["one"] and "busy" in refusals[0].reason
+        assert c.engines["one"].capacity().machines == CREATES_IN_FLIGHT
+        assert sent(metrics) == (CREATES_IN_FLIGHT, CREATES_IN_FLIGHT)
+        assert reserver.pending == 0  # nothing was sent: nothing to clean up
+        assert not reserver.liveness.shunned("one")  # a busy worker is not a failing one
         await reserver.client.close()

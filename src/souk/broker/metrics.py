@@ -71,12 +71,19 @@ class BrokerMetrics:
             "Each worker's refusal in the creates answered 412, by reason",
             ("reason",),
         )
+        batched = m.histogram(
+            "reservation_creates",
+            "Creates each reservation request to a worker carried (1: sent alone; more: a batch of"
+            " those that waited for the worker's lane)",
+            buckets=(1, 2, 4, 8, 16, 32, 64),
+        )
         errors = m.counter(
             "http_errors_total", "Error answers, by status and reason", ("status", "reason")
         )
         self.decision = prebound(m, decision, STRATEGIES)
         self.placed = prebound(m, create, STRATEGIES, "placed")  # strategy -> child, per outcome
         self.not_placed = prebound(m, create, STRATEGIES, "no_capacity")
+        self.reservation_creates = m.bind(batched)
         self.asked = prebound(m, asked, STRATEGIES)
         self.answered = prebound(m, answered, STRATEGIES)
         self.offer_refusals = prebound(m, refused, REFUSAL_KINDS)

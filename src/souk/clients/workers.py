@@ -27,6 +27,8 @@ from souk.models.api import (
     NONCE_HEADER,
     ConfirmationResult,
     Confirmations,
+    CreateBatch,
+    CreateOutcomes,
     Lease,
     WorkerLeaseRequest,
 )
@@ -194,6 +196,39 @@ class WorkerClient(HttpClient):
             worker, base, "POST", "/v1/machines", req, timeout=timeout, headers=headers
         )
         return Machine.model_validate(data)
+
+    async def create_batch(
+        self,
+        worker: str,
+        base: str,
+        reqs: list[CreateMachine],
+        timeout: float,
+        hold: float | None = None,
+    ) -> list[Machine | WorkerError]:
+        """Several creates in one request, each answered as `create` would have: its machine, or
+        the error it would have raised. A failure of the request itself is raised."""
+        headers = None if hold is None else {HOLD_HEADER: f"{hold:g}"}
+        body = CreateBatch(machines=reqs)
+        path = "/v1/machines/batch"
+        data = await self._request(
+            worker, base, "POST", path, body, timeout=timeout, headers=headers
+        )
+        outcomes = CreateOutcomes.model_validate(data).outcomes
+        if len(outcomes) != len(reqs):
+            message = f"answered {len(outcomes)} outcomes to {len(reqs)} creates"
+            raise WorkerError(worker, 502, "invalid", message)
+        return [
+            o.machine
+            if o.machine is not None
+            else WorkerError(
+                worker,
+                o.status,
+                o.error.code if o.error else "error",
+                o.error.error if o.error else f"status {o.status}",
+                o.error.details if o.error else None,
+            )
+            for o in outcomes
+        ]
 
     async def confirm(
         self, worker: str, base: str, machine_ids: list[str], timeout: float = DEFAULT_TIMEOUT

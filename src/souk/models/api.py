@@ -12,7 +12,14 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from souk.models.machine import APP_NAME, Machine, MachineConfig, check_metadata_size_in_model
+from souk.models.errors import ErrorBody
+from souk.models.machine import (
+    APP_NAME,
+    CreateMachine,
+    Machine,
+    MachineConfig,
+    check_metadata_size_in_model,
+)
 
 NONCE_HEADER = "fly-machine-lease-nonce"
 # Sent by a broker with a create: seconds the worker holds the machine as provisional, destroying
@@ -155,6 +162,31 @@ class Confirmations(Strict):
     """Machines whose creator answered its client: their provisional holds end."""
 
     ids: list[str] = Field(min_length=1, max_length=1000)
+
+
+# Creates one batch may carry: about what a worker group-commits at once.
+MAX_BATCH = 64
+
+
+class CreateBatch(Strict):
+    """Creates a broker sends one worker together (`POST /v1/machines/batch`), each reserved and
+    answered as if it came alone: one refused leaves the others as they were."""
+
+    machines: list[CreateMachine] = Field(min_length=1, max_length=MAX_BATCH)
+
+
+class CreateOutcome(BaseModel):
+    """One create of a batch: its machine (`status` 201), or the error it would have had alone."""
+
+    status: int
+    machine: Machine | None = None
+    error: ErrorBody | None = None
+
+
+class CreateOutcomes(BaseModel):
+    """The batch's outcomes, in the order of its creates."""
+
+    outcomes: list[CreateOutcome]
 
 
 class ConfirmationResult(BaseModel):

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import functools
+import logging
 from dataclasses import replace
 from typing import cast, get_args
 
@@ -13,6 +15,9 @@ from souk.models.api import (
     NONCE_HEADER,
     ConfirmationResult,
     Confirmations,
+    CreateBatch,
+    CreateOutcome,
+    CreateOutcomes,
     Lease,
     WorkerLeaseRequest,
 )
@@ -64,6 +69,8 @@ from souk.worker.errors import (
 from souk.worker.holds import MAX_HOLD
 from souk.worker.status import WorkerStatus
 
+log = logging.getLogger("souk.worker")
+
 MAX_WAIT = 60.0
 # How long a create with `start: true` may wait to answer with its machine started (or failed):
 # well within the share of its deadline a broker gives one worker.
@@ -110,6 +117,7 @@ ACCESS = AccessTable(
         "GET /v1/status": _BROKERS,
         "POST /v1/offers": _BROKERS,
         "POST /v1/machines": _BROKERS,
+        "POST /v1/machines/batch": _BROKERS,
         "POST /v1/confirmations": _BROKERS,
         "GET /v1/machines": _BROKERS,
         f"GET {_M}": _BROKERS,
@@ -186,15 +194,39 @@ def _routes(engine: Engine) -> list[Route]:
             raise ApiError(400, "invalid", f"{HOLD_HEADER}: seconds, above 0, at most {MAX_HOLD:g}")
         return seconds
 
-    async def create(request: web.Request) -> web.Response:
-        body = await read_model(request, CreateMachine)
+    async def create_one(body: CreateMachine, seconds: float | None) -> Machine:
         if fences.holds(body.id):
             raise fenced(body.id or "")
-        machine = await engine.create(body, hold(request), wait=CREATE_WAIT)
+        machine = await engine.create(body, seconds, wait=CREATE_WAIT)
         if fences.holds(machine.id):  # fenced while it was being recorded
             await engine.submit(machine.id, "destroy", {"force": True})
             raise fenced(machine.id)
-        return reply(machine, status=201)
+        return machine
+
+    async def create(request: web.Request) -> web.Response:
+        body = await read_model(request, CreateMachine)
+        return reply(await create_one(body, hold(request)), status=201)
+
+    async def create_batch(request: web.Request) -> web.Response:
+        body = await read_model(request, CreateBatch)
+        seconds = hold(request)
+
+        async def outcome(create: CreateMachine) -> CreateOutcome:
+            try:
+                return CreateOutcome(status=201, machine=await create_one(create, seconds))
+            except WorkerError as exc:
+                err = http_error(exc)
+            except Exception:  # one create's fault is its own 500, as it would be alone
+                log.exception("create %s of a batch failed", create.id)
+                err = ApiError(500, "internal", "internal error")
+            error = ErrorBody(
+                error=err.message, status=err.reason, code=err.reason, details=err.details
+            )
+            return CreateOutcome(status=err.http_status, error=error)
+
+        # at once, so that the store commits them together
+        outcomes = await asyncio.gather(*map(outcome, body.machines))
+        return reply(CreateOutcomes(outcomes=list(outcomes)))
 
     async def confirm(request: web.Request) -> web.Response:
         body = await read_model(request, Confirmations)
@@ -451,6 +483,15 @@ def _routes(engine: Engine) -> list[Route]:
             Machine,
             201,
             errors=(409, 412, *WRITE_ERRORS),
+        ),
+        Route(
+            "POST",
+            "/v1/machines/batch",
+            create_batch,
+            "Several creates at once, each reserved and answered (in `outcomes`, in order) as"
+            " it would be alone; recorded together",
+            CreateBatch,
+            CreateOutcomes,
         ),
         Route(
             "POST",

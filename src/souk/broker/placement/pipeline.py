@@ -118,7 +118,7 @@ class Placer:
         self.cache = CandidateCache()
         self.liveness = Liveness()
         self.link: Link | None = BusLink(bus) if bus is not None else None
-        self.reserver = Reserver(client, self.liveness)
+        self.reserver = Reserver(client, self.liveness, sent=self.metrics.reservation_creates)
         self._regions: dict[str, tuple[float, int, list[WorkerRow]]] = {}
         self.journal = Journal()  # the last creates' decisions, to explain them
 

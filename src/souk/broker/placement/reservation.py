@@ -12,6 +12,11 @@ request held up in the network); its machine id is the broker's, so the broker d
 on that worker in the background before moving on, fencing it there (the worker refuses that
 id's create if it comes later), and retries the destroy with backoff for up to the hold: past
 it, the worker destroys the machine itself. docs/reliability.md states the bound.
+
+Creates to one worker travel in a lane (`_Lane`): at most `CREATES_IN_FLIGHT` requests at once,
+and the creates that arrive while those are out leave together in the next one
+(`POST /v1/machines/batch`), answered one by one. A burst onto the worker the policy favours
+thus costs it one commit and one request, not one each, and the broker no connection more.
 """
 
 from __future__ import annotations
@@ -27,9 +32,10 @@ from dataclasses import dataclass, field
 from souk.broker.liveness import Liveness
 from souk.broker.placement.candidates import Candidate
 from souk.clients.workers import WorkerClient, WorkerError
-from souk.models.api import Refusal
+from souk.models.api import MAX_BATCH, Refusal
 from souk.models.machine import CreateMachine, Machine
 from souk.pki import NodeFiles
+from souk.web.metrics import OFF, Observer
 
 log = logging.getLogger("souk.broker")
 
@@ -39,17 +45,20 @@ CLEANUP_FIRST, CLEANUP_MAX = 0.25, 30.0  # backoff between attempts
 CONFIRM_TIMEOUT = 5.0  # one attempt
 CONFIRM_BATCH = 1000  # ids per confirmation call
 CONFIRM_FIRST, CONFIRM_MAX = 0.05, 2.0  # backoff between attempts
-# Connections a broker's placement holds to one worker at most. Creates concentrate on the few
-# workers the policy ranks best at the moment, and aiohttp opens one more connection whenever
-# those it holds are busy: over TLS a handshake each, 2-4 ms of the broker's CPU, on a tenth to a
-# fifth of the creates at 1,000 workers (docs/benchmarks.md). Two let a create go beside another
-# create or a confirmation; beyond that a reservation waits for an answer of a few milliseconds
-# rather than pay a handshake. The broker's other calls to workers (waits, logs, exec, which may
-# be long) have a client of their own, and never hold placement up.
-CONNECTIONS_PER_WORKER = 2
+# Create requests in flight to one worker at once. Creates concentrate on the few workers the
+# policy ranks best at the moment; sent one request each, they made aiohttp open a connection more
+# whenever those it held were busy (over TLS a handshake, 2-4 ms of the broker's CPU). Two let a
+# create leave at once beside another; what comes meanwhile waits for one of them to be answered
+# (a few milliseconds) and leaves with the others that waited, in one request.
+CREATES_IN_FLIGHT = 2
+# Connections placement holds to one worker: its creates' and a confirmation beside them. The
+# broker's other calls to workers (waits, logs, exec, which may be long) have a client of their
+# own, and never hold placement up.
+CONNECTIONS_PER_WORKER = CREATES_IN_FLIGHT + 1
 
 
 TAG_LENGTH = 4
+BUSY = "busy"  # a create's reason when it waited out its time in its worker's lane, never sent
 
 
 def placing_client(tls: NodeFiles | None = None) -> WorkerClient:
@@ -80,6 +89,23 @@ def keyed_prefix(secret: bytes, app: str, key: str) -> str:
 
 
 @dataclass
+class _Waiting:
+    """A create waiting in its worker's lane for the next request."""
+
+    create: CreateMachine
+    deadline: float  # monotonic: past it, it is not sent
+    answer: asyncio.Future[Machine]
+
+
+@dataclass
+class _Lane:
+    """One worker's creates: how many requests are out, and what waits for the next."""
+
+    busy: int = 0
+    waiting: list[_Waiting] = field(default_factory=list)
+
+
+@dataclass
 class _Confirming:
     """One worker's confirmations still to send: id -> when its hold ends (monotonic)."""
 
@@ -93,13 +119,21 @@ class Reserver:
     of lost answers running. `hold`: seconds each create stays provisional on its worker."""
 
     def __init__(
-        self, client: WorkerClient, liveness: Liveness | None = None, hold: float = HOLD_FOR
+        self,
+        client: WorkerClient,
+        liveness: Liveness | None = None,
+        hold: float = HOLD_FOR,
+        sent: Observer = OFF,
     ) -> None:
+        """`sent` observes the creates of each request sent."""
         self.client = client
         self.liveness = liveness or Liveness()
         self.hold = hold
+        self.sent = sent
         self._cleanups: set[asyncio.Task[None]] = set()
         self._confirming: dict[str, _Confirming] = {}
+        self._lanes: dict[str, _Lane] = {}
+        self._batches: set[asyncio.Task[None]] = set()
 
     async def reserve(
         self,
@@ -116,12 +150,12 @@ class Reserver:
         new_id = create.id or new_machine_id(cand.worker, id_prefix)
         attempt = create.model_copy(update={"id": new_id})
         try:
-            machine = await self.client.create(
-                cand.worker, cand.address, attempt, timeout, hold=self.hold
-            )
+            machine = await self._create(cand, attempt, timeout)
         except WorkerError as exc:
             refusals.append(Refusal(worker=cand.worker, reason=exc.message))
-            if exc.http_status == 0:
+            if exc.http_status == 0 and exc.reason == BUSY:  # never sent: nothing to undo
+                pass
+            elif exc.http_status == 0:
                 self.liveness.failed(cand.worker)
                 if exc.reason == "untrusted":  # refused before a byte was sent: nothing to undo
                     log.warning("sent no create to %s: %s", cand.worker, exc.message)
@@ -134,6 +168,71 @@ class Reserver:
             return None
         self.liveness.answered(cand.worker)
         return machine
+
+    async def _create(self, cand: Candidate, create: CreateMachine, timeout: float) -> Machine:
+        """The worker's answer to this create, sent now if its lane has room, else with the next
+        batch the lane sends."""
+        lane = self._lanes.get(cand.worker)
+        if lane is None:
+            lane = self._lanes[cand.worker] = _Lane()
+        if lane.busy < CREATES_IN_FLIGHT:
+            lane.busy += 1
+            self.sent.observe(1)
+            try:
+                return await self.client.create(
+                    cand.worker, cand.address, create, timeout, hold=self.hold
+                )
+            finally:
+                self._next(cand, lane)
+        answer: asyncio.Future[Machine] = asyncio.get_running_loop().create_future()
+        lane.waiting.append(_Waiting(create, time.monotonic() + timeout, answer))
+        return await answer
+
+    def _next(self, cand: Candidate, lane: _Lane) -> None:
+        """A request of the lane was answered: send what waits (its callers still waiting)."""
+        lane.busy -= 1
+        waiting = [w for w in lane.waiting if not w.answer.done()]
+        lane.waiting = waiting[MAX_BATCH:]
+        batch = waiting[:MAX_BATCH]
+        if batch:
+            lane.busy += 1
+            task = asyncio.create_task(self._send(cand, lane, batch))
+            self._batches.add(task)
+            task.add_done_callback(self._batches.discard)
+        elif lane.busy == 0 and self._lanes.get(cand.worker) is lane:
+            del self._lanes[cand.worker]
+
+    async def _send(self, cand: Candidate, lane: _Lane, batch: list[_Waiting]) -> None:
+        """One request for the creates that waited, each answered as if it had gone alone. A
+        create whose time ran out while it waited is not sent: its caller moves on."""
+        try:
+            now = time.monotonic()
+            for late in (w for w in batch if w.deadline <= now):
+                message = "still busy with earlier creates when this one's time ran out"
+                late.answer.set_exception(WorkerError(cand.worker, 0, BUSY, message))
+            batch = [w for w in batch if not w.answer.done()]
+            if not batch:
+                return
+            creates = [w.create for w in batch]
+            timeout = min(w.deadline for w in batch) - now
+            self.sent.observe(len(creates))
+            try:
+                results: list[Machine | WorkerError] = await self.client.create_batch(
+                    cand.worker, cand.address, creates, timeout, hold=self.hold
+                )
+            except WorkerError as exc:  # the request itself: every create of it shares the fate
+                results = [exc] * len(batch)
+            for waiting, result in zip(batch, results, strict=True):
+                if waiting.answer.done():  # its caller gave up (the broker's client left)
+                    continue
+                if isinstance(result, WorkerError):
+                    waiting.answer.set_exception(result)
+                else:
+                    waiting.answer.set_result(result)
+        finally:
+            for waiting in batch:  # not answered: cancelled, or an error not of the worker's
+                waiting.answer.cancel()
+            self._next(cand, lane)
 
     async def _same(self, cand: Candidate, app: str, machine_id: str) -> Machine | None:
         try:
@@ -193,7 +292,7 @@ class Reserver:
     async def close(self) -> None:
         """Cancel the cleanups and confirmations still running (the broker is stopping)."""
         confirming = [p.task for p in self._confirming.values() if p.task is not None]
-        tasks = [*self._cleanups, *confirming]
+        tasks = [*self._cleanups, *confirming, *self._batches]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
