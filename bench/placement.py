@@ -507,7 +507,10 @@ async def run_load(
     task: TaskID,
     tls: NodeFiles | None = None,
     profiler: cProfile.Profile | None = None,
+    counters: Callable[[], tuple[int, int]] = lambda: (0, 0),
 ) -> LoadResult:
+    """`counters`: the broker's catalog batches and reservation requests so far, read as the
+    measured requests begin and end (the warm-up's are not theirs)."""
     spec = {
         "url": url,
         "warmup": max(2 * concurrency, requests // 4),
@@ -531,6 +534,7 @@ async def run_load(
         pass
     cpu = CpuWindow({**groups, "load": [proc.pid]})
     collecting = GC_PAUSES.total
+    batches, sent = counters()
     if profiler is not None:
         profiler.enable()
     proc.stdin.write(b"go\n")
@@ -543,6 +547,8 @@ async def run_load(
         elif line.startswith("result "):
             usage = cpu.read()  # before the load process exits and its counters go
             usage["broker_gc_s"] = GC_PAUSES.total - collecting
+            batches_now, sent_now = counters()
+            batches, sent = batches_now - batches, sent_now - sent
             if profiler is not None:
                 profiler.disable()
             result = json.loads(line.removeprefix("result "))
@@ -551,7 +557,8 @@ async def run_load(
         raise SystemExit("the load process failed")
     progress.update(task, completed=requests)
     ok = result["statuses"].get("200", 0) + result["statuses"].get("201", 0)
-    return LoadResult(requests / result["elapsed"], result["latencies"], requests - ok, usage)
+    rate = requests / result["elapsed"]
+    return LoadResult(rate, result["latencies"], requests - ok, usage, batches, sent)
 
 
 # --- between and around phases ------------------------------------------------------------------
@@ -784,13 +791,11 @@ async def measure_size(
                 progress.reset(task, total=n)
                 b.decisions.clear()
                 named = f"broker-{size}-{mode}-{name}".replace(" ", "_")
-                batches, sent = b.batches(), b.requests()
                 with profiled(args.profile, named) as profiler:
-                    result = await run_load(
-                        url, n, c, body, hdr, groups, progress, task, broker_tls, profiler
-                    )
-                result.batches, result.requests = b.batches() - batches, b.requests() - sent
-                return result
+                    return await run_load(
+                        url, n, c, body, hdr, groups, progress, task, broker_tls, profiler,
+                        lambda: (b.batches(), b.requests()),
+                    )  # fmt: skip
 
             raw_url = hosts.urls[0] + "/v1/machines"
             raw_alone = await phase("raw alone", raw_url, args.sequential, 1, raw_body, {})
