@@ -148,3 +148,24 @@ async def test_a_create_whose_time_runs_out_in_the_lane_is_never_sent(
         assert reserver.pending == 0  # nothing was sent: nothing to clean up
         assert not reserver.liveness.shunned("one")  # a busy worker is not a failing one
         await reserver.client.close()
+
+
+async def test_a_create_given_up_while_it_waits_is_never_sent(
+    make_cluster: ClusterFactory,
+) -> None:
+    async with make_cluster([WorkerSpec("one", "mad", cpus=8)]) as c:
+        metrics = BrokerMetrics()
+        reserver = Reserver(placing_client(), sent=metrics.reservation_creates)
+        refusals: list[Refusal] = []
+        cand = candidate(c, "one")
+        tasks = [
+            asyncio.create_task(reserver.reserve(cand, CREATE, 5, refusals))
+            for _ in range(CREATES_IN_FLIGHT + 2)
+        ]
+        await asyncio.sleep(0)  # every one has been sent or is waiting
+        tasks[-1].cancel()  # its client went away
+        placed = await asyncio.gather(*tasks[:-1])
+        assert all(m is not None for m in placed) and refusals == []
+        assert c.engines["one"].capacity().machines == CREATES_IN_FLIGHT + 1
+        assert sent(metrics) == (CREATES_IN_FLIGHT + 1, CREATES_IN_FLIGHT + 1)
+        await reserver.client.close()

@@ -207,7 +207,7 @@ class Reserver:
         create whose time ran out while it waited is not sent: its caller moves on."""
         try:
             now = time.monotonic()
-            for late in (w for w in batch if w.deadline <= now):
+            for late in (w for w in batch if w.deadline <= now and not w.answer.done()):
                 message = "still busy with earlier creates when this one's time ran out"
                 late.answer.set_exception(WorkerError(cand.worker, 0, BUSY, message))
             batch = [w for w in batch if not w.answer.done()]
