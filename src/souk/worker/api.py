@@ -218,7 +218,7 @@ def _routes(engine: Engine) -> list[Route]:
                 err = http_error(exc)
             except Exception:  # one create's fault is its own 500, as it would be alone
                 log.exception("create %s of a batch failed", create.id)
-                err = ApiError(500, "internal", "internal error")
+                err = ApiError(500, "internal_error", "internal error; see the server's log")
             error = ErrorBody(
                 error=err.message, status=err.reason, code=err.reason, details=err.details
             )
