@@ -200,10 +200,14 @@ def declared_route(request: web.Request) -> Route | None:
 
 
 def add_routes(app: web.Application, routes: Sequence[Route], title: str, version: str) -> None:
-    document = openapi_document(routes, title, version)
+    # Written on first request, not at start: the models' schemas take a worker about 170 ms
+    # to generate, which every start (a restart after a crash included) would otherwise pay.
+    document: list[bytes] = []
 
     async def serve_openapi(_: web.Request) -> web.Response:
-        return web.json_response(document)
+        if not document:
+            document.append(json.dumps(openapi_document(routes, title, version)).encode())
+        return web.Response(body=document[0], content_type="application/json")
 
     openapi = Route(
         "GET", "/openapi.json", serve_openapi, "This document", permission=Permission.public()
