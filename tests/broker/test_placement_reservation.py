@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import time
 
 import pytest
 
@@ -14,8 +15,9 @@ from souk.broker.placement.candidates import Candidate
 from souk.broker.placement.reservation import CREATES_IN_FLIGHT, Reserver, placing_client
 from souk.clients.workers import WorkerClient, WorkerError
 from souk.models.api import Refusal
-from souk.models.machine import CreateMachine
+from souk.models.machine import CreateMachine, Machine
 from tests.support.broker_cluster import Cluster, ClusterFactory, WorkerSpec
+from tests.support.waiting import eventually
 
 CREATE = CreateMachine.model_validate(
     {"app": "demo", "config": {"init": {"exec": ["sleep", "60"]}, "guest": {"cpus": 1}}}
@@ -168,4 +170,36 @@ async def test_a_create_given_up_while_it_waits_is_never_sent(
         assert all(m is not None for m in placed) and refusals == []
         assert c.engines["one"].capacity().machines == CREATES_IN_FLIGHT + 1
         assert sent(metrics) == (CREATES_IN_FLIGHT + 1, CREATES_IN_FLIGHT + 1)
+        await reserver.client.close()
+
+
+async def test_each_create_of_a_batch_keeps_its_own_deadline(make_cluster: ClusterFactory) -> None:
+    """A create with little time left does not cut short the batch it leaves in: it alone
+    times out, as it would alone, and the others are answered."""
+    async with make_cluster([WorkerSpec("one", "mad", cpus=8)]) as c:
+        engine, cand = c.engines["one"], candidate(c, "one")
+        reserver = Reserver(placing_client())
+        for fenced in ("fenced01", "fenced02"):  # creates of these are refused at once
+            with pytest.raises(WorkerError):
+                await reserver.client.destroy("one", c.urls["one"], fenced, fence=True)
+        # a slow disk: the worker's next commits wait behind a long one
+        slow = asyncio.create_task(engine.store.write(lambda tx: time.sleep(0.6)))
+        await asyncio.sleep(0.05)
+        refusals: list[Refusal] = []
+        quick = [CREATE.model_copy(update={"id": f}) for f in ("fenced01", "fenced02")]
+        placed = await asyncio.gather(
+            *(reserver.reserve(cand, q, 5, refusals) for q in quick),  # the lane's two
+            reserver.reserve(cand, CREATE, 5, refusals),  # these two leave together
+            reserver.reserve(cand, CREATE, 0.2, refusals),
+            return_exceptions=True,
+        )
+        await slow
+        assert all(isinstance(p, WorkerError) and p.http_status == 409 for p in placed[:2])
+        patient, hurried = placed[2:]
+        assert isinstance(patient, Machine) and hurried is None
+        timed_out = [r for r in refusals if "no answer" in r.reason]  # the rest: the fenced ids
+        assert len(timed_out) == 1 and len(refusals) == 3
+        # the hurried one's create was sent, so it may have happened: it is cleaned up
+        await eventually(lambda: {m.id for m in engine.machines()} == {patient.id})
+        await reserver.close()
         await reserver.client.close()

@@ -93,8 +93,9 @@ class _Waiting:
     """A create waiting in its worker's lane for the next request."""
 
     create: CreateMachine
-    deadline: float  # monotonic: past it, it is not sent
+    deadline: float  # monotonic: past it, its caller stops waiting (and it is not sent)
     answer: asyncio.Future[Machine]
+    sent: bool = False
 
 
 @dataclass
@@ -185,8 +186,16 @@ class Reserver:
             finally:
                 self._next(cand, lane)
         answer: asyncio.Future[Machine] = asyncio.get_running_loop().create_future()
-        lane.waiting.append(_Waiting(create, time.monotonic() + timeout, answer))
-        return await answer
+        waiting = _Waiting(create, time.monotonic() + timeout, answer)
+        lane.waiting.append(waiting)
+        try:  # its own time, as alone: a batch lasts as long as its most patient create
+            return await asyncio.wait_for(answer, timeout)
+        except TimeoutError:
+            if not waiting.sent:
+                message = "still busy with earlier creates when this one's time ran out"
+                raise WorkerError(cand.worker, 0, BUSY, message) from None
+            message = f"no answer from {cand.address} within {timeout:.3g}s"
+            raise WorkerError(cand.worker, 0, "timeout", message) from None
 
     def _next(self, cand: Candidate, lane: _Lane) -> None:
         """A request of the lane was answered: send what waits (its callers still waiting)."""
@@ -204,17 +213,16 @@ class Reserver:
 
     async def _send(self, cand: Candidate, lane: _Lane, batch: list[_Waiting]) -> None:
         """One request for the creates that waited, each answered as if it had gone alone. A
-        create whose time ran out while it waited is not sent: its caller moves on."""
+        create whose caller stopped waiting is not sent."""
         try:
             now = time.monotonic()
-            for late in (w for w in batch if w.deadline <= now and not w.answer.done()):
-                message = "still busy with earlier creates when this one's time ran out"
-                late.answer.set_exception(WorkerError(cand.worker, 0, BUSY, message))
-            batch = [w for w in batch if not w.answer.done()]
+            batch = [w for w in batch if not w.answer.done() and w.deadline > now]
             if not batch:
                 return
+            for waiting in batch:
+                waiting.sent = True
             creates = [w.create for w in batch]
-            timeout = min(w.deadline for w in batch) - now
+            timeout = max(w.deadline for w in batch) - now
             self.sent.observe(len(creates))
             try:
                 results: list[Machine | WorkerError] = await self.client.create_batch(
