@@ -48,6 +48,11 @@ def _refusal(payload: bytes) -> tuple[str, str, dict[str, Any] | None]:
         body = ErrorBody.model_validate_json(payload)
     except ValidationError:
         return "error", payload[:500].decode(errors="replace"), None
+    return refusal_of(body)
+
+
+def refusal_of(body: ErrorBody) -> tuple[str, str, dict[str, Any] | None]:
+    """The reason, message and details of an error body."""
     return body.code or body.status, body.error, body.details  # code: souk's own reason
 
 

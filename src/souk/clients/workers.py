@@ -21,7 +21,7 @@ import aiohttp
 import orjson
 from pydantic import BaseModel, TypeAdapter
 
-from souk.clients.http import ClientError, HttpClient, Tls
+from souk.clients.http import ClientError, HttpClient, Tls, refusal_of
 from souk.models.api import (
     HOLD_HEADER,
     NONCE_HEADER,
@@ -95,6 +95,11 @@ def _path(machine_id: str, verb: str = "") -> str:
 
 def _volume_path(volume_id: str, verb: str = "") -> str:
     return f"/v1/volumes/{volume_id}" + (f"/{verb}" if verb else "")
+
+
+def _held(hold: float | None) -> dict[str, str] | None:
+    """The header that makes a create provisional for `hold` seconds."""
+    return None if hold is None else {HOLD_HEADER: f"{hold:g}"}
 
 
 def _tls(files: NodeFiles | None) -> Tls | None:
@@ -191,9 +196,8 @@ class WorkerClient(HttpClient):
     ) -> Machine:
         """`hold`: the machine is provisional for that many seconds: the worker destroys it
         unless `confirm` reaches it first."""
-        headers = None if hold is None else {HOLD_HEADER: f"{hold:g}"}
         data = await self._request(
-            worker, base, "POST", "/v1/machines", req, timeout=timeout, headers=headers
+            worker, base, "POST", "/v1/machines", req, timeout=timeout, headers=_held(hold)
         )
         return Machine.model_validate(data)
 
@@ -207,11 +211,10 @@ class WorkerClient(HttpClient):
     ) -> list[Machine | WorkerError]:
         """Several creates in one request, each answered as `create` would have: its machine, or
         the error it would have raised. A failure of the request itself is raised."""
-        headers = None if hold is None else {HOLD_HEADER: f"{hold:g}"}
         body = CreateBatch(machines=reqs)
         path = "/v1/machines/batch"
         data = await self._request(
-            worker, base, "POST", path, body, timeout=timeout, headers=headers
+            worker, base, "POST", path, body, timeout=timeout, headers=_held(hold)
         )
         outcomes = CreateOutcomes.model_validate(data).outcomes
         if len(outcomes) != len(reqs):
@@ -223,9 +226,7 @@ class WorkerClient(HttpClient):
             else WorkerError(
                 worker,
                 o.status,
-                o.error.code if o.error else "error",
-                o.error.error if o.error else f"status {o.status}",
-                o.error.details if o.error else None,
+                *(refusal_of(o.error) if o.error else ("error", f"status {o.status}", None)),
             )
             for o in outcomes
         ]

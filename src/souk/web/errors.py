@@ -47,10 +47,15 @@ class ApiError(Exception):
         self.details = details
 
 
+def error_body(reason: str, message: str, details: dict[str, Any] | None = None) -> ErrorBody:
+    """What every error answer carries: `status` and `code` both the reason."""
+    return ErrorBody(error=message, status=reason, code=reason, details=details)
+
+
 def json_error(
     http_status: int, reason: str, message: str, details: dict[str, Any] | None = None
 ) -> web.Response:
-    body = ErrorBody(error=message, status=reason, code=reason, details=details)
+    body = error_body(reason, message, details)
     return web.json_response(body.model_dump(exclude_none=True), status=http_status)
 
 

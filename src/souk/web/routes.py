@@ -11,6 +11,7 @@ route's permission and nothing else: the route table is the one home of who may 
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections.abc import Awaitable, Callable, Sequence
@@ -202,12 +203,12 @@ def declared_route(request: web.Request) -> Route | None:
 def add_routes(app: web.Application, routes: Sequence[Route], title: str, version: str) -> None:
     # Written on first request, not at start: the models' schemas take a worker about 170 ms
     # to generate, which every start (a restart after a crash included) would otherwise pay.
-    document: list[bytes] = []
+    @functools.cache
+    def document() -> bytes:
+        return json.dumps(openapi_document(routes, title, version)).encode()
 
     async def serve_openapi(_: web.Request) -> web.Response:
-        if not document:
-            document.append(json.dumps(openapi_document(routes, title, version)).encode())
-        return web.Response(body=document[0], content_type="application/json")
+        return web.Response(body=document(), content_type="application/json")
 
     openapi = Route(
         "GET", "/openapi.json", serve_openapi, "This document", permission=Permission.public()

@@ -22,7 +22,6 @@ from souk.models.api import (
     WorkerLeaseRequest,
 )
 from souk.models.capacity import Capacity, Offer, OfferRequest
-from souk.models.errors import ErrorBody
 from souk.models.machine import (
     CreateMachine,
     Machine,
@@ -50,6 +49,7 @@ from souk.models.volume import (
 )
 from souk.pki import AccessTable
 from souk.web import ApiError, Route, read_model, reply
+from souk.web.errors import error_body
 from souk.web.metrics import METRICS_PATH, serve_metrics
 from souk.web.routes import Handler
 from souk.worker import logs, ps
@@ -219,9 +219,7 @@ def _routes(engine: Engine) -> list[Route]:
             except Exception:  # one create's fault is its own 500, as it would be alone
                 log.exception("create %s of a batch failed", create.id)
                 err = ApiError(500, "internal_error", "internal error; see the server's log")
-            error = ErrorBody(
-                error=err.message, status=err.reason, code=err.reason, details=err.details
-            )
+            error = error_body(err.reason, err.message, err.details)
             return CreateOutcome(status=err.http_status, error=error)
 
         # at once, so that the store commits them together
@@ -333,9 +331,7 @@ def _routes(engine: Engine) -> list[Route]:
             return reply(result)
         # an error like any other (as documented), that still says where the machine is
         message = f"machine {machine.id} did not reach {state} within {timeout:g}s"
-        body = ErrorBody(error=message, status="timeout", code="timeout").model_dump(
-            exclude_none=True
-        )
+        body = error_body("timeout", message).model_dump(exclude_none=True)
         return reply({**body, **result.model_dump(mode="json")}, status=408)
 
     async def events(request: web.Request) -> web.Response:

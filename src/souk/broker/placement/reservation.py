@@ -154,9 +154,7 @@ class Reserver:
             machine = await self._create(cand, attempt, timeout)
         except WorkerError as exc:
             refusals.append(Refusal(worker=cand.worker, reason=exc.message))
-            if exc.http_status == 0 and exc.reason == BUSY:  # never sent: nothing to undo
-                pass
-            elif exc.http_status == 0:
+            if exc.http_status == 0 and exc.reason != BUSY:  # busy: never sent, nothing to undo
                 self.liveness.failed(cand.worker)
                 if exc.reason == "untrusted":  # refused before a byte was sent: nothing to undo
                     log.warning("sent no create to %s: %s", cand.worker, exc.message)
