@@ -195,3 +195,29 @@ async def destroy_all(url: str) -> None:
                 await resp.read()
 
         await asyncio.gather(*(destroy(m["id"]) for m in machines))
+
+
+Series = list[tuple[str, list[int], list[float], str]]  # label, x, y, matplotlib style
+
+
+def chart(series: Series, xlabel: str, ylabel: str, title: str, path: Path) -> Path:
+    """One log-log chart of the series, written to `path`."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for label, x, y, style in series:
+        ax.plot(x, y, style, label=label)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

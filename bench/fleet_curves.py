@@ -39,7 +39,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from _harness import pct
+from _harness import Series, chart, pct
 
 from souk.broker.fleet import CatalogFleet
 from souk.broker.placement.pipeline import Placer
@@ -272,9 +272,6 @@ def table(report: Report) -> Table:
     return t
 
 
-Series = list[tuple[str, list[int], list[float], str]]  # label, x, y, matplotlib style
-
-
 def plot(report: Report, into: Path) -> list[Path]:
     into.mkdir(parents=True, exist_ok=True)
     plain = [s for s in report.sizes if s.mode == "plain"]
@@ -301,14 +298,14 @@ def plot(report: Report, into: Path) -> list[Path]:
         ("heartbeat, signed", sx, [s.heartbeat_us for s in signed], "^--"),
     ]
     return [
-        _chart(
+        chart(
             broker,
             "workers in the region (owners followed)",
             "broker CPU per operation (µs)",
             "Broker CPU per operation as the fleet grows",
             into / "broker-cpu-per-operation.png",
         ),
-        _chart(
+        chart(
             catalog,
             "owners followed",
             "replica CPU per message (µs)",
@@ -316,29 +313,6 @@ def plot(report: Report, into: Path) -> list[Path]:
             into / "catalog-cpu-signed.png",
         ),
     ]
-
-
-def _chart(series: Series, xlabel: str, ylabel: str, title: str, path: Path) -> Path:
-    """One log-log chart of the series, written to `path`."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4.2))
-    for label, x, y, style in series:
-        ax.plot(x, y, style, label=label)
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
-    ax.set_title(title)
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
 
 
 def main() -> None:

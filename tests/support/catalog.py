@@ -17,10 +17,10 @@ def converged(replica: Replica, owners: list[SimRows]) -> bool:
         if replica.head(src.owner) != src.seq:
             return False
         for (table, key), (seq, row) in src.live().items():
-            entry = replica.entries.get((src.owner, table, key))
-            if entry is None or entry.seq != seq:
+            if replica.versions.get((src.owner, table, key)) != seq:
                 return False
-            held = None if entry.row is None else entry.row.model_dump(mode="json")
+            model = replica.row(src.owner, table, key)
+            held = None if model is None else model.model_dump(mode="json")
             if held != row:
                 return False
     return True

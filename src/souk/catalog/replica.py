@@ -136,13 +136,6 @@ class Placeable:
             self.pos[last.id] = at
 
 
-@dataclass(frozen=True)
-class Entry:
-    owner: str
-    seq: int
-    row: Row | None
-
-
 class Replica:
     def __init__(
         self,
@@ -163,7 +156,9 @@ class Replica:
         self.name = name or f"{socket.gethostname()}-{os.getpid()}-{next(_ids)}"
         self.store = ReplicaStore(path)
         self.owners: dict[str, OwnerState] = {}
-        self.entries: dict[tuple[str, str, str], Entry] = {}
+        # (owner, table, key) -> the version held, a deleted row's too; the rows themselves are
+        # in the tables' indexes below, once each (fewer objects for the collector to walk)
+        self.versions: dict[tuple[str, str, str], int] = {}
         self._workers: dict[str, WorkerRow] = {}
         self._in_region: dict[str, dict[str, WorkerRow]] = defaultdict(dict)
         self._placeable: dict[str, Placeable] = {}  # placement reads it, see `placeable`
@@ -172,7 +167,7 @@ class Replica:
         self._images: dict[str, dict[str, ImageRow]] = defaultdict(dict)
         self._volumes: dict[str, VolumeRow] = {}
         self._apps: dict[str, AppRow] = {}
-        self._revoked: set[str] = set()
+        self._revoked: dict[str, RevocationRow] = {}
         self._subs: list[Subscription] = []
         self._listeners: list[asyncio.Queue[RowChange]] = []
         self._unflushed: list[RowChange] = []  # applied, to commit and announce at `_flush`
@@ -198,7 +193,7 @@ class Replica:
             self.owners[owner] = OwnerState(region, epoch, head, head)
         for owner, table, key, seq, row in self.store.all_rows():
             model = None if row is None else TABLES[table].model_validate(row)
-            self._index(owner, table, key, Entry(owner, seq, model))
+            self._index(owner, table, key, seq, model)
 
     async def start(self, bootstrap: bool = True, bootstrap_timeout: float = 2.0) -> None:
         follow = [WILDCARD] if self.regions is None else [*sorted(self.regions), GLOBAL_REGION]
@@ -260,8 +255,8 @@ class Replica:
             return None
         log.info("owner %s has a new epoch %s (was %s): replacing its rows", owner, epoch, st.epoch)
         self.stats["new_epoch"] += 1
-        for key in [k for k in self.entries if k[0] == owner]:
-            self._index(owner, key[1], key[2], None)
+        for key in [k for k in self.versions if k[0] == owner]:
+            self._index(owner, key[1], key[2], None, None)
         self.store.drop_owner(owner)
         new = OwnerState(region, epoch)  # its head proof goes with the rows
         new.heard, new.heard_wall, new.apps = st.heard, st.heard_wall, st.apps
@@ -298,15 +293,15 @@ class Replica:
         self.store.begin()
         try:
             for i, change in enumerate(changes):
-                held = self.entries.get((owner, change.table, change.key))
-                if held is not None and held.seq >= change.seq:
+                held = self.versions.get((owner, change.table, change.key))
+                if held is not None and held >= change.seq:
                     self.stats["stale_rows"] += 1
                     continue
                 model = self._validate(owner, region, change)
                 if model is False:
                     continue
-                entry = Entry(owner, change.seq, model if isinstance(model, Row) else None)
-                self._index(owner, change.table, change.key, entry)
+                row = model if isinstance(model, Row) else None
+                self._index(owner, change.table, change.key, change.seq, row)
                 text = proof = None
                 if signed is not None:
                     text, proof = signed.texts[i], signed.row_proof(i)
@@ -384,12 +379,13 @@ class Replica:
             )
         return False
 
-    def _index(self, owner: str, table: str, key: str, entry: Entry | None) -> None:
-        if entry is None:
-            self.entries.pop((owner, table, key), None)
+    def _index(self, owner: str, table: str, key: str, seq: int | None, row: Row | None) -> None:
+        """Holds `row` (None: deleted) at version `seq` (None: forgotten, with its owner's
+        epoch)."""
+        if seq is None:
+            self.versions.pop((owner, table, key), None)
         else:
-            self.entries[(owner, table, key)] = entry
-        row = entry.row if entry else None
+            self.versions[(owner, table, key)] = seq
         if table == "workers":
             was = self._workers.pop(key, None)
             new = row if isinstance(row, WorkerRow) else None
@@ -425,9 +421,9 @@ class Replica:
                 self._apps.pop(key, None)
         elif table == "revocations":
             if isinstance(row, RevocationRow):
-                self._revoked.add(key)
+                self._revoked[key] = row
             else:
-                self._revoked.discard(key)
+                self._revoked.pop(key, None)
 
     # --- messages ------------------------------------------------------------------------------
 
@@ -506,7 +502,8 @@ class Replica:
         self._heard(st, beat.head if checked else 0)
         if not checked:
             st.unchecked = beat
-        st.apps = beat.apps
+        if beat.apps != st.apps:  # else the held list stays: replaced at every heartbeat,
+            st.apps = beat.apps  # it was a new object a second per owner for the collector
         if (st.seen > st.head or st.unchecked) and not st.checking:
             # Batches travel on another subscription and may be just behind this heartbeat:
             # pull only if they have not closed the distance after a moment.
@@ -847,6 +844,22 @@ class Replica:
 
     def revoked(self, token_id: str) -> bool:
         return token_id in self._revoked
+
+    def row(self, owner: str, table: str, key: str) -> Row | None:
+        """The row of `owner` held under `key` in `table`, None if none is (or it was deleted)."""
+        if (owner, table, key) not in self.versions:
+            return None
+        if table == "images":
+            return self._images.get(owner, {}).get(key)
+        indexes: dict[str, dict[str, Any]] = {
+            "workers": self._workers,
+            "machines": self._machines,
+            "volumes": self._volumes,
+            "apps": self._apps,
+            "revocations": self._revoked,
+        }
+        row: Row | None = indexes.get(table, {}).get(key)
+        return row
 
     def head(self, owner: str) -> int:
         st = self.owners.get(owner)

@@ -28,7 +28,7 @@ class SimRows:
             id=self.owner,
             region=self.region,
             address=f"http://{self.owner}.invalid",
-            cpu_kinds=["shared"],
+            cpu_kinds=("shared",),
             cpus_total=self.cpus,
             memory_mb_total=self.cpus * 1024,
             cpus_reserved=reserved,

@@ -31,7 +31,7 @@ class Candidate:
         return cls(
             worker=row.id,
             address=row.address,
-            cpu_kinds=tuple(row.cpu_kinds),
+            cpu_kinds=row.cpu_kinds,
             cpus_total=row.cpus_total,
             memory_mb_total=row.memory_mb_total,
             cpus_free=row.cpus_total - row.cpus_reserved,

@@ -23,7 +23,7 @@ def room_for(row: WorkerRow, guest: GuestConfig) -> int:
         guest.cpu_kind,
         guest.cpus,
         guest.memory_mb,
-        kinds=tuple(row.cpu_kinds),
+        kinds=row.cpu_kinds,
         cpus_free=row.cpus_free,
         memory_mb_free=row.memory_mb_free,
         cordoned=row.cordoned,
