@@ -1,5 +1,5 @@
-"""`heap.settle`: what a part holds once ready leaves the collector's walks, and nothing is freed
-any later for it."""
+"""`heap.settle`: what a part holds once ready leaves the collector's walks, nothing is freed any
+later for it, and the collector's pauses from then on are on every part's `/metrics`."""
 
 from __future__ import annotations
 
@@ -8,8 +8,10 @@ import weakref
 from collections.abc import Iterator
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from souk import heap
+from souk.web.metrics import Metrics
 
 
 class Node:
@@ -27,6 +29,8 @@ def restored() -> Iterator[None]:
     finally:
         gc.unfreeze()
         gc.set_threshold(*thresholds)
+        if heap.PAUSES.note in gc.callbacks:
+            gc.callbacks.remove(heap.PAUSES.note)
 
 
 def test_settle_raises_the_young_threshold_and_freezes_what_lives(restored: None) -> None:
@@ -55,3 +59,38 @@ def test_cycles_made_after_settle_are_still_collected(restored: None) -> None:
     assert watch() is not None  # a cycle: reference counting alone never frees it
     gc.collect()
     assert watch() is None
+
+
+def pause_counts(metrics: Metrics) -> dict[str, float]:
+    """generation -> collections counted, as a scrape reads them."""
+    (family,) = [
+        f
+        for f in text_string_to_metric_families(metrics.render().decode())
+        if f.name == f"{metrics.namespace}_gc_pause_seconds"
+    ]
+    return {s.labels["generation"]: s.value for s in family.samples if s.name.endswith("_count")}
+
+
+def test_collections_after_settle_are_timed_on_every_parts_metrics(restored: None) -> None:
+    broker, worker = Metrics("souk_broker"), Metrics("souk_worker")
+    heap.settle()
+    heap.settle()  # a second part of the same process: the collections are counted once
+    assert gc.callbacks.count(heap.PAUSES.note) == 1
+    before = pause_counts(broker)
+    gc.collect(0)
+    gc.collect(2)
+    after = pause_counts(broker)
+    assert after["0"] == before["0"] + 1 and after["2"] == before["2"] + 1
+    assert after["1"] == before["1"]
+    assert pause_counts(worker) == after  # the process's, whichever part is asked
+
+
+def test_a_pause_is_counted_in_the_first_bucket_that_holds_it() -> None:
+    clock = iter([0.0, 0.03, 1.0, 1.0005])
+    pauses = heap.Pauses(clock=lambda: next(clock))
+    for _ in range(2):
+        pauses.note("start", {"generation": 1})
+        pauses.note("stop", {"generation": 1})
+    held = dict(zip(heap.PAUSE_BUCKETS, pauses.counts[1], strict=False))
+    assert held[0.001] == 1 and held[0.05] == 1  # 0.5 ms, and 30 ms: above 25, within 50
+    assert sum(pauses.counts[1]) == 2 and pauses.sums[1] == pytest.approx(0.0305)

@@ -16,7 +16,8 @@ With `enabled=False` (benchmarks measure the cost of metrics this way) every bou
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
+from itertools import accumulate
 from typing import Protocol
 
 from aiohttp import web
@@ -27,8 +28,11 @@ from prometheus_client import (
     Histogram,
     disable_created_metrics,
 )
+from prometheus_client.core import HistogramMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import Collector
+
+from souk import heap
 
 # The `_created` series (a timestamp per child) double what a scrape carries and say nothing
 # souk's readers need.
@@ -96,6 +100,7 @@ class Metrics:
         self.namespace = namespace
         self.enabled = enabled
         self.registry = CollectorRegistry(auto_describe=True)
+        self.collect(GcPauses(f"{namespace}_gc_pause_seconds"))
 
     def counter(self, name: str, doc: str, labels: Sequence[str] = ()) -> Counter:
         return Counter(name, doc, labels, namespace=self.namespace, registry=self.registry)
@@ -128,6 +133,30 @@ class Metrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class GcPauses(Collector):
+    """The process's garbage-collector pauses since its part settled (`heap.PAUSES`), by
+    generation: what sets the tail of a part with a large heap."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def collect(self) -> Iterator[Metric]:
+        family = HistogramMetricFamily(
+            self.name,
+            "Pauses of the process's garbage collector since its part was ready, by generation",
+            labels=["generation"],
+        )
+        for generation in range(heap.GENERATIONS):
+            counts = list(accumulate(heap.PAUSES.counts[generation]))
+            bounds = [*(str(b) for b in heap.PAUSE_BUCKETS), "+Inf"]
+            family.add_metric(
+                [str(generation)],
+                list(zip(bounds, counts, strict=True)),
+                heap.PAUSES.sums[generation],
+            )
+        yield family
 
 
 class Bounded:
