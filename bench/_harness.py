@@ -12,6 +12,7 @@ import contextlib
 import gc
 import os
 import platform
+import resource
 import signal
 import statistics
 import subprocess
@@ -36,6 +37,20 @@ from tests.catalog.pki import Ca  # noqa: E402
 from tests.support.machines import kill_machine_processes, recorded_ids  # noqa: E402
 from tests.support.ports import free_port  # noqa: E402
 from tests.support.worker_process import SOUK  # noqa: E402
+
+
+def open_files(wanted: int) -> int:
+    """Let this process hold `wanted` files at once (a host of thousands of sim workers holds a
+    database, its journal and a socket each), as far as the limits allow: past the hard limit
+    only as root. The limit now in force."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if wanted <= soft:
+        return soft
+    for limits in ((wanted, max(hard, wanted)), (min(wanted, hard), hard)):
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, limits)
+            return limits[0]
+    return soft
 
 
 class Pki:

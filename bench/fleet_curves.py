@@ -181,7 +181,8 @@ def decide(size: Size, replica: Replica, rounds: int) -> None:
     every = [0]
 
     def before() -> None:  # the same, reading the region as it was read before
-        reachable = replica._reachable_in(REGION, time.monotonic()).rows
+        held = replica._in_region[REGION].values()
+        reachable = [w for w in held if replica.reachable(w.id)]
         every[0] += 1
         if every[0] % 200 == 0:  # the copy of every row, once a second at 200 creates/s
             replica.workers(region=REGION, reachable_only=False)

@@ -102,6 +102,13 @@ async def test_placeable_rows_follow_changes_arrivals_and_silence() -> None:
     assert [w.id for w in replica.silent("mad")] == ["w2"]
     assert replica.silent("mad")[0].unreachable
     assert len(replica.placeable("mad")) == len({w.id for w in replica.placeable("mad")})
-    for o in owners[:2] + owners[3:]:
+
+    owners[2] = await start_owner(bus, sources[2], beat=0.1)  # w2 speaks again
+    await eventually(lambda: "w2" in {w.id for w in replica.placeable("mad")})
+    assert replica.silent("mad") == []
+    # never rebuilt: silence and return changed the held list row by row
+    assert replica.placeable("mad") is first
+    assert sorted(w.id for w in first) == ["w1", "w2", "w3"]
+    for o in owners:
         await o.stop()
     await replica.stop()

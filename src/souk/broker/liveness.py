@@ -63,6 +63,12 @@ class Liveness:
 
     @property
     def any_shunned(self) -> bool:
+        """Whether some worker is shunned now; a failure older than `SHUN_FOR` is forgotten
+        here, so one failure long ago does not make every later create look for shunned ones."""
+        if self._failed:
+            since = time.monotonic() - SHUN_FOR
+            for worker in [w for w, at in self._failed.items() if at <= since]:
+                del self._failed[worker]
         return bool(self._failed)
 
     def heard(self, row: WorkerRow) -> float | None:
