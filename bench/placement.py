@@ -117,6 +117,7 @@ APP = "bench"
 CONFIG = {"init": {"exec": ["true"]}, "guest": {"cpus": 1, "memory_mb": 256}}
 HOSTS = 2  # child processes hosting workers
 FILES_PER_WORKER = 8  # its database, journal and shared memory, its socket, connections to it
+SPARE_FILES = 1024  # a process's own: NATS, the load, libraries
 RESULT_LINE = 1 << 24  # the load's result line, every latency in it: asyncio's 64 KiB is short
 STRATEGIES: tuple[Strategy, ...] = ("offers", "p2c", "catalog")
 GOAL_RATE = 3750.0  # placements/s: Nomad's million-container run on 5 servers
@@ -225,7 +226,7 @@ async def serve_workers(
     from souk.worker.engine import Engine
     from souk.worker.settings import WorkerSettings
 
-    open_files(FILES_PER_WORKER * count + 1024)
+    open_files(files_for(count))
     async with contextlib.AsyncExitStack() as stack:
         bus = None
         if nats:
@@ -263,6 +264,11 @@ async def serve_workers(
         await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
 
 
+def files_for(workers: int) -> int:
+    """Files a process hosting, or connected to, this many workers may hold at once."""
+    return FILES_PER_WORKER * workers + SPARE_FILES
+
+
 @dataclass
 class Hosts:
     urls: list[str]
@@ -282,7 +288,7 @@ async def worker_hosts(
     souk_gc: bool = True,
 ) -> AsyncIterator[Hosts]:
     procs: list[asyncio.subprocess.Process] = []
-    fit = max(1, (open_files(FILES_PER_WORKER * total + 1024) - 1024) // FILES_PER_WORKER)
+    fit = max(1, (open_files(files_for(total)) - SPARE_FILES) // FILES_PER_WORKER)
     host_count = max(HOSTS, -(-total // fit))  # more hosts where one may not open enough files
     per = -(-total // host_count)
     for h in range(host_count):
@@ -714,10 +720,10 @@ class Row:
             decision_p50_ms=None if decisions is None else pct(decisions.wall, 50),
             decision_p99_ms=None if decisions is None else pct(decisions.wall, 99),
             decision_cpu_p99_ms=None
-            if not decisions or not decisions.cpu
+            if decisions is None or not decisions.cpu
             else pct(decisions.cpu, 99),
             decisions_collecting=None
-            if not decisions or not decisions.cpu
+            if decisions is None or not decisions.cpu
             else sum(1 for c in decisions.collecting if c > 0) / len(decisions.collecting),
             failed=loaded.failed + alone.failed,
             cpu=loaded.cpu,
@@ -799,7 +805,7 @@ async def measure_size(
     raw_body = {"app": APP, "config": CONFIG}
     body = {"region": REGION, "config": CONFIG}
     souk_gc = mode != DEFAULT_GC
-    open_files(FILES_PER_WORKER * size + 1024)  # the broker holds a connection to each worker
+    open_files(files_for(size))  # the broker holds a connection to each worker
     hosting = worker_hosts(
         size, data, nats_url, progress, task, args.profile, tls_dir, metrics, souk_gc
     )

@@ -288,15 +288,13 @@ class Replica:
         """An owner's sign of life: memory only, never a write (a heartbeat that brings no news
         costs a replica no SQLite statement, 1,000 times a second at 1,000 owners)."""
         now = time.monotonic()
-        if st.heard < now - self.unreachable_after:  # unreachable until now: placeable again
-            row = self._workers.get(owner)
-            held = None if row is None else self._placeable.get(row.region)
-            if row is not None and held is not None:
-                held.reach(row)
+        was_silent = st.heard < now - self.unreachable_after
         st.heard = now
         st.heard_wall = time.time()
         if head > st.seen:
             st.seen = head
+        if was_silent and (row := self._workers.get(owner)) is not None:
+            self._place(owner, row)  # reachable again: back among the placeable rows
         self._beat_times.append(now)
         self._beat_owners.append(owner)
         self._expire(now)
