@@ -1,12 +1,14 @@
 """Reserving on picked workers, real ones on loopback: the worker's refusal is the reason
-given, a lost answer is cleaned up, a taken id of the caller's own is the caller's error, and
-creates beyond a worker's lane leave together, each answered as if alone."""
+given, a lost answer is cleaned up, a taken id of the caller's own is the caller's error,
+creates beyond a worker's lane leave together, each answered as if alone, and confirmations
+ride with the creates a worker is sent next."""
 
 from __future__ import annotations
 
 import asyncio
 import socket
 import time
+from typing import Any
 
 import pytest
 
@@ -14,7 +16,7 @@ from souk.broker.metrics import BrokerMetrics
 from souk.broker.placement.candidates import Candidate
 from souk.broker.placement.reservation import CREATES_IN_FLIGHT, Reserver, placing_client
 from souk.clients.workers import WorkerClient, WorkerError
-from souk.models.api import Refusal
+from souk.models.api import ConfirmationResult, Refusal
 from souk.models.machine import CreateMachine, Machine
 from tests.support.broker_cluster import Cluster, ClusterFactory, WorkerSpec
 from tests.support.waiting import eventually
@@ -202,4 +204,48 @@ async def test_each_create_of_a_batch_keeps_its_own_deadline(make_cluster: Clust
         # the hurried one's create was sent, so it may have happened: it is cleaned up
         await eventually(lambda: {m.id for m in engine.machines()} == {patient.id})
         await reserver.close()
+        await reserver.client.close()
+
+
+class CountedConfirmations:
+    """Counts the confirmation requests of their own a worker client sends."""
+
+    def __init__(self, client: WorkerClient) -> None:
+        self.sent = 0
+        self._confirm = client.confirm
+        client.confirm = self  # type: ignore[method-assign]
+
+    async def __call__(self, *args: Any, **kwargs: Any) -> ConfirmationResult:
+        self.sent += 1
+        return await self._confirm(*args, **kwargs)
+
+
+async def test_confirmations_ride_with_the_next_creates_of_a_busy_worker(
+    make_cluster: ClusterFactory,
+) -> None:
+    """A confirmation due while creates to its worker are out goes with the next ones its lane
+    sends, in no request of its own; one due to an idle worker goes at once, on its own."""
+    async with make_cluster([WorkerSpec("one", "mad", cpus=16)]) as c:
+        engine, cand = c.engines["one"], candidate(c, "one")
+        reserver = Reserver(placing_client(), hold=30)
+        alone = CountedConfirmations(reserver.client)
+        refusals: list[Refusal] = []
+        first = await reserver.reserve(cand, CREATE, 5, refusals)
+        assert first is not None and first.id and engine.provisional_until(first.id) is not None
+        burst = [
+            asyncio.create_task(reserver.reserve(cand, CREATE, 5, refusals))
+            for _ in range(CREATES_IN_FLIGHT + 2)
+        ]
+        await asyncio.sleep(0)  # the lane's two are out, two wait for one of them
+        reserver.confirm("one", c.urls["one"], first.id)
+        placed = await asyncio.gather(*burst)
+        assert engine.provisional_until(first.id) is None  # answered with the batch it rode in
+        assert alone.sent == 0 and reserver.confirmations_pending == 0
+        for machine in placed:  # the lane is idle now: these leave at once, together
+            assert machine is not None and machine.id
+            reserver.confirm("one", c.urls["one"], machine.id)
+        await eventually(lambda: reserver.confirmations_pending == 0)
+        assert alone.sent == 1
+        assert all(m and m.id and engine.provisional_until(m.id) is None for m in placed)
+        assert refusals == []
         await reserver.client.close()

@@ -1,5 +1,6 @@
 """A batch of creates (`POST /v1/machines/batch`): each create reserved and answered as it would
-be alone, in order; one refused leaves the others as they were."""
+be alone, in order; one refused leaves the others as they were; the confirmations riding with
+it end their holds as `POST /v1/confirmations` would."""
 
 from __future__ import annotations
 
@@ -49,3 +50,24 @@ async def test_a_batch_out_of_bounds_is_refused_whole(client: Client, engine: En
     resp = await client.post("/v1/machines/batch", json={"machines": bad})
     assert resp.status == 400
     assert engine.machines() == []  # nothing of a refused batch was recorded
+
+
+async def test_confirmations_riding_with_a_batch_end_their_holds(
+    client: Client, engine: Engine
+) -> None:
+    held = {HOLD_HEADER: "30"}
+    resp = await client.post(
+        "/v1/machines/batch", json={"machines": [create("first1")]}, headers=held
+    )
+    assert resp.status == 200, await resp.text()
+    assert engine.provisional_until("first1") is not None
+    body = {"machines": [create("second")], "confirm": ["first1", "nosuch"]}
+    resp = await client.post("/v1/machines/batch", json=body, headers=held)
+    assert resp.status == 200, await resp.text()
+    answer = await resp.json()
+    assert answer["holds"] == {"first1": "confirmed", "nosuch": "unknown"}
+    assert [o["status"] for o in answer["outcomes"]] == [201]
+    assert engine.provisional_until("first1") is None
+    assert engine.provisional_until("second") is not None  # its own confirmation is to come
+    logged = [(e.type, e.step) for e in engine.events("first1")]
+    assert ("hold", "confirmed") in logged

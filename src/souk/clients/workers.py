@@ -29,6 +29,7 @@ from souk.models.api import (
     Confirmations,
     CreateBatch,
     CreateOutcomes,
+    HoldAnswer,
     Lease,
     WorkerLeaseRequest,
 )
@@ -208,19 +209,21 @@ class WorkerClient(HttpClient):
         reqs: list[CreateMachine],
         timeout: float,
         hold: float | None = None,
-    ) -> list[Machine | WorkerError]:
+        confirm: list[str] | None = None,
+    ) -> tuple[list[Machine | WorkerError], dict[str, HoldAnswer]]:
         """Several creates in one request, each answered as `create` would have: its machine, or
-        the error it would have raised. A failure of the request itself is raised."""
-        body = CreateBatch(machines=reqs)
+        the error it would have raised; and the holds of `confirm` ended, as `confirm` would
+        answer (an id missing was not confirmed). A failure of the request itself is raised."""
+        body = CreateBatch(machines=reqs, confirm=confirm or [])
         path = "/v1/machines/batch"
         data = await self._request(
             worker, base, "POST", path, body, timeout=timeout, headers=_held(hold)
         )
-        outcomes = CreateOutcomes.model_validate(data).outcomes
-        if len(outcomes) != len(reqs):
-            message = f"answered {len(outcomes)} outcomes to {len(reqs)} creates"
+        answer = CreateOutcomes.model_validate(data)
+        if len(answer.outcomes) != len(reqs):
+            message = f"answered {len(answer.outcomes)} outcomes to {len(reqs)} creates"
             raise WorkerError(worker, 502, "invalid", message)
-        return [
+        results: list[Machine | WorkerError] = [
             o.machine
             if o.machine is not None
             else WorkerError(
@@ -228,8 +231,9 @@ class WorkerClient(HttpClient):
                 o.status,
                 *(refusal_of(o.error) if o.error else ("error", f"status {o.status}", None)),
             )
-            for o in outcomes
+            for o in answer.outcomes
         ]
+        return results, answer.holds
 
     async def confirm(
         self, worker: str, base: str, machine_ids: list[str], timeout: float = DEFAULT_TIMEOUT

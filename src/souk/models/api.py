@@ -158,10 +158,14 @@ class WorkerLeaseRequest(CreateLeaseRequest):
     owner: str = Field("", max_length=256)
 
 
+# Ids one confirmation may carry, alone or riding with a batch of creates.
+MAX_CONFIRMATIONS = 1000
+
+
 class Confirmations(Strict):
     """Machines whose creator answered its client: their provisional holds end."""
 
-    ids: list[str] = Field(min_length=1, max_length=1000)
+    ids: list[str] = Field(min_length=1, max_length=MAX_CONFIRMATIONS)
 
 
 # Creates one batch may carry: about what a worker group-commits at once.
@@ -170,9 +174,12 @@ MAX_BATCH = 64
 
 class CreateBatch(Strict):
     """Creates a broker sends one worker together (`POST /v1/machines/batch`), each reserved and
-    answered as if it came alone: one refused leaves the others as they were."""
+    answered as if it came alone: one refused leaves the others as they were. `confirm`: ids of
+    earlier creates whose holds end, as `POST /v1/confirmations` would end them, riding along
+    so that a broker creating on a worker needs no request of their own."""
 
     machines: list[CreateMachine] = Field(min_length=1, max_length=MAX_BATCH)
+    confirm: list[str] = Field(default_factory=list, max_length=MAX_CONFIRMATIONS)
 
 
 class CreateOutcome(BaseModel):
@@ -183,16 +190,21 @@ class CreateOutcome(BaseModel):
     error: ErrorBody | None = None
 
 
+HoldAnswer = Literal["confirmed", "expired", "unknown"]
+
+
 class CreateOutcomes(BaseModel):
-    """The batch's outcomes, in the order of its creates."""
+    """The batch's outcomes, in the order of its creates, and each confirmed id's hold (as
+    `ConfirmationResult` gives it; an id missing was not confirmed, to be sent again)."""
 
     outcomes: list[CreateOutcome]
+    holds: dict[str, HoldAnswer] = Field(default_factory=dict)
 
 
 class ConfirmationResult(BaseModel):
     """Each id's hold: confirmed, expired (too late: being destroyed) or unknown."""
 
-    holds: dict[str, Literal["confirmed", "expired", "unknown"]]
+    holds: dict[str, HoldAnswer]
 
 
 class Lease(BaseModel):

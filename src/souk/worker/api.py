@@ -222,9 +222,18 @@ def _routes(engine: Engine) -> list[Route]:
             error = error_body(err.reason, err.message, err.details)
             return CreateOutcome(status=err.http_status, error=error)
 
+        async def confirmed() -> dict[str, str]:
+            if not body.confirm:
+                return {}
+            try:
+                return await engine.confirm(body.confirm)
+            except Exception:  # the ids are missing from the answer: sent again
+                log.exception("confirmations riding with a batch failed")
+                return {}
+
         # at once, so that the store commits them together
-        outcomes = await asyncio.gather(*map(outcome, body.machines))
-        return reply(CreateOutcomes(outcomes=list(outcomes)))
+        *outcomes, holds = await asyncio.gather(*map(outcome, body.machines), confirmed())
+        return reply(CreateOutcomes.model_validate({"outcomes": outcomes, "holds": holds}))
 
     async def confirm(request: web.Request) -> web.Response:
         body = await read_model(request, Confirmations)
@@ -485,7 +494,8 @@ def _routes(engine: Engine) -> list[Route]:
             "/v1/machines/batch",
             create_batch,
             "Several creates at once, each reserved and answered (in `outcomes`, in order) as"
-            " it would be alone; recorded together",
+            " it would be alone, and the holds in `confirm` ended (in `holds`); recorded"
+            " together",
             CreateBatch,
             CreateOutcomes,
         ),

@@ -17,6 +17,8 @@ Creates to one worker travel in a lane (`_Lane`): at most `CREATES_IN_FLIGHT` re
 and the creates that arrive while those are out leave together in the next one
 (`POST /v1/machines/batch`), answered one by one. A burst onto the worker the policy favours
 thus costs it one commit and one request, not one each, and the broker no connection more.
+Confirmations due to a worker whose lane is busy ride along with the next request it sends;
+only those that find no create to ride with go in a request of their own.
 """
 
 from __future__ import annotations
@@ -24,15 +26,17 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import hmac
+import itertools
 import logging
 import secrets
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from souk.broker.liveness import Liveness
 from souk.broker.placement.candidates import Candidate
 from souk.clients.workers import WorkerClient, WorkerError
-from souk.models.api import MAX_BATCH, Refusal
+from souk.models.api import MAX_BATCH, MAX_CONFIRMATIONS, HoldAnswer, Refusal
 from souk.models.machine import CreateMachine, Machine
 from souk.pki import NodeFiles
 from souk.web.metrics import OFF, Observer
@@ -43,7 +47,6 @@ HOLD_FOR = 60.0  # a created machine stays provisional this long on its worker u
 CLEANUP_TIMEOUT = 10.0  # one attempt
 CLEANUP_FIRST, CLEANUP_MAX = 0.25, 30.0  # backoff between attempts
 CONFIRM_TIMEOUT = 5.0  # one attempt
-CONFIRM_BATCH = 1000  # ids per confirmation call
 CONFIRM_FIRST, CONFIRM_MAX = 0.05, 2.0  # backoff between attempts
 # Create requests in flight to one worker at once. Creates concentrate on the few workers the
 # policy ranks best at the moment; sent one request each, they made aiohttp open a connection more
@@ -108,11 +111,33 @@ class _Lane:
 
 @dataclass
 class _Confirming:
-    """One worker's confirmations still to send: id -> when its hold ends (monotonic)."""
+    """One worker's confirmations still to send: id -> when its hold ends (monotonic), those of
+    them in a request now, and the task that sends them in requests of their own."""
 
     address: str
     due: dict[str, float] = field(default_factory=dict)
+    sending: set[str] = field(default_factory=set)
     task: asyncio.Task[None] | None = None
+
+    def take(self) -> list[str]:
+        """Ids for one request (none already in one), now in it."""
+        ids = list(
+            itertools.islice((m for m in self.due if m not in self.sending), MAX_CONFIRMATIONS)
+        )
+        self.sending.update(ids)
+        return ids
+
+    def settle(self, worker: str, ids: list[str], holds: Mapping[str, str]) -> None:
+        """The request carrying `ids` is over: those in `holds` are done with, the rest due
+        again."""
+        self.sending.difference_update(ids)
+        for machine_id in ids:
+            hold = holds.get(machine_id)
+            if hold is None:
+                continue
+            self.due.pop(machine_id, None)
+            if hold == "expired":
+                log.error("%s on %s was confirmed after its hold ended", machine_id, worker)
 
 
 class Reserver:
@@ -135,6 +160,7 @@ class Reserver:
         self._confirming: dict[str, _Confirming] = {}
         self._lanes: dict[str, _Lane] = {}
         self._batches: set[asyncio.Task[None]] = set()
+        self._closed = False  # stopping: what a cancelled request leaves is not sent
 
     async def reserve(
         self,
@@ -169,23 +195,15 @@ class Reserver:
         return machine
 
     async def _create(self, cand: Candidate, create: CreateMachine, timeout: float) -> Machine:
-        """The worker's answer to this create, sent now if its lane has room, else with the next
-        batch the lane sends."""
+        """The worker's answer to this create: sent at once if its lane has room, else with the
+        next batch the lane sends."""
         lane = self._lanes.get(cand.worker)
         if lane is None:
             lane = self._lanes[cand.worker] = _Lane()
-        if lane.busy < CREATES_IN_FLIGHT:
-            lane.busy += 1
-            self.sent.observe(1)
-            try:
-                return await self.client.create(
-                    cand.worker, cand.address, create, timeout, hold=self.hold
-                )
-            finally:
-                self._next(cand, lane)
         answer: asyncio.Future[Machine] = asyncio.get_running_loop().create_future()
         waiting = _Waiting(create, time.monotonic() + timeout, answer)
         lane.waiting.append(waiting)
+        self._dispatch(cand, lane)
         try:  # its own time, as alone: a batch lasts as long as its most patient create
             return await asyncio.wait_for(answer, timeout)
         except TimeoutError:
@@ -195,23 +213,32 @@ class Reserver:
             message = f"no answer from {cand.address} within {timeout:.3g}s"
             raise WorkerError(cand.worker, 0, "timeout", message) from None
 
-    def _next(self, cand: Candidate, lane: _Lane) -> None:
-        """A request of the lane was answered: send what waits (its callers still waiting)."""
-        lane.busy -= 1
-        waiting = [w for w in lane.waiting if not w.answer.done()]
-        lane.waiting = waiting[MAX_BATCH:]
-        batch = waiting[:MAX_BATCH]
-        if batch:
-            lane.busy += 1
-            task = asyncio.create_task(self._send(cand, lane, batch))
-            self._batches.add(task)
-            task.add_done_callback(self._batches.discard)
-        elif lane.busy == 0 and self._lanes.get(cand.worker) is lane:
+    def _dispatch(self, cand: Candidate, lane: _Lane) -> None:
+        """Send what waits in the lane (its callers still waiting), as far as it has room, each
+        request with the worker's confirmations due; once the lane is idle, the confirmations
+        still due go on their own."""
+        if self._closed:
+            return
+        confirming = self._confirming.get(cand.worker)
+        while lane.busy < CREATES_IN_FLIGHT and lane.waiting:
+            waiting = [w for w in lane.waiting if not w.answer.done()]
+            batch, lane.waiting = waiting[:MAX_BATCH], waiting[MAX_BATCH:]
+            if batch:
+                lane.busy += 1
+                ids = confirming.take() if confirming is not None else []
+                task = asyncio.create_task(self._send(cand, lane, batch, ids))
+                self._batches.add(task)
+                task.add_done_callback(self._batches.discard)
+        if lane.busy == 0 and not lane.waiting and self._lanes.get(cand.worker) is lane:
             del self._lanes[cand.worker]
+            self._confirm_alone(cand.worker)
 
-    async def _send(self, cand: Candidate, lane: _Lane, batch: list[_Waiting]) -> None:
-        """One request for the creates that waited, each answered as if it had gone alone. A
-        create whose caller stopped waiting is not sent."""
+    async def _send(
+        self, cand: Candidate, lane: _Lane, batch: list[_Waiting], ids: list[str]
+    ) -> None:
+        """One request for these creates, each answered as if it had gone alone, ending the
+        holds of `ids` too. A create whose caller stopped waiting is not sent."""
+        holds: dict[str, HoldAnswer] = {}
         try:
             now = time.monotonic()
             batch = [w for w in batch if not w.answer.done() and w.deadline > now]
@@ -223,8 +250,8 @@ class Reserver:
             timeout = max(w.deadline for w in batch) - now
             self.sent.observe(len(creates))
             try:
-                results: list[Machine | WorkerError] = await self.client.create_batch(
-                    cand.worker, cand.address, creates, timeout, hold=self.hold
+                results, holds = await self.client.create_batch(
+                    cand.worker, cand.address, creates, timeout, hold=self.hold, confirm=ids
                 )
             except WorkerError as exc:  # the request itself: every create of it shares the fate
                 results = [exc] * len(batch)
@@ -235,10 +262,18 @@ class Reserver:
                     waiting.answer.set_exception(result)
                 else:
                     waiting.answer.set_result(result)
+        except Exception as exc:  # not the worker's answer: its callers raise it, as alone
+            for waiting in batch:
+                if not waiting.answer.done():
+                    waiting.answer.set_exception(exc)
         finally:
-            for waiting in batch:  # not answered: cancelled, or an error not of the worker's
+            for waiting in batch:  # not answered: cancelled
                 waiting.answer.cancel()
-            self._next(cand, lane)
+            confirming = self._confirming.get(cand.worker)
+            if ids and confirming is not None:
+                confirming.settle(cand.worker, ids, holds)
+            lane.busy -= 1
+            self._dispatch(cand, lane)
 
     async def _same(self, cand: Candidate, app: str, machine_id: str) -> Machine | None:
         try:
@@ -249,15 +284,28 @@ class Reserver:
 
     def confirm(self, worker: str, address: str, machine_id: str) -> None:
         """The machine was answered to a client: end its hold on the worker. Sent in the
-        background, batched with the worker's other confirmations, and retried until the hold
-        would have ended anyway."""
+        background and retried until the hold would have ended anyway: while creates to the
+        worker are out, with the next ones its lane sends, or on their own once it has none out
+        (a few milliseconds); else at once, on their own, batched with the worker's other
+        confirmations."""
         pending = self._confirming.get(worker)
         if pending is None:
             pending = self._confirming[worker] = _Confirming(address)
         pending.address = address or pending.address
         pending.due.setdefault(machine_id, time.monotonic() + self.hold)
-        if pending.task is None or pending.task.done():
+        if worker not in self._lanes:  # no create out: none will take it along soon
+            self._confirm_alone(worker)
+
+    def _confirm_alone(self, worker: str) -> None:
+        """Send the worker's confirmations still due in requests of their own, unless that is
+        under way; forget a worker with none left."""
+        pending = self._confirming.get(worker)
+        if pending is None or (pending.task is not None and not pending.task.done()):
+            return
+        if pending.due:
             pending.task = asyncio.create_task(self._send_confirmations(worker, pending))
+        else:
+            del self._confirming[worker]
 
     async def _send_confirmations(self, worker: str, pending: _Confirming) -> None:
         delay = CONFIRM_FIRST
@@ -267,27 +315,26 @@ class Reserver:
             for machine_id in late:
                 del pending.due[machine_id]
                 log.error("could not confirm %s on %s: its hold has ended", machine_id, worker)
-            ids = list(pending.due)[:CONFIRM_BATCH]
-            if not ids:
+            ids = pending.take()
+            if not ids:  # the rest ride with creates now on their way
                 break
+            holds: Mapping[str, str] = {}
             try:
                 result = await self.client.confirm(
                     worker, pending.address, ids, timeout=CONFIRM_TIMEOUT
                 )
+                holds = result.holds
             except WorkerError as exc:
                 if 0 < exc.http_status < 500:  # a worker that keeps no holds, say: give up
                     log.warning("%s refused confirmations: %s", worker, exc.message)
-                    for machine_id in ids:
-                        pending.due.pop(machine_id, None)
-                    continue
+                    holds = dict.fromkeys(ids, "refused")
+            finally:
+                pending.settle(worker, ids, holds)
+            if holds:
+                delay = CONFIRM_FIRST
+            else:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, CONFIRM_MAX)
-                continue
-            delay = CONFIRM_FIRST
-            for machine_id in ids:
-                pending.due.pop(machine_id, None)
-                if result.holds.get(machine_id) == "expired":
-                    log.error("%s on %s was confirmed after its hold ended", machine_id, worker)
         if self._confirming.get(worker) is pending and not pending.due:
             del self._confirming[worker]
 
@@ -297,6 +344,7 @@ class Reserver:
 
     async def close(self) -> None:
         """Cancel the cleanups and confirmations still running (the broker is stopping)."""
+        self._closed = True
         confirming = [p.task for p in self._confirming.values() if p.task is not None]
         tasks = [*self._cleanups, *confirming, *self._batches]
         for task in tasks:
