@@ -1,6 +1,7 @@
-"""Machine start times from an image: cold (pull + unpack + run), warm (cached image) and a bare
-`runc run` of the same bundle, as ratios to the bare run. Needs root, runc, docker-registry and
-busybox. Run: python bench/image_start.py [--runs N]"""
+"""Machine start times from an image: cold (pull + unpack + run), warm (a new machine of a cached
+image), again (a stopped machine started again: its version's image, root filesystem and network
+kept) and a bare `runc run` of the same bundle, as ratios to the bare run. Needs root, runc,
+docker-registry and busybox. Run: python bench/image_start.py [--runs N]"""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import subprocess
 import tempfile
 import time
 import uuid
+from dataclasses import replace
 from pathlib import Path
 
 import _harness  # noqa: F401  (puts the repository root on the path, for tests.support)
@@ -29,19 +31,41 @@ from tests.support.registry import running_registry
 SLEEP = ["/bin/sleep", "60"]
 
 
-async def start_machine(driver: RuncDriver, work: Path, image: str, n: int) -> float:
+def new_launch(work: Path, image: str, n: int) -> Launch:
     machine_id = uuid.uuid4().hex[:12]
     rundir = work / "machines" / machine_id
     rundir.mkdir(parents=True)
     config = MachineConfig(image=image, init=InitConfig(exec=SLEEP))
     ip = f"10.214.0.{n}"
-    launch = Launch(machine_id, "bench", "local", "i", config, uuid.uuid4().hex, rundir, ip)
+    return Launch(machine_id, "bench", "local", "i", config, uuid.uuid4().hex, rundir, ip)
+
+
+async def start_machine(driver: RuncDriver, work: Path, image: str, n: int) -> float:
+    launch = new_launch(work, image, n)
     began = time.perf_counter()
     await driver.prepare(launch)
     handle = await driver.spawn(launch)
     took = time.perf_counter() - began
-    await driver.stop(machine_id, handle, "SIGKILL", 1.0)
+    await driver.stop(launch.machine_id, handle, "SIGKILL", 1.0)
     await driver.cleanup(launch)
+    return took
+
+
+async def start_again(driver: RuncDriver, work: Path, image: str, n: int) -> float:
+    """A stopped machine started again, as the worker does it (what the proxy asks for when a
+    request finds an app scaled to zero): the image its first start found, by digest, and the
+    root filesystem and network that a stop leaves in place."""
+    launch = new_launch(work, image, n)
+    digest = await driver.prepare(launch)
+    handle = await driver.spawn(launch)
+    await driver.stop(launch.machine_id, handle, "SIGKILL", 1.0)
+    again = replace(launch, marker=uuid.uuid4().hex, image_digest=digest)
+    began = time.perf_counter()
+    await driver.prepare(again)
+    handle = await driver.spawn(again)
+    took = time.perf_counter() - began
+    await driver.stop(launch.machine_id, handle, "SIGKILL", 1.0)
+    await driver.cleanup(again)
     return took
 
 
@@ -64,12 +88,13 @@ async def main(runs: int) -> None:
                 spec = ImageSpec([layer(busybox_layer().bytes())], cmd=SLEEP)
                 await push_image(client, ImageRef(host, "bench", "1"), spec)
             image = f"{host}/bench:1"
-            cold, warm, bare = [], [], []
+            cold, warm, again, bare = [], [], [], []
             for i in range(runs):
                 cache = ImageCache(work / f"cache-{i}", RegistryClient(config))
                 driver = RuncDriver(cache, work / "runc")
-                cold.append(await start_machine(driver, work, image, 2 * i + 2))
-                warm.append(await start_machine(driver, work, image, 2 * i + 3))
+                cold.append(await start_machine(driver, work, image, 3 * i + 2))
+                warm.append(await start_machine(driver, work, image, 3 * i + 3))
+                again.append(await start_again(driver, work, image, 3 * i + 4))
                 # The bare run: the same image's bundle, already prepared, started by runc alone.
                 pulled = await cache.pull(image)
                 bundle = work / f"bare-{i}"
@@ -91,7 +116,7 @@ async def main(runs: int) -> None:
                 await cache.client.close()
     base = statistics.median(bare)
     print(f"{'':>6} {'median ms':>10} {'x bare runc run':>16}")
-    for name, values in (("cold", cold), ("warm", warm), ("bare", bare)):
+    for name, values in (("cold", cold), ("warm", warm), ("again", again), ("bare", bare)):
         m = statistics.median(values)
         print(f"{name:>6} {m * 1000:>10.1f} {m / base:>16.2f}")
 

@@ -76,6 +76,32 @@ async def test_pull_by_tag_then_by_digest(
     assert again.layers == image.layers
 
 
+async def test_a_pull_given_the_digest_its_tag_named_keeps_it_after_the_tag_moves(
+    registry: Registry, client: RegistryClient, busybox_base: Layer, make_cache: Make
+) -> None:
+    first = await push(client, registry, "app:1", ImageSpec([busybox_base], cmd=["first"]))
+    cache, name = make_cache(), f"{registry.host}/app:1"
+    assert (await cache.pull(name)).digest == first.digest
+    moved = await push(client, registry, "app:1", ImageSpec([busybox_base], cmd=["moved"]))
+    asked = 0
+    resolve = cache.client.resolve
+
+    async def counted(*args: object, **kwargs: object) -> object:
+        nonlocal asked
+        asked += 1
+        return await resolve(*args, **kwargs)  # type: ignore[arg-type]
+
+    cache.client.resolve = counted  # type: ignore[assignment,method-assign]
+    pinned = await cache.pull(name, digest=first.digest)
+    assert pinned.digest == first.digest and pinned.name == name
+    assert asked == 0  # from the cache: the registry was not asked what the tag names now
+    assert [row.ref for row in cache.cached()] == [name]  # known by the machine's reference
+    assert (await cache.pull(name)).digest == moved.digest and asked == 1
+    fresh = make_cache("fresh")  # the pinned image not cached: fetched by its digest
+    again = await fresh.pull(name, digest=first.digest)
+    assert again.digest == first.digest and again.config.argv(InitConfig()) == ["first"]
+
+
 async def test_rootfs_runs_busybox(
     registry: Registry,
     client: RegistryClient,
@@ -289,6 +315,31 @@ async def test_gc_keeps_images_in_use(
 
     b_again = await cache.pull(f"{registry.host}/gc:b")  # evicted images pull again
     assert b_again.digest == b.digest
+
+
+async def test_a_rootfs_of_another_image_is_made_again_and_one_of_the_same_kept(
+    registry: Registry, client: RegistryClient, make_cache: Make, tmp_path: Path
+) -> None:
+    """A machine started again keeps what it wrote; one updated to another image gets that
+    image's files, not the old ones under the new config, and the old image is free to go."""
+    specs = {
+        tag: ImageSpec([layer(TarBuilder().file(tag, tag.encode()).bytes(), False)])
+        for tag in ("old", "new")
+    }
+    for tag, spec in specs.items():
+        await push(client, registry, f"swap:{tag}", spec)
+    cache, machine = make_cache(), tmp_path / "machine"
+    old = await cache.pull(f"{registry.host}/swap:old")
+    new = await cache.pull(f"{registry.host}/swap:new")
+    rootfs = await cache.prepare_rootfs(old, machine)
+    (rootfs / "written").write_text("by the machine")
+    assert await cache.prepare_rootfs(old, machine) == rootfs  # started again: the same
+    assert (rootfs / "written").exists() and (rootfs / "old").exists()
+    assert cache.store.pinned() == {old.digest}
+    assert await cache.prepare_rootfs(new, machine) == rootfs  # updated: made of `new`
+    assert sorted(p.name for p in rootfs.iterdir()) == ["new"]
+    assert cache.store.pinned() == {new.digest}
+    await cache.release_rootfs(machine)
 
 
 async def test_in_use_callback_protects_images(

@@ -6,6 +6,7 @@ import asyncio
 import shutil
 import uuid
 from collections.abc import AsyncIterator, Callable
+from dataclasses import replace
 from pathlib import Path
 
 import aiohttp
@@ -159,8 +160,9 @@ async def test_exec_ps_pause_and_resume_in_a_container(
 async def test_a_tag_that_moved_starts_the_image_it_names_now(
     registry: Registry, client: RegistryClient, driver: RuncDriver, tmp_path: Path
 ) -> None:
-    """A cached image's tag is looked up at the registry on every start: once it has moved, the
-    next start runs the image it names now, and the first image's pin went with its machine."""
+    """A cached image's tag is looked up at the registry by every start given no digest (a
+    version's first): once it has moved, the next such start runs the image it names now, and
+    the first image's pin went with its machine."""
     reference = f"{registry.host}/moving:1"
     config = MachineConfig(image=reference, init=InitConfig(exec=["/bin/cat", "/which"]))
 
@@ -183,3 +185,27 @@ async def test_a_tag_that_moved_starts_the_image_it_names_now(
     assert (first, second) == ("first\n", "second\n")
     assert first_digest != second_digest
     assert not driver.images.store.pinned()
+
+
+async def test_a_start_resumed_after_a_crash_runs_what_its_first_try_prepared(
+    registry: Registry, client: RegistryClient, driver: RuncDriver, tmp_path: Path
+) -> None:
+    """The tag moved while the worker was down: the same start (its marker) takes up the image it
+    prepared, which may be running already, not the one the tag names now; another start asks."""
+
+    def which(text: bytes) -> ImageSpec:
+        return ImageSpec([layer(busybox_layer().file("which", text).bytes())])
+
+    first = await push(client, registry, "resumed:1", which(b"first\n"))
+    config = MachineConfig(image=f"{registry.host}/resumed:1", init=InitConfig(exec=["/bin/true"]))
+    machine = launch(tmp_path, config, "10.213.7.11")
+    try:
+        assert await driver.prepare(machine) == first.digest
+        moved = await push(client, registry, "resumed:1", which(b"moved\n"))
+        assert await driver.prepare(replace(machine, resumed=True)) == first.digest
+        fresh = replace(machine, resumed=False)  # this worker run's own start: nothing to resume
+        assert await driver.prepare(fresh) == moved.digest
+        another = replace(machine, marker=uuid.uuid4().hex)
+        assert await driver.prepare(another) == moved.digest
+    finally:
+        await driver.cleanup(machine)

@@ -134,3 +134,46 @@ async def test_the_catalog_learns_which_images_a_worker_caches(
         await engine.submit(machine.id, "destroy", {"force": True})
         assert (await engine.wait(machine.id, "destroyed", 30, None))[0]
     await replica.stop()
+
+
+def served(text: str) -> ImageSpec:
+    page = layer(busybox_layer().file("www/index.html", text.encode()).bytes())
+    return ImageSpec([page], cmd=["httpd", "-f", "-p", "8080", "-h", "/www"])
+
+
+def started_with(engine: Engine, machine_id: str) -> list[str]:
+    """The image digest each start of the machine ran, oldest first."""
+    spawns = [e for e in engine.events(machine_id) if e.step == "spawn"]
+    return [e.request["image"] for e in reversed(spawns)]
+
+
+async def test_a_version_runs_the_image_its_first_start_found_until_it_is_updated(
+    registry: Registry, client: RegistryClient, tmp_path: Path
+) -> None:
+    """Its tag moved meanwhile, a stopped machine starts again on the image it ran (no lookup
+    at the registry); an update, a new version, looks the tag up again."""
+    first = await push(client, registry, "moving:1", served("first\n"))
+    s = replace(settings(tmp_path), insecure_registries=(registry.host,))
+    config = MachineConfig(image=f"{registry.host}/moving:1")
+    async with running(Engine(s, make_driver("process", s))) as engine:
+        machine = await engine.create(CreateMachine(app="web", config=config))
+        assert (await engine.wait(machine.id, "started", 60, None))[0]
+        url = f"http://{machine.private_ip}:8080/index.html"
+        assert await get_text(url) == "first\n"
+        moved = await push(client, registry, "moving:1", served("moved\n"))
+        assert moved.digest != first.digest
+        await engine.submit(machine.id, "stop")
+        assert (await engine.wait(machine.id, "stopped", 30, None))[0]
+        await engine.submit(machine.id, "start")
+        assert (await engine.wait(machine.id, "started", 30, None))[0]
+        assert await get_text(url) == "first\n"
+        assert started_with(engine, machine.id) == [first.digest, first.digest]
+        await engine.update(machine.id, config)  # a new version, however alike
+        for _ in range(500):
+            if len(started_with(engine, machine.id)) == 3:
+                break
+            await asyncio.sleep(0.02)
+        assert (await engine.wait(machine.id, "started", 30, None))[0]
+        assert await get_text(url) == "moved\n"
+        assert started_with(engine, machine.id) == [first.digest, first.digest, moved.digest]
+        await destroy_all(engine)

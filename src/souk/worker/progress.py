@@ -6,6 +6,7 @@ and keeps its *projected* state (its state once every queued operation has run) 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,11 +51,13 @@ async def advance(
     run: StepRun,
     data: dict[str, Any] | None = None,
     after: int | None = None,
+    also: Callable[[Tx], None] | None = None,
     **columns: Any,
 ) -> int:
     """Log the step as complete, entering its state and setting `columns`, in one transaction.
     `after`: the first step of the operation not logged yet, when earlier steps (fsm.py's
-    `with_next`) are to be logged in this same commit. Returns the index of the next step."""
+    `with_next`) are to be logged in this same commit; `also`: more the step writes, in it too.
+    Returns the index of the next step."""
     step, machine_id = run.step, run.machine_id
     last = run.index == len(run.op.steps) - 1
     first = run.index if after is None else after
@@ -67,6 +70,8 @@ async def advance(
         state = _enter(tx, run, step, state, data)
         queries.set_columns(tx, machine_id, {"state": state, "updated_at": now_iso(), **columns})
         queries.set_progress(tx, run.op_id, run.index + 1, last)
+        if also is not None:
+            also(tx)
         if last:
             settle_projection(tx, machine_id)
 

@@ -668,6 +668,21 @@ def add_version(db: Db, machine_id: str, version: str, config: MachineConfig, st
     )
 
 
+def image_pin(db: Db, machine_id: str, version: str) -> str | None:
+    """The digest of the image this version of the machine first started with, if it has."""
+    row = db.execute(
+        "SELECT digest FROM image_pins WHERE machine = ? AND version = ?", (machine_id, version)
+    ).fetchone()
+    return None if row is None else str(row["digest"])
+
+
+def pin_image(db: Db, machine_id: str, version: str, digest: str) -> None:
+    db.execute(
+        "INSERT OR REPLACE INTO image_pins (machine, version, digest) VALUES (?, ?, ?)",
+        (machine_id, version, digest),
+    )
+
+
 def versions(db: Db, machine_id: str) -> list[Row]:
     """Every config the machine was given, newest first (rowid: the order they came in)."""
     return db.execute(

@@ -162,18 +162,27 @@ async def _spawn(w: StepHost, run: StepRun) -> int:
     w.marked_here.discard(launch.marker)
     kind = Drivers.kind_of(launch.config)
     driver = w.drivers.require(kind)
-    await driver.prepare(launch)
+    if kind == "image":  # a version runs the image its first start found: no lookup after it
+        pinned = queries.image_pin(w.store.read, run.machine_id, launch.instance_id)
+        launch = replace(launch, image_digest=pinned)
+    digest = await driver.prepare(launch)
     if kind == "image":  # prepared means pulled: the cache (and the catalog) has it now
         await sync_images(w.store, w.drivers.images)
     handle = await driver.spawn(launch)
     # Settled first (in its cgroup, and through setpriv the command itself): `started` is
     # visible the moment it commits, and a started machine runs as its app, within its limits.
     await driver.settled(run.machine_id)
+
+    def pin(tx: Tx) -> None:
+        if digest is not None and digest != launch.image_digest:
+            queries.pin_image(tx, run.machine_id, launch.instance_id, digest)
+
     following = await advance(
         w.store,
         run,
-        {"pid": handle.pid, "driver": kind},
+        {"pid": handle.pid, "driver": kind, **({"image": digest} if digest else {})},
         after=min(logged, run.index),
+        also=pin,
         marker=launch.marker,
         pid=handle.pid,
         pid_start=handle.pid_start,

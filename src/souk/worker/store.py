@@ -129,6 +129,12 @@ CREATE TABLE IF NOT EXISTS machine_versions (
     created_at TEXT NOT NULL,
     PRIMARY KEY (machine, version)
 );
+CREATE TABLE IF NOT EXISTS image_pins (
+    machine TEXT NOT NULL,
+    version TEXT NOT NULL,       -- the instance id whose config names the image
+    digest TEXT NOT NULL,        -- what the image's tag named at that version's first start
+    PRIMARY KEY (machine, version)
+);
 CREATE INDEX IF NOT EXISTS operations_pending ON operations (machine, id) WHERE done = 0;
 CREATE TABLE IF NOT EXISTS volumes (
     id TEXT PRIMARY KEY,

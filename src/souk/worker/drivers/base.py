@@ -65,6 +65,9 @@ class Launch:
 
     # (path in the machine, mounted volume's directory on the host), from config.mounts
     volumes: tuple[tuple[str, Path], ...] = ()
+    # The image this version of the machine first started with (its digest), run again however
+    # its tag has moved since; None: the version's first start, which looks the tag up.
+    image_digest: str | None = None
 
 
 @dataclass(frozen=True)
@@ -82,8 +85,10 @@ class ExecTimeout(Exception):
 class Driver(Protocol):
     name: str
 
-    async def prepare(self, launch: Launch) -> None:
-        """Get ready to spawn (pull an image, unpack a root filesystem); may take a while."""
+    async def prepare(self, launch: Launch) -> str | None:
+        """Get ready to spawn (pull an image, unpack a root filesystem); may take a while.
+        Returns the digest of the image prepared (None: the driver runs no image), which the
+        later starts of this version of the machine get as `Launch.image_digest`."""
 
     async def spawn(self, launch: Launch) -> Handle:
         """Start the machine, or return the handle of the copy already running for this marker."""

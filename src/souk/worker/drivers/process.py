@@ -114,12 +114,13 @@ class ProcessDriver:
             time.sleep(0.0005)
         return started
 
-    async def prepare(self, launch: Launch) -> None:
+    async def prepare(self, launch: Launch) -> str | None:
         workdir = _workdir(launch)
         workdir.mkdir(parents=True, exist_ok=True)
         if launch.config.files:  # relative to the working directory: no root of its own
             files, owner = launch.config.files, launch.file_owner()
             await asyncio.to_thread(write_files, workdir, files, launch.secrets, owner)
+        return None
 
     async def spawn(self, launch: Launch) -> Handle:
         if launch.resumed and (running := self.adopt(launch.machine_id, launch.marker, None)):

@@ -29,6 +29,7 @@ from souk.worker.oci.spec import runtime_spec
 POLL = 0.02
 STARTED_POLL = 0.002  # for the pid file runc writes: a start waits on it, so look often
 MARKER = "souk.marker"
+IMAGE = "souk.image"  # the digest of the image a bundle was prepared from
 
 
 class RuncError(RuntimeError):
@@ -80,13 +81,16 @@ class RuncDriver:
 
     # -- the driver interface --------------------------------------------------------------
 
-    async def prepare(self, launch: Launch) -> None:
+    async def prepare(self, launch: Launch) -> str | None:
         if not launch.config.image:
             raise RuncError("the runc driver runs images; this machine names none")
         reference = launch.config.image
+        # A start resumed after a crash runs what its first try prepared (and may have started):
+        # asked again, the tag may name another image by now.
+        digest = launch.image_digest or _prepared(launch)
 
         async def root() -> tuple[Image, Path]:
-            image = await self.images.pull(reference)
+            image = await self.images.pull(reference, digest)
             return image, await self.images.prepare_rootfs(image, _image_dir(launch), launch.user)
 
         # The network is independent of the image: both are made at once. Both end before a
@@ -117,7 +121,7 @@ class RuncDriver:
             extra_env=env,
             netns=netns,
             cgroup=f"/{self.cgroup_parent}/{launch.machine_id}",
-            annotations={MARKER: launch.marker, "souk.image": image.digest},
+            annotations={MARKER: launch.marker, IMAGE: image.digest},
             user=launch.user,
             volumes=launch.volumes,
         )
@@ -125,6 +129,7 @@ class RuncDriver:
         bundle.mkdir(mode=0o700, parents=True, exist_ok=True)
         # No indent: json's C encoder only writes without one (the pure-Python one took ~0.5 ms)
         _write_private(bundle / "config.json", json.dumps(spec).encode())
+        return image.digest
 
     async def settled(self, machine_id: str) -> None:
         return None
@@ -301,6 +306,20 @@ class RuncDriver:
         await self.images.release_rootfs(_image_dir(launch))
         if launch.home is not None:
             await asyncio.to_thread(shutil.rmtree, launch.home, True)
+
+
+def _prepared(launch: Launch) -> str | None:
+    """The image digest this very start (its marker) prepared its bundle with, if it did."""
+    if not launch.resumed:
+        return None
+    try:
+        spec = json.loads((launch.rundir / "bundle" / "config.json").read_bytes())
+        annotations = spec["annotations"]
+        if annotations[MARKER] == launch.marker and isinstance(annotations[IMAGE], str):
+            return str(annotations[IMAGE])
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    return None
 
 
 def _image_dir(launch: Launch) -> Path:

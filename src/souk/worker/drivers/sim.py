@@ -18,7 +18,7 @@ class SimDriver:
     def __init__(self) -> None:
         self._exits = ExitCodes()
 
-    async def prepare(self, launch: Launch) -> None:
+    async def prepare(self, launch: Launch) -> str | None:
         return None
 
     async def settled(self, machine_id: str) -> None:

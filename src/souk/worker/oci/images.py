@@ -88,21 +88,23 @@ class ImageCache:
 
     # -- pulling ---------------------------------------------------------------------------
 
-    async def pull(self, reference: str) -> Image:
+    async def pull(self, reference: str, digest: str | None = None) -> Image:
         """Pull `reference` (`registry/name:tag` or `...@sha256:`) unless cached; by tag, the
         registry is asked which digest the tag names now (the cached copy is used if the registry
-        cannot be reached)."""
-        ref = self.client.parse(reference)
-        return await self.store.flights.run(f"pull:{ref}", lambda: self._pull(ref))
+        cannot be reached). `digest`: the image the tag named when a machine's version first
+        started, run again whatever the tag names now: from the cache without asking the
+        registry anything, else fetched by that digest. Either way it is known as `reference`."""
+        name = self.client.parse(reference)
+        ref = name.with_digest(digest) if digest else name
+        return await self.store.flights.run(f"pull:{ref}", lambda: self._pull(ref, str(name)))
 
-    async def _pull(self, ref: ImageRef) -> Image:
-        name = str(ref)
-        if ref.digest and (cached := self.store.image(ref.digest) or self.store.find(name)):
+    async def _pull(self, ref: ImageRef, name: str) -> Image:
+        if ref.digest and (cached := self.store.image(ref.digest) or self.store.find(str(ref))):
             return self._image(self.store.save(cached, name))
         try:
             resolved = await self.client.resolve(ref)
         except (aiohttp.ClientConnectionError, TimeoutError):
-            if (cached := self.store.find(name)) is None:
+            if (cached := self.store.find(str(ref))) is None:
                 raise
             return self._image(self.store.save(cached, name))
         record = self.store.image(resolved.digest)
@@ -265,9 +267,14 @@ class ImageCache:
     ) -> Path:
         """A writable root filesystem of `image` for one machine, in `workdir` (the machine's
         own directory for it); idempotent, and pins the image until `release_rootfs`. With
-        `user`, it is owned by that user's range (for a container in a user namespace)."""
-        self.store.pin(image.digest, str(workdir))
-        rootfs = workdir / "rootfs"
+        `user`, it is owned by that user's range (for a container in a user namespace). One
+        made of another image (the machine's version before an update) is released first,
+        with what was written to it: kept, it would run the old files under the new config."""
+        rootfs, made_of = workdir / "rootfs", _made_of(workdir)
+        if made_of != image.digest and rootfs.exists():
+            await self.release_rootfs(workdir)
+        if made_of != image.digest:
+            self.store.pin(image.digest, str(workdir))
         layers = [self.store.layer_path(d) for d in image.layers]
         missing = [d for d in image.layers if self.store.layer_size(d) is None]
         if missing:
@@ -286,10 +293,9 @@ class ImageCache:
                     await asyncio.to_thread(shutil.rmtree, rootfs)
                 await asyncio.to_thread(merge_copy, layers, rootfs, user)
                 done.touch()
-        record = self.store.image(image.digest)
-        if record is not None:
-            self.store.save(record)
-        (workdir / "image.json").write_text(json.dumps({"digest": image.digest, "ref": image.name}))
+        if made_of != image.digest:  # written last: what it names is whole
+            made = json.dumps({"digest": image.digest, "ref": image.name})
+            (workdir / "image.json").write_text(made)
         return rootfs
 
     async def release_rootfs(self, workdir: Path) -> None:
@@ -329,3 +335,13 @@ class ImageCache:
         evicted = self.store.collect(budget)
         await asyncio.to_thread(self.store.empty_trash)
         return evicted
+
+
+def _made_of(workdir: Path) -> str | None:
+    """The digest of the image a machine's root filesystem in `workdir` was made of, if whole."""
+    try:
+        made = json.loads((workdir / "image.json").read_text())
+    except (OSError, ValueError):
+        return None
+    digest = made.get("digest") if isinstance(made, dict) else None
+    return digest if isinstance(digest, str) else None
