@@ -214,7 +214,7 @@ class WorkerClient(HttpClient):
         """Several creates in one request, each answered as `create` would have: its machine, or
         the error it would have raised; and the holds of `confirm` ended, as `confirm` would
         answer (an id missing was not confirmed). A failure of the request itself is raised."""
-        body = CreateBatch(machines=reqs, confirm=confirm or [])
+        body = CreateBatch(machines=reqs, confirm=confirm or None)
         path = "/v1/machines/batch"
         data = await self._request(
             worker, base, "POST", path, body, timeout=timeout, headers=_held(hold)

@@ -179,7 +179,8 @@ class CreateBatch(Strict):
     so that a broker creating on a worker needs no request of their own."""
 
     machines: list[CreateMachine] = Field(min_length=1, max_length=MAX_BATCH)
-    confirm: list[str] = Field(default_factory=list, max_length=MAX_CONFIRMATIONS)
+    # None, not empty, when there are none: a batch without any is then what it was before
+    confirm: list[str] | None = Field(None, max_length=MAX_CONFIRMATIONS)
 
 
 class CreateOutcome(BaseModel):
