@@ -21,6 +21,8 @@ from typing import TypeVar, cast
 
 T = TypeVar("T")
 
+LAST_USE_GRAIN = 60.0  # seconds: how fine an image's last use is kept, for the cache's LRU
+
 
 @dataclass
 class ImageRecord:
@@ -136,10 +138,15 @@ class BlobStore:
         )
 
     def save(self, record: ImageRecord, name: str | None = None) -> ImageRecord:
-        """Record (or refresh) an image, used now, known as `name` too."""
+        """Record (or refresh) an image, used now, known as `name` too. A last use within
+        `LAST_USE_GRAIN` is not written again: the LRU needs no finer, and every start of a
+        cached image would otherwise write a file."""
+        now = time.time()
+        if (not name or name in record.names) and 0 <= now - record.last_used < LAST_USE_GRAIN:
+            return record
         if name and name not in record.names:
             record.names.append(name)
-        record.last_used = time.time()
+        record.last_used = now
         _write_json(self._image_file(record.digest), asdict(record))
         return record
 
