@@ -40,13 +40,20 @@ def new_launch(work: Path, image: str, n: int) -> Launch:
     return Launch(machine_id, "bench", "local", "i", config, uuid.uuid4().hex, rundir, ip)
 
 
-async def start_machine(driver: RuncDriver, work: Path, image: str, n: int) -> float:
-    launch = new_launch(work, image, n)
+async def timed_start(driver: RuncDriver, launch: Launch) -> tuple[float, str | None]:
+    """How long prepare and spawn took, and the image digest prepared; the machine is then
+    stopped, as a stop leaves it (not cleaned up)."""
     began = time.perf_counter()
-    await driver.prepare(launch)
+    digest = await driver.prepare(launch)
     handle = await driver.spawn(launch)
     took = time.perf_counter() - began
     await driver.stop(launch.machine_id, handle, "SIGKILL", 1.0)
+    return took, digest
+
+
+async def start_machine(driver: RuncDriver, work: Path, image: str, n: int) -> float:
+    launch = new_launch(work, image, n)
+    took, _ = await timed_start(driver, launch)
     await driver.cleanup(launch)
     return took
 
@@ -56,15 +63,9 @@ async def start_again(driver: RuncDriver, work: Path, image: str, n: int) -> flo
     request finds an app scaled to zero): the image its first start found, by digest, and the
     root filesystem and network that a stop leaves in place."""
     launch = new_launch(work, image, n)
-    digest = await driver.prepare(launch)
-    handle = await driver.spawn(launch)
-    await driver.stop(launch.machine_id, handle, "SIGKILL", 1.0)
+    _, digest = await timed_start(driver, launch)
     again = replace(launch, marker=uuid.uuid4().hex, image_digest=digest)
-    began = time.perf_counter()
-    await driver.prepare(again)
-    handle = await driver.spawn(again)
-    took = time.perf_counter() - began
-    await driver.stop(launch.machine_id, handle, "SIGKILL", 1.0)
+    took, _ = await timed_start(driver, again)
     await driver.cleanup(again)
     return took
 
