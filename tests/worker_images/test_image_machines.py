@@ -24,6 +24,7 @@ from souk.worker.oci.registry import RegistryClient
 from tests.support.engines import destroy_all, settings
 from tests.support.images import ImageSpec, Layer, busybox_layer, layer
 from tests.support.registry import Registry, push
+from tests.support.waiting import eventually
 
 pytestmark = [
     pytest.mark.integration,
@@ -156,24 +157,23 @@ async def test_a_version_runs_the_image_its_first_start_found_until_it_is_update
     s = replace(settings(tmp_path), insecure_registries=(registry.host,))
     config = MachineConfig(image=f"{registry.host}/moving:1")
     async with running(Engine(s, make_driver("process", s))) as engine:
-        machine = await engine.create(CreateMachine(app="web", config=config))
-        assert (await engine.wait(machine.id, "started", 60, None))[0]
-        url = f"http://{machine.private_ip}:8080/index.html"
-        assert await get_text(url) == "first\n"
-        moved = await push(client, registry, "moving:1", served("moved\n"))
-        assert moved.digest != first.digest
-        await engine.submit(machine.id, "stop")
-        assert (await engine.wait(machine.id, "stopped", 30, None))[0]
-        await engine.submit(machine.id, "start")
-        assert (await engine.wait(machine.id, "started", 30, None))[0]
-        assert await get_text(url) == "first\n"
-        assert started_with(engine, machine.id) == [first.digest, first.digest]
-        await engine.update(machine.id, config)  # a new version, however alike
-        for _ in range(500):
-            if len(started_with(engine, machine.id)) == 3:
-                break
-            await asyncio.sleep(0.02)
-        assert (await engine.wait(machine.id, "started", 30, None))[0]
-        assert await get_text(url) == "moved\n"
-        assert started_with(engine, machine.id) == [first.digest, first.digest, moved.digest]
-        await destroy_all(engine)
+        try:
+            machine = await engine.create(CreateMachine(app="web", config=config))
+            assert (await engine.wait(machine.id, "started", 60, None))[0]
+            url = f"http://{machine.private_ip}:8080/index.html"
+            assert await get_text(url) == "first\n"
+            moved = await push(client, registry, "moving:1", served("moved\n"))
+            assert moved.digest != first.digest
+            await engine.submit(machine.id, "stop")
+            assert (await engine.wait(machine.id, "stopped", 30, None))[0]
+            await engine.submit(machine.id, "start")
+            assert (await engine.wait(machine.id, "started", 30, None))[0]
+            assert await get_text(url) == "first\n"
+            assert started_with(engine, machine.id) == [first.digest, first.digest]
+            await engine.update(machine.id, config)  # a new version, however alike
+            await eventually(lambda: len(started_with(engine, machine.id)) == 3)
+            assert (await engine.wait(machine.id, "started", 30, None))[0]
+            assert await get_text(url) == "moved\n"
+            assert started_with(engine, machine.id) == [first.digest, first.digest, moved.digest]
+        finally:
+            await destroy_all(engine)
