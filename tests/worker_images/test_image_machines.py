@@ -177,3 +177,5 @@ async def test_a_version_runs_the_image_its_first_start_found_until_it_is_update
             assert started_with(engine, machine.id) == [first.digest, first.digest, moved.digest]
         finally:
             await destroy_all(engine)
+        pins = engine.store.read.execute("SELECT * FROM image_pins").fetchall()
+        assert pins == []  # a destroyed machine starts no version again

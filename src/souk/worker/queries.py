@@ -683,6 +683,11 @@ def pin_image(db: Db, machine_id: str, version: str, digest: str) -> None:
     )
 
 
+def unpin_images(db: Db, machine_id: str) -> None:
+    """A destroyed machine starts no version again."""
+    db.execute("DELETE FROM image_pins WHERE machine = ?", (machine_id,))
+
+
 def versions(db: Db, machine_id: str) -> list[Row]:
     """Every config the machine was given, newest first (rowid: the order they came in)."""
     return db.execute(

@@ -297,6 +297,7 @@ async def _end_destroy(w: StepHost, run: StepRun) -> int:
             reserve(tx, settings, -row["cpus"], -row["memory_mb"], -1, f"release {m}")
         queries.set_destroyed(tx, m, now_iso())
         queries.set_machine_secrets(tx, m, None)
+        queries.unpin_images(tx, m)
         volumes.release(tx, m)
         queries.finish_operations(tx, m, run.index + 1)
         tx.log("machine", m, run.op.name, run.step.name, "destroyed", run.op_id)
