@@ -170,11 +170,13 @@ async def test_a_version_runs_the_image_its_first_start_found_until_it_is_update
             assert (await engine.wait(machine.id, "started", 30, None))[0]
             assert await get_text(url) == "first\n"
             assert started_with(engine, machine.id) == [first.digest, first.digest]
+            assert engine.get(machine.id).image_digest == first.digest  # what the API shows
             await engine.update(machine.id, config)  # a new version, however alike
             await eventually(lambda: len(started_with(engine, machine.id)) == 3)
             assert (await engine.wait(machine.id, "started", 30, None))[0]
             assert await get_text(url) == "moved\n"
             assert started_with(engine, machine.id) == [first.digest, first.digest, moved.digest]
+            assert engine.get(machine.id).image_digest == moved.digest
         finally:
             await destroy_all(engine)
         pins = engine.store.read.execute("SELECT * FROM image_pins").fetchall()

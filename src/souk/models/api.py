@@ -272,10 +272,12 @@ class TokenInfo(BaseModel):
     expires: int | None = Field(description="Unix seconds; None: it does not expire.")
 
 
-def image_ref(image: str) -> ImageRef:
+def image_ref(image: str, runs: str | None = None) -> ImageRef:
     """`registry/repository:tag@digest` split as Fly's `image_ref` shows it; a name without a
-    registry host is Docker Hub's, as Docker reads it."""
+    registry host is Docker Hub's, as Docker reads it. `runs`: the digest the machine runs,
+    for a reference that names none."""
     rest, _, digest = image.partition("@")
+    digest = digest or runs or ""
     tag = ""
     slash, colon = rest.rfind("/"), rest.rfind(":")
     if colon > slash:

@@ -629,6 +629,9 @@ class Machine(BaseModel):
     updated_at: str
     events: list[MachineEvent] = Field(default_factory=list)
     checks: list[CheckStatus] = Field(default_factory=list)
+    # The image its current version runs, by digest, once that version has started (the
+    # broker shows it as Fly does, in `image_ref.digest`).
+    image_digest: str | None = None
 
 
 class CreateMachine(Strict):

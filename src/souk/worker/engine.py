@@ -523,6 +523,10 @@ class Engine:
                 pass
 
     def machine_from_row(self, row: Any, events: list[MachineEvent] | None = None) -> Machine:
+        config = MachineConfig.model_validate_json(row["config"])
+        pinned = None
+        if config.image:
+            pinned = queries.image_pin(self.store.read, row["id"], row["instance_id"])
         return Machine(
             id=row["id"],
             name=row["name"],
@@ -530,7 +534,7 @@ class Engine:
             region=self.settings.region,
             state=row["state"],
             instance_id=row["instance_id"],
-            config=MachineConfig.model_validate_json(row["config"]),
+            config=config,
             worker=self.settings.name,
             private_ip=row["private_ip"],
             restart_count=row["restart_count"],
@@ -539,6 +543,7 @@ class Engine:
             updated_at=row["updated_at"],
             events=events or [],
             checks=self.following.observed(row),
+            image_digest=pinned,
         )
 
     def _wake_waiters(self, commit: Commit) -> None:

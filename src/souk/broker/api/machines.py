@@ -45,9 +45,12 @@ MAX_KEY = 255
 
 def public(machine: Machine, nonce: str | None = None) -> PublicMachine:
     """Built from the machine's own fields, validated already, not from a dump of them
-    validated again: 11 µs instead of 42 on every answer."""
-    ref = image_ref(machine.config.image) if machine.config.image else None
-    return PublicMachine.model_construct(**dict(machine), nonce=nonce, image_ref=ref)
+    validated again: 11 µs instead of 42 on every answer. The digest its version runs is
+    shown where Fly shows it, in `image_ref`."""
+    fields = dict(machine)
+    digest = fields.pop("image_digest")
+    ref = image_ref(machine.config.image, digest) if machine.config.image else None
+    return PublicMachine.model_construct(**fields, nonce=nonce, image_ref=ref)
 
 
 def fly_reply(value: BaseModel | Sequence[BaseModel], status: int = 200) -> web.Response:
