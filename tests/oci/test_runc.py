@@ -33,9 +33,13 @@ def web_layer() -> Layer:
 async def driver(
     make_cache: Callable[..., ImageCache], tmp_path: Path
 ) -> AsyncIterator[RuncDriver]:
-    yield RuncDriver(
-        make_cache(), tmp_path / "runc", cgroup_parent=f"souk-test-{uuid.uuid4().hex[:6]}"
-    )
+    parent = f"souk-test-{uuid.uuid4().hex[:6]}"
+    yield RuncDriver(make_cache(), tmp_path / "runc", cgroup_parent=parent)
+    for made in Path("/sys/fs/cgroup").glob(f"*/{parent}"):  # runc made it, empty by now
+        for child in made.iterdir():
+            if child.is_dir():
+                child.rmdir()
+        made.rmdir()
 
 
 def launch(tmp_path: Path, config: MachineConfig, ip: str) -> Launch:

