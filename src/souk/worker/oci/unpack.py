@@ -22,6 +22,7 @@ WHITEOUT = ".wh."
 OPAQUE = ".wh..wh..opq"
 OPAQUE_XATTR = "trusted.overlay.opaque"
 GZIP_MAGIC = b"\x1f\x8b"
+ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 # What a layer that is not a gzip'd tarball raises as it is read (isal's stubs type its own
 # error as an instance: its class is named here once).
 BAD_LAYER = (
@@ -30,7 +31,6 @@ BAD_LAYER = (
     gzip.BadGzipFile,
     cast(type[Exception], igzip_lib.IsalError),
 )
-ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 
 
 class UnsafeLayer(ValueError):
