@@ -16,6 +16,7 @@ from souk.broker.fleet import StaticFleet
 from souk.broker.registry import MAX_KEYS, MAX_VALUE_BYTES, AppRegistry
 from souk.broker.server import make_app as make_broker_app
 from souk.clients.workers import WorkerClient
+from souk.models.secrets import SecretRecord
 from tests.support.broker_cluster import SECRET, Cluster, ClusterFactory, WorkerSpec
 
 META = "/v1/apps/demo/metadata"
@@ -156,4 +157,36 @@ def test_metadata_survives_a_reopen_and_old_registries_gain_it(tmp_path: Path) -
     registry = AppRegistry(old)
     assert registry.metadata("shop") == {"release.1": RELEASE}
     assert registry.get("shop") is not None
+    registry.close()
+
+
+def test_the_rows_the_registry_holds_follow_every_write(tmp_path: Path) -> None:
+    """Apps are read from memory (every create reads its app): after each kind of write the
+    row held is the one the database has, as a registry opened afresh on it reads it."""
+    path = tmp_path / "apps.db"
+    registry = AppRegistry(path)
+
+    def as_stored(name: str) -> Any:
+        fresh = AppRegistry(path)
+        try:
+            return fresh.get(name, include_deleted=True)
+        finally:
+            fresh.close()
+
+    assert registry.get("shop") is None
+    registry.create("shop")
+    registry.patch_metadata("shop", {"release.1": RELEASE}, [])
+    assert registry.get("shop") == as_stored("shop")
+    assert registry.metadata("shop") == {"release.1": RELEASE}
+    stamp = "2026-11-27T00:00:00Z"
+    record = SecretRecord(sealed="x", digest="d", created_at=stamp, updated_at=stamp)
+    registry.patch_secrets("shop", {"TOKEN": record}, [])
+    held = registry.get("shop")
+    assert held == as_stored("shop") and held is not None and held.secrets_version == 1
+    assert registry.delete("shop")
+    assert registry.get("shop") is None
+    assert registry.get("shop", include_deleted=True) == as_stored("shop")
+    registry.create("shop")
+    held = registry.get("shop")
+    assert held == as_stored("shop") and held is not None and held.metadata == {}
     registry.close()

@@ -75,3 +75,12 @@ def test_the_cache_starts_over_when_full() -> None:
     cache(rows[2])
     assert len(cache) == 1
     assert cache(rows[0]) is not held[0] and cache(rows[0]) == held[0]
+
+
+def test_the_cache_knows_the_address_of_each_worker_it_has_seen() -> None:
+    cache = CandidateCache()
+    assert cache.address("w1") is None
+    cache(row("w1"))
+    assert cache.address("w1") == "http://w1"
+    cache(row("w1", address="http://moved"))  # the row's next version
+    assert cache.address("w1") == "http://moved"

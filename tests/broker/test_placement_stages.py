@@ -6,6 +6,9 @@ from __future__ import annotations
 import random
 import time
 
+from hypothesis import given
+from hypothesis import strategies as st
+
 from souk.broker.fleet import StaticFleet
 from souk.broker.placement.candidates import CandidateCache
 from souk.broker.placement.pipeline import Placer
@@ -22,7 +25,8 @@ from souk.broker.registry import AppRegistry
 from souk.clients.workers import WorkerClient
 from souk.models.api import Refusal
 from souk.models.catalog import WorkerRow
-from souk.models.machine import GuestConfig
+from souk.models.fit import misfit
+from souk.models.machine import CpuKind, GuestConfig
 from tests.broker.placement_data import SMALL, row, worker
 
 REGION = [row(f"w{i}") for i in range(10)]
@@ -74,6 +78,54 @@ def test_feasible_keeps_the_workers_that_fit_and_says_why_not_for_each_other() -
         ("full", "not enough room: free 4 cpus, 96 MB"),
         ("avoided", AVOIDED),
     ]
+
+
+KINDS: st.SearchStrategy[CpuKind] = st.sampled_from(["shared", "performance"])
+
+
+@given(
+    st.lists(
+        st.builds(
+            row,
+            st.sampled_from(["a", "b", "c", "d"]),
+            cpu_kinds=st.lists(KINDS, unique=True, max_size=2),
+            cpus_reserved=st.integers(0, 6),
+            memory_mb_reserved=st.integers(0, 5000),
+            cordoned=st.booleans(),
+            draining=st.booleans(),
+        ),
+        max_size=6,
+    ),
+    st.builds(GuestConfig, cpu_kind=KINDS, cpus=st.integers(1, 6), memory_mb=st.integers(16, 5000)),
+    st.frozensets(st.sampled_from(["a", "b"])),
+)
+def test_feasible_tells_what_fits_by_the_workers_rule(
+    rows: list[WorkerRow], guest: GuestConfig, avoid: frozenset[str]
+) -> None:
+    """`feasible` tells the rows that fit apart inline before asking `misfit` why the others do
+    not: its answer for every row is still the rule's, reason and all."""
+    fit = feasible(rows, guest, avoid, CandidateCache())
+    expected: list[str] = []
+    refusals: list[tuple[str, str]] = []
+    for r in rows:
+        why = misfit(
+            guest.cpu_kind,
+            guest.cpus,
+            guest.memory_mb,
+            kinds=r.cpu_kinds,
+            cpus_free=r.cpus_free,
+            memory_mb_free=r.memory_mb_free,
+            cordoned=r.cordoned,
+            draining=r.draining,
+        )
+        if why is not None:
+            refusals.append((r.id, why.reason))
+        elif r.id in avoid:
+            refusals.append((r.id, AVOIDED))
+        else:
+            expected.append(r.id)
+    assert ids(fit.rows) == [c.worker for c in fit.candidates] == expected
+    assert [(r.worker, r.reason) for r in fit.refusals] == refusals
 
 
 async def test_the_placer_sees_each_new_version_of_a_row_and_says_why_a_worker_is_out() -> None:

@@ -135,6 +135,9 @@ class AppRegistry:
         self.listeners: list[Callable[[int, list[Change]], None]] = []
         # Every request checks it: held in memory, and only ever grows.
         self._revoked = {r[0] for r in self._db.execute("SELECT id FROM revocations")}
+        # Every create reads its app: held in memory too, replaced at each change (`_publish`,
+        # which every write ends with: this object is the apps' one writer).
+        self._apps = {r["name"]: self._row(r) for r in self._db.execute("SELECT * FROM apps")}
 
     def head(self) -> int:
         return int(
@@ -164,10 +167,11 @@ class AppRegistry:
         return []  # the app-to-regions index comes from workers
 
     def get(self, name: str, include_deleted: bool = False) -> AppRow | None:
-        row = self._db.execute("SELECT * FROM apps WHERE name = ?", (name,)).fetchone()
-        if row is None or (row["deleted"] and not include_deleted):
+        """The app's row, as held in memory: callers read it, never change it."""
+        row = self._apps.get(name)
+        if row is None or (row.deleted and not include_deleted):
             return None
-        return self._row(row)
+        return row
 
     def list(self) -> list[AppRow]:
         rows = self._db.execute("SELECT * FROM apps WHERE deleted = 0 ORDER BY name").fetchall()
@@ -314,11 +318,13 @@ class AppRegistry:
         self._db.close()
 
     def _publish(self, name: str) -> AppRow:
-        row = self._db.execute("SELECT * FROM apps WHERE name = ?", (name,)).fetchone()
+        with self._lock:  # read and held in one step: a write's row never replaces a later one
+            row = self._db.execute("SELECT * FROM apps WHERE name = ?", (name,)).fetchone()
+            app = self._apps[name] = self._row(row)
         change = self._change(row)
         for listener in self.listeners:
             listener(change.seq, [change])
-        return self._row(row)
+        return app
 
     @staticmethod
     def _row(row: sqlite3.Row) -> AppRow:

@@ -77,19 +77,25 @@ class CandidateCache:
     row object until its owner changes it, and at a thousand workers building the candidates
     anew for every create would cost more than ranking them."""
 
-    __slots__ = ("_held", "limit")
+    __slots__ = ("held", "limit")
 
     def __init__(self, limit: int = MAX_CANDIDATES) -> None:
         self.limit = limit
-        self._held: dict[str, tuple[WorkerRow, Candidate]] = {}
+        self.held: dict[str, tuple[WorkerRow, Candidate]] = {}
 
     def __call__(self, row: WorkerRow) -> Candidate:
-        held = self._held.get(row.id)
+        held = self.held.get(row.id)
         if held is None or held[0] is not row:
-            if len(self._held) >= self.limit:
-                self._held.clear()
-            held = self._held[row.id] = (row, Candidate.from_row(row))
+            if len(self.held) >= self.limit:
+                self.held.clear()
+            held = self.held[row.id] = (row, Candidate.from_row(row))
         return held[1]
 
+    def address(self, worker: str) -> str | None:
+        """The worker's address as last seen, if its row was: where a create placed on it is
+        confirmed, without copying the row out of the catalog again."""
+        held = self.held.get(worker)
+        return held[1].address if held is not None else None
+
     def __len__(self) -> int:
-        return len(self._held)
+        return len(self.held)

@@ -140,6 +140,11 @@ class _Confirming:
                 log.error("%s on %s was confirmed after its hold ended", machine_id, worker)
 
 
+def _time_out(answer: asyncio.Future[Machine]) -> None:
+    if not answer.done():
+        answer.set_exception(TimeoutError())
+
+
 class Reserver:
     """Reserves through one worker client, confirms what was answered, and keeps the cleanups
     of lost answers running. `hold`: seconds each create stays provisional on its worker."""
@@ -200,18 +205,24 @@ class Reserver:
         lane = self._lanes.get(cand.worker)
         if lane is None:
             lane = self._lanes[cand.worker] = _Lane()
-        answer: asyncio.Future[Machine] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        answer: asyncio.Future[Machine] = loop.create_future()
         waiting = _Waiting(create, time.monotonic() + timeout, answer)
         lane.waiting.append(waiting)
         self._dispatch(cand, lane)
-        try:  # its own time, as alone: a batch lasts as long as its most patient create
-            return await asyncio.wait_for(answer, timeout)
+        # Its own time, as alone: a batch lasts as long as its most patient create. A timer on
+        # the future itself, not `wait_for`, which wraps it in a task and two callbacks more.
+        timer = loop.call_later(timeout, _time_out, answer)
+        try:
+            return await answer
         except TimeoutError:
             if not waiting.sent:
                 message = "still busy with earlier creates when this one's time ran out"
                 raise WorkerError(cand.worker, 0, BUSY, message) from None
             message = f"no answer from {cand.address} within {timeout:.3g}s"
             raise WorkerError(cand.worker, 0, "timeout", message) from None
+        finally:
+            timer.cancel()
 
     def _dispatch(self, cand: Candidate, lane: _Lane) -> None:
         """Send what waits in the lane (its callers still waiting), as far as it has room, each
