@@ -6,10 +6,12 @@ from __future__ import annotations
 import random
 import time
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from souk.broker.fleet import StaticFleet
+from souk.broker.placement import pipeline
 from souk.broker.placement.candidates import CandidateCache
 from souk.broker.placement.pipeline import Placer
 from souk.broker.placement.stages import (
@@ -126,6 +128,24 @@ def test_feasible_tells_what_fits_by_the_workers_rule(
             expected.append(r.id)
     assert ids(fit.rows) == [c.worker for c in fit.candidates] == expected
     assert [(r.worker, r.reason) for r in fit.refusals] == refusals
+
+
+def test_the_catalog_starts_its_slices_where_it_is_told() -> None:
+    for start in (3, 13):  # taken around the region's ring
+        slices = list(candidates(REGION, "catalog", 4, None, random.Random(1), start))
+        assert ids(slices[0]) == ids(REGION[3:7]) and [len(s) for s in slices] == [4, 4, 2]
+
+
+def test_a_placer_keeps_its_slice_for_a_while_then_draws_another(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(pipeline, "STICKY_FOR", 0.05)
+    placer = Placer(StaticFleet([], AppRegistry()), WorkerClient(), rng=random.Random(7))
+    first = placer.slice_start("mad", 10_000)
+    assert [placer.slice_start("mad", 10_000) for _ in range(3)] == [first] * 3
+    assert placer.slice_start("ams", 10_000) != first  # each region its own
+    time.sleep(0.06)
+    assert placer.slice_start("mad", 10_000) != first
 
 
 async def test_the_placer_sees_each_new_version_of_a_row_and_says_why_a_worker_is_out() -> None:

@@ -71,6 +71,24 @@ async def test_fills_exactly_and_never_a_full_or_cordoned_worker(
             assert cap.free.cpus == 0 and cap.machines == 2
 
 
+async def test_a_broker_keeps_ranking_the_slice_that_had_room(make_cluster: ClusterFactory) -> None:
+    """Creates rank the same slice of a region for a while: they fill its workers, then move on
+    to the next slice with room, so the region fills a slice (two neighbouring workers here)
+    at a time. A new random slice per create would scatter them over the region."""
+    specs = [WorkerSpec(f"w{i}", "mad", cpus=2, memory_mb=2048) for i in range(6)]
+    async with make_cluster(specs) as c:
+        c.placer.offers_up_to, c.placer.sample = 0, 2
+        order = []
+        for _ in range(12):
+            resp = await place(c, "catalog")
+            assert resp.status == 200, await resp.text()
+            order.append(int((await resp.json())["worker"][1:]))
+        assert (await place(c, "catalog")).status == 412
+        for i in range(0, 12, 4):  # four creates, two machines on each of a slice's workers
+            a, b = sorted(set(order[i : i + 4]))
+            assert b - a in (1, 5) and sorted(order[i : i + 4]) == [a, a, b, b], order
+
+
 async def test_a_region_with_no_room_answers_412_within_the_deadline(
     make_cluster: ClusterFactory,
 ) -> None:

@@ -71,6 +71,8 @@ RESERVE_SHARE = 0.5  # of the deadline, at most, for one reservation that is not
 REGION_EVERY = 1.0  # seconds between two reads of a region's silent workers
 OFFERS_UP_TO = 32  # reachable workers up to which `auto` asks for offers
 SAMPLE = 64  # workers of a big region the catalog strategy ranks per slice
+# How long a placer keeps the slice of a region it starts from (see `Placer.slice_start`).
+STICKY_FOR = 1.0
 
 DecisionHook = Callable[[Strategy, float], None]
 """Told the strategy taken (`auto` resolved) and the seconds from the start of `place()` to a
@@ -120,6 +122,7 @@ class Placer:
         self.link: Link | None = BusLink(bus) if bus is not None else None
         self.reserver = Reserver(client, self.liveness, sent=self.metrics.reservation_creates)
         self._regions: dict[str, tuple[float, int, list[WorkerRow]]] = {}
+        self._starts: dict[str | None, tuple[int, float]] = {}  # see `slice_start`
         self.journal = Journal()  # the last creates' decisions, to explain them
 
     async def place(
@@ -141,7 +144,9 @@ class Placer:
             strategy = "offers" if len(reachable) <= self.offers_up_to else "catalog"
         refused = NoCapacity(region or "", 0)
         guest = create.config.guest
-        feasible_rounds = self._feasible(reachable, doubtful, strategy, create, avoid, end, refused)
+        feasible_rounds = self._feasible(
+            region, reachable, doubtful, strategy, create, avoid, end, refused
+        )
         share = self.deadline * RESERVE_SHARE
         decided: list[Ranked] = []  # kept by reference for the journal, never copied
         async with contextlib.aclosing(feasible_rounds) as rounds:  # 1. candidates, 2. feasible
@@ -221,8 +226,26 @@ class Placer:
             return rows, set()
         return [*rows, *doubtful], {w.id for w in doubtful}
 
+    def slice_start(self, region: str | None, n: int) -> int:
+        """Where the catalog strategy starts in a region of `n` rows: drawn at random, then
+        kept for `STICKY_FOR` seconds, and moved on to a later slice when one had no room.
+
+        Kept, because consecutive creates that rank the same slice favour the same worker
+        (the policy scores a worker it just filled higher, up to the curve's peak), so they
+        meet in its lane and reach it as one request and one commit, and their confirmations
+        ride along: in a region of 1,000 workers a fresh random slice per create sent almost
+        every create, and a third of the confirmations, in requests of their own
+        (docs/benchmarks.md). Brokers still draw their own starts, so two brokers rarely rank
+        the same slice."""
+        held = self._starts.get(region)
+        now = time.monotonic()
+        if held is None or now >= held[1]:
+            held = self._starts[region] = (self.rng.randrange(max(n, 1)), now + STICKY_FOR)
+        return held[0]
+
     async def _feasible(
         self,
+        region: str | None,
         reachable: list[WorkerRow],
         doubtful: set[str],
         strategy: Strategy,
@@ -235,7 +258,11 @@ class Placer:
         only once the one before it has been tried; every worker looked at counts as asked."""
         guest, image = create.config.guest, create.config.image
         shunned = self.liveness.shunned if self.liveness.any_shunned else None
-        for rows in candidates(reachable, strategy, self.sample, image, self.rng):
+        start = self.slice_start(region, len(reachable)) if strategy == "catalog" else None
+        slices = candidates(reachable, strategy, self.sample, image, self.rng, start)
+        for i, rows in enumerate(slices):
+            if i and start is not None:  # the slice before had no room: start from here
+                self._starts[region] = (start + i * self.sample, time.monotonic() + STICKY_FOR)
             if shunned is not None:
                 rows = [w for w in rows if not shunned(w.id)]
             fit = self.eligible(rows, guest, avoid)

@@ -35,20 +35,26 @@ def candidates(
     sample: int,
     image: str | None,
     rng: random.Random,
+    start: int | None = None,
 ) -> Iterator[list[WorkerRow]]:
     """The region's rows, a slice at a time. `offers` and `p2c` take the whole region in one
     slice: they ask workers anyway, and whom is for `offer_rounds` to say. `catalog` takes
-    slices of `sample` rows from a random start (Borg's relaxed randomization): the best of a
-    few dozen workers that fit is a good worker, and ranking a whole region for every create is
-    what would make the decision grow with the region; the random start spreads brokers that
-    see the same picture over different slices. A create that names an image takes them all:
-    the workers caching it must be seen."""
+    slices of `sample` rows from `start` on (drawn from `rng` when None; Borg's relaxed
+    randomization): the best of a few dozen workers that fit is a good worker, and ranking a
+    whole region for every create is what would make the decision grow with the region; a
+    random start spreads brokers that see the same picture over different slices. A create
+    that names an image takes them all: the workers caching it must be seen."""
     if strategy != "catalog":
         yield reachable
         return
     n = len(reachable)
     size = max(1, sample if image is None else n)
-    start = rng.randrange(n) if reachable else 0
+    if not reachable:
+        start = 0
+    elif start is None:
+        start = rng.randrange(n)
+    else:
+        start %= n
     for a in range(start, start + n, size):  # the region turned at `start`, never copied whole
         b = min(a + size, start + n)
         if b <= n:
