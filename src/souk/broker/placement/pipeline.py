@@ -3,8 +3,8 @@
     candidates -> feasible -> ranked -> picked -> reserved
 
 1. candidates (`stages.candidates`): the region's reachable workers as the catalog shows them,
-   a slice at a time: the whole region for `offers` and `p2c`, a random slice of `sample` rows
-   for `catalog`.
+   a slice at a time: the whole region for `offers` and `p2c`, slices of `sample` rows from a
+   random start for `catalog`.
 2. feasible (`stages.feasible`, then `offers`): first by the catalog's picture (cordon, drain,
    cpu kind, room, `avoid_workers`), then, for `offers` and `p2c`, by the workers' own offers:
    `offers` asks them all at once, `p2c` two at random and two more if neither takes it.
@@ -21,10 +21,11 @@ round trip, and every worker asked a decode and an answer, so only workers that 
 picture are asked. A reservation is the one step with a final answer and the one that changes
 anything, so it comes last and goes to one worker at a time.
 
-The random slice bounds a create's work in a big region (the best of a few dozen workers that
-fit is a good worker, as in Borg's relaxed randomization and Nomad's shuffled, limited source),
-so the decision stops growing with the region, and brokers looking at the same picture start
-from different workers instead of racing for one.
+The slice bounds a create's work in a big region (the best of a few dozen workers that fit is
+a good worker, as in Borg's relaxed randomization and Nomad's shuffled, limited source), so the
+decision stops growing with the region; its random start, which each placer keeps for a second
+(`slice_start`), has brokers looking at the same picture start from different workers instead
+of racing for one, and one broker's consecutive creates meet on the same worker.
 
 Offers or catalog: an offer is fresh but costs every worker asked, per create; the catalog is
 free to read but may be milliseconds stale, and a worker's refusal at reservation corrects it.
