@@ -18,9 +18,11 @@ import statistics
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import aiohttp
@@ -85,6 +87,51 @@ class Pki:
 
     def bus_options(self, role: str, name: str) -> dict[str, Any]:
         return bus_options(self.files(role, name))
+
+
+class CpuSampler:
+    """The main thread's Python stack, sampled each time this process has used `every` seconds
+    of CPU (`SIGPROF`): unlike cProfile, whose clock is the wall's, time the kernel gave to
+    other processes counts for nothing here, and no call pays a hook. Kept as collapsed stacks
+    (`a;b;c count` a line, as flamegraph.pl reads them). The kernel's tick bounds the rate (a
+    hundred samples a CPU-second here): sample a phase of a few seconds at least."""
+
+    def __init__(self, every: float = 0.001) -> None:
+        self.every = every
+        self.counts: Counter[str] = Counter()
+        self._before: Any = None
+
+    def enable(self) -> None:
+        self._before = signal.signal(signal.SIGPROF, self._sample)
+        signal.setitimer(signal.ITIMER_PROF, self.every, self.every)
+
+    def disable(self) -> None:
+        signal.setitimer(signal.ITIMER_PROF, 0, 0)
+        if self._before is not None:
+            signal.signal(signal.SIGPROF, self._before)
+            self._before = None
+
+    def _sample(self, _signum: int, frame: FrameType | None) -> None:
+        stack = []
+        while frame is not None:
+            code = frame.f_code
+            stack.append(f"{_short(code.co_filename)}:{code.co_name}")
+            frame = frame.f_back
+        self.counts[";".join(reversed(stack))] += 1
+
+    def write(self, path: Path) -> None:
+        path.write_text("".join(f"{stack} {n}\n" for stack, n in self.counts.most_common()))
+
+
+def _short(filename: str) -> str:
+    """A source file's name from where it matters: below `site-packages/`, `src/` or Python's
+    own library (`asyncio/events.py`)."""
+    for marker in ("site-packages/", "/src/"):
+        if marker in filename:
+            return filename.split(marker, 1)[1]
+    if "/lib/python" in filename:
+        return filename.split("/lib/python", 1)[1].partition("/")[2]
+    return filename.rsplit("/", 1)[-1]
 
 
 class GcPauses:

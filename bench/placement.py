@@ -35,6 +35,7 @@ broker's time spent collecting per create in each.
 
     .venv/bin/python bench/placement.py            # about 4 minutes; --quick, --json
     .venv/bin/python bench/placement.py --sizes 1000 --profile prof/   # cProfile of the broker
+    .venv/bin/python bench/placement.py --sizes 1000 --cpu-sample prof/   # its CPU, sampled
 """
 
 from __future__ import annotations
@@ -52,10 +53,10 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import aiohttp
 from aiohttp import web
@@ -70,7 +71,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from _harness import GcPauses, Pki, open_files, pct, proc_ticks
+from _harness import CpuSampler, GcPauses, Pki, open_files, pct, proc_ticks
 
 from souk import heap
 from souk.broker.api.state import Broker
@@ -567,7 +568,7 @@ async def run_load(
     progress: Progress,
     task: TaskID,
     tls: NodeFiles | None = None,
-    profiler: cProfile.Profile | None = None,
+    profilers: Sequence[Profiling] = (),
     counters: Callable[[], tuple[int, int, int]] = lambda: (0, 0, 0),
 ) -> LoadResult:
     """`counters`: the broker's catalog batches, reservation requests and confirmation requests
@@ -596,7 +597,7 @@ async def run_load(
     cpu = CpuWindow({**groups, "load": [proc.pid]})
     collecting = GC_PAUSES.total
     before = counters()
-    if profiler is not None:
+    for profiler in profilers:
         profiler.enable()
     proc.stdin.write(b"go\n")
     await proc.stdin.drain()
@@ -609,7 +610,7 @@ async def run_load(
             usage = cpu.read()  # before the load process exits and its counters go
             usage["broker_gc_s"] = GC_PAUSES.total - collecting
             counted = [now - then for now, then in zip(counters(), before, strict=True)]
-            if profiler is not None:
+            for profiler in profilers:
                 profiler.disable()
             result = json.loads(line.removeprefix("result "))
     await proc.wait()
@@ -639,19 +640,34 @@ async def settle(pids: list[int], idle: float, timeout: float = 120) -> None:
         pass
 
 
+class Profiling(Protocol):
+    """A profile of the broker that `run_load` turns on over what it measures only (not the
+    unmeasured creates before it)."""
+
+    def enable(self) -> None: ...
+
+    def disable(self) -> None: ...
+
+
 @contextlib.contextmanager
-def profiled(into: Path | None, name: str) -> Iterator[cProfile.Profile | None]:
-    """A cProfile of this process (the broker) for the block to enable over what it measures
-    (not the unmeasured creates before), written to `into/name.prof`."""
-    if into is None:
-        yield None
-        return
-    profiler = cProfile.Profile()
+def profiled(into: Path | None, sampled: Path | None, name: str) -> Iterator[list[Profiling]]:
+    """This process's (the broker's) profiles for the block: a cProfile written to
+    `into/name.prof`, CPU-time samples to `sampled/name.stacks` (`CpuSampler`)."""
+    profile, sampler = cProfile.Profile(), CpuSampler()
+    chosen: list[Profiling] = []
+    if into is not None:
+        chosen.append(profile)
+    if sampled is not None:
+        chosen.append(sampler)
     try:
-        yield profiler
+        yield chosen
     finally:
-        profiler.disable()
-        profiler.dump_stats(into / f"{name}.prof")
+        for profiler in chosen:
+            profiler.disable()
+        if into is not None:
+            profile.dump_stats(into / f"{name}.prof")
+        if sampled is not None:
+            sampler.write(sampled / f"{name}.stacks")
 
 
 def decision_parts(size: int, placer: Placer, rounds: int = 50) -> dict[str, float]:
@@ -780,8 +796,9 @@ async def one_size(
     """One size in one mode; secured, on a nats-server of its own configured for the cluster."""
     task = progress.add_task(f"{size:>5} workers ({mode}): starting", total=size)
     data = workdir / f"size-{size}-{mode.replace(' ', '-')}-{round_}"
-    if args.profile:
-        args.profile.mkdir(parents=True, exist_ok=True)
+    for into in (args.profile, args.cpu_sample):
+        if into:
+            into.mkdir(parents=True, exist_ok=True)
     nats_url = nats[0] if nats else None
     tls_dir = broker_tls = None
     nats_pid = nats[1] if nats else None
@@ -862,9 +879,9 @@ async def measure_size(
                 progress.reset(task, total=n)
                 b.decisions.taken()
                 named = f"broker-{size}-{mode}-{name}".replace(" ", "_")
-                with profiled(args.profile, named) as profiler:
+                with profiled(args.profile, args.cpu_sample, named) as profilers:
                     return await run_load(
-                        url, n, c, body, hdr, groups, progress, task, broker_tls, profiler,
+                        url, n, c, body, hdr, groups, progress, task, broker_tls, profilers,
                         lambda: (b.batches(), b.requests(), b.confirmations()),
                     )  # fmt: skip
 
@@ -1077,6 +1094,12 @@ def main() -> None:
     )
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.add_argument("--profile", type=Path, help="write cProfile stats of the broker here")
+    parser.add_argument(
+        "--cpu-sample",
+        type=Path,
+        help="write the broker's stacks sampled by CPU time here, one file of collapsed stacks"
+        " per phase",
+    )
     args = parser.parse_args()
     args.sizes = [int(s) for s in args.sizes.split(",")]
     args.strategies = [s for s in args.strategies.split(",") if s]
