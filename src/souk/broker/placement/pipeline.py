@@ -263,7 +263,8 @@ class Placer:
         slices = candidates(reachable, strategy, self.sample, image, self.rng, start)
         for i, rows in enumerate(slices):
             if i and start is not None:  # the slice before had no room: start from here
-                self._starts[region] = (start + i * self.sample, time.monotonic() + STICKY_FOR)
+                moved = start + i * max(1, self.sample)
+                self._starts[region] = (moved, time.monotonic() + STICKY_FOR)
             if shunned is not None:
                 rows = [w for w in rows if not shunned(w.id)]
             fit = self.eligible(rows, guest, avoid)
