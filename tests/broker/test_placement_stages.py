@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from souk.broker.fleet import StaticFleet
 from souk.broker.placement import pipeline
-from souk.broker.placement.candidates import CandidateCache
+from souk.broker.placement.candidates import Candidate, CandidateCache
 from souk.broker.placement.pipeline import Placer
 from souk.broker.placement.stages import (
     AVOIDED,
@@ -27,7 +27,6 @@ from souk.broker.registry import AppRegistry
 from souk.clients.workers import WorkerClient
 from souk.models.api import Refusal
 from souk.models.catalog import WorkerRow
-from souk.models.fit import misfit
 from souk.models.machine import CpuKind, GuestConfig
 from tests.broker.placement_data import SMALL, row, worker
 
@@ -110,16 +109,7 @@ def test_feasible_tells_what_fits_by_the_workers_rule(
     expected: list[str] = []
     refusals: list[tuple[str, str]] = []
     for r in rows:
-        why = misfit(
-            guest.cpu_kind,
-            guest.cpus,
-            guest.memory_mb,
-            kinds=r.cpu_kinds,
-            cpus_free=r.cpus_free,
-            memory_mb_free=r.memory_mb_free,
-            cordoned=r.cordoned,
-            draining=r.draining,
-        )
+        why = Candidate.from_row(r).misfit(guest, cordoned=r.cordoned, draining=r.draining)
         if why is not None:
             refusals.append((r.id, why.reason))
         elif r.id in avoid:
