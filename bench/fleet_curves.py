@@ -12,6 +12,9 @@ broker's work:
   filtered into candidates, ranked), and in the same run the same decision reading the region
   afresh as before (`before`: every reachable row filtered on every create, every row copied once
   a second to find the silent ones);
+- image decision: the same for a create naming an image that one worker in a hundred holds
+  (those workers join the slice, found through the replica's images), and in the same run as
+  it was before: the whole region ranked, each worker's images looked through;
 - request + response: a create's body parsed and validated, and the machine it answers
   serialized.
 
@@ -32,7 +35,7 @@ import random
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +46,7 @@ from _harness import Series, chart, pct
 
 from souk.broker.fleet import CatalogFleet
 from souk.broker.placement.pipeline import Placer
-from souk.broker.placement.stages import candidates, rank
+from souk.broker.placement.stages import candidates, rank, with_cached_image
 from souk.catalog.bus import InProcessBus, Message
 from souk.catalog.owner import Owner
 from souk.catalog.replica import Replica
@@ -61,6 +64,9 @@ BODY = json.dumps(
     }
 ).encode()
 GUEST = GuestConfig(cpus=1, memory_mb=256)
+IMAGE = "registry.example/web:1"  # cached by one worker in `HOLDERS_EVERY`
+IMAGE_DIGEST = "sha256:" + "ab" * 32
+HOLDERS_EVERY = 100
 
 
 class RecordingBus(InProcessBus):
@@ -89,6 +95,9 @@ async def record(n: int, changes: int, beats: int, ca: Ca | None) -> Recorded:
         signer = ca.node("worker", src.owner).signer() if ca is not None else None
         owner = Owner(bus, src, heartbeat_every=3600, signer=signer)
         owner.published = 0
+        if i % HOLDERS_EVERY == 0:
+            row = {"worker_id": src.owner, "digest": IMAGE_DIGEST, "ref": IMAGE, "size": 1}
+            src.put("images", IMAGE_DIGEST, row)
         await owner._publish(src.seq, list(src.rows.values()))
         await owner.heartbeat(with_cert=True)
         owners.append((src, owner))
@@ -117,6 +126,8 @@ class Size:
     decision_before_p99_ms: float | None = None
     request_us: float | None = None
     sqlite_per_beat: float = 0.0  # statements a heartbeat without news runs
+    image_decision_us: float | None = None  # a create naming an image 1% of workers hold
+    image_decision_before_us: float | None = None  # the same, ranking the whole region
 
 
 def cpu_per(fn: Callable[[], Any], rounds: int) -> tuple[float, list[float]]:
@@ -175,7 +186,7 @@ def decide(size: Size, replica: Replica, rounds: int) -> None:
 
     def decision() -> None:
         reachable, _ = placer.usable(REGION)
-        rows = next(candidates(reachable, "catalog", placer.sample, None, rng))
+        rows = next(candidates(reachable, "catalog", placer.sample, rng))
         rank(placer.eligible(rows, GUEST).candidates, GUEST, rng=rng)
 
     every = [0]
@@ -199,6 +210,28 @@ def decide(size: Size, replica: Replica, rounds: int) -> None:
     size.decision_p99_ms = pct(walls, 99)
     size.decision_before_us, walls = cpu_per(before, rounds)
     size.decision_before_p99_ms = pct(walls, 99)
+
+    def image_decision() -> None:
+        reachable, _ = placer.usable(REGION)
+        holding = placer.holding(REGION, IMAGE)
+        rows = next(candidates(reachable, "catalog", placer.sample, rng, holding=holding))
+        cands = placer.eligible(rows, GUEST).candidates
+        rank(with_cached_image(cands, {w.id for w in holding}), GUEST, rng=rng)
+
+    def image_before() -> None:  # as it was: the whole region, each worker's images asked
+        reachable, _ = placer.usable(REGION)
+        cands = placer.eligible(reachable, GUEST).candidates
+        images = replica._images
+        cached = [
+            replace(c, image_cached=True)
+            if any(row.ref == IMAGE for row in images.get(c.worker, {}).values())
+            else c
+            for c in cands
+        ]
+        rank(cached, GUEST, rng=rng)
+
+    size.image_decision_us, _ = cpu_per(image_decision, rounds)
+    size.image_decision_before_us, _ = cpu_per(image_before, max(10, rounds // 20))
 
     machine = None
 
@@ -248,7 +281,8 @@ def table(report: Report) -> Table:
     t = Table(title="a broker's CPU per operation (µs), by fleet size, in one run")
     for col in (
         "workers", "mode", "heartbeat", "SQLite stmts / beat", "batch",
-        "decision", "decision before", "decision p99 ms (before)", "request + response",
+        "decision", "decision before", "decision p99 ms (before)", "image decision (before)",
+        "request + response",
     ):  # fmt: skip
         t.add_column(col, justify="right")
     plain = {s.workers: s for s in report.sizes if s.mode == "plain"}
@@ -268,6 +302,8 @@ def table(report: Report) -> Table:
             "" if s.decision_before_us is None else f"{s.decision_before_us:.1f}",
             "" if s.decision_p99_ms is None
             else f"{s.decision_p99_ms:.3f} ({s.decision_before_p99_ms:.3f})",
+            "" if s.image_decision_us is None
+            else f"{s.image_decision_us:.1f} ({s.image_decision_before_us:.1f})",
             "" if s.request_us is None else f"{s.request_us:.1f}",
         )  # fmt: skip
     return t
@@ -285,6 +321,18 @@ def plot(report: Report, into: Path) -> list[Path]:
             xs,
             [s.decision_before_us or 0.0 for s in plain],
             "o--",
+        ),
+        (
+            "decision naming an image 1% hold",
+            xs,
+            [s.image_decision_us or 0.0 for s in plain],
+            "v-",
+        ),
+        (
+            "decision naming an image, whole region as before",
+            xs,
+            [s.image_decision_before_us or 0.0 for s in plain],
+            "v--",
         ),
         ("one worker row change applied", xs, [s.batch_us for s in plain], "s-"),
         ("one heartbeat without news", xs, [s.heartbeat_us for s in plain], "^-"),

@@ -6,7 +6,12 @@ from __future__ import annotations
 import asyncio
 import time
 
+import pytest
+
+from souk.broker.placement import pipeline
 from souk.catalog.bus import InProcessBus
+from souk.worker import queries
+from souk.worker.store import Tx
 from tests.support.broker_cluster import Cluster, ClusterFactory, WorkerSpec, machine_body
 
 
@@ -95,3 +100,30 @@ async def test_a_big_region_is_ranked_a_slice_at_a_time_until_a_worker_takes_it(
         assert resp.status == 412
         refusals = (await resp.json())["details"]["refusals"]
         assert sorted({r["worker"] for r in refusals}) == [s.name for s in specs]  # all seen
+
+
+async def test_a_create_naming_an_image_ranks_the_workers_holding_it_wherever_they_are(
+    make_cluster: ClusterFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A big region is ranked a slice at a time, and the workers that hold the create's image
+    join the first slice: found through the catalog's images, not by reading the region."""
+    bus = InProcessBus()
+    specs = [WorkerSpec(f"m{i}", "mad") for i in range(8)]
+    image, digest = "registry.example/web:1", "sha256:" + "ab" * 32
+    async with make_cluster(specs, bus=bus) as c:
+        c.placer.offers_up_to, c.placer.sample = 0, 2  # a slice of two of eight workers
+
+        def pulled(tx: Tx) -> None:  # what the worker logs when its cache has pulled one
+            queries.insert_image(tx, digest, image, 1)
+            tx.log("image", digest, "cache", "pulled", data={"ref": image})
+
+        await c.engines["m6"].store.write(pulled)
+        for _ in range(200):
+            if c.placer.holding("mad", image):
+                break
+            await asyncio.sleep(0.01)
+        assert [w.id for w in c.placer.holding("mad", image)] == ["m6"]
+        monkeypatch.setattr(pipeline, "STICKY_FOR", 0.0)  # a new slice each time: m6 rarely
+        for _ in range(3):
+            made = await created(c, machine_body("mad", image=image))
+            assert made["worker"] == "m6"  # the image's holder, ranked first for its bonus

@@ -39,13 +39,13 @@ def ids(rows: list[WorkerRow]) -> list[str]:
 
 def test_offer_strategies_take_the_whole_region_as_one_slice() -> None:
     for strategy in ("offers", "p2c"):
-        assert list(candidates(REGION, strategy, 3, None, random.Random(1))) == [REGION]
+        assert list(candidates(REGION, strategy, 3, random.Random(1))) == [REGION]
 
 
 def test_the_catalog_takes_slices_from_a_random_start_and_sees_every_row_once() -> None:
     starts = set()
     for seed in range(20):
-        slices = list(candidates(REGION, "catalog", 3, None, random.Random(seed)))
+        slices = list(candidates(REGION, "catalog", 3, random.Random(seed)))
         assert [len(s) for s in slices] == [3, 3, 3, 1]
         seen = [r.id for s in slices for r in s]
         assert sorted(seen) == sorted(ids(REGION))
@@ -55,10 +55,13 @@ def test_the_catalog_takes_slices_from_a_random_start_and_sees_every_row_once() 
     assert len(starts) > 1
 
 
-def test_the_catalog_takes_the_whole_region_for_a_named_image() -> None:
-    slices = list(candidates(REGION, "catalog", 3, "img", random.Random(1)))
-    assert [len(s) for s in slices] == [10]
-    assert list(candidates([], "catalog", 3, None, random.Random(1))) == []
+def test_the_workers_holding_the_image_join_the_first_slice_and_only_it() -> None:
+    holding = [REGION[8], REGION[2]]  # wherever they are in the region
+    slices = list(candidates(REGION, "catalog", 3, random.Random(1), 0, holding))
+    assert ids(slices[0]) == ["w8", "w2", "w0", "w1"]  # the holders, then the slice's others
+    assert [ids(s) for s in slices[1:]] == [["w3", "w4", "w5"], ["w6", "w7"], ["w9"]]
+    assert sorted(r.id for s in slices for r in s) == sorted(ids(REGION))  # each once
+    assert list(candidates([], "catalog", 3, random.Random(1))) == []
 
 
 def test_feasible_keeps_the_workers_that_fit_and_says_why_not_for_each_other() -> None:
@@ -122,7 +125,7 @@ def test_feasible_tells_what_fits_by_the_workers_rule(
 
 def test_the_catalog_starts_its_slices_where_it_is_told() -> None:
     for start in (3, 13):  # taken around the region's ring
-        slices = list(candidates(REGION, "catalog", 4, None, random.Random(1), start))
+        slices = list(candidates(REGION, "catalog", 4, random.Random(1), start))
         assert ids(slices[0]) == ids(REGION[3:7]) and [len(s) for s in slices] == [4, 4, 2]
 
 
@@ -165,9 +168,9 @@ def test_offers_asks_everyone_at_once_and_p2c_two_at_random() -> None:
 
 def test_the_catalog_marks_the_workers_that_cache_the_image() -> None:
     cands = [worker("a", 4, 4096), worker("b", 4, 4096)]
-    marked = with_cached_image(cands, "img", lambda w, image: (w, image) == ("b", "img"))
+    marked = with_cached_image(cands, {"b", "elsewhere"})
     assert [c.image_cached for c in marked] == [False, True]
-    assert with_cached_image(cands, None, lambda w, image: True) is cands
+    assert with_cached_image(cands, set()) is cands
 
 
 def test_ties_are_broken_at_random_not_by_input_order() -> None:

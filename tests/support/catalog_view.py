@@ -114,6 +114,9 @@ class FakeView:
     def image_cached(self, worker_id: str, image: str) -> bool:
         return False
 
+    def placeable_holding(self, region: str, image: str) -> list[WorkerRow]:
+        return []
+
     def revoked(self, token_id: str) -> bool:
         return False
 

@@ -130,6 +130,7 @@ async def test_the_catalog_learns_which_images_a_worker_caches(
                 break
             await asyncio.sleep(0.01)
         assert replica.image_cached("w1", image)  # placement's cached-image bonus sees it
+        assert [w.id for w in replica.placeable_holding(s.region, image)] == ["w1"]
         digest = engine.store.read.execute("SELECT digest FROM images").fetchone()[0]
         assert replica.image_cached("w1", digest)
         await engine.submit(machine.id, "destroy", {"force": True})

@@ -50,7 +50,10 @@ class Fleet(Protocol):
         """Whether the token id is revoked (see `AppRegistry.revoke`)."""
         ...
 
-    def image_cached(self, worker_id: str, image: str) -> bool: ...
+    def placeable_holding(self, region: str, image: str) -> list[WorkerRow]:
+        """The rows of `placeable(region)` whose workers hold the image (see
+        `CatalogView.placeable_holding`)."""
+        ...
 
     def volume_holders(self, app: str) -> set[str] | None:
         """The workers holding the app's volumes, as the catalog shows them; None: this fleet
@@ -131,8 +134,8 @@ class StaticFleet:
     def revoked(self, token_id: str) -> bool:
         return self.registry.revoked(token_id)
 
-    def image_cached(self, worker_id: str, image: str) -> bool:
-        return False
+    def placeable_holding(self, region: str, image: str) -> list[WorkerRow]:
+        return []  # what a worker caches is in its offers, not in its capacity
 
     def volume_holders(self, app: str) -> set[str] | None:
         return None
@@ -181,8 +184,8 @@ class CatalogFleet:
             return self.registry.revoked(token_id)
         return self.view.revoked(token_id)
 
-    def image_cached(self, worker_id: str, image: str) -> bool:
-        return self.view.image_cached(worker_id, image)
+    def placeable_holding(self, region: str, image: str) -> list[WorkerRow]:
+        return self.view.placeable_holding(region, image)
 
     def volume_holders(self, app: str) -> set[str] | None:
         return {v.worker_id for v in self.view.volumes(app)}

@@ -185,6 +185,9 @@ class Replica:
         self._machines: dict[str, MachineRow] = {}
         self._by_app: dict[str, set[str]] = defaultdict(set)
         self._images: dict[str, dict[str, ImageRow]] = defaultdict(dict)
+        # image (digest, or the reference it was pulled as) -> its holders, each with how many
+        # of its rows name it (a tag pulled again under a new digest is a second row)
+        self._holders: dict[str, dict[str, int]] = {}
         self._volumes: dict[str, VolumeRow] = {}
         self._apps: dict[str, AppRow] = {}
         self._revoked: dict[str, RevocationRow] = {}
@@ -444,10 +447,12 @@ class Replica:
                 self._machines[key] = row
                 self._by_app[row.app].add(key)
         elif table == "images":
+            was_image = self._images[owner].pop(key, None)
+            if was_image is not None:
+                self._hold(owner, was_image, -1)
             if isinstance(row, ImageRow):
                 self._images[owner][key] = row
-            else:
-                self._images[owner].pop(key, None)
+                self._hold(owner, row, 1)
         elif table == "volumes":
             if isinstance(row, VolumeRow):
                 self._volumes[key] = row
@@ -463,6 +468,17 @@ class Replica:
                 self._revoked[key] = row
             else:
                 self._revoked.pop(key, None)
+
+    def _hold(self, owner: str, row: ImageRow, step: int) -> None:
+        for name in {row.digest, row.ref} - {""}:
+            holders = self._holders.setdefault(name, {})
+            count = holders.get(owner, 0) + step
+            if count > 0:
+                holders[owner] = count
+            else:
+                holders.pop(owner, None)
+                if not holders:
+                    del self._holders[name]
 
     # --- messages ------------------------------------------------------------------------------
 
@@ -847,8 +863,17 @@ class Replica:
         return [v for v in self._volumes.values() if app in (None, v.app)]
 
     def image_cached(self, worker_id: str, image: str) -> bool:
-        held = self._images.get(worker_id, {})
-        return image in held or any(row.ref == image for row in held.values())
+        return worker_id in self._holders.get(image, ())
+
+    def placeable_holding(self, region: str, image: str) -> list[WorkerRow]:
+        """The region's placeable rows (as `placeable` holds them) of workers holding the
+        image: looked up by image, so the region is never scanned for it."""
+        holders = self._holders.get(image)
+        if not holders:
+            return []
+        held = self._held(region)
+        rows, pos = held.rows, held.pos
+        return [rows[at] for owner in holders if (at := pos.get(owner)) is not None]
 
     def regions_of_app(self, app: str) -> list[str]:
         """From the rows held (followed regions, current to the millisecond) and from heartbeats

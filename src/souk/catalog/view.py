@@ -58,6 +58,11 @@ class CatalogView(Protocol):
         """Whether the worker holds the image (by digest, or by the reference it was pulled as)."""
         ...
 
+    def placeable_holding(self, region: str, image: str) -> list[WorkerRow]:
+        """The rows of `placeable(region)` whose workers hold the image (as `image_cached`
+        says), found without reading the region."""
+        ...
+
     def regions_of_app(self, app: str) -> list[str]:
         """The regions where the app has machines, from the global index (every replica has it,
         even one that follows a single region)."""

@@ -244,6 +244,11 @@ class Placer:
             held = self._starts[region] = (self.rng.randrange(max(n, 1)), now + STICKY_FOR)
         return held[0]
 
+    def holding(self, region: str | None, image: str) -> list[WorkerRow]:
+        """The placeable workers (of the region, or of every region) that hold the image."""
+        names = [region] if region is not None else self.regions()
+        return [row for name in names for row in self.fleet.placeable_holding(name, image)]
+
     async def _feasible(
         self,
         region: str | None,
@@ -259,8 +264,12 @@ class Placer:
         only once the one before it has been tried; every worker looked at counts as asked."""
         guest, image = create.config.guest, create.config.image
         shunned = self.liveness.shunned if self.liveness.any_shunned else None
-        start = self.slice_start(region, len(reachable)) if strategy == "catalog" else None
-        slices = candidates(reachable, strategy, self.sample, image, self.rng, start)
+        start = holding = None
+        if strategy == "catalog":
+            start = self.slice_start(region, len(reachable))
+            holding = self.holding(region, image) if image else None
+        holders = {row.id for row in holding} if holding else set()
+        slices = candidates(reachable, strategy, self.sample, self.rng, start, holding)
         for i, rows in enumerate(slices):
             if i and start is not None:  # the slice before had no room: start from here
                 moved = start + i * max(1, self.sample)
@@ -272,7 +281,7 @@ class Placer:
             refused.asked += len(fit.refusals)
             if strategy == "catalog":
                 refused.asked += len(fit.candidates)
-                yield with_cached_image(fit.candidates, image, self.fleet.image_cached)
+                yield with_cached_image(fit.candidates, holders)
                 continue
             for asked in offer_rounds(fit.rows, strategy, self.rng):
                 refused.asked += len(asked)

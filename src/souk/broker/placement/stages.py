@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator
 from dataclasses import replace
 from operator import itemgetter
 from typing import NamedTuple
@@ -33,22 +33,26 @@ def candidates(
     reachable: list[WorkerRow],
     strategy: Strategy,
     sample: int,
-    image: str | None,
     rng: random.Random,
     start: int | None = None,
+    holding: list[WorkerRow] | None = None,
 ) -> Iterator[list[WorkerRow]]:
     """The region's rows, a slice at a time. `offers` and `p2c` take the whole region in one
     slice: they ask workers anyway, and whom is for `offer_rounds` to say. `catalog` takes
     slices of `sample` rows from `start` on (drawn from `rng` when None; Borg's relaxed
     randomization): the best of a few dozen workers that fit is a good worker, and ranking a
     whole region for every create is what would make the decision grow with the region; a
-    random start spreads brokers that see the same picture over different slices. A create
-    that names an image takes them all: the workers caching it must be seen."""
+    random start spreads brokers that see the same picture over different slices. The workers
+    `holding` a create's image join its first slice, wherever they are in the region: they
+    must be seen (and are ranked once)."""
     if strategy != "catalog":
         yield reachable
         return
+    if holding:
+        yield from _with_holders(candidates(reachable, strategy, sample, rng, start), holding)
+        return
     n = len(reachable)
-    size = max(1, sample if image is None else n)
+    size = max(1, sample)
     if not reachable:
         start = 0
     elif start is None:
@@ -63,6 +67,15 @@ def candidates(
             yield reachable[a - n : b - n]
         else:
             yield reachable[a:] + reachable[: b - n]
+
+
+def _with_holders(
+    slices: Iterator[list[WorkerRow]], holding: list[WorkerRow]
+) -> Iterator[list[WorkerRow]]:
+    held = {row.id for row in holding}
+    for i, rows in enumerate(slices):
+        others = [row for row in rows if row.id not in held]
+        yield [*holding, *others] if i == 0 else others
 
 
 class Feasible(NamedTuple):
@@ -137,14 +150,12 @@ def offer_rounds(
         yield pool[i : i + 2]
 
 
-def with_cached_image(
-    cands: list[Candidate], image: str | None, cached: Callable[[str, str], bool]
-) -> list[Candidate]:
-    """The candidates, marked where the catalog says the image is already there (an offer says
-    so itself)."""
-    if image is None:
+def with_cached_image(cands: list[Candidate], holders: Collection[str]) -> list[Candidate]:
+    """The candidates, marked where the catalog says the image is already there (`holders`;
+    an offer says so itself)."""
+    if not holders:
         return cands
-    return [replace(c, image_cached=True) if cached(c.worker, image) else c for c in cands]
+    return [replace(c, image_cached=True) if c.worker in holders else c for c in cands]
 
 
 def rank(
