@@ -111,9 +111,6 @@ class FakeView:
     def volumes(self, app: str | None = None) -> list[VolumeRow]:
         return []
 
-    def image_cached(self, worker_id: str, image: str) -> bool:
-        return False
-
     def placeable_holding(self, region: str, image: str) -> list[WorkerRow]:
         return []
 

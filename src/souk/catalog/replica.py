@@ -862,9 +862,6 @@ class Replica:
     def volumes(self, app: str | None = None) -> list[VolumeRow]:
         return [v for v in self._volumes.values() if app in (None, v.app)]
 
-    def image_cached(self, worker_id: str, image: str) -> bool:
-        return worker_id in self._holders.get(image, ())
-
     def placeable_holding(self, region: str, image: str) -> list[WorkerRow]:
         """The region's placeable rows (as `placeable` holds them) of workers holding the
         image: looked up by image, so the region is never scanned for it."""

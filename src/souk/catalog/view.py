@@ -54,13 +54,9 @@ class CatalogView(Protocol):
         """Whether the app registry has revoked this token id."""
         ...
 
-    def image_cached(self, worker_id: str, image: str) -> bool:
-        """Whether the worker holds the image (by digest, or by the reference it was pulled as)."""
-        ...
-
     def placeable_holding(self, region: str, image: str) -> list[WorkerRow]:
-        """The rows of `placeable(region)` whose workers hold the image (as `image_cached`
-        says), found without reading the region."""
+        """The rows of `placeable(region)` whose workers hold the image (by digest, or by the
+        reference it was pulled as), found without reading the region."""
         ...
 
     def regions_of_app(self, app: str) -> list[str]:
