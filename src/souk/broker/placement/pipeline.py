@@ -239,10 +239,13 @@ class Placer:
         (docs/benchmarks.md). Brokers still draw their own starts, so two brokers rarely rank
         the same slice."""
         held = self._starts.get(region)
-        now = time.monotonic()
-        if held is None or now >= held[1]:
-            held = self._starts[region] = (self.rng.randrange(max(n, 1)), now + STICKY_FOR)
+        if held is None or time.monotonic() >= held[1]:
+            return self._keep_start(region, self.rng.randrange(max(n, 1)))
         return held[0]
+
+    def _keep_start(self, region: str | None, start: int) -> int:
+        self._starts[region] = (start, time.monotonic() + STICKY_FOR)
+        return start
 
     def holding(self, region: str | None, image: str) -> list[WorkerRow]:
         """The placeable workers (of the region, or of every region) that hold the image."""
@@ -272,8 +275,7 @@ class Placer:
         slices = candidates(reachable, strategy, self.sample, self.rng, start, holding)
         for i, rows in enumerate(slices):
             if i and start is not None:  # the slice before had no room: start from here
-                moved = start + i * max(1, self.sample)
-                self._starts[region] = (moved, time.monotonic() + STICKY_FOR)
+                self._keep_start(region, start + i * max(1, self.sample))
             if shunned is not None:
                 rows = [w for w in rows if not shunned(w.id)]
             fit = self.eligible(rows, guest, avoid)
