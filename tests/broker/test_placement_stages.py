@@ -20,6 +20,7 @@ from souk.broker.placement.stages import (
     feasible,
     offer_rounds,
     picked,
+    Scores,
     rank,
     with_cached_image,
 )
@@ -184,6 +185,29 @@ def test_a_seeded_rank_replays_exactly() -> None:
     once = [c.worker for _, c in rank(cands, SMALL, rng=random.Random(3))]
     assert once == [c.worker for _, c in rank(cands, SMALL, rng=random.Random(3))]
 
+
+
+@given(
+    changes=st.lists(
+        st.tuples(st.integers(0, 7), st.integers(0, 8), st.sampled_from([256, 1024, 4096])),
+        min_size=1,
+        max_size=30,
+    ),
+    seed=st.integers(0, 1000),
+)
+def test_kept_scores_rank_as_scoring_afresh(changes: list[tuple[int, int, int]], seed: int) -> None:
+    """Creates of mixed sizes while workers fill: each worker replaced by a new candidate as it
+    changes (as the candidate cache does), sometimes by an equal one. Ranking with kept scores
+    gives the scores and order that scoring every candidate again gives, for every size."""
+    cands = [worker(f"w{i}", 8, 8192) for i in range(8)]
+    scores = Scores(limit=12)  # small: tables start again within a run
+    for i, (which, cpus_used, memory_mb) in enumerate(changes):
+        old = cands[which]
+        cands[which] = worker(old.worker, 8 - cpus_used, 8192 - cpus_used * 1024)
+        guest = GuestConfig(cpus=1, memory_mb=memory_mb)
+        kept = rank(cands, guest, rng=random.Random(seed + i), scores=scores)
+        afresh = rank(cands, guest, rng=random.Random(seed + i))
+        assert [(s, c.worker) for s, c in kept] == [(s, c.worker) for s, c in afresh]
 
 def test_picks_come_best_first_until_the_deadline() -> None:
     ranked = rank([worker("best", 3, 3072), worker("next", 8, 8192)], GuestConfig(memory_mb=1024))

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import hmac
 import re
 import secrets
@@ -50,6 +51,7 @@ MAX_VALUES = 64  # names in one list caveat
 MAX_EXPIRES_DIGITS = 12  # unix seconds up to the year 33658
 MIN_SECRET_BYTES = 16
 SIG_BYTES = 32
+VERIFIED_KEPT = 1024  # tokens whose signature is known good: 8 MiB at most
 
 Action = Literal["read", "write", "deploy"]
 ACTIONS: frozenset[str] = frozenset(get_args(Action))
@@ -346,7 +348,22 @@ def verify(
     now: float | None = None,
     revoked: Callable[[str], bool] | None = None,
 ) -> Grant:
-    """Check the signature chain, every caveat and revocation; return what the token allows."""
+    """Check the signature chain, every caveat and revocation; return what the token allows.
+    Revocation and expiry are checked at every call; the rest is the same for the same token
+    and secret, so a client's every request after its first skips the chain (`_signed`)."""
+    grant = _signed(token, secret)
+    if revoked is not None and revoked(grant.token_id):
+        raise TokenError("token_revoked", f"token {grant.token_id} has been revoked")
+    if grant.expires is not None and (time.time() if now is None else now) >= grant.expires:
+        raise TokenError("token_expired", "token has expired")
+    return grant
+
+
+@functools.lru_cache(maxsize=VERIFIED_KEPT)
+def _signed(token: str, secret: bytes) -> Grant:
+    """What a token's signature and caveats allow, before revocation and expiry. Kept for the
+    tokens last seen: only tokens that verify (an error is not kept), each at most
+    `MAX_TOKEN_CHARS`, keyed by the secret too."""
     identifier, caveats, sig = _decode(token)
     if not hmac.compare_digest(sig, _chain(secret, identifier, caveats)):
         raise TokenError("bad_signature", "token signature does not verify")
@@ -359,10 +376,6 @@ def verify(
             expires = value if expires is None else min(expires, value)
         else:
             sets[key] = value if key not in sets else sets[key] & value
-    if revoked is not None and revoked(token_id):
-        raise TokenError("token_revoked", f"token {token_id} has been revoked")
-    if expires is not None and (time.time() if now is None else now) >= expires:
-        raise TokenError("token_expired", "token has expired")
     return Grant(
         token_id,
         operator,

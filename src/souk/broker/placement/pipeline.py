@@ -53,6 +53,7 @@ from souk.broker.placement.reservation import Reserver
 from souk.broker.placement.stages import (
     Feasible,
     Ranked,
+    Scores,
     candidates,
     feasible,
     offer_rounds,
@@ -119,6 +120,7 @@ class Placer:
         self.sample = sample
         self.metrics = metrics or BrokerMetrics()
         self.cache = CandidateCache()
+        self.scores = Scores()
         self.liveness = Liveness()
         self.link: Link | None = BusLink(bus) if bus is not None else None
         self.reserver = Reserver(client, self.liveness, sent=self.metrics.reservation_creates)
@@ -144,7 +146,7 @@ class Placer:
         if strategy == "auto":
             strategy = "offers" if len(reachable) <= self.offers_up_to else "catalog"
         refused = NoCapacity(region or "", 0)
-        guest = create.config.guest
+        guest, chosen = create.config.guest, policy or self.policy
         feasible_rounds = self._feasible(
             region, reachable, doubtful, strategy, create, avoid, end, refused
         )
@@ -152,7 +154,7 @@ class Placer:
         decided: list[Ranked] = []  # kept by reference for the journal, never copied
         async with contextlib.aclosing(feasible_rounds) as rounds:  # 1. candidates, 2. feasible
             async for cands in rounds:
-                ranked = rank(cands, guest, policy or self.policy, self.rng)  # 3. ranked
+                ranked = rank(cands, guest, chosen, self.rng, self.scores)  # 3. ranked
                 self._decided(strategy, began, ranked)
                 decided.append(ranked)
                 last = ranked[-1][1] if ranked else None
@@ -171,7 +173,7 @@ class Placer:
                                 create.app,
                                 machine.region,
                                 strategy,
-                                policy or self.policy,
+                                chosen,
                                 guest,
                                 decided,
                                 refused.refusals,

@@ -30,7 +30,9 @@ REFUSE = -math.inf
 
 
 Policy = Callable[[Candidate, GuestConfig], float]
-"""The plug-in point: score one candidate for one guest; higher wins, `REFUSE` excludes."""
+"""The plug-in point: score one candidate for one guest; higher wins, `REFUSE` excludes. A pure
+function of the candidate and the guest's size (cpu kind, cpus, memory, gpus): a placer keeps
+the score it gave a candidate for a size while that candidate is unchanged (`stages.Scores`)."""
 
 Point = tuple[float, float]
 

@@ -24,6 +24,7 @@ from souk.models.machine import GuestConfig
 AVOIDED = "avoided by the request (avoid_workers)"
 DEADLINE_PASSED = "deadline passed"
 TIE_JITTER = 1e-9
+SIZES_KEPT = 64  # guest sizes (and policies) whose scores `Scores` keeps at once
 _rng = random.Random()
 
 Ranked = list[tuple[float, Candidate]]
@@ -163,19 +164,57 @@ def rank(
     guest: GuestConfig,
     policy: Policy = POLICIES["default"],
     rng: random.Random | None = None,
+    scores: Scores | None = None,
 ) -> Ranked:
     """Candidates the policy accepts, best first, with their scores. Each score carries a jitter
     below 1e-9 so equal scores come out in random order: brokers ranking the same picture then
-    do not all race for the same worker."""
+    do not all race for the same worker. `scores`: where scores of earlier creates are kept."""
     draw = (rng or _rng).random
     scored: Ranked = []
     append = scored.append
-    for c in candidates:
-        s = policy(c, guest)
-        if s > REFUSE:
-            append((s + draw() * TIE_JITTER, c))
+    if scores is None:
+        for c in candidates:
+            s = policy(c, guest)
+            if s > REFUSE:
+                append((s + draw() * TIE_JITTER, c))
+    else:
+        kept = scores.table(policy, guest)
+        get = kept.get
+        for c in candidates:
+            known = get(id(c))
+            if known is not None and known[0] is c:
+                s = known[1]
+            else:
+                s = policy(c, guest)
+                kept[id(c)] = (c, s)
+            if s > REFUSE:
+                append((s + draw() * TIE_JITTER, c))
     scored.sort(key=_SCORE, reverse=True)
     return scored
+
+
+class Scores:
+    """Each candidate's score for a guest's size, kept with the candidate it was computed for.
+    A row's candidate is the same object until the row, or a hold on the worker, changes
+    (`CandidateCache`), so between two creates of one size only the worker the last one filled
+    is scored again. A policy is a pure function of the candidate and the guest's size, as
+    `Policy` says. Kept by object (the entry holds the object, so its id is not reused while
+    kept); a table that grows past `limit` (stale candidates) starts again."""
+
+    __slots__ = ("_tables", "limit")
+
+    def __init__(self, limit: int = 50_000) -> None:
+        self.limit = limit
+        self._tables: dict[tuple[object, ...], dict[int, tuple[Candidate, float]]] = {}
+
+    def table(self, policy: Policy, guest: GuestConfig) -> dict[int, tuple[Candidate, float]]:
+        key = (policy, guest.cpu_kind, guest.cpus, guest.memory_mb, guest.gpus, guest.gpu_kind)
+        kept = self._tables.get(key)
+        if kept is None or len(kept) > self.limit:
+            if kept is None and len(self._tables) >= SIZES_KEPT:
+                self._tables.clear()
+            kept = self._tables[key] = {}
+        return kept
 
 
 _SCORE = itemgetter(0)
