@@ -16,11 +16,11 @@ from souk.broker.placement.candidates import Candidate, CandidateCache
 from souk.broker.placement.pipeline import Placer
 from souk.broker.placement.stages import (
     AVOIDED,
+    Scores,
     candidates,
     feasible,
     offer_rounds,
     picked,
-    Scores,
     rank,
     with_cached_image,
 )
@@ -186,7 +186,6 @@ def test_a_seeded_rank_replays_exactly() -> None:
     assert once == [c.worker for _, c in rank(cands, SMALL, rng=random.Random(3))]
 
 
-
 @given(
     changes=st.lists(
         st.tuples(st.integers(0, 7), st.integers(0, 8), st.sampled_from([256, 1024, 4096])),
@@ -208,6 +207,7 @@ def test_kept_scores_rank_as_scoring_afresh(changes: list[tuple[int, int, int]],
         kept = rank(cands, guest, rng=random.Random(seed + i), scores=scores)
         afresh = rank(cands, guest, rng=random.Random(seed + i))
         assert [(s, c.worker) for s, c in kept] == [(s, c.worker) for s, c in afresh]
+
 
 def test_picks_come_best_first_until_the_deadline() -> None:
     ranked = rank([worker("best", 3, 3072), worker("next", 8, 8192)], GuestConfig(memory_mb=1024))

@@ -249,7 +249,6 @@ def test_revoked_ids_are_refused_with_their_own_reason() -> None:
     assert verify(mint(SECRET), SECRET, revoked={token_id}.__contains__)
 
 
-
 def test_a_token_verified_before_is_still_refused_once_revoked_expired_or_resigned() -> None:
     """Its signature is checked once and kept; what changes with time is checked every time."""
     token = mint(SECRET, ttl=60, now=NOW)
@@ -266,6 +265,7 @@ def test_a_token_verified_before_is_still_refused_once_revoked_expired_or_resign
     body, sig = _body(token)
     with pytest.raises(TokenError, match="signature"):  # the kept one's signature, its caveat gone
         verify(_rebuild({**body, "c": []}, sig), SECRET, now=NOW + 60)
+
 
 # --- no sequence of attenuations widens what a token allows --------------------------------
 
