@@ -234,7 +234,12 @@ async def test_ps_lists_the_machines_processes_in_flys_shape(
     # an exec'd command shows up beside it, in the order asked
     body = {"command": ["sleep", "5"], "timeout": 1}
     running = asyncio.ensure_future(client.post(f"/v1/machines/{mid}/exec", json=body))
-    await eventually(lambda: len(engine.drivers.command.remaining(mid, main)) == 2)  # type: ignore[attr-defined]
+    driver = engine.drivers.command
+
+    async def both() -> bool:
+        return len(await driver.remaining(mid, main)) == 2
+
+    await eventually(both)
     by_pid = await (await client.get(f"/v1/machines/{mid}/ps", params={"order": "desc"})).json()
     assert len(by_pid) == 2 and by_pid[0]["pid"] > by_pid[1]["pid"]
     resp = await client.get(f"/v1/machines/{mid}/ps", params={"sort_by": "colour"})

@@ -32,6 +32,22 @@ def freezer_mode() -> str:
     return "v1" if os.access(ROOT / "freezer", os.W_OK) else "none"
 
 
+def _own_group(mode: str) -> Path | None:
+    """This process's group directory: the unified one (v2) or the memory controller's (v1),
+    from /proc/self/cgroup (read each time: nothing stops the host from moving the worker)."""
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if (mode == "v2" and controllers == "") or (
+            mode == "v1" and "memory" in controllers.split(",")
+        ):
+            return ROOT.joinpath(*([] if mode == "v2" else ["memory"]), path.lstrip("/"))
+    return None
+
+
 class FreezeError(RuntimeError):
     pass
 
@@ -139,6 +155,21 @@ class Cgroups:
             log.warning("cgroup limits for %s not applied: %s", machine_id, exc)
             return False
         return True
+
+    def outside(self) -> set[int] | None:
+        """The processes of the worker's own group, in the hierarchy that holds the machines'
+        limits (memory in v1, the one in v2): where a machine's process is born, and stays
+        until `limit` moves it, with whatever it started in between. None where machines get
+        no groups: any process of the host may then be one of theirs."""
+        if self.mode == "none":
+            return None
+        path = _own_group(self.mode)
+        if path is None:
+            return None
+        try:
+            return {int(p) for p in (path / "cgroup.procs").read_text().split()}
+        except (OSError, ValueError):
+            return None
 
     def pids(self, machine_id: str) -> set[int]:
         """Processes in the machine's cgroups, wherever they moved in the process tree."""

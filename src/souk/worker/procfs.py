@@ -4,9 +4,11 @@ restarted worker find the processes it started before it crashed."""
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from pathlib import Path
 
 PROC = Path("/proc")
+ENVIRON_READ = 1 << 16
 
 
 def start_time(pid: int) -> str | None:
@@ -49,18 +51,41 @@ def find_by_marker(marker: str) -> int | None:
     return None
 
 
-def processes_of(machine_id: str) -> list[int]:
+def processes_of(machine_id: str, among: Iterable[int] | None = None) -> list[int]:
     """Live processes whose environment names this machine: its own and whatever they started,
-    in its process group or not (a reading of every process's environment: not for hot paths)."""
-    wanted = f"SOUK_MACHINE_ID={machine_id}".encode()
+    in its process group or not; of the pids `among`, or of every process of the host. Each
+    environment read costs a few microseconds: run it off the event loop (`ProcessDriver`)."""
+    entry = f"SOUK_MACHINE_ID={machine_id}".encode()
+    first, inner, last = entry + b"\0", b"\0" + entry + b"\0", b"\0" + entry
     found: list[int] = []
-    for entry in os.scandir(PROC):
-        if not entry.name.isdigit():
+    names = os.listdir(PROC) if among is None else [str(pid) for pid in among]
+    for name in names:
+        if not name.isdigit():
             continue
-        try:
-            environ = Path(entry.path, "environ").read_bytes()
-        except OSError:
-            continue
-        if wanted in environ.split(b"\0") and start_time(int(entry.name)) is not None:
-            found.append(int(entry.name))
+        environ = _environ(name)
+        if (
+            environ is not None
+            and (environ.startswith(first) or inner in environ or environ.endswith(last))
+            and start_time(int(name)) is not None
+        ):
+            found.append(int(name))
     return found
+
+
+def _environ(pid: str) -> bytes | None:
+    """/proc/PID/environ by plain system calls (pathlib's layers cost as much as the read)."""
+    try:
+        fd = os.open(f"/proc/{pid}/environ", os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        chunks = []
+        while chunk := os.read(fd, ENVIRON_READ):
+            chunks.append(chunk)
+            if len(chunk) < ENVIRON_READ:  # procfs fills a read up to the environment's end
+                break
+        return b"".join(chunks)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)

@@ -266,7 +266,7 @@ async def _kill(w: StepHost, run: StepRun) -> int:
     else:
         await driver.stop(m, handle, config.signal, config.timeout)
     delay = 0.01
-    while left := driver.remaining(m, handle):
+    while left := await driver.remaining(m, handle):
         log.warning("destroy of %s: processes %s still run; SIGKILL again", m, left)
         await driver.stop(m, handle, "SIGKILL", 0)
         await asyncio.sleep(delay)

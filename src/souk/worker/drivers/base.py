@@ -109,7 +109,7 @@ class Driver(Protocol):
         """Send `signal`, then SIGKILL after `timeout` seconds; returns once it has exited, and
         nothing it started runs on."""
 
-    def remaining(self, machine_id: str, handle: Handle | None) -> list[int]:
+    async def remaining(self, machine_id: str, handle: Handle | None) -> list[int]:
         """Host pids of the machine's processes still running (none once it is stopped): what
         a destroy checks before it releases the machine's reservation."""
 

@@ -220,8 +220,19 @@ class ProcessDriver:
             await self._stop_leader(machine_id, handle, signal, timeout)
         await self._kill_remaining(machine_id, handle)
 
-    def remaining(self, machine_id: str, handle: Handle | None) -> list[int]:
-        pids = set(procfs.processes_of(machine_id)) | self.cgroups.pids(machine_id)
+    async def remaining(self, machine_id: str, handle: Handle | None) -> list[int]:
+        """Read in a thread: the environment scan reads every process of the host, which at a
+        few thousand would stall the event loop (and every other machine's request) for tens
+        of milliseconds at each stop."""
+        return await asyncio.to_thread(self._remaining, machine_id, handle)
+
+    def _remaining(self, machine_id: str, handle: Handle | None) -> list[int]:
+        """The machine's groups hold its processes, once `limit` has moved its first one there
+        (just after its exec): what that one started before was born in the worker's own
+        group, and still lives there. So the marker is looked for among that group's processes
+        alone, not among every machine's; without groups, among every process of the host."""
+        among = self.cgroups.outside()
+        pids = set(procfs.processes_of(machine_id, among)) | self.cgroups.pids(machine_id)
         if handle is not None and procfs.is_alive(handle.pid, handle.pid_start):
             pids.add(handle.pid)
         return sorted(pid for pid in pids if procfs.start_time(pid) is not None)
@@ -230,7 +241,7 @@ class ProcessDriver:
         """Once the machine's process is gone, what it left running (a child that ignores the
         signal, or one that left its process group) is killed, as a container's processes are
         with its init: nothing of a stopped machine runs on."""
-        while left := self.remaining(machine_id, handle):
+        while left := await self.remaining(machine_id, handle):
             for pid in left:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signals.SIGKILL)
@@ -261,7 +272,7 @@ class ProcessDriver:
         if self.cgroups.can_freeze(machine_id):
             await self.cgroups.freeze(machine_id, True)
             return
-        for pid in self.remaining(machine_id, handle):
+        for pid in await self.remaining(machine_id, handle):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signals.SIGSTOP)
 
@@ -269,7 +280,7 @@ class ProcessDriver:
         if self.cgroups.can_freeze(machine_id):
             await self.cgroups.freeze(machine_id, False)
             return
-        for pid in self.remaining(machine_id, handle):
+        for pid in await self.remaining(machine_id, handle):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signals.SIGCONT)
 
@@ -312,7 +323,7 @@ class ProcessDriver:
                 os.close(fd)
 
     async def processes(self, machine_id: str, handle: Handle | None) -> list[int]:
-        return self.remaining(machine_id, handle)
+        return await self.remaining(machine_id, handle)
 
     async def cleanup(self, launch: Launch) -> None:
         self._exits.pop(launch.machine_id, None)

@@ -246,7 +246,7 @@ class RuncDriver:
         await self._runc("kill", "--all", cid, "KILL", check=False)
         await self._gone(machine_id, handle)
 
-    def remaining(self, machine_id: str, handle: Handle | None) -> list[int]:
+    async def remaining(self, machine_id: str, handle: Handle | None) -> list[int]:
         """The container's init; the rest of the container dies with it (its own pid
         namespace)."""
         if handle is None or not procfs.is_alive(handle.pid, handle.pid_start):
@@ -296,7 +296,7 @@ class RuncDriver:
         try:
             pids = json.loads(out or "[]")
         except ValueError:
-            return self.remaining(machine_id, handle)
+            return await self.remaining(machine_id, handle)
         return [int(p) for p in pids or [] if isinstance(p, int)]
 
     async def cleanup(self, launch: Launch) -> None:

@@ -44,7 +44,7 @@ class SimDriver:
         if exit_future is not None and not exit_future.done():
             exit_future.set_result(0)
 
-    def remaining(self, machine_id: str, handle: Handle | None) -> list[int]:
+    async def remaining(self, machine_id: str, handle: Handle | None) -> list[int]:
         return []
 
     async def cleanup(self, launch: Launch) -> None:

@@ -1,0 +1,93 @@
+"""Finding a machine's processes by the marker in their environment, wherever it stands in it."""
+
+from __future__ import annotations
+
+import contextlib
+import subprocess
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from souk.worker import procfs
+from souk.worker.cgroups import ROOT, Cgroups
+from souk.worker.drivers.process import ProcessDriver
+from tests.support.waiting import wait_until
+
+
+@pytest.fixture
+def sleepers() -> Iterator[list[subprocess.Popen[bytes]]]:
+    started: list[subprocess.Popen[bytes]] = []
+    yield started
+    for proc in started:
+        proc.kill()
+        proc.wait()
+
+
+def spawn(sleepers: list[subprocess.Popen[bytes]], machine_id: str) -> int:
+    env = {"PATH": "/usr/bin:/bin", "SOUK_MACHINE_ID": machine_id}
+    proc = subprocess.Popen(["sleep", "60"], env=env)
+    sleepers.append(proc)
+    wait_until(lambda: procfs.start_time(proc.pid) is not None, what="started")
+    return proc.pid
+
+
+def test_a_machines_processes_are_found_by_their_marker_and_no_other(
+    sleepers: list[subprocess.Popen[bytes]],
+) -> None:
+    """The marker first, between others or last in the environment; never an id that only
+    starts like the machine's, nor the marker's text inside another variable's value."""
+    m = "m-" + "0123456789"
+    envs = {
+        "first": {"SOUK_MACHINE_ID": m, "PATH": "/usr/bin:/bin"},
+        "inner": {"PATH": "/usr/bin:/bin", "SOUK_MACHINE_ID": m, "X": "1"},
+        "last": {"PATH": "/usr/bin:/bin", "SOUK_MACHINE_ID": m},
+        "longer id": {"PATH": "/usr/bin:/bin", "SOUK_MACHINE_ID": m + "0"},
+        "in a value": {"PATH": "/usr/bin:/bin", "NOTE": f"SOUK_MACHINE_ID={m}"},
+        "none": {"PATH": "/usr/bin:/bin"},
+    }
+    pids = {}
+    for name, env in envs.items():
+        proc = subprocess.Popen(["sleep", "60"], env=env)
+        sleepers.append(proc)
+        pids[name] = proc.pid
+    wait_until(lambda: all(procfs.start_time(p) for p in pids.values()), what="all started")
+    found = set(procfs.processes_of(m))
+    assert found == {pids["first"], pids["inner"], pids["last"]}
+    assert set(procfs.processes_of(m + "0")) == {pids["longer id"]}
+    sleepers[0].kill()
+    sleepers[0].wait()
+    assert set(procfs.processes_of(m)) == {pids["inner"], pids["last"]}
+
+
+@pytest.fixture
+def cgroups() -> Iterator[Cgroups]:
+    groups = Cgroups(f"souk-test-{uuid.uuid4().hex[:8]}")
+    if groups.outside() is None:
+        pytest.skip("this host gives no cgroups to write")
+    yield groups
+    for controller in ("", "memory", "cpu", "freezer"):
+        with contextlib.suppress(OSError):
+            (ROOT / controller / groups.group).rmdir()
+
+
+async def test_a_machines_processes_are_looked_for_in_its_groups_and_where_they_are_born(
+    sleepers: list[subprocess.Popen[bytes]], cgroups: Cgroups
+) -> None:
+    """One process of the machine moved into its groups, as a started one is; one still in the
+    worker's own group, as what it starts before that move is. Both are its; another machine's
+    process beside them is not; and the one in the machine's groups is not among the worker's."""
+    machine_id = "m" + uuid.uuid4().hex[:12]
+    moved = spawn(sleepers, machine_id)
+    assert cgroups.limit(machine_id, moved, 1, 64)
+    born = spawn(sleepers, machine_id)
+    spawn(sleepers, machine_id + "0")
+    try:
+        assert await ProcessDriver(cgroups).remaining(machine_id, None) == sorted([moved, born])
+        outside = cgroups.outside()
+        assert outside is not None and born in outside and moved not in outside
+    finally:
+        for proc in sleepers:
+            proc.kill()
+            proc.wait()
+        cgroups.remove(machine_id)
