@@ -32,6 +32,9 @@ from souk.worker.oci.reference import ImageRef, parse_reference
 
 MAX_MANIFEST = 4 << 20
 CHUNK = 1 << 20
+# What a download hands on at a time, to the file and to the layer's unpacking as it arrives: at a
+# mebibyte, a layer of one (most small images' largest) was unpacked only once all of it was in.
+STREAM_CHUNK = 1 << 18
 
 
 class RegistryError(Exception):
@@ -267,7 +270,7 @@ class RegistryClient:
                 raise await self._fail(resp, f"blob {blob.digest}")
             with open(partial, mode) as out:
                 tell(have)
-                async for chunk in resp.content.iter_chunked(CHUNK):
+                async for chunk in resp.content.iter_chunked(STREAM_CHUNK):
                     have += len(chunk)
                     if have > blob.size:
                         out.close()
