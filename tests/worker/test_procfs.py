@@ -6,6 +6,7 @@ import contextlib
 import subprocess
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -24,11 +25,12 @@ def sleepers() -> Iterator[list[subprocess.Popen[bytes]]]:
         proc.wait()
 
 
-def spawn(sleepers: list[subprocess.Popen[bytes]], machine_id: str) -> int:
-    env = {"PATH": "/usr/bin:/bin", "SOUK_MACHINE_ID": machine_id}
+def spawn(sleepers: list[subprocess.Popen[bytes]], env: dict[str, str]) -> int:
     proc = subprocess.Popen(["sleep", "60"], env=env)
     sleepers.append(proc)
-    wait_until(lambda: procfs.start_time(proc.pid) is not None, what="started")
+    # Once its exec has laid out the new environment: a vfork's parent may run on before.
+    environ = Path(f"/proc/{proc.pid}/environ")
+    wait_until(lambda: environ.read_bytes() != b"", what="exec'd")
     return proc.pid
 
 
@@ -46,12 +48,7 @@ def test_a_machines_processes_are_found_by_their_marker_and_no_other(
         "in a value": {"PATH": "/usr/bin:/bin", "NOTE": f"SOUK_MACHINE_ID={m}"},
         "none": {"PATH": "/usr/bin:/bin"},
     }
-    pids = {}
-    for name, env in envs.items():
-        proc = subprocess.Popen(["sleep", "60"], env=env)
-        sleepers.append(proc)
-        pids[name] = proc.pid
-    wait_until(lambda: all(procfs.start_time(p) for p in pids.values()), what="all started")
+    pids = {name: spawn(sleepers, env) for name, env in envs.items()}
     found = set(procfs.processes_of(m))
     assert found == {pids["first"], pids["inner"], pids["last"]}
     assert set(procfs.processes_of(m + "0")) == {pids["longer id"]}
@@ -78,10 +75,11 @@ async def test_a_machines_processes_are_looked_for_in_its_groups_and_where_they_
     worker's own group, as what it starts before that move is. Both are its; another machine's
     process beside them is not; and the one in the machine's groups is not among the worker's."""
     machine_id = "m" + uuid.uuid4().hex[:12]
-    moved = spawn(sleepers, machine_id)
+    marked = {"PATH": "/usr/bin:/bin", "SOUK_MACHINE_ID": machine_id}
+    moved = spawn(sleepers, marked)
     assert cgroups.limit(machine_id, moved, 1, 64)
-    born = spawn(sleepers, machine_id)
-    spawn(sleepers, machine_id + "0")
+    born = spawn(sleepers, marked)
+    spawn(sleepers, {**marked, "SOUK_MACHINE_ID": machine_id + "0"})
     try:
         assert await ProcessDriver(cgroups).remaining(machine_id, None) == sorted([moved, born])
         outside = cgroups.outside()

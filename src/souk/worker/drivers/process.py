@@ -221,9 +221,10 @@ class ProcessDriver:
         await self._kill_remaining(machine_id, handle)
 
     async def remaining(self, machine_id: str, handle: Handle | None) -> list[int]:
-        """Read in a thread: the environment scan reads every process of the host, which at a
-        few thousand would stall the event loop (and every other machine's request) for tens
-        of milliseconds at each stop."""
+        """Read in a thread: each environment read reaches into another process's memory, a
+        few microseconds each, and without cgroups every process of the host is read, which at
+        a few thousand would hold every other request to this worker for tens of milliseconds
+        at each stop."""
         return await asyncio.to_thread(self._remaining, machine_id, handle)
 
     def _remaining(self, machine_id: str, handle: Handle | None) -> list[int]:
