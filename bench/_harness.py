@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import json
 import os
 import platform
 import resource
@@ -20,12 +21,15 @@ import sys
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
 import aiohttp
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
@@ -150,6 +154,26 @@ class GcPauses:
             took = time.perf_counter() - self._began
             self.pauses.append((time.time(), took))
             self.total += took
+
+
+def progress_bar(transient: bool) -> Progress:
+    """Each phase's bar on stderr (a bench's tables and JSON go to stdout); `transient`: gone
+    once done, as when the output is JSON."""
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn())
+    return Progress(
+        *columns, TimeElapsedColumn(), console=Console(stderr=True), transient=transient
+    )
+
+
+def report(rows: Sequence[Any], table: Table, as_json: bool, width: int = 120) -> None:
+    """The rows (dataclasses) as JSON with the machine they ran on, or that machine and the
+    table."""
+    if as_json:
+        print(json.dumps({"machine": machine_info(), "rows": [asdict(r) for r in rows]}, indent=2))
+        return
+    console = Console() if sys.stdout.isatty() else Console(width=width)
+    console.print(machine_info())
+    console.print(table)
 
 
 def pct(xs: Sequence[float], q: int) -> float:

@@ -17,7 +17,6 @@ import argparse
 import asyncio
 import contextlib
 import functools
-import json
 import os
 import signal
 import subprocess
@@ -25,15 +24,14 @@ import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import Progress
 from rich.table import Table
 
-from _harness import machine_info, pct, worker
+from _harness import pct, progress_bar, report, worker
 
 SUPERVISORD = Path(sys.executable).parent / "supervisord"
 POLL = 0.005
@@ -166,10 +164,14 @@ SUPERVISORS: dict[str, Run] = {"bare loop": bare, "supervisord": supervisord, "s
 async def measure(crashes: int, progress: Progress) -> list[Row]:
     rows = []
     with tempfile.TemporaryDirectory(prefix="souk-bench-") as tmp:
+        Path(tmp).chmod(0o711)  # a root worker runs its machines as the app's own user
         for name, run in SUPERVISORS.items():
             work = Path(tmp, name.replace(" ", "-"))
-            work.mkdir()
+            work.mkdir(mode=0o711)
             files = [work / f"starts-{i}" for i in range(crashes)]
+            for path in files:  # made here, open to that user: it may not make files here
+                path.touch()
+                path.chmod(0o666)
             task = progress.add_task(name, total=crashes)
             took = await run(files, functools.partial(progress.advance, task))
             rows.append(Row(name, crashes, pct(took, 50), pct(took, 99), max(took) * 1000))
@@ -201,20 +203,9 @@ def main() -> None:
     parser.add_argument("--crashes", type=int, default=30, help="per supervisor (default 30)")
     parser.add_argument("--json", action="store_true", help="print the rows as JSON")
     args = parser.parse_args()
-    columns = (
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-    )
-    with Progress(*columns, console=Console(stderr=True), transient=args.json) as progress:
+    with progress_bar(args.json) as progress:
         rows = asyncio.run(measure(args.crashes, progress))
-    if args.json:
-        print(json.dumps({"machine": machine_info(), "rows": [asdict(r) for r in rows]}, indent=2))
-        return
-    console = Console() if sys.stdout.isatty() else Console(width=110)
-    console.print(machine_info())
-    console.print(table(rows))
+    report(rows, table(rows), args.json, width=110)
 
 
 if __name__ == "__main__":

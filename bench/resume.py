@@ -21,19 +21,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
-from rich.console import Console
 from rich.table import Table
 
-from _harness import machine_info, pct, worker
+from _harness import pct, report, worker
 
 PORT = 18080
 SERVER = f"""
@@ -281,12 +279,7 @@ def main() -> None:
     parser.add_argument("--no-runc", action="store_true", help="skip the runc driver's rounds")
     args = parser.parse_args()
     rows = asyncio.run(measure(args.rounds, not args.no_fsync, not args.no_runc))
-    if args.json:
-        print(json.dumps({"machine": machine_info(), "rows": [asdict(r) for r in rows]}, indent=2))
-        return
-    console = Console() if sys.stdout.isatty() else Console(width=110)
-    console.print(machine_info())
-    console.print(table(rows))
+    report(rows, table(rows), args.json, width=110)
 
 
 if __name__ == "__main__":

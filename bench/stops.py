@@ -15,19 +15,16 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
-import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import Progress
 from rich.table import Table
 
-from _harness import cpu_ms, machine_info, pct, worker_process
+from _harness import cpu_ms, pct, progress_bar, report, worker_process
 
 CONFIG = {
     "init": {"exec": ["sleep", "60"]},
@@ -148,20 +145,9 @@ def main() -> None:
     parser.add_argument("--json", action="store_true", help="print the rows as JSON")
     args = parser.parse_args()
     sizes = [int(s) for s in args.running.split(",")]
-    columns = (
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-    )
-    with Progress(*columns, console=Console(stderr=True), transient=args.json) as progress:
+    with progress_bar(args.json) as progress:
         rows = asyncio.run(measure(sizes, args.stops, progress))
-    if args.json:
-        print(json.dumps({"machine": machine_info(), "rows": [asdict(r) for r in rows]}, indent=2))
-        return
-    console = Console() if sys.stdout.isatty() else Console(width=120)
-    console.print(machine_info())
-    console.print(table(rows))
+    report(rows, table(rows), args.json)
 
 
 if __name__ == "__main__":
