@@ -15,7 +15,12 @@ alternating `--rounds` times. Next to the broker's CPU per create from `bench/pl
 difference is what souk itself does per create (validation, the decision, the catalog replica,
 the confirmation) and what the event loop spends between them.
 
+`--tls`: both exchanges over TLS (a cluster CA's certificates), as in a secured cluster; each
+round then measures them plain too, and the ratio is what TLS costs the floor. `--loop`: the
+event loop this process (the measured side) runs on: asyncio's or uvloop's.
+
     .venv/bin/python bench/broker_floor.py            # about half a minute
+    .venv/bin/python bench/broker_floor.py --tls --loop uvloop
 """
 
 from __future__ import annotations
@@ -23,18 +28,21 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import ssl
 import statistics
 import sys
+import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 import aiohttp
+import uvloop
 from aiohttp import web
 from rich.console import Console
 from rich.table import Table
 
-import _harness  # noqa: F401  (puts the repository root on the path)
-from _harness import machine_info
+from _harness import Pki, machine_info
 
 from souk.models.machine import Machine, MachineConfig
 
@@ -64,7 +72,27 @@ MACHINE = (
 )
 
 
-async def serve() -> tuple[web.AppRunner, int]:
+Tls = tuple[str, str, str] | None  # the server's certificate, its key, the CA's; None: plain
+
+
+def server_context(tls: Tls) -> ssl.SSLContext | None:
+    if tls is None:
+        return None
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(tls[0], tls[1])
+    return context
+
+
+def client_session(tls: Tls) -> aiohttp.ClientSession:
+    context = ssl.create_default_context(cafile=tls[2]) if tls else None
+    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=context or True))
+
+
+def scheme(tls: Tls) -> str:
+    return "https" if tls else "http"
+
+
+async def serve(tls: Tls = None) -> tuple[web.AppRunner, int]:
     async def create(request: web.Request) -> web.Response:
         await request.read()
         return web.Response(body=MACHINE, content_type="application/json")
@@ -73,7 +101,7 @@ async def serve() -> tuple[web.AppRunner, int]:
     app.router.add_post("/v1/machines", create)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0, backlog=1024)
+    site = web.TCPSite(runner, "127.0.0.1", 0, backlog=1024, ssl_context=server_context(tls))
     await site.start()
     return runner, runner.addresses[0][1]
 
@@ -94,16 +122,16 @@ async def send(http: aiohttp.ClientSession, url: str, requests: int, concurrency
     await asyncio.gather(*(one_at_a_time() for _ in range(concurrency)))
 
 
-async def child(role: str, arg: str, requests: int, concurrency: int) -> None:
-    """The other side, in its own process: a server that says its port, or a load that posts
-    once told to go (its warm-up already done)."""
+async def child(role: str, arg: str, requests: int, concurrency: int, tls: Tls) -> None:
+    """The other side, in its own process (on asyncio's loop): a server that says its port, or
+    a load that posts once told to go (its warm-up already done)."""
     if role == "serve":
-        runner, port = await serve()
+        runner, port = await serve(tls)
         print(port, flush=True)
         await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
         await runner.cleanup()
         return
-    async with aiohttp.ClientSession() as http:
+    async with client_session(tls) as http:
         await send(http, arg, concurrency * 4, concurrency)  # the connections, then held
         print("warm", flush=True)
         await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
@@ -111,17 +139,18 @@ async def child(role: str, arg: str, requests: int, concurrency: int) -> None:
     print("done", flush=True)
 
 
-async def spawn(*args: str) -> asyncio.subprocess.Process:
+async def spawn(tls: Tls, *args: str) -> asyncio.subprocess.Process:
+    files = list(tls) if tls else []
     return await asyncio.create_subprocess_exec(
-        sys.executable, __file__, "--child", *args, stdin=-1, stdout=-1
+        sys.executable, __file__, "--child", *args, *files, stdin=-1, stdout=-1
     )
 
 
-async def served(requests: int, concurrency: int) -> float:
+async def served(requests: int, concurrency: int, tls: Tls = None) -> float:
     """µs of this process's CPU per request served."""
-    runner, port = await serve()
-    url = f"http://127.0.0.1:{port}/v1/machines"
-    load = await spawn("load", url, str(requests), str(concurrency))
+    runner, port = await serve(tls)
+    url = f"{scheme(tls)}://127.0.0.1:{port}/v1/machines"
+    load = await spawn(tls, "load", url, str(requests), str(concurrency))
     assert load.stdout is not None and load.stdin is not None
     await load.stdout.readline()  # warm
     began = time.process_time()
@@ -134,12 +163,12 @@ async def served(requests: int, concurrency: int) -> float:
     return used / requests * 1e6
 
 
-async def sent(requests: int, concurrency: int) -> float:
+async def sent(requests: int, concurrency: int, tls: Tls = None) -> float:
     """µs of this process's CPU per request sent."""
-    server = await spawn("serve", "", "0", "0")
+    server = await spawn(tls, "serve", "", "0", "0")
     assert server.stdout is not None and server.stdin is not None
-    url = f"http://127.0.0.1:{int(await server.stdout.readline())}/v1/machines"
-    async with aiohttp.ClientSession() as http:
+    url = f"{scheme(tls)}://127.0.0.1:{int(await server.stdout.readline())}/v1/machines"
+    async with client_session(tls) as http:
         await send(http, url, concurrency * 4, concurrency)
         began = time.process_time()
         await send(http, url, requests, concurrency)
@@ -150,47 +179,60 @@ async def sent(requests: int, concurrency: int) -> float:
     return used / requests * 1e6
 
 
-async def measure(rounds: int, requests: int, concurrency: int) -> dict[str, Any]:
-    runs: dict[str, list[float]] = {"served": [], "sent": []}
-    for i in range(rounds):  # alternating which side goes first
+async def measure(rounds: int, requests: int, concurrency: int, tls: Tls) -> dict[str, Any]:
+    """Each side per round, plain; with `tls`, over TLS too, right after it (the order of
+    the sides, and of plain and TLS, alternating from round to round)."""
+    kinds: list[Tls] = [None, tls] if tls else [None]
+    runs: dict[str, list[float]] = {}
+    for i in range(rounds):
         order = ("served", "sent") if i % 2 == 0 else ("sent", "served")
         for side in order:
             phase = served if side == "served" else sent
-            runs[side].append(await phase(requests, concurrency))
+            for kind in kinds if i % 2 == 0 else kinds[::-1]:
+                name = side + (" over TLS" if kind else "")
+                runs.setdefault(name, []).append(await phase(requests, concurrency, kind))
     return {
         "rounds": rounds,
         "requests": requests,
         "concurrency": concurrency,
         "create_bytes": len(CREATE),
         "machine_bytes": len(MACHINE),
-        "served_us": runs["served"],
-        "sent_us": runs["sent"],
-        "served_median_us": statistics.median(runs["served"]),
-        "sent_median_us": statistics.median(runs["sent"]),
+        "us": runs,
+        "median_us": {name: statistics.median(values) for name, values in runs.items()},
     }
 
 
 def main() -> None:
     if sys.argv[1:2] == ["--child"]:
-        role, arg, requests, concurrency = sys.argv[2:6]
-        asyncio.run(child(role, arg, int(requests), int(concurrency)))
+        role, arg, requests, concurrency, *paths = sys.argv[2:]
+        given: Tls = (paths[0], paths[1], paths[2]) if paths else None
+        asyncio.run(child(role, arg, int(requests), int(concurrency), given))
         return
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--requests", type=int, default=5000, help="per phase")
     parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument("--tls", action="store_true", help="each side over TLS too")
+    parser.add_argument("--loop", choices=("asyncio", "uvloop"), default="asyncio")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     args = parser.parse_args()
-    report = asyncio.run(measure(args.rounds, args.requests, args.concurrency))
+    with tempfile.TemporaryDirectory(prefix="souk-bench-") as tmp:
+        tls: Tls = None
+        if args.tls:
+            files = Pki(Path(tmp)).files("worker", "floor", sans=["127.0.0.1"])
+            tls = (str(files.cert), str(files.key), str(files.ca))
+        run = uvloop.run if args.loop == "uvloop" else asyncio.run
+        report = run(measure(args.rounds, args.requests, args.concurrency, tls))
+    report["loop"] = args.loop
     if args.json:
         print(json.dumps(report, indent=2))
         return
-    table = Table(title=f"aiohttp's floor per create, µs of CPU ({machine_info()})")
+    title = f"aiohttp's floor per create on {args.loop}, µs of CPU ({machine_info()})"
+    table = Table(title=title)
     for col in ("side", *(f"round {i}" for i in range(args.rounds)), "median"):
         table.add_column(col, justify="left" if col == "side" else "right")
-    for side in ("served", "sent"):
-        values = report[f"{side}_us"]
-        table.add_row(side, *(f"{v:.0f}" for v in values), f"{statistics.median(values):.0f}")
+    for name, values in report["us"].items():
+        table.add_row(name, *(f"{v:.0f}" for v in values), f"{statistics.median(values):.0f}")
     Console().print(table)
 
 

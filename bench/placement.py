@@ -81,7 +81,7 @@ from souk.broker.placement.pipeline import Placer
 from souk.broker.placement.reservation import placing_client
 from souk.broker.placement.stages import rank
 from souk.broker.registry import AppRegistry
-from souk.broker.runtime import registry_owner
+from souk.broker.runtime import registry_owner, run
 from souk.broker.server import make_app
 from souk.broker.tokens import mint
 from souk.catalog import http as catalog_http
@@ -1113,7 +1113,7 @@ def main() -> None:
         TimeElapsedColumn(),
     )
     with Progress(*columns, console=err, transient=args.json) as progress:
-        report = asyncio.run(measure(args, progress))
+        report = run(measure(args, progress))  # the broker runs here, on its own loop
     if args.json:
         print(json.dumps(asdict(report), indent=2))
         return

@@ -10,10 +10,12 @@ import asyncio
 import contextlib
 import logging
 import signal
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, TypeVar
 
+import uvloop
 from aiohttp import web
 
 from souk import heap
@@ -40,6 +42,7 @@ from souk.web import Route
 from souk.web import runner as web_runner
 from souk.web.tls import ServerCert
 
+T = TypeVar("T")
 log = logging.getLogger("souk.broker")
 REFRESH_EVERY = 0.5
 CONNECT_GRACE = 0.5  # how long a start waits for NATS before serving without it
@@ -182,6 +185,13 @@ async def until_signalled() -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
+
+
+def run(main: Coroutine[Any, Any, T]) -> T:
+    """Runs a broker's coroutine on uvloop: a secured broker reads every request, reservation,
+    catalog batch and heartbeat through TLS, whose transport asyncio writes in Python and
+    uvloop compiles (9% less broker CPU per create secured, measured; docs/benchmarks.md)."""
+    return uvloop.run(main)
 
 
 async def serve(opts: BrokerOptions) -> None:

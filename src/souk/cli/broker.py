@@ -86,7 +86,7 @@ def run(
         default_region=default_region,
         metrics=metrics,
     )
-    asyncio.run(runtime.serve(opts))
+    runtime.run(runtime.serve(opts))
 
 
 def dev(
