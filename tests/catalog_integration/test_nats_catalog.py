@@ -14,6 +14,7 @@ from souk.broker.tokens import mint, new_secret, read_secret
 from souk.catalog.bus import NatsBus
 from souk.catalog.protocol import Batch, Change, changes_subject, encode
 from tests.support.catalog_cluster import Cluster, ReplicaProcess
+from tests.support.nats import flushed
 from tests.support.ports import free_port
 from tests.support.waiting import wait_until as eventually
 from tests.support.worker_process import SOUK
@@ -140,7 +141,7 @@ def test_a_malformed_row_is_quarantined_not_applied(cluster: Cluster) -> None:
 async def _publish(url: str, subject: str, data: bytes) -> None:
     bus = await NatsBus.connect(url)
     await bus.publish(subject, data)
-    await bus.nc.flush()
+    await flushed(bus.nc)
     await bus.close()
 
 

@@ -33,7 +33,7 @@ from souk.catalog.sim import SimRows
 from souk.pki import NodeFiles
 from tests.catalog.pki import Ca, NodeCert
 from tests.support.catalog_cluster import ReplicaProcess
-from tests.support.nats import NATS, NatsServer
+from tests.support.nats import NATS, NatsServer, flushed
 from tests.support.ports import free_port
 from tests.support.worker_process import SOUK
 
@@ -164,7 +164,7 @@ async def collecting(bus: NatsBus, *subjects: str) -> AsyncIterator[list[tuple[s
         got.append((msg.subject, msg.data))
 
     subs = [await bus.subscribe(s, keep) for s in subjects]
-    await bus.nc.flush()
+    await flushed(bus.nc)
     try:
         yield got
     finally:
@@ -188,7 +188,7 @@ async def test_a_worker_publishes_under_its_own_name_only_and_reads_no_rows(
         await b1.publish(changes_subject("mad", "w1"), b"b1 as w1")
         await w2.publish(pull_subject("w1"), b"{}")  # and nobody but w1 reads w1's pulls
         for bus in (w1, w2, b1):
-            await bus.nc.flush()
+            await flushed(bus.nc)
         await asyncio.sleep(0.5)
     assert sorted(broker_got) == [
         (changes_subject("mad", "w1"), b"w1's own"),
@@ -252,7 +252,7 @@ async def test_a_signed_catalog_over_the_bus_refuses_every_forgery(secure: Secur
         moved = {**row, "id": "w1"}  # w1 itself, unsigned: as if its key were not in use
         unsigned = Batch("w1", "mad", "e1", 0, 99, [Change("workers", "w1", 99, moved)])
         await w1.publish(changes_subject("mad", "w1"), encode(unsigned))
-        await w1.nc.flush()
+        await flushed(w1.nc)
 
         def refused() -> dict[str, int]:
             return dict(replica.get("/v1/catalog/status")["refused"])
@@ -287,7 +287,7 @@ async def test_a_signed_catalog_over_the_bus_refuses_every_forgery(secure: Secur
                 await b1.publish(msg.reply or "", orjson.dumps(chunk))
 
         sub = await b1.subscribe(SNAPSHOT, forger)
-        await b1.nc.flush()
+        await flushed(b1.nc)
         second = secure.replica("cat2", "cat2.log")
         await asyncio.to_thread(second.start)
         await sub.unsubscribe()
@@ -321,7 +321,7 @@ async def test_servers_in_a_cluster_route_over_tls(secure: SecureBus) -> None:
         async with collecting(b1, "souk.cat.ch.>") as got:
             for _ in range(100):  # until the route is up
                 await w1.publish(changes_subject("mad", "w1"), b"across")
-                await w1.nc.flush()
+                await flushed(w1.nc)
                 await asyncio.sleep(0.1)
                 if got:
                     break

@@ -16,7 +16,7 @@ from cryptography import x509
 from nats.aio.client import Client
 
 from souk.pki import NodeFiles, client_context, identity_of
-from tests.support.nats import NATS, needs_nats
+from tests.support.nats import NATS, flushed, needs_nats
 from tests.support.pki import LOOPBACK, Pki
 from tests.support.ports import free_port
 from tests.support.waiting import eventually, wait_until
@@ -71,9 +71,9 @@ async def test_a_round_trip_over_mutual_tls(pki: Pki, bus: tuple[int, NodeFiles]
     broker = await connect(port, pki.node("broker", "b1"))
     try:
         sub = await broker.subscribe("souk.test")
-        await broker.flush()
+        await flushed(broker)
         await worker.publish("souk.test", b"hello")
-        await worker.flush(timeout=5)  # at the server, not in the client's buffer, before the wait
+        await flushed(worker)  # at the server, not in the client's buffer, before the wait
         msg = await sub.next_msg(timeout=10)
         assert msg.data == b"hello"
         # nats-py keeps no public handle on its TLS stream; reach in once to see what was agreed.

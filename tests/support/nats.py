@@ -9,6 +9,7 @@ from pathlib import Path
 from types import TracebackType
 
 import pytest
+from nats.aio.client import Client
 
 from tests.support.ports import free_port, listening
 from tests.support.waiting import wait_until
@@ -16,6 +17,15 @@ from tests.support.waiting import wait_until
 # Debian installs it in /usr/sbin, which is not on every user's PATH.
 NATS = shutil.which("nats-server") or shutil.which("nats-server", path="/usr/sbin:/usr/local/sbin")
 needs_nats = pytest.mark.skipif(NATS is None, reason="nats-server is not installed")
+
+
+async def flushed(nc: Client) -> None:
+    """Everything `nc` sent so far, SUBs included, is at the server. nats-py's `flush` writes
+    its PING straight to the socket, ahead of commands still queued for its flusher task, so
+    its PONG can come back before a SUB or PUB made just before has left: the queue is written
+    out first (a private call; nats-py offers no public one), then the round trip."""
+    await nc._flush_pending(force_flush=True)
+    await nc.flush()
 
 
 @dataclass
