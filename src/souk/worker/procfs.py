@@ -28,11 +28,8 @@ def is_alive(pid: int, pid_start: str) -> bool:
 
 
 def has_marker(pid: int, marker: str) -> bool:
-    try:
-        environ = (PROC / str(pid) / "environ").read_bytes()
-    except OSError:
-        return False
-    return f"SOUK_MARKER={marker}".encode() in environ.split(b"\0")
+    environ = _environ(str(pid))
+    return environ is not None and _carries(environ, f"SOUK_MARKER={marker}".encode())
 
 
 def find_by_marker(marker: str) -> int | None:
@@ -55,8 +52,7 @@ def processes_of(machine_id: str, among: Iterable[int] | None = None) -> list[in
     """Live processes whose environment names this machine: its own and whatever they started,
     in its process group or not; of the pids `among`, or of every process of the host. Each
     environment read costs a few microseconds: run it off the event loop (`ProcessDriver`)."""
-    entry = f"SOUK_MACHINE_ID={machine_id}".encode()
-    first, inner, last = entry + b"\0", b"\0" + entry + b"\0", b"\0" + entry
+    variable = f"SOUK_MACHINE_ID={machine_id}".encode()
     found: list[int] = []
     names = os.listdir(PROC) if among is None else [str(pid) for pid in among]
     for name in names:
@@ -65,11 +61,22 @@ def processes_of(machine_id: str, among: Iterable[int] | None = None) -> list[in
         environ = _environ(name)
         if (
             environ is not None
-            and (environ.startswith(first) or inner in environ or environ.endswith(last))
+            and _carries(environ, variable)
             and start_time(int(name)) is not None
         ):
             found.append(int(name))
     return found
+
+
+def _carries(environ: bytes, variable: bytes) -> bool:
+    """Whether `NAME=value` is one of the environment's variables (each ends in a NUL), not a
+    piece of one: found without splitting the environment into a list first."""
+    return (
+        environ.startswith(variable + b"\0")
+        or b"\0" + variable + b"\0" in environ
+        or environ.endswith(b"\0" + variable)
+        or environ == variable
+    )
 
 
 def _environ(pid: str) -> bytes | None:
