@@ -15,7 +15,8 @@ alternating `--rounds` times. Next to the broker's CPU per create from `bench/pl
 difference is what souk itself does per create (validation, the decision, the catalog replica,
 the confirmation) and what the event loop spends between them.
 
-`--tls`: both exchanges over TLS (a cluster CA's certificates), as in a secured cluster; each
+`--tls`: both exchanges over mutual TLS with the contexts souk's parts use (`souk.pki`: TLS 1.3, a
+cluster CA's certificates on both sides), as in a secured cluster; each
 round then measures them plain too, and the ratio is what TLS costs the floor. `--loop`: the
 event loop this process (the measured side) runs on: asyncio's or uvloop's.
 
@@ -28,7 +29,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import ssl
 import statistics
 import sys
 import tempfile
@@ -45,6 +45,7 @@ from rich.table import Table
 from _harness import Pki, machine_info
 
 from souk.models.machine import Machine, MachineConfig
+from souk.pki import NodeFiles, client_context, server_context
 
 CREATE = json.dumps(
     {
@@ -72,20 +73,12 @@ MACHINE = (
 )
 
 
-Tls = tuple[str, str, str] | None  # the server's certificate, its key, the CA's; None: plain
-
-
-def server_context(tls: Tls) -> ssl.SSLContext | None:
-    if tls is None:
-        return None
-    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    context.load_cert_chain(tls[0], tls[1])
-    return context
+Tls = NodeFiles | None  # one node's certificate, key and CA, shown by both sides; None: plain
 
 
 def client_session(tls: Tls) -> aiohttp.ClientSession:
-    context = ssl.create_default_context(cafile=tls[2]) if tls else None
-    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=context or True))
+    context = client_context(tls) if tls else True
+    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=context))
 
 
 def scheme(tls: Tls) -> str:
@@ -101,7 +94,8 @@ async def serve(tls: Tls = None) -> tuple[web.AppRunner, int]:
     app.router.add_post("/v1/machines", create)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0, backlog=1024, ssl_context=server_context(tls))
+    context = server_context(tls) if tls else None
+    site = web.TCPSite(runner, "127.0.0.1", 0, backlog=1024, ssl_context=context)
     await site.start()
     return runner, runner.addresses[0][1]
 
@@ -140,7 +134,7 @@ async def child(role: str, arg: str, requests: int, concurrency: int, tls: Tls) 
 
 
 async def spawn(tls: Tls, *args: str) -> asyncio.subprocess.Process:
-    files = list(tls) if tls else []
+    files = [str(tls.cert), str(tls.key), str(tls.ca)] if tls else []
     return await asyncio.create_subprocess_exec(
         sys.executable, __file__, "--child", *args, *files, stdin=-1, stdout=-1
     )
@@ -205,7 +199,7 @@ async def measure(rounds: int, requests: int, concurrency: int, tls: Tls) -> dic
 def main() -> None:
     if sys.argv[1:2] == ["--child"]:
         role, arg, requests, concurrency, *paths = sys.argv[2:]
-        given: Tls = (paths[0], paths[1], paths[2]) if paths else None
+        given: Tls = NodeFiles(*map(Path, paths)) if paths else None
         asyncio.run(child(role, arg, int(requests), int(concurrency), given))
         return
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -217,10 +211,7 @@ def main() -> None:
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="souk-bench-") as tmp:
-        tls: Tls = None
-        if args.tls:
-            files = Pki(Path(tmp)).files("worker", "floor", sans=["127.0.0.1"])
-            tls = (str(files.cert), str(files.key), str(files.ca))
+        tls = Pki(Path(tmp)).files("worker", "floor", sans=["127.0.0.1"]) if args.tls else None
         run = uvloop.run if args.loop == "uvloop" else asyncio.run
         report = run(measure(args.rounds, args.requests, args.concurrency, tls))
     report["loop"] = args.loop
