@@ -3,7 +3,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-debs=(nats-server runc iproute2 nftables docker-registry umoci busybox-static chromium e2fsprogs util-linux)
+debs=(nats-server runc iproute2 nftables docker-registry umoci busybox-static chromium e2fsprogs util-linux
+      gcc libc6-dev)
 missing=()
 for pkg in "${debs[@]}"; do
     dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
@@ -21,6 +22,10 @@ if [ ! -x .venv/bin/python ]; then
 fi
 .venv/bin/pip install -q --upgrade pip >/dev/null
 .venv/bin/pip install -q -e '.[dev]'
+
+# souk-launch, with which the process driver starts machines (src/souk/worker/drivers/launch.c):
+# one static binary beside the interpreter, where the worker looks for it first.
+cc -O2 -Wall -Werror -std=c11 -static -o .venv/bin/souk-launch src/souk/worker/drivers/launch.c
 
 # A root worker runs machines as their apps' own unprivileged users, and the tests' and the
 # example's machines run this venv's Python: those users must be able to pass through (not

@@ -71,13 +71,16 @@ def cgroups() -> Iterator[Cgroups]:
 async def test_a_machines_processes_are_looked_for_in_its_groups_and_where_they_are_born(
     sleepers: list[subprocess.Popen[bytes]], cgroups: Cgroups
 ) -> None:
-    """One process of the machine moved into its groups, as a started one is; one still in the
-    worker's own group, as what it starts before that move is. Both are its; another machine's
-    process beside them is not; and the one in the machine's groups is not among the worker's."""
+    """One process of the machine in its groups, as a started one is; one still in the worker's
+    own group, as one is whose groups could not be made. Both are its; another machine's process
+    beside them is not; and the one in the machine's groups is not among the worker's."""
     machine_id = "m" + uuid.uuid4().hex[:12]
     marked = {"PATH": "/usr/bin:/bin", "SOUK_MACHINE_ID": machine_id}
     moved = spawn(sleepers, marked)
-    assert cgroups.limit(machine_id, moved, 1, 64)
+    procs = cgroups.prepare(machine_id, 1, 64)
+    assert procs
+    for path in procs:
+        path.write_text(str(moved))
     born = spawn(sleepers, marked)
     spawn(sleepers, {**marked, "SOUK_MACHINE_ID": machine_id + "0"})
     try:

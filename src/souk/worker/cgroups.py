@@ -65,18 +65,6 @@ class Cgroups:
             return ROOT / "freezer" / self.group / machine_id
         return None
 
-    def join(self, machine_id: str, pid: int) -> None:
-        """Put `pid` in the machine's freezer group (v1; in v2 it is the machine's one group),
-        so that a suspend freezes it with the rest of the machine."""
-        d = self._freezer_dir(machine_id)
-        if d is None or self.freezer != "v1":
-            return
-        try:
-            d.mkdir(parents=True, exist_ok=True)
-            (d / "cgroup.procs").write_text(str(pid))
-        except OSError as exc:
-            log.warning("freezer group for %s not joined: %s", machine_id, exc)
-
     def procs_files(self, machine_id: str) -> list[Path]:
         """The machine's `cgroup.procs` files (limits and freezer), where they exist: what a
         process joins to be counted, limited and frozen with the machine."""
@@ -130,16 +118,16 @@ class Cgroups:
             return [ROOT / c / self.group / machine_id for c in ("memory", "cpu")]
         return []
 
-    def limit(self, machine_id: str, pid: int, cpus: int, memory_mb: int) -> bool:
-        """Put `pid` under limits; False where the host gives us no cgroups."""
-        self.join(machine_id, pid)
+    def prepare(self, machine_id: str, cpus: int, memory_mb: int) -> list[Path]:
+        """The machine's groups made, under its limits: the `cgroup.procs` files its process
+        joins before its command runs; none where the host gives us no cgroups, or where they
+        could not be made (the machine then runs without them, as the warning says)."""
         try:
             if self.mode == "v2":
                 (d,) = self._dirs(machine_id)
                 d.mkdir(parents=True, exist_ok=True)
                 (d / "memory.max").write_text(str(memory_mb << 20))
                 (d / "cpu.max").write_text(f"{cpus * PERIOD_US} {PERIOD_US}")
-                (d / "cgroup.procs").write_text(str(pid))
             elif self.mode == "v1":
                 mem, cpu = self._dirs(machine_id)
                 for d in (mem, cpu):
@@ -147,20 +135,22 @@ class Cgroups:
                 (mem / "memory.limit_in_bytes").write_text(str(memory_mb << 20))
                 (cpu / "cpu.cfs_period_us").write_text(str(PERIOD_US))
                 (cpu / "cpu.cfs_quota_us").write_text(str(cpus * PERIOD_US))
-                for d in (mem, cpu):
-                    (d / "cgroup.procs").write_text(str(pid))
-            else:
-                return False
         except OSError as exc:
             log.warning("cgroup limits for %s not applied: %s", machine_id, exc)
-            return False
-        return True
+            return []
+        freezer = self._freezer_dir(machine_id)
+        if self.freezer == "v1" and freezer is not None:  # v2: the machine's one group
+            try:
+                freezer.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                log.warning("freezer group for %s not made: %s", machine_id, exc)
+        return self.procs_files(machine_id)
 
     def outside(self) -> set[int] | None:
         """The processes of the worker's own group, in the hierarchy that holds the machines'
-        limits (memory in v1, the one in v2): where a machine's process is born, and stays
-        until `limit` moves it, with whatever it started in between. None where machines get
-        no groups: any process of the host may then be one of theirs."""
+        limits (memory in v1, the one in v2): where a machine's process is born, and stays if
+        its own groups could not be made. None where machines get no groups: any process of
+        the host may then be one of theirs."""
         if self.mode == "none":
             return None
         path = _own_group(self.mode)

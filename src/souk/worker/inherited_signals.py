@@ -1,7 +1,7 @@
 """Signals the worker was started with ignored, caught instead, so that its machines get them.
 
 An ignored signal stays ignored across fork and exec, so every process a worker starts (a
-machine's command, `setpriv`, `runc` and the container it runs) would inherit what the worker's
+machine's command, `souk-launch`, `runc` and the container it runs) would inherit what the worker's
 own start ignored: SIGHUP under `nohup`, SIGINT and SIGQUIT for a shell's background job. A
 machine could then neither trap them (a shell refuses to trap what it was started ignoring) nor
 be stopped by them (SIGINT is the default stop signal). A caught signal, by contrast, is reset

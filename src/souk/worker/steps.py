@@ -168,10 +168,9 @@ async def _spawn(w: StepHost, run: StepRun) -> int:
     digest = await driver.prepare(launch)
     if kind == "image":  # prepared means pulled: the cache (and the catalog) has it now
         await sync_images(w.store, w.drivers.images)
+    # Returns once the process is the command, as the app, within its limits: `started` is
+    # visible the moment it commits.
     handle = await driver.spawn(launch)
-    # Settled first (in its cgroup, and through setpriv the command itself): `started` is
-    # visible the moment it commits, and a started machine runs as its app, within its limits.
-    await driver.settled(run.machine_id)
 
     def pin(tx: Tx) -> None:
         if digest is not None and digest != launch.image_digest:

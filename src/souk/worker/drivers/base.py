@@ -91,11 +91,8 @@ class Driver(Protocol):
         later starts of this version of the machine get as `Launch.image_digest`."""
 
     async def spawn(self, launch: Launch) -> Handle:
-        """Start the machine, or return the handle of the copy already running for this marker."""
-
-    async def settled(self, machine_id: str) -> None:
-        """What the spawn left running beside the process (its cgroup limits), done: awaited
-        together with the spawn's commit, so that it costs no time of its own."""
+        """Start the machine, or return the handle of the copy already running for this marker.
+        Returns once what runs is the machine's own command, as its app, within its limits."""
 
     def adopt(self, machine_id: str, marker: str, handle: Handle | None) -> Handle | None:
         """The running process of this spawn, if it is still alive (after a worker restart)."""

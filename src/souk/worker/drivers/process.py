@@ -22,22 +22,19 @@ import signal as signals
 import stat
 import subprocess
 import sys
-import time
-from collections.abc import Awaitable
 from pathlib import Path
 from typing import IO, Any
 
 from souk.models.machine import MachineProcess
 from souk.worker import procfs
 from souk.worker.cgroups import Cgroups
-from souk.worker.drivers import execs, processes
+from souk.worker.drivers import execs, launcher, processes
 from souk.worker.drivers.base import ExecResult, Handle, HostUser, Launch
 from souk.worker.drivers.exits import child_exit, poll_until_gone, until_gone
 from souk.worker.drivers.processes import SPEC_ENV
 from souk.worker.files import write_files
 
 POLL = 0.05
-SETPRIV_WAIT = 1.0  # at most this long for setpriv to become the machine's command
 
 
 def machine_env(launch: Launch) -> dict[str, str]:
@@ -88,31 +85,6 @@ class ProcessDriver:
     def __init__(self, cgroups: Cgroups) -> None:
         self.cgroups = cgroups
         self._exits: dict[str, asyncio.Future[int | None]] = {}
-        self._settling: dict[str, asyncio.Future[object]] = {}
-
-    async def settled(self, machine_id: str) -> None:
-        pending = self._settling.pop(machine_id, None)
-        if pending is not None:
-            await pending
-
-    def _settle(self, machine_id: str, pid: int, cpus: int, memory_mb: int, setpriv: bool) -> str:
-        """Returns the process's start time, read first (its exit is not read, nor the process
-        reaped, before): reading it right after the fork waits on the kernel while the new
-        process is being set up, which the event loop need not."""
-        started = procfs.start_time(pid) or "0"
-        self.cgroups.limit(machine_id, pid, cpus, memory_mb)
-        if not setpriv or SETPRIV is None:
-            return started
-        wrapper = os.path.realpath(SETPRIV)
-        deadline = time.monotonic() + SETPRIV_WAIT
-        while time.monotonic() < deadline:
-            try:
-                if os.readlink(f"/proc/{pid}/exe") != wrapper:
-                    return started
-            except OSError:  # gone already: its exit is the monitor's to report
-                return started
-            time.sleep(0.0005)
-        return started
 
     async def prepare(self, launch: Launch) -> str | None:
         workdir = _workdir(launch)
@@ -125,56 +97,43 @@ class ProcessDriver:
     async def spawn(self, launch: Launch) -> Handle:
         if launch.resumed and (running := self.adopt(launch.machine_id, launch.marker, None)):
             return running
-        workdir = _workdir(launch)
-        workdir.mkdir(parents=True, exist_ok=True)
-        _link_volumes(launch, workdir)
-        env = machine_env(launch)
-        several = bool(launch.config.processes)
-        identity: dict[str, Any] = {}
-        if several:  # one launcher runs them all and starts each as its own ids: processes.py
-            argv = [sys.executable, "-I", processes.__file__]  # stdlib only: runs as a file
-            env = {**env, SPEC_ENV: json.dumps(process_specs(launch))}
-        else:
-            argv, identity = _as_user(launch.config.argv(), launch.user, env, workdir)
-        with _log(launch.rundir / "stdout.log") as out, _log(launch.rundir / "stderr.log") as err:
+        guest = launch.config.guest
+        # Made in a thread while the loop readies the rest: writing a cgroup's files waits on
+        # the kernel. The process joins them before its command runs (`launcher`).
+        groups = asyncio.ensure_future(
+            asyncio.to_thread(self.cgroups.prepare, launch.machine_id, guest.cpus, guest.memory_mb)
+        )
+        with contextlib.ExitStack() as opened:
+            try:
+                argv, env, user = _command(launch)
+                out = opened.enter_context(_log(launch.rundir / "stdout.log"))
+                err = opened.enter_context(_log(launch.rundir / "stderr.log"))
+                procs = await groups
+            except BaseException:
+                groups.cancel()
+                raise
+            start = opened.enter_context(launcher.launching(argv, user, procs))
             try:
                 # Popen itself, as asyncio's subprocess would (a vfork, on the loop), without
                 # its child watcher: the exit is read on a pidfd (`child_exit`).
                 proc = subprocess.Popen(  # noqa: ASYNC220
-                    argv,
-                    stdin=subprocess.PIPE if several else subprocess.DEVNULL,
+                    start.argv,
+                    stdin=subprocess.DEVNULL,
                     stdout=out,
                     stderr=err,
-                    cwd=workdir,
+                    cwd=_workdir(launch),
                     env=env,
                     start_new_session=True,
-                    **identity,
+                    **start.popen,
                 )
             except PermissionError as exc:
-                if launch.user is None:
+                if user is None:
                     raise
-                raise _not_for(launch.user, argv[-1], exc.errno or errno.EACCES) from exc
-        guest = launch.config.guest
-        # In a thread, awaited before the spawn returns (so before its commit): moving a
-        # process into a cgroup waits for the kernel (an RCU grace period), which must not
-        # stall the event loop, and so may reading its start time. Through setpriv, the
-        # process is itself only once setpriv has dropped to the app's ids and run the
-        # command: it is not reported started before.
-        settling = asyncio.ensure_future(
-            asyncio.to_thread(
-                self._settle,
-                launch.machine_id,
-                proc.pid,
-                guest.cpus,
-                guest.memory_mb,
-                argv[0] == SETPRIV,
-            )
-        )
-        self._settling[launch.machine_id] = (
-            asyncio.ensure_future(_then_go(settling, proc)) if several else settling
-        )
+                raise _not_for(user, argv[-1], exc.errno or errno.EACCES) from exc
         try:
-            started = await asyncio.shield(settling)
+            if start.ready is not None:  # not started until the launcher has become the command
+                await launcher.became(start.ready)
+            started = procfs.start_time(proc.pid) or "0"
         finally:  # its exit read (and the process reaped) only once its start time is known
             self._exits[launch.machine_id] = asyncio.ensure_future(child_exit(proc))
         return Handle(proc.pid, started)
@@ -228,10 +187,11 @@ class ProcessDriver:
         return await asyncio.to_thread(self._remaining, machine_id, handle)
 
     def _remaining(self, machine_id: str, handle: Handle | None) -> list[int]:
-        """The machine's groups hold its processes, once `limit` has moved its first one there
-        (just after its exec): what that one started before was born in the worker's own
-        group, and still lives there. So the marker is looked for among that group's processes
-        alone, not among every machine's; without groups, among every process of the host."""
+        """The machine's groups hold its processes (its first joined them before its command
+        ran). One whose groups could not be made, or that an earlier worker moved into them
+        only once it ran, may have processes in the worker's own group: the marker is looked
+        for among that group's processes alone, not among every machine's; without groups,
+        among every process of the host."""
         among = self.cgroups.outside()
         pids = set(procfs.processes_of(machine_id, among)) | self.cgroups.pids(machine_id)
         if handle is not None and procfs.is_alive(handle.pid, handle.pid_start):
@@ -297,31 +257,15 @@ class ProcessDriver:
         process apart), its user, its directory; then into its cgroups."""
         env = machine_env(launch)
         env.pop("SOUK_MARKER", None)
-        # Opened here, by the worker: the command writes "0" (itself) to each before it drops
-        # to the app's user and runs, so not one instruction of it runs outside the machine's
-        # cgroups (the kernel checks the opener's rights, not the writer's).
-        fds = [os.open(p, os.O_WRONLY) for p in self.cgroups.procs_files(launch.machine_id)]
-
-        def join() -> None:
-            for fd in fds:
-                os.write(fd, b"0")
-
+        procs = self.cgroups.procs_files(launch.machine_id)
         try:
-            return await execs.run(
-                argv,
-                stdin,
-                timeout,
-                cwd=_workdir(launch),
-                env=env,
-                preexec_fn=join if fds else None,
-                **_identity(launch.user),
-            )
+            with launcher.launching(argv, launch.user, procs, ready=False) as start:
+                return await execs.run(
+                    start.argv, stdin, timeout, cwd=_workdir(launch), env=env, **start.popen
+                )
         except (FileNotFoundError, PermissionError) as exc:  # as a shell answers them
             code = 127 if isinstance(exc, FileNotFoundError) else 126
             return ExecResult(b"", f"{argv[0]}: {exc.strerror}\n".encode(), code)
-        finally:
-            for fd in fds:
-                os.close(fd)
 
     async def processes(self, machine_id: str, handle: Handle | None) -> list[int]:
         return await self.remaining(machine_id, handle)
@@ -331,6 +275,22 @@ class ProcessDriver:
         self.cgroups.remove(launch.machine_id)
         if launch.home is not None:
             await asyncio.to_thread(shutil.rmtree, launch.home, True)
+
+
+def _command(launch: Launch) -> tuple[list[str], dict[str, str], HostUser | None]:
+    """What the spawn runs, in what environment, as which user (None: as the worker), in a
+    working directory made ready for it."""
+    workdir = _workdir(launch)
+    workdir.mkdir(parents=True, exist_ok=True)
+    _link_volumes(launch, workdir)
+    env = machine_env(launch)
+    if launch.config.processes:  # processes.py runs them all, each as its own ids
+        argv = [sys.executable, "-I", processes.__file__]  # stdlib only: runs as a file
+        return argv, {**env, SPEC_ENV: json.dumps(process_specs(launch))}, None
+    argv = launch.config.argv()
+    if launch.user is not None:  # a root worker's only (app_users.py)
+        _check_runnable(argv, launch.user, env, workdir)
+    return argv, env, launch.user
 
 
 def process_env(launch: Launch, process: MachineProcess) -> dict[str, str]:
@@ -371,51 +331,18 @@ def process_specs(launch: Launch) -> list[dict[str, Any]]:
     return specs
 
 
-async def _then_go(settling: Awaitable[object], proc: subprocess.Popen[bytes]) -> None:
-    """The launcher of several processes starts them once its cgroup holds it: its go is its
-    stdin closing."""
-    try:
-        await settling
-    finally:
-        if proc.stdin is not None:
-            proc.stdin.close()
-
-
 def _workdir(launch: Launch) -> Path:
     return launch.home or launch.rundir / "work"
 
 
-SETPRIV = shutil.which("setpriv")  # util-linux
-
-
-def _as_user(
-    argv: list[str], user: HostUser | None, env: dict[str, str], cwd: Path
-) -> tuple[list[str], dict[str, Any]]:
-    """The command line and subprocess arguments that run `argv` as the app's user; nothing to
-    drop unless the worker is root.
-
-    Through `setpriv` when the host has it: Python forks the whole worker (no vfork) when asked
-    to change ids itself, which costs tens of milliseconds on a worker of some size, against a
-    few for a vfork and `setpriv`'s own setuid and exec. What that would refuse only at its own
-    exec (a command not found, or not open to others) is refused here first, as before."""
-    if user is None or os.geteuid() != 0:
-        return argv, {}
-    if SETPRIV is None:
-        return argv, {"user": user.uid, "group": user.gid, "extra_groups": []}
+def _check_runnable(argv: list[str], user: HostUser, env: dict[str, str], cwd: Path) -> None:
+    """Refuse here, as Python's own spawn would, what the launcher could only fail to run once
+    spawned: a command not found, or not open to the app's user."""
     found = shutil.which(argv[0], path=env.get("PATH")) if "/" not in argv[0] else argv[0]
     if found is None or not (cwd / found).exists():
         raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), argv[0])
     if not _open_to_others(cwd / found):
         raise _not_for(user, argv[0], errno.EACCES)
-    ids = [f"--reuid={user.uid}", f"--regid={user.gid}", "--clear-groups"]
-    return [SETPRIV, *ids, "--", *argv], {}
-
-
-def _identity(user: HostUser | None) -> dict[str, Any]:
-    """Python's own change of ids, for commands off the spawn path (`exec`)."""
-    if user is None or os.geteuid() != 0:
-        return {}
-    return {"user": user.uid, "group": user.gid, "extra_groups": []}
 
 
 def _open_to_others(path: Path) -> bool:

@@ -1,13 +1,13 @@
 """Several processes in one machine (Fly's `processes`), for the process driver.
 
 The driver runs this file as the machine's one process (its handle, in the machine's process
-group and cgroup), with the processes to run in `SOUK_PROCESSES`: each its own command,
-environment and host ids. It imports only the standard library, so it runs as a script
-wherever the interpreter is, whatever the machine's environment. It waits for the driver's
-go (its stdin closing, once the cgroup holds it), starts them all, and exits when the first
-of them does, with that one's status, after asking the others to stop: a machine is up while
-all its processes are. Signals the machine is sent reach every process through the process
-group; this one only waits.
+group and cgroup, which it joins before it runs), with the processes to run in
+`SOUK_PROCESSES`: each its own command, environment and host ids. It imports only the standard
+library, so it runs as a script wherever the interpreter is, whatever the machine's
+environment. It starts them all, and exits when the first of them does, with that one's
+status, after asking the others to stop: a machine is up while all its processes are.
+Signals the machine is sent reach every process through the process group; this one only
+waits.
 
 Run as root (by a root worker), it starts each process as the host ids it was given, which
 the driver takes from the app's own span only; as anyone else, as itself.
@@ -43,7 +43,6 @@ def main() -> int:
     specs: list[dict[str, Any]] = json.loads(os.environ.pop(SPEC_ENV))
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT):
         signal.signal(sig, lambda *_: None)  # the group's processes get it; we wait for them
-    sys.stdin.buffer.read()  # the driver's go: the cgroup holds us before anything starts
     children: list[subprocess.Popen[bytes]] = []
     try:
         children = [_start(spec) for spec in specs]

@@ -131,9 +131,6 @@ class RuncDriver:
         _write_private(bundle / "config.json", json.dumps(spec).encode())
         return image.digest
 
-    async def settled(self, machine_id: str) -> None:
-        return None
-
     async def spawn(self, launch: Launch) -> Handle:
         cid = self.container_id(launch.machine_id)
         if (self.state_dir / cid).exists():  # runc knows it: running (adopt) or an earlier run

@@ -21,9 +21,6 @@ class SimDriver:
     async def prepare(self, launch: Launch) -> str | None:
         return None
 
-    async def settled(self, machine_id: str) -> None:
-        return None
-
     async def spawn(self, launch: Launch) -> Handle:
         if launch.machine_id not in self._exits:  # resolved by `stop`
             self._exits.expect(launch.machine_id, asyncio.get_running_loop().create_future())

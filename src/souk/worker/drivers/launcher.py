@@ -1,0 +1,115 @@
+"""How the process driver starts a command as an app, in the machine's cgroups from its first
+instruction: through `souk-launch` (launch.c), which Python can vfork, or without it through
+Python's own change of ids and a `preexec_fn`, for which Python forks the whole worker.
+
+`souk-launch` is built by scripts/setup.sh into the virtualenv's `bin`, beside the interpreter;
+it is looked for there, then in PATH."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from souk.worker.drivers.base import HostUser
+
+NAME = "souk-launch"
+READY_WAIT = 1.0  # at most this long for the launcher to become the command
+
+
+def find() -> str | None:
+    """The launcher beside the interpreter, else in PATH; None without one."""
+    here = str(Path(sys.executable).parent)
+    found = shutil.which(NAME, path=os.pathsep.join([here, os.environ.get("PATH", "")]))
+    return os.path.realpath(found) if found else None
+
+
+LAUNCHER = find()
+
+
+@dataclass
+class Launching:
+    """A command ready for `subprocess.Popen`: its argv and Popen's other arguments. `ready`,
+    when set, is the read end of a pipe that closes as the command itself runs (`became`)."""
+
+    argv: list[str]
+    popen: dict[str, Any] = field(default_factory=dict)
+    ready: int | None = None
+
+
+@contextlib.contextmanager
+def launching(
+    argv: list[str],
+    user: HostUser | None,
+    procs: list[Path],
+    ready: bool = True,
+) -> Iterator[Launching]:
+    """`argv` to run as `user` (None: as the worker) having joined the cgroups whose
+    `cgroup.procs` are `procs`; with `ready`, through the launcher, a pipe that says when it
+    runs. The descriptors it opens for the child are closed on the way out, once the process is
+    spawned; `ready`'s is the caller's to close."""
+    fds = [os.open(p, os.O_WRONLY) for p in procs]  # the kernel checks the opener's rights
+    pipe: tuple[int, int] | None = None
+    try:
+        if user is None and not fds:
+            yield Launching(argv)
+        elif LAUNCHER is None:
+            popen: dict[str, Any] = {"preexec_fn": _joiner(fds) if fds else None}
+            if user is not None:
+                popen.update(user=user.uid, group=user.gid, extra_groups=[])
+            yield Launching(argv, popen)
+        else:
+            flags = [f for fd in fds for f in ("--join", str(fd))]
+            passed = list(fds)
+            if ready:
+                pipe = os.pipe()
+                flags += ["--ready", str(pipe[1])]
+                passed.append(pipe[1])
+            if user is not None:
+                flags += ["--ids", f"{user.uid}:{user.gid}"]
+            yield Launching(
+                [LAUNCHER, *flags, "--", *argv],
+                {"pass_fds": tuple(passed)},
+                pipe[0] if pipe else None,
+            )
+    except BaseException:
+        if pipe is not None:
+            os.close(pipe[0])
+        raise
+    finally:
+        for fd in [*fds, *(pipe[1:] if pipe else ())]:
+            os.close(fd)
+
+
+def _joiner(fds: list[int]) -> Callable[[], None]:
+    def join() -> None:  # in the child, before it drops its ids and runs the command
+        for fd in fds:
+            os.write(fd, b"0")
+
+    return join
+
+
+async def became(ready: int, timeout: float = READY_WAIT) -> None:
+    """Once the launcher has run the command (or failed), or `timeout` seconds; closes `ready`.
+    Read on the event loop: the pipe says when, nothing polls."""
+    loop = asyncio.get_running_loop()
+    closed = loop.create_future()
+
+    def readable() -> None:
+        if not closed.done():
+            closed.set_result(None)
+
+    loop.add_reader(ready, readable)
+    try:
+        await asyncio.wait_for(closed, timeout)
+    except TimeoutError:
+        pass
+    finally:
+        loop.remove_reader(ready)
+        os.close(ready)

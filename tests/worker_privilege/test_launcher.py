@@ -1,0 +1,164 @@
+"""souk-launch, and the process driver through it or without it: a machine's command runs as
+its app, in its cgroups from its first instruction, and nothing runs that should not."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import subprocess
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from souk.models.machine_ops import ExecRequest
+from souk.worker.cgroups import ROOT, Cgroups, detect
+from souk.worker.daemon import make_driver, running
+from souk.worker.drivers import launcher
+from souk.worker.engine import Engine
+from souk.worker.settings import WorkerSettings
+from tests.support.engines import destroy_all
+
+from .conftest import machine, needs_root, pid_of
+
+pytestmark = [pytest.mark.integration, needs_root]
+
+NOBODY = 65534
+SLEEP = os.path.realpath(shutil.which("sleep") or "/bin/sleep")
+# What the command sees at once: its groups and its ids.
+LOOK = "cat /proc/self/cgroup; grep -E '^(Uid|Gid|Groups):' /proc/self/status; echo end"
+
+
+@pytest.fixture
+def built() -> str:
+    if launcher.LAUNCHER is None:
+        pytest.skip("souk-launch is not built (scripts/setup.sh builds it)")
+    return launcher.LAUNCHER
+
+
+@pytest.fixture
+def cgroups() -> Iterator[Cgroups]:
+    groups = Cgroups(f"souk-test-{uuid.uuid4().hex[:8]}")
+    if groups.outside() is None:
+        pytest.skip("this host gives no cgroups to write")
+    yield groups
+    for controller in ("", "memory", "cpu", "freezer"):
+        with contextlib.suppress(OSError):
+            (ROOT / controller / groups.group).rmdir()
+
+
+def test_the_launcher_joins_drops_and_says_when_the_command_runs(
+    built: str, cgroups: Cgroups
+) -> None:
+    machine_id = "m" + uuid.uuid4().hex[:12]
+    procs = cgroups.prepare(machine_id, 1, 64)
+    assert procs
+    fds = [os.open(p, os.O_WRONLY) for p in procs]
+    ready, writer = os.pipe()
+    flags = [f for fd in fds for f in ("--join", str(fd))] + ["--ready", str(writer)]
+    argv = [
+        built,
+        *flags,
+        "--ids",
+        f"{NOBODY}:{NOBODY}",
+        "--",
+        "sh",
+        "-c",
+        f"{LOOK}; exec sleep 30",
+    ]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, pass_fds=(*fds, writer))
+    try:
+        for fd in (*fds, writer):
+            os.close(fd)
+        assert os.read(ready, 1) == b""  # closed as the command ran, the launcher's last act
+        assert proc.poll() is None  # and the command runs on
+        assert proc.stdout is not None
+        seen = b""
+        while not seen.endswith(b"end\n"):
+            seen += os.read(proc.stdout.fileno(), 4096)
+        while os.readlink(f"/proc/{proc.pid}/exe") != SLEEP:  # sh became it
+            time.sleep(0.001)
+        inherited = sorted(int(fd) for fd in os.listdir(f"/proc/{proc.pid}/fd"))
+    finally:
+        proc.kill()
+        proc.wait()
+        os.close(ready)
+        cgroups.remove(machine_id)
+    text = seen.decode()
+    assert f"/{cgroups.group}/{machine_id}" in text  # joined before the command ran
+    assert f"Uid:\t{NOBODY}\t{NOBODY}\t{NOBODY}\t{NOBODY}" in text
+    assert f"Gid:\t{NOBODY}\t{NOBODY}\t{NOBODY}\t{NOBODY}" in text
+    groups = next(line for line in text.splitlines() if line.startswith("Groups:"))
+    assert groups.split(":")[1].strip() == ""  # none beside its own
+    assert inherited == [0, 1, 2]  # neither the cgroups' descriptors nor the pipe's
+
+
+@pytest.mark.parametrize(
+    ("flags", "command", "code"),
+    [
+        (["--bogus", "3"], ["touch", "{ran}"], 125),
+        (["--ids", "1"], ["touch", "{ran}"], 125),
+        (["--ids", "x:1"], ["touch", "{ran}"], 125),
+        (["--join", "2"], ["touch", "{ran}"], 125),
+        (["--join", "{readonly}"], ["touch", "{ran}"], 125),  # a join that fails runs nothing
+        (["--ids", f"{NOBODY}:{NOBODY}"], [], 125),
+        (["--ids", f"{NOBODY}:{NOBODY}"], ["no-such-command-here"], 127),
+        (["--ids", f"{NOBODY}:{NOBODY}"], ["/etc/passwd"], 126),
+    ],
+)
+def test_the_launcher_runs_nothing_it_should_not(
+    built: str, tmp_path: Path, flags: list[str], command: list[str], code: int
+) -> None:
+    ran = tmp_path / "ran"
+    readonly = os.open("/dev/null", os.O_RDONLY)
+    try:
+        values = {"ran": str(ran), "readonly": str(readonly)}
+        argv = [built, *(f.format(**values) for f in flags), "--"]
+        argv += [c.format(**values) for c in command]
+        done = subprocess.run(argv, capture_output=True, pass_fds=(readonly,), timeout=10)
+    finally:
+        os.close(readonly)
+    assert done.returncode == code, done.stderr
+    assert done.stderr  # says why
+    assert not ran.exists()
+
+
+@pytest.fixture(params=["launcher", "without"])
+async def engine(
+    request: pytest.FixtureRequest, worker_settings: WorkerSettings, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[Engine]:
+    """A root worker's engine spawning through souk-launch, or without it (Python's own change
+    of ids, after a fork)."""
+    if request.param == "launcher" and launcher.LAUNCHER is None:
+        pytest.skip("souk-launch is not built (scripts/setup.sh builds it)")
+    if request.param == "without":
+        monkeypatch.setattr(launcher, "LAUNCHER", None)
+    s = worker_settings
+    async with running(Engine(s, make_driver("process", s))) as e:
+        try:
+            yield e
+        finally:
+            await destroy_all(e)
+
+
+async def test_a_machine_and_what_it_execs_run_as_its_app_in_its_groups_from_the_start(
+    engine: Engine, worker_settings: WorkerSettings
+) -> None:
+    m = await engine.create(machine("alpha", ["sh", "-c", f"({LOOK}) > seen; exec sleep 600"]))
+    pid = await pid_of(engine, m.id)
+    uid = int(engine.store.read.execute("SELECT uid FROM app_users").fetchone()[0])
+    seen = Path(f"/proc/{pid}/cwd/seen")
+    deadline = time.monotonic() + 10
+    while not (seen.exists() and seen.read_text().endswith("end\n")):
+        assert time.monotonic() < deadline, "the machine never wrote what it saw"
+        await asyncio.sleep(0.01)
+    request = ExecRequest(command=["sh", "-c", LOOK])
+    for text in (seen.read_text(), (await engine.exec(m.id, request)).stdout):
+        assert f"Uid:\t{uid}\t{uid}\t{uid}\t{uid}" in text
+        assert f"Gid:\t{uid}\t{uid}\t{uid}\t{uid}" in text
+        if detect() != "none":
+            assert f"/souk/{worker_settings.name}/{m.id}" in text
