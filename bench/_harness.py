@@ -224,13 +224,17 @@ async def worker(driver: str, data_dir: Path, fsync: bool) -> AsyncIterator[str]
 
 @contextlib.asynccontextmanager
 async def worker_process(
-    driver: str, data_dir: Path, fsync: bool, extra: Sequence[str] = ()
+    driver: str,
+    data_dir: Path,
+    fsync: bool,
+    extra: Sequence[str] = (),
+    souk: Sequence[str] | None = None,
 ) -> AsyncIterator[WorkerProcess]:
-    """A `souk worker` process, `extra` added to its flags; on the way out its machines are
-    destroyed (so it reaps their processes), it is stopped, and anything left carrying one of its
-    machines' ids is killed."""
+    """A `souk worker` process, `extra` added to its flags (`souk`: how the program is run); on
+    the way out its machines are destroyed (so it reaps their processes), it is stopped, and
+    anything left carrying one of its machines' ids is killed."""
     port = free_port()
-    argv = [str(SOUK), "worker", "--name", "bench", "--region", "bench"]
+    argv = [*(souk or [str(SOUK)]), "worker", "--name", "bench", "--region", "bench"]
     argv += ["--listen", f"127.0.0.1:{port}", "--data-dir", str(data_dir), "--driver", driver]
     argv += ["--cpus", "100000", "--memory-mb", "100000000", "--log-level", "warning"]
     if not fsync:
