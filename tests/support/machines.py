@@ -6,11 +6,15 @@ killed here."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sqlite3
+import time
 from pathlib import Path
 from typing import Any
+
+CGROUPS = Path("/sys/fs/cgroup")
 
 
 def is_running(pid: int) -> bool:
@@ -45,13 +49,31 @@ def live_pids(machine_id: str) -> list[int]:
 
 
 def kill_machine_processes(ids: set[str]) -> None:
-    """SIGKILL to every process (and its group) left running for these machines."""
+    """SIGKILL to every process (and its group) left running for these machines; then their
+    cgroups, which a worker removes only when it destroys a machine, once they are empty."""
     for pid in machine_processes(ids):
         for kill in (os.killpg, os.kill):
             try:
                 kill(pid, signal.SIGKILL)
             except OSError:
                 pass
+    groups = [
+        g
+        for i in ids
+        for pattern in (f"*/souk/*/{i}", f"souk/*/{i}")
+        for g in CGROUPS.glob(pattern)
+    ]
+    deadline = time.monotonic() + 2
+    while groups and time.monotonic() < deadline:
+        for group in list(groups):
+            with contextlib.suppress(FileNotFoundError):
+                try:
+                    group.rmdir()
+                except OSError:  # its killed processes are not gone yet
+                    continue
+            groups.remove(group)
+        if groups:
+            time.sleep(0.02)
 
 
 def recorded_ids(db_path: Path) -> set[str]:
