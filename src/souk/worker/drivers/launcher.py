@@ -88,7 +88,7 @@ def launching(
 
 
 def _joiner(fds: list[int]) -> Callable[[], None]:
-    def join() -> None:  # in the child, before it drops its ids and runs the command
+    def join() -> None:  # in the child, as the app already: the kernel checks the opener's rights
         for fd in fds:
             os.write(fd, b"0")
 
