@@ -17,7 +17,7 @@ The ways:
 Each create is timed until the machine runs (a create with `start: true` answers then), fsync
 on. Needs root, cgroups to write for the groups, and souk-launch (scripts/setup.sh builds it).
 
-Usage: .venv/bin/python bench/launch_paths.py [--rounds 300] [--json]
+Usage: .venv/bin/python bench/launch_paths.py [--rounds 300] [--dir DIR] [--json]
 """
 
 from __future__ import annotations
@@ -83,9 +83,9 @@ async def bare(workdir: Path) -> float:
     return took
 
 
-async def measure(rounds: int, advance: Callable[[], None]) -> list[Row]:
+async def measure(rounds: int, advance: Callable[[], None], where: Path | None) -> list[Row]:
     async with contextlib.AsyncExitStack() as stack:
-        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory()))
+        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(dir=where)))
         tmp.chmod(0o711)  # the app's user passes through to its home
         ways: dict[str, Callable[[], Awaitable[float]]] = {"bare": lambda: bare(tmp)}
         session = await stack.enter_async_context(aiohttp.ClientSession())
@@ -149,13 +149,16 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawTextHelpFormatter
     )
     parser.add_argument("--rounds", type=int, default=300, help="creates per way (default 300)")
+    parser.add_argument(
+        "--dir", type=Path, help="where the workers keep their data (default: system temp)"
+    )
     parser.add_argument("--json", action="store_true", help="print the rows as JSON")
     args = parser.parse_args()
     if os.geteuid() != 0 or launcher.LAUNCHER is None:
         raise SystemExit("needs root and souk-launch (scripts/setup.sh builds it)")
     with progress_bar(args.json) as progress:
         task = progress.add_task("rounds", total=args.rounds)
-        rows = asyncio.run(measure(args.rounds, lambda: progress.advance(task)))
+        rows = asyncio.run(measure(args.rounds, lambda: progress.advance(task), args.dir))
     report(rows, table(rows), args.json)
 
 

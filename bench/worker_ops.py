@@ -13,7 +13,7 @@ spawning. Each is measured one at a time (latency) and with --concurrency in fli
 with `--no-metrics`, back to back, ROUNDS times (3 by default; which goes first alternates), and
 adds a table of the ratios, on over off: the median of the rounds and their spread.
 
-Usage: .venv/bin/python bench/worker_ops.py [--machines 200] [--concurrency 16]
+Usage: .venv/bin/python bench/worker_ops.py [--machines 200] [--concurrency 16] [--dir DIR]
        [--metrics-cost [ROUNDS]] [--json]
 """
 
@@ -158,13 +158,19 @@ async def create_starts(
 
 
 async def measure(
-    n: int, concurrency: int, fsync: bool, progress: Progress, rounds: int = 0
+    n: int,
+    concurrency: int,
+    fsync: bool,
+    progress: Progress,
+    rounds: int = 0,
+    where: Path | None = None,
 ) -> list[Row]:
     """The rows; with `rounds`, each worker row that many times with metrics on and off, which
-    goes first alternating from one round to the next."""
+    goes first alternating from one round to the next. `where`: the directory the workers keep
+    their data in (the system's temporary directory by default)."""
     rows: list[Row] = []
     levels = [1, concurrency]
-    with tempfile.TemporaryDirectory(prefix="souk-bench-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="souk-bench-", dir=where) as tmp:
         work = Path(tmp)
         for c in levels:  # each level's rows back to back, so that their ratios share a moment
             task = progress.add_task(f"bare spawn, {c} in flight", total=n)
@@ -296,6 +302,12 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=16, help="in flight (default 16)")
     parser.add_argument("--no-fsync", action="store_true", help="run the workers with --no-fsync")
     parser.add_argument(
+        "--dir",
+        type=Path,
+        help="where the workers keep their data (default: the system's temporary directory); "
+        "the disk a worker would use, or tmpfs to leave the disk out",
+    )
+    parser.add_argument(
         "--metrics-cost",
         type=int,
         nargs="?",
@@ -316,7 +328,14 @@ def main() -> None:
     )
     with Progress(*columns, console=err, transient=args.json) as progress:
         rows = asyncio.run(
-            measure(args.machines, args.concurrency, not args.no_fsync, progress, args.metrics_cost)
+            measure(
+                args.machines,
+                args.concurrency,
+                not args.no_fsync,
+                progress,
+                args.metrics_cost,
+                args.dir,
+            )
         )
     found = costs(rows)
     if args.json:
