@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+pytest_plugins = ["tests.support.cgroups"]  # the `cgroups` fixture
+
 _private_temp: list[Path] = []
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import subprocess
 import uuid
 from collections.abc import Iterator
@@ -11,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from souk.worker import procfs
-from souk.worker.cgroups import ROOT, Cgroups
+from souk.worker.cgroups import Cgroups
 from souk.worker.drivers.process import ProcessDriver
 from tests.support.waiting import wait_until
 
@@ -55,17 +54,6 @@ def test_a_machines_processes_are_found_by_their_marker_and_no_other(
     sleepers[0].kill()
     sleepers[0].wait()
     assert set(procfs.processes_of(m)) == {pids["inner"], pids["last"]}
-
-
-@pytest.fixture
-def cgroups() -> Iterator[Cgroups]:
-    groups = Cgroups(f"souk-test-{uuid.uuid4().hex[:8]}")
-    if groups.outside() is None:
-        pytest.skip("this host gives no cgroups to write")
-    yield groups
-    for controller in ("", "memory", "cpu", "freezer"):
-        with contextlib.suppress(OSError):
-            (ROOT / controller / groups.group).rmdir()
 
 
 async def test_a_machines_processes_are_looked_for_in_its_groups_and_where_they_are_born(

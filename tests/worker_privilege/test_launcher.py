@@ -4,19 +4,18 @@ its app, in its cgroups from its first instruction, and nothing runs that should
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import shutil
 import subprocess
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
 from souk.models.machine_ops import ExecRequest
-from souk.worker.cgroups import ROOT, Cgroups, detect
+from souk.worker.cgroups import Cgroups, detect
 from souk.worker.daemon import make_driver, running
 from souk.worker.drivers import launcher
 from souk.worker.engine import Engine
@@ -38,17 +37,6 @@ def built() -> str:
     if launcher.LAUNCHER is None:
         pytest.skip("souk-launch is not built (scripts/setup.sh builds it)")
     return launcher.LAUNCHER
-
-
-@pytest.fixture
-def cgroups() -> Iterator[Cgroups]:
-    groups = Cgroups(f"souk-test-{uuid.uuid4().hex[:8]}")
-    if groups.outside() is None:
-        pytest.skip("this host gives no cgroups to write")
-    yield groups
-    for controller in ("", "memory", "cpu", "freezer"):
-        with contextlib.suppress(OSError):
-            (ROOT / controller / groups.group).rmdir()
 
 
 def test_the_launcher_joins_drops_and_says_when_the_command_runs(
