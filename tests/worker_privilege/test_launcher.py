@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from souk.models.machine_ops import ExecRequest
-from souk.worker.cgroups import Cgroups, detect
+from souk.worker.cgroups import ROOT, Cgroups, detect
 from souk.worker.daemon import make_driver, running
 from souk.worker.drivers import launcher
 from souk.worker.engine import Engine
@@ -150,3 +150,20 @@ async def test_a_machine_and_what_it_execs_run_as_its_app_in_its_groups_from_the
         assert f"Gid:\t{uid}\t{uid}\t{uid}\t{uid}" in text
         if detect() != "none":
             assert f"/souk/{worker_settings.name}/{m.id}" in text
+    if detect() != "none":
+        assert limits(f"souk/{worker_settings.name}/{m.id}") == {
+            "memory": m.config.guest.memory_mb << 20,
+            "cpu": (m.config.guest.cpus * 100_000, 100_000),
+        }
+
+
+def limits(group: str) -> dict[str, object]:
+    """The memory and CPU limits the kernel holds for a group, in either hierarchy."""
+    if detect() == "v2":
+        quota, period = (ROOT / group / "cpu.max").read_text().split()
+        memory = (ROOT / group / "memory.max").read_text()
+    else:
+        quota = (ROOT / "cpu" / group / "cpu.cfs_quota_us").read_text()
+        period = (ROOT / "cpu" / group / "cpu.cfs_period_us").read_text()
+        memory = (ROOT / "memory" / group / "memory.limit_in_bytes").read_text()
+    return {"memory": int(memory), "cpu": (int(quota), int(period))}

@@ -121,30 +121,29 @@ class Cgroups:
     def prepare(self, machine_id: str, cpus: int, memory_mb: int) -> list[Path]:
         """The machine's groups made, under its limits: the `cgroup.procs` files its process
         joins before its command runs; none where the host gives us no cgroups, or where they
-        could not be made (the machine then runs without them, as the warning says)."""
+        could not be made (the machine then runs without them, as the warning says). Plain
+        system calls: it is on every start's way."""
+        dirs = self._dirs(machine_id)
         try:
+            for d in dirs:
+                _make(d)
             if self.mode == "v2":
-                (d,) = self._dirs(machine_id)
-                d.mkdir(parents=True, exist_ok=True)
-                (d / "memory.max").write_text(str(memory_mb << 20))
-                (d / "cpu.max").write_text(f"{cpus * PERIOD_US} {PERIOD_US}")
-            elif self.mode == "v1":
-                mem, cpu = self._dirs(machine_id)
-                for d in (mem, cpu):
-                    d.mkdir(parents=True, exist_ok=True)
-                (mem / "memory.limit_in_bytes").write_text(str(memory_mb << 20))
-                (cpu / "cpu.cfs_period_us").write_text(str(PERIOD_US))
-                (cpu / "cpu.cfs_quota_us").write_text(str(cpus * PERIOD_US))
+                _write(dirs[0] / "memory.max", memory_mb << 20)
+                _write(dirs[0] / "cpu.max", f"{cpus * PERIOD_US} {PERIOD_US}")
+            elif self.mode == "v1":  # a new group's period is the kernel's default, PERIOD_US
+                _write(dirs[0] / "memory.limit_in_bytes", memory_mb << 20)
+                _write(dirs[1] / "cpu.cfs_quota_us", cpus * PERIOD_US)
         except OSError as exc:
             log.warning("cgroup limits for %s not applied: %s", machine_id, exc)
             return []
         freezer = self._freezer_dir(machine_id)
         if self.freezer == "v1" and freezer is not None:  # v2: the machine's one group
             try:
-                freezer.mkdir(parents=True, exist_ok=True)
+                _make(freezer)
+                dirs.append(freezer)
             except OSError as exc:
                 log.warning("freezer group for %s not made: %s", machine_id, exc)
-        return self.procs_files(machine_id)
+        return [d / "cgroup.procs" for d in dirs]
 
     def outside(self) -> set[int] | None:
         """The processes of the worker's own group, in the hierarchy that holds the machines'
@@ -178,3 +177,21 @@ class Cgroups:
                 d.rmdir()  # only works once its processes are gone, which is when we call it
             except OSError:
                 pass
+
+
+def _make(d: Path) -> None:
+    """The group, and the worker's own above it the first time."""
+    try:
+        os.mkdir(d)
+    except FileExistsError:
+        pass
+    except FileNotFoundError:
+        d.mkdir(parents=True, exist_ok=True)
+
+
+def _write(path: Path, value: object) -> None:
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        os.write(fd, str(value).encode())
+    finally:
+        os.close(fd)
