@@ -1,7 +1,7 @@
 """Machine start times from an image: cold (pull + unpack + run), warm (a new machine of a cached
 image), again (a stopped machine started again: its version's image, root filesystem and network
 kept) and a bare `runc run` of the same bundle, as ratios to the bare run. Needs root, runc,
-docker-registry and busybox. Run: python bench/image_start.py [--runs N]"""
+docker-registry and busybox. Run: python bench/image_start.py [--runs N] [--dir DIR]"""
 
 from __future__ import annotations
 
@@ -80,8 +80,8 @@ def bare_run(runc: str, state: Path, bundle: Path) -> float:
     return took
 
 
-async def main(runs: int) -> None:
-    with tempfile.TemporaryDirectory(prefix="souk-bench-") as tmp:
+async def main(runs: int, where: Path | None = None) -> None:
+    with tempfile.TemporaryDirectory(prefix="souk-bench-", dir=where) as tmp:
         work = Path(tmp)
         with running_registry(work / "registry", access_log=False) as registry:
             host, config = registry.host, registry.config()
@@ -125,4 +125,11 @@ async def main(runs: int) -> None:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--runs", type=int, default=5)
-    asyncio.run(main(parser.parse_args().runs))
+    parser.add_argument(
+        "--dir",
+        type=Path,
+        help="where the image cache, the bundles and the registry live (default: system temp); "
+        "the disk a worker would use, or tmpfs to leave the disk out",
+    )
+    args = parser.parse_args()
+    asyncio.run(main(args.runs, args.dir))
