@@ -28,8 +28,8 @@ pytestmark = [pytest.mark.integration, needs_root]
 
 NOBODY = 65534
 SLEEP = os.path.realpath(shutil.which("sleep") or "/bin/sleep")
-# What the command sees at once: its groups and its ids.
-LOOK = "cat /proc/self/cgroup; grep -E '^(Uid|Gid|Groups):' /proc/self/status; echo end"
+# What the command sees at once: its groups, its ids, whether an exec may gain privileges.
+LOOK = "cat /proc/self/cgroup; grep -E '^(Uid|Gid|Groups|NoNewPrivs):' /proc/self/status; echo end"
 
 
 @pytest.fixture
@@ -53,6 +53,7 @@ def test_the_launcher_joins_drops_and_says_when_the_command_runs(
         *flags,
         "--ids",
         f"{NOBODY}:{NOBODY}",
+        "--no-new-privs",
         "--",
         "sh",
         "-c",
@@ -80,6 +81,7 @@ def test_the_launcher_joins_drops_and_says_when_the_command_runs(
     assert f"/{cgroups.group}/{machine_id}" in text  # joined before the command ran
     assert f"Uid:\t{NOBODY}\t{NOBODY}\t{NOBODY}\t{NOBODY}" in text
     assert f"Gid:\t{NOBODY}\t{NOBODY}\t{NOBODY}\t{NOBODY}" in text
+    assert "NoNewPrivs:\t1" in text
     groups = next(line for line in text.splitlines() if line.startswith("Groups:"))
     assert groups.split(":")[1].strip() == ""  # none beside its own
     assert inherited == [0, 1, 2]  # neither the cgroups' descriptors nor the pipe's
@@ -148,6 +150,7 @@ async def test_a_machine_and_what_it_execs_run_as_its_app_in_its_groups_from_the
     for text in (seen.read_text(), (await engine.exec(m.id, request)).stdout):
         assert f"Uid:\t{uid}\t{uid}\t{uid}\t{uid}" in text
         assert f"Gid:\t{uid}\t{uid}\t{uid}\t{uid}" in text
+        assert "NoNewPrivs:\t1" in text  # no setuid program of the host lifts it back
         if detect() != "none":
             assert f"/souk/{worker_settings.name}/{m.id}" in text
     if detect() != "none":

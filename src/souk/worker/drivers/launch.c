@@ -1,12 +1,15 @@
 /* souk-launch: how the process driver starts what a machine runs.
  *
- *   souk-launch [--join FD]... [--ready FD] [--ids UID:GID] -- COMMAND [ARG ...]
+ *   souk-launch [--join FD]... [--ready FD] [--ids UID:GID] [--no-new-privs] -- COMMAND [ARG ...]
  *
  * --join FD   writes "0" (itself) to FD, a `cgroup.procs` the worker opened, and closes it: the
  *             command runs in the machine's cgroups from its first instruction.
  * --ready FD  marks FD close-on-exec: whoever holds the other end of that pipe sees it close the
  *             moment COMMAND runs (or the launcher fails), with no polling.
  * --ids U:G   drops to user U and group G with no supplementary groups (a root worker).
+ * --no-new-privs  no exec from then on gains privileges: setuid and setgid bits and file
+ *             capabilities are ignored, so the command cannot climb back through one of the
+ *             host's setuid programs (a container's runtime spec asks runc the same).
  *
  * Python forks the whole worker when it is asked to change ids or run code before the exec; with
  * this, it vforks. util-linux's setpriv, which dropped the ids before, spent a millisecond loading
@@ -18,6 +21,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <grp.h>
+#include <sys/prctl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,7 +32,8 @@
 
 static int usage(const char *why) {
     fprintf(stderr, "souk-launch: %s\n", why);
-    fprintf(stderr, "usage: souk-launch [--join FD]... [--ready FD] [--ids UID:GID] -- COMMAND\n");
+    fprintf(stderr, "usage: souk-launch [--join FD]... [--ready FD] [--ids UID:GID]"
+                    " [--no-new-privs] -- COMMAND\n");
     return 125;
 }
 
@@ -54,11 +59,14 @@ static int descriptor(const char *text) {
 
 int main(int argc, char **argv) {
     int join[MAX_JOIN], joins = 0, ready = -1, i;
-    int ids = 0;
+    int ids = 0, no_new_privs = 0;
     unsigned long uid = 0, gid = 0;
     const char *rest;
     for (i = 1; i + 1 < argc && strcmp(argv[i], "--") != 0; i += 2) {
-        if (strcmp(argv[i], "--join") == 0 && joins < MAX_JOIN) {
+        if (strcmp(argv[i], "--no-new-privs") == 0) {
+            no_new_privs = 1;
+            i--; /* a flag without a value */
+        } else if (strcmp(argv[i], "--join") == 0 && joins < MAX_JOIN) {
             if ((join[joins++] = descriptor(argv[i + 1])) < 0)
                 return usage("--join needs a descriptor above 2");
         } else if (strcmp(argv[i], "--ready") == 0) {
@@ -83,6 +91,8 @@ int main(int argc, char **argv) {
     if (ids && (setgroups(0, NULL) != 0 || setresgid(gid, gid, gid) != 0 ||
                 setresuid(uid, uid, uid) != 0))
         return failed("dropping to the app's ids", 125);
+    if (no_new_privs && prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0)
+        return failed("--no-new-privs", 125);
     if (ready >= 0 && fcntl(ready, F_SETFD, FD_CLOEXEC) != 0)
         return failed("--ready", 125);
     execvp(argv[i + 1], argv + i + 1);

@@ -1,6 +1,8 @@
 """How the process driver starts a command as an app, in the machine's cgroups from its first
-instruction: through `souk-launch` (launch.c), which Python can vfork, or without it through
-Python's own change of ids and a `preexec_fn`, for which Python forks the whole worker.
+instruction, unable to gain privileges by any exec after (no-new-privs: the host's setuid
+programs run as the app, as a container's do): through `souk-launch` (launch.c), which Python
+can vfork, or without it through Python's own change of ids and a `preexec_fn`, for which
+Python forks the whole worker.
 
 `souk-launch` is built by scripts/setup.sh into the virtualenv's `bin`, beside the interpreter;
 it is looked for there, then in PATH."""
@@ -9,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import os
 import shutil
 import sys
@@ -21,6 +24,8 @@ from souk.worker.drivers.base import HostUser
 
 NAME = "souk-launch"
 READY_WAIT = 1.0  # at most this long for the launcher to become the command
+PR_SET_NO_NEW_PRIVS = 38  # <linux/prctl.h>
+_libc = ctypes.CDLL(None, use_errno=True)
 
 
 def find() -> str | None:
@@ -51,21 +56,22 @@ def launching(
     ready: bool = True,
 ) -> Iterator[Launching]:
     """`argv` to run as `user` (None: as the worker) having joined the cgroups whose
-    `cgroup.procs` are `procs`; with `ready`, through the launcher, a pipe that says when it
-    runs. The descriptors it opens for the child are closed on the way out, once the process is
-    spawned; `ready`'s is the caller's to close."""
+    `cgroup.procs` are `procs`, with no new privileges; with `ready`, through the launcher, a
+    pipe that says when it runs. A worker that is not root (no `user`, no `procs`) runs it as
+    it is. The descriptors it opens for the child are closed on the way out, once the process
+    is spawned; `ready`'s is the caller's to close."""
     fds = [os.open(p, os.O_WRONLY) for p in procs]  # the kernel checks the opener's rights
     pipe: tuple[int, int] | None = None
     try:
         if user is None and not fds:
             yield Launching(argv)
         elif LAUNCHER is None:
-            popen: dict[str, Any] = {"preexec_fn": _joiner(fds) if fds else None}
+            popen: dict[str, Any] = {"preexec_fn": _confiner(fds)}
             if user is not None:
                 popen.update(user=user.uid, group=user.gid, extra_groups=[])
             yield Launching(argv, popen)
         else:
-            flags = [f for fd in fds for f in ("--join", str(fd))]
+            flags = [f for fd in fds for f in ("--join", str(fd))] + ["--no-new-privs"]
             passed = list(fds)
             if ready:
                 pipe = os.pipe()
@@ -87,12 +93,14 @@ def launching(
             os.close(fd)
 
 
-def _joiner(fds: list[int]) -> Callable[[], None]:
-    def join() -> None:  # in the child, as the app already: the kernel checks the opener's rights
-        for fd in fds:
+def _confiner(fds: list[int]) -> Callable[[], None]:
+    def confine() -> None:  # in the child, as the app already: the kernel checks the opener's
+        for fd in fds:  # rights to a cgroup.procs
             os.write(fd, b"0")
+        if _libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "no-new-privs")
 
-    return join
+    return confine
 
 
 async def became(ready: int, timeout: float = READY_WAIT) -> None:
