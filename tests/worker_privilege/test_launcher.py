@@ -117,6 +117,26 @@ def test_the_launcher_runs_nothing_it_should_not(
     assert not ran.exists()
 
 
+@pytest.mark.parametrize(
+    "script", ["#!/bin/sh\necho 1\n", "#!/bin/sh\nexit 125\n", "#!/bin/sh\nsleep 30\n"]
+)
+def test_a_launcher_that_speaks_another_protocol_is_not_used(
+    built: str, tmp_path: Path, script: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A build left from an older souk (other flags), or not a launcher at all: machines then
+    start without it rather than fail."""
+    monkeypatch.setattr(launcher, "ASK_WAIT", 0.5)
+    (tmp_path / "right").mkdir()
+    shutil.copy(built, tmp_path / "right" / launcher.NAME)
+    assert launcher.find(str(tmp_path / "right")) == str(tmp_path / "right" / launcher.NAME)
+    wrong = tmp_path / "wrong" / launcher.NAME
+    wrong.parent.mkdir()
+    wrong.write_text(script)
+    wrong.chmod(0o755)
+    assert launcher.find(str(wrong.parent)) is None
+    assert launcher.find(str(tmp_path / "none")) is None
+
+
 @pytest.fixture(params=["launcher", "without"])
 async def engine(
     request: pytest.FixtureRequest, worker_settings: WorkerSettings, monkeypatch: pytest.MonkeyPatch

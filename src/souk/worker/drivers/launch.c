@@ -1,6 +1,7 @@
 /* souk-launch: how the process driver starts what a machine runs.
  *
  *   souk-launch [--join FD]... [--ready FD] [--ids UID:GID] [--no-new-privs] -- COMMAND [ARG ...]
+ *   souk-launch --protocol
  *
  * --join FD   writes "0" (itself) to FD, a `cgroup.procs` the worker opened, and closes it: the
  *             command runs in the machine's cgroups from its first instruction.
@@ -10,6 +11,9 @@
  * --no-new-privs  no exec from then on gains privileges: setuid and setgid bits and file
  *             capabilities are ignored, so the command cannot climb back through one of the
  *             host's setuid programs (a container's runtime spec asks runc the same).
+ *
+ * --protocol prints the version of these flags that this build speaks (`PROTOCOL` in
+ * launcher.py): a worker finding an older build does not use it.
  *
  * Python forks the whole worker when it is asked to change ids or run code before the exec; with
  * this, it vforks. util-linux's setpriv, which dropped the ids before, spent a millisecond loading
@@ -27,6 +31,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#define PROTOCOL 2 /* launcher.py's PROTOCOL: raised with every change to the flags */
 #define LAST_ID 4294967294UL /* (uid_t) -1 means "unchanged" to the kernel: never an id */
 #define MAX_JOIN 8
 
@@ -62,6 +67,10 @@ int main(int argc, char **argv) {
     int ids = 0, no_new_privs = 0;
     unsigned long uid = 0, gid = 0;
     const char *rest;
+    if (argc == 2 && strcmp(argv[1], "--protocol") == 0) {
+        printf("%d\n", PROTOCOL);
+        return 0;
+    }
     for (i = 1; i + 1 < argc && strcmp(argv[i], "--") != 0; i += 2) {
         if (strcmp(argv[i], "--no-new-privs") == 0) {
             no_new_privs = 1;

@@ -5,15 +5,18 @@ can vfork, or without it through Python's own change of ids and a `preexec_fn`, 
 Python forks the whole worker.
 
 `souk-launch` is built by scripts/setup.sh into the virtualenv's `bin`, beside the interpreter;
-it is looked for there, then in PATH."""
+it is looked for there, then in PATH, and used only if it speaks this module's `PROTOCOL` (a
+build left from an older souk would refuse the flags it is given)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import ctypes
+import logging
 import os
 import shutil
+import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -23,16 +26,38 @@ from typing import Any
 from souk.worker.drivers.base import HostUser
 
 NAME = "souk-launch"
+PROTOCOL = "2"  # the flags `launching` passes: launch.c's PROTOCOL, raised with them
+ASK_WAIT = 5.0  # at most this long for a launcher to say its protocol
+log = logging.getLogger("souk.worker.launcher")
 READY_WAIT = 1.0  # at most this long for the launcher to become the command
 PR_SET_NO_NEW_PRIVS = 38  # <linux/prctl.h>
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
-def find() -> str | None:
-    """The launcher beside the interpreter, else in PATH; None without one."""
-    here = str(Path(sys.executable).parent)
-    found = shutil.which(NAME, path=os.pathsep.join([here, os.environ.get("PATH", "")]))
-    return os.path.realpath(found) if found else None
+def find(path: str | None = None) -> str | None:
+    """The launcher in `path` (by default: beside the interpreter, else in PATH); None without
+    one that speaks `PROTOCOL` (said in the log: machines then start after a fork of the
+    worker)."""
+    if path is None:
+        path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+    found = shutil.which(NAME, path=path)
+    if not found:
+        return None
+    try:
+        said = subprocess.run(
+            [found, "--protocol"], capture_output=True, text=True, timeout=ASK_WAIT, check=False
+        ).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        said = ""
+    if said != PROTOCOL:
+        log.warning(
+            "%s speaks protocol %r, not %s: not used (rebuild it: scripts/setup.sh)",
+            found,
+            said,
+            PROTOCOL,
+        )
+        return None
+    return os.path.realpath(found)
 
 
 LAUNCHER = find()
