@@ -25,10 +25,11 @@ from typing import Any
 
 from souk.worker.drivers.base import HostUser
 
+log = logging.getLogger("souk.worker.launcher")
+
 NAME = "souk-launch"
 PROTOCOL = "2"  # the flags `launching` passes: launch.c's PROTOCOL, raised with them
 ASK_WAIT = 5.0  # at most this long for a launcher to say its protocol
-log = logging.getLogger("souk.worker.launcher")
 READY_WAIT = 1.0  # at most this long for the launcher to become the command
 PR_SET_NO_NEW_PRIVS = 38  # <linux/prctl.h>
 _libc = ctypes.CDLL(None, use_errno=True)

@@ -254,7 +254,7 @@ class ProcessDriver:
         self, launch: Launch, handle: Handle | None, argv: list[str], stdin: bytes, timeout: float
     ) -> ExecResult:
         """As the machine runs: its environment (without the marker that tells its main
-        process apart), its user, its directory; then into its cgroups."""
+        process apart), its user, its directory, its cgroups (`launcher`)."""
         env = machine_env(launch)
         env.pop("SOUK_MARKER", None)
         procs = self.cgroups.procs_files(launch.machine_id)
