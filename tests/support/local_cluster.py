@@ -4,6 +4,7 @@ real processes running the example app (`examples/hello/app.py`)."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import signal
@@ -29,6 +30,7 @@ from souk.worker.engine import Engine
 from souk.worker.rows import WorkerRows
 from souk.worker.settings import WorkerSettings
 from tests.support.hello import PORT
+from tests.support.machines import remove_groups
 from tests.support.waiting import eventually
 
 SECRET = b"proxy-test-secret-0123456789"
@@ -49,15 +51,18 @@ class Worker:
         return [int(r[0]) for r in rows.fetchall()]
 
     async def kill(self) -> None:
-        """The host dies: no more heartbeats, no API, its machines' processes gone."""
+        """The host dies: no more heartbeats, no API, its machines' processes gone (and, as a
+        host's would be, their cgroups)."""
         if not self.alive:
             return
         self.alive = False
         pids = self.pids()
+        ids = {r[0] for r in self.engine.store.read.execute("SELECT id FROM machines")}
         await self.stack.aclose()
         for pid in pids:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(pid, signal.SIGKILL)
+        await asyncio.to_thread(remove_groups, ids)
 
 
 @dataclass

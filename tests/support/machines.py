@@ -50,13 +50,19 @@ def live_pids(machine_id: str) -> list[int]:
 
 def kill_machine_processes(ids: set[str]) -> None:
     """SIGKILL to every process (and its group) left running for these machines; then their
-    cgroups, which a worker removes only when it destroys a machine, once they are empty."""
+    cgroups (`remove_groups`)."""
     for pid in machine_processes(ids):
         for kill in (os.killpg, os.kill):
             try:
                 kill(pid, signal.SIGKILL)
             except OSError:
                 pass
+    remove_groups(ids)
+
+
+def remove_groups(ids: set[str]) -> None:
+    """These machines' cgroups, which a worker removes only when it destroys a machine, once
+    their processes (killed) are gone."""
     groups = [
         g
         for i in ids

@@ -22,6 +22,7 @@ from souk.worker.engine import Engine
 from souk.worker.errors import WorkerError
 from souk.worker.store import Commit
 from tests.support.engines import destroy_all, settings
+from tests.support.waiting import eventually
 
 
 def request(argv: list[str], **config: object) -> CreateMachine:
@@ -265,6 +266,8 @@ async def test_only_a_resumed_spawn_looks_for_a_copy_an_earlier_run_started(
     finally:
         for pid in (first.pid, fresh.pid):
             os.killpg(pid, signal.SIGKILL)
+        for pid in (first.pid, fresh.pid):  # gone, so that their groups can go too
+            await eventually(lambda p=pid: not alive(p))
         for each in (launch, other):
             await later_run.cleanup(each)
 
