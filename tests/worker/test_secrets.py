@@ -13,7 +13,7 @@ from souk.worker.daemon import make_driver, running
 from souk.worker.drivers.base import Launch
 from souk.worker.drivers.process import process_env
 from souk.worker.engine import Engine
-from tests.support.engines import settings
+from tests.support.engines import destroy_all, settings
 
 ECHO = MachineConfig.model_validate(
     {"init": {"exec": ["sh", "-c", 'echo "$TOKEN"']}, "restart": {"policy": "no"}}
@@ -39,6 +39,7 @@ async def test_each_start_opens_the_secrets_and_a_replaced_key_fails_it(tmp_path
         errors = [e for e in again.events(machine.id) if (e.type, e.step) == ("start", "error")]
         assert errors and "do not open with this worker's key" in str(errors[-1].request)
         assert "t-2" not in again.get(machine.id).model_dump_json()
+        await destroy_all(again)  # and its cgroups with it
 
 
 def test_a_process_that_ignores_the_app_secrets_gets_none_of_them(tmp_path: Path) -> None:
