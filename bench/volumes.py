@@ -116,6 +116,7 @@ async def bench(
     from souk.worker.daemon import make_driver, running
     from souk.worker.engine import Engine
     from souk.worker.settings import WorkerSettings
+    from tests.support.volumes import sweep
 
     root = Path(tempfile.mkdtemp(prefix="souk-bench-volumes-"))
     os.chmod(root, 0o755)  # the machine's user reaches the host directory in it
@@ -166,6 +167,7 @@ async def bench(
             for i in range(rounds):
                 await engine.destroy_volume(f"vol_bench{i:04d}")
     finally:
+        sweep(settings.data_dir)  # the worker's shared mount of its volumes' directory too
         shutil.rmtree(root, ignore_errors=True)
     latencies = [
         Latency(name, len(xs), pct(xs, 50), max(xs) * 1000)

@@ -14,6 +14,7 @@ from souk.worker.daemon import make_app, make_driver, running
 from souk.worker.engine import Engine
 from tests.support.clients import Client
 from tests.support.engines import settings
+from tests.support.volumes import sweep
 
 _REFUSED = volume_disk.unsupported_reason()
 needs_loop = pytest.mark.skipif(
@@ -41,20 +42,6 @@ def leftovers(data_dir: Path) -> dict[str, list[str]]:
         "mounts": mounts,
         "files": files,
     }
-
-
-def sweep(data_dir: Path) -> None:
-    """Whatever a test left: unmount, detach, so the host keeps its loop devices and mounts."""
-    kept = volume_disk.volumes_dir(data_dir.resolve())
-    for p in sorted(kept.glob("*")) if kept.exists() else []:
-        paths = volume_disk.VolumePaths(p)
-        try:
-            volume_disk.unmount(paths)
-            volume_disk.detach(paths)
-        except volume_disk.DiskError:
-            pass
-    while volume_disk.is_mounted(kept):  # the worker's shared mount of them
-        subprocess.run(["umount", str(kept)], check=True)
 
 
 @pytest.fixture

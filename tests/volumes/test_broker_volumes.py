@@ -24,8 +24,8 @@ from souk.cli.main import app as cli
 from souk.clients.workers import WorkerClient
 from tests.support.broker_cluster import SECRET, Cluster, WorkerSpec, cluster, machine_body
 from tests.support.clients import Client
+from tests.support.volumes import sweep
 from tests.support.waiting import eventually
-from tests.volumes.conftest import sweep
 
 V = "/v1/apps/demo/volumes"
 

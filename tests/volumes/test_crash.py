@@ -17,8 +17,9 @@ from typing import Any
 import pytest
 
 from souk.worker import volume_disk
+from tests.support.volumes import sweep
 from tests.support.worker_process import Reply, WorkerProcess
-from tests.volumes.conftest import leftovers, sweep
+from tests.volumes.conftest import leftovers
 
 pytestmark = pytest.mark.integration  # real worker processes, killed and started again
 

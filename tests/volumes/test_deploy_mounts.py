@@ -14,7 +14,7 @@ from souk.cli.deploy.run import deploy
 from souk.clients.machines import MachinesClient
 from souk.models.wire import RELEASE_KEY
 from tests.support.broker_cluster import WorkerSpec, cluster
-from tests.volumes.conftest import sweep
+from tests.support.volumes import sweep
 
 TOML = """
 app = "stateful"
