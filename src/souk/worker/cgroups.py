@@ -65,14 +65,20 @@ class Cgroups:
             return ROOT / "freezer" / self.group / machine_id
         return None
 
+    def _own_freezer(self, machine_id: str) -> Path | None:
+        """The machine's freezer group where it is a group of its own (v1; in v2 the machine's
+        one group is also its freezer)."""
+        return self._freezer_dir(machine_id) if self.freezer == "v1" else None
+
+    def _groups(self, machine_id: str) -> list[Path]:
+        """Every group of the machine: its limits' and its own freezer."""
+        freezer = self._own_freezer(machine_id)
+        return [*self._dirs(machine_id), *([freezer] if freezer else [])]
+
     def procs_files(self, machine_id: str) -> list[Path]:
         """The machine's `cgroup.procs` files (limits and freezer), where they exist: what a
         process joins to be counted, limited and frozen with the machine."""
-        dirs = list(self._dirs(machine_id))
-        freezer = self._freezer_dir(machine_id)
-        if self.freezer == "v1" and freezer is not None:
-            dirs.append(freezer)
-        return [d / "cgroup.procs" for d in dirs if d.is_dir()]
+        return [d / "cgroup.procs" for d in self._groups(machine_id) if d.is_dir()]
 
     def can_freeze(self, machine_id: str) -> bool:
         d = self._freezer_dir(machine_id)
@@ -136,8 +142,8 @@ class Cgroups:
         except OSError as exc:
             log.warning("cgroup limits for %s not applied: %s", machine_id, exc)
             return []
-        freezer = self._freezer_dir(machine_id)
-        if self.freezer == "v1" and freezer is not None:  # v2: the machine's one group
+        freezer = self._own_freezer(machine_id)
+        if freezer is not None:
             try:
                 _make(freezer)
                 dirs.append(freezer)
@@ -171,8 +177,7 @@ class Cgroups:
         return found
 
     def remove(self, machine_id: str) -> None:
-        freezer = self._freezer_dir(machine_id) if self.freezer == "v1" else None
-        for d in [*self._dirs(machine_id), *([freezer] if freezer else [])]:
+        for d in self._groups(machine_id):
             try:
                 d.rmdir()  # only works once its processes are gone, which is when we call it
             except OSError:
