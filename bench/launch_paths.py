@@ -4,13 +4,16 @@ that every way meets the same moments of the host (on a shared disk, creating a 
 from 20 µs to 1 ms within minutes). A bare spawn of the same command takes its turn too.
 
 The ways:
-  launch   as souk starts a machine: through souk-launch, which joins the machine's cgroups,
-           drops to the app's ids and runs the command, all after one vfork
+  launch   as souk starts a machine: by souk-launch's server, which forks the machine's process
+           from itself; the child joins the machine's cgroups, drops to the app's ids and runs
+           the command
   fork     without souk-launch: Python changes the ids and a preexec_fn joins the groups, for
            which Python forks the whole worker
   as-root  through souk-launch, joining the groups but keeping root's ids: not a way souk runs
            a machine, the baseline for what running it as its app costs (security may cost at
            most 20% of any figure)
+  unconfined  by souk-launch's server, as root and in no group: what a start costs without
+           the trust boundary (the groups are made all the same)
   bare     asyncio's create_subprocess_exec of the command, as root, nothing else (the baseline
            of the create+start goal: at most 3x)
 
@@ -48,8 +51,13 @@ PATCHES = {
     "launch": "",
     "fork": "import souk.worker.drivers.launcher as l\nl.LAUNCHER = None\n",
     "as-root": (
-        "import souk.worker.drivers.launcher as l\nf = l.launching\n"
-        "l.launching = lambda argv, user, procs, ready=True: f(argv, None, procs, ready)\n"
+        "import souk.worker.drivers.spawner as s\nf = s.Spawner.spawn\n"
+        "s.Spawner.spawn = lambda self, command, *a: f(self, command._replace(user=None), *a)\n"
+    ),
+    "unconfined": (
+        "import souk.worker.drivers.spawner as s\nf = s.Spawner.spawn\n"
+        "s.Spawner.spawn = lambda self, c, cwd, out, procs: f(self, c._replace(user=None), cwd,"
+        " out, [])\n"
     ),
 }
 
@@ -63,6 +71,7 @@ class Row:
     mean_ms: float
     vs_bare: float = 0.0
     vs_as_root: float = 0.0
+    vs_unconfined: float = 0.0
 
 
 def souk(patch: str) -> list[str]:
@@ -117,6 +126,7 @@ async def measure(rounds: int, advance: Callable[[], None], where: Path | None) 
     for row in rows:
         row.vs_bare = row.p50_ms / by["bare"].p50_ms
         row.vs_as_root = row.p50_ms / by["as-root"].p50_ms
+        row.vs_unconfined = row.p50_ms / by["unconfined"].p50_ms
     return rows
 
 
@@ -136,11 +146,12 @@ def create_start(session: aiohttp.ClientSession, url: str) -> Callable[[], Await
 
 def table(rows: list[Row]) -> Table:
     out = Table(title="create+start of `sleep 60`, one at a time, the ways taken in turn")
-    for name in ("way", "creates", "p50 ms", "p90 ms", "mean ms", "p50 vs bare", "vs as-root"):
+    names = ("way", "creates", "p50 ms", "p90 ms", "mean ms", "p50 vs bare", "vs as-root")
+    for name in (*names, "vs unconfined"):
         out.add_column(name, justify="left" if name == "way" else "right")
     for r in rows:
-        cells = [f"{r.p50_ms:.2f}", f"{r.p90_ms:.2f}", f"{r.mean_ms:.2f}"]
-        out.add_row(r.way, str(r.creates), *cells, f"{r.vs_bare:.2f}", f"{r.vs_as_root:.2f}")
+        cells = [f"{r.p50_ms:.2f}", f"{r.p90_ms:.2f}", f"{r.mean_ms:.2f}", f"{r.vs_bare:.2f}"]
+        out.add_row(r.way, str(r.creates), *cells, f"{r.vs_as_root:.2f}", f"{r.vs_unconfined:.2f}")
     return out
 
 

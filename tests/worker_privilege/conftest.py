@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -10,6 +11,7 @@ import pytest
 
 from souk.models.machine import CreateMachine, MachineConfig
 from souk.worker.daemon import make_driver, running
+from souk.worker.drivers import launcher
 from souk.worker.engine import Engine
 from souk.worker.oci.registry import RegistryClient
 from souk.worker.settings import WorkerSettings
@@ -17,6 +19,30 @@ from tests.support.engines import destroy_all, settings
 from tests.support.registry import Registry, registry_or_skip
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="only a root worker has ids to give")
+
+NOBODY = 65534
+SLEEP = os.path.realpath(shutil.which("sleep") or "/bin/sleep")
+# What the command sees at once: its groups, its ids, whether an exec may gain privileges.
+LOOK = "cat /proc/self/cgroup; grep -E '^(Uid|Gid|Groups|NoNewPrivs):' /proc/self/status; echo end"
+
+
+@pytest.fixture
+def built() -> str:
+    if launcher.LAUNCHER is None:
+        pytest.skip("souk-launch is not built (scripts/setup.sh builds it)")
+    return launcher.LAUNCHER
+
+
+def assert_confined(text: str, group: str | None, uid: int) -> None:
+    """What LOOK printed shows the group joined before the command ran, the app's ids with no
+    supplementary groups, and no-new-privs."""
+    if group is not None:
+        assert group in text
+    assert f"Uid:\t{uid}\t{uid}\t{uid}\t{uid}" in text
+    assert f"Gid:\t{uid}\t{uid}\t{uid}\t{uid}" in text
+    assert "NoNewPrivs:\t1" in text
+    groups = next(line for line in text.splitlines() if line.startswith("Groups:"))
+    assert groups.split(":")[1].strip() == ""  # none beside its own
 
 
 def machine(app: str, argv: list[str], **config: object) -> CreateMachine:

@@ -131,6 +131,10 @@ class Driver(Protocol):
     async def processes(self, machine_id: str, handle: Handle | None) -> list[int]:
         """Host pids of the machine's processes, for `ps`."""
 
+    async def close(self) -> None:
+        """The worker stops: what the driver keeps for starting machines ends (not the
+        machines)."""
+
 
 @dataclass
 class Drivers:
@@ -160,5 +164,8 @@ class Drivers:
         return bool(image) and self.images is not None and self.images.has(image or "")
 
     async def close(self) -> None:
+        await self.command.close()
+        if self.image is not None:
+            await self.image.close()
         if self.images is not None:
             await self.images.client.close()

@@ -4,9 +4,9 @@ and how to notice that a process that is not the worker's child has gone."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
-import subprocess
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 
 from souk.worker import procfs
 from souk.worker.drivers.base import Handle
@@ -42,25 +42,29 @@ class ExitCodes:
         return await asyncio.shield(future)
 
 
-async def child_exit(proc: subprocess.Popen[bytes]) -> int:
+async def child_exit(pid: int, reap: Callable[[], int] | None = None) -> int:
     """The exit code of one of the worker's own children (negative: the signal that ended it),
     read once it exits: on its pidfd where the kernel has them, so that no thread waits for each
     child (asyncio's child watcher starts one per process, on the spawn's path); else waited for
-    in a thread."""
+    in a thread. `reap`: how `subprocess` reaps a child it spawned (its `wait`); else waitpid."""
+    reaped = reap or functools.partial(_waited, pid)
     try:
-        fd = os.pidfd_open(proc.pid)
+        fd = os.pidfd_open(pid)
     except (AttributeError, OSError):
-        return await asyncio.to_thread(proc.wait)
+        return await asyncio.to_thread(reaped)
     loop = asyncio.get_running_loop()
     gone: asyncio.Future[None] = loop.create_future()
-    loop.add_reader(fd, _resolve, gone)
+    loop.add_reader(fd, resolve, gone)
     try:
-        if proc.poll() is None:
-            await gone
+        await gone  # readable once it has exited, reaped or not
     finally:
         loop.remove_reader(fd)
         os.close(fd)
-    return proc.wait()  # it has exited: reaped at once
+    return reaped()  # it has exited: reaped at once
+
+
+def _waited(pid: int) -> int:
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
 
 
 async def poll_until_gone(handle: Handle, interval: float) -> None:
@@ -78,7 +82,7 @@ async def until_gone(handle: Handle, interval: float) -> None:
     if fd >= 0:
         loop = asyncio.get_running_loop()
         gone: asyncio.Future[None] = loop.create_future()
-        loop.add_reader(fd, _resolve, gone)
+        loop.add_reader(fd, resolve, gone)
         try:
             if procfs.is_alive(handle.pid, handle.pid_start):
                 await gone
@@ -88,6 +92,6 @@ async def until_gone(handle: Handle, interval: float) -> None:
     await poll_until_gone(handle, interval)
 
 
-def _resolve(future: asyncio.Future[None]) -> None:
+def resolve(future: asyncio.Future[None]) -> None:
     if not future.done():
         future.set_result(None)

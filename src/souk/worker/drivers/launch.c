@@ -1,50 +1,229 @@
 /* souk-launch: how the process driver starts what a machine runs.
  *
- *   souk-launch [--join FD]... [--ready FD] [--ids UID:GID] [--no-new-privs] -- COMMAND [ARG ...]
+ *   souk-launch --serve FD
+ *   souk-launch [--join FD]... [--ids UID:GID] [--no-new-privs] -- COMMAND [ARG ...]
  *   souk-launch --protocol
  *
+ * --serve FD  starts machines for the worker at the other end of FD, a SOCK_SEQPACKET socket, one
+ *             request a message (below), until the worker closes it: a machine's start costs a
+ *             fork of this small process, not an exec of one more program from the worker.
  * --join FD   writes "0" (itself) to FD, a `cgroup.procs` the worker opened, and closes it: the
  *             command runs in the machine's cgroups from its first instruction.
- * --ready FD  marks FD close-on-exec: whoever holds the other end of that pipe sees it close the
- *             moment COMMAND runs (or the launcher fails), with no polling.
  * --ids U:G   drops to user U and group G with no supplementary groups (a root worker).
  * --no-new-privs  no exec from then on gains privileges: setuid and setgid bits and file
  *             capabilities are ignored, so the command cannot climb back through one of the
  *             host's setuid programs (a container's runtime spec asks runc the same).
  *
- * --protocol prints the version of these flags that this build speaks (`PROTOCOL` in
+ * --protocol prints the version of this interface that this build speaks (`PROTOCOL` in
  * launcher.py): a worker finding an older build does not use it.
  *
- * Python forks the whole worker when it is asked to change ids or run code before the exec; with
- * this, it vforks. util-linux's setpriv, which dropped the ids before, spent a millisecond loading
- * its libraries and locale: this is one static binary making a few system calls. Any failure ends
- * it before COMMAND runs: 125 for its own, 126 or 127 for a command it cannot run, as a shell
- * says. Built by scripts/setup.sh (see docs/worker.md).
+ * A request (`Request` in spawner.py, in the host's byte order): five 32-bit words, flags (IDS,
+ * NO_NEW_PRIVS), uid, gid, argc and envc; then the path to run, the working directory, the argv
+ * and the environment, each string ending in a NUL; and as SCM_RIGHTS, the command's stdin,
+ * stdout and stderr, then the cgroup.procs to join. Its child is made a child of the worker
+ * (CLONE_PARENT): the worker reaps it and reads its exit. The answer, once the command runs or
+ * has failed to: three 32-bit words, the child's pid, an errno (0: it runs) and the step that
+ * failed (STEP_*). A failed child exits 127 at once; the worker reaps it too.
+ *
+ * Python forks the whole worker when it is asked to change ids or run code before the exec, and
+ * util-linux's setpriv, which dropped the ids before, spent a millisecond loading its libraries
+ * and locale: this is one static binary making a few system calls. On the command line, any
+ * failure ends it before COMMAND runs: 125 for its own, 126 or 127 for a command it cannot run,
+ * as a shell says. Built by scripts/setup.sh (see docs/worker.md).
  */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
 #include <grp.h>
-#include <sys/prctl.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
-#define PROTOCOL 2 /* launcher.py's PROTOCOL: raised with every change to the flags */
+#define PROTOCOL 3 /* launcher.py's PROTOCOL: raised with every change to this interface */
 #define LAST_ID 4294967294UL /* (uid_t) -1 means "unchanged" to the kernel: never an id */
 #define MAX_JOIN 8
+#define IDS 1u
+#define NO_NEW_PRIVS 2u
+
+enum step { STEP_NONE, STEP_REQUEST, STEP_CLONE, STEP_CHDIR, STEP_JOIN, STEP_IDS,
+            STEP_NO_NEW_PRIVS, STEP_EXEC };
+
+struct confinement {
+    const int *join;
+    int joins;
+    unsigned flags;
+    unsigned long uid, gid;
+};
+
+/* Joins the groups, drops the ids, sets no-new-privs: 0, or the step that failed (errno set). */
+static enum step confine(const struct confinement *c) {
+    for (int j = 0; j < c->joins; j++) {
+        if (write(c->join[j], "0", 1) != 1)
+            return STEP_JOIN;
+        close(c->join[j]);
+    }
+    if ((c->flags & IDS) && (setgroups(0, NULL) != 0 || setresgid(c->gid, c->gid, c->gid) != 0 ||
+                             setresuid(c->uid, c->uid, c->uid) != 0))
+        return STEP_IDS;
+    if ((c->flags & NO_NEW_PRIVS) && prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0)
+        return STEP_NO_NEW_PRIVS;
+    return STEP_NONE;
+}
+
+/* --serve */
+
+struct request {
+    uint32_t flags, uid, gid, argc, envc;
+};
+
+struct answer {
+    int32_t pid, error, step;
+};
+
+/* The `count` NUL-ended strings from `*at` up to `end`, into `out` (NULL after them), or -1. */
+static int strings(char **at, const char *end, uint32_t count, char **out) {
+    for (uint32_t k = 0; k < count; k++) {
+        char *nul = memchr(*at, '\0', end - *at);
+        if (!nul)
+            return -1;
+        out[k] = *at;
+        *at = nul + 1;
+    }
+    out[count] = NULL;
+    return 0;
+}
+
+/* In the child: its own session, stdio and directory, confined, then the command; on any
+ * failure, the step and errno written to `report` (close-on-exec: nothing written means it ran). */
+static void become(int sock, int report, const int *fds, const struct confinement *c,
+                   const char *cwd, const char *path, char **argv, char **env) {
+    sigset_t none;
+    enum step step = STEP_NONE;
+    close(sock); /* at once: a child stuck before its exec must not keep the server's socket open */
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, NULL);
+    setsid();
+    for (int i = 0; i < 3; i++)
+        if (dup2(fds[i], i) < 0)
+            step = STEP_REQUEST;
+    if (step == STEP_NONE && chdir(cwd) != 0) /* as the worker, as `subprocess` does */
+        step = STEP_CHDIR;
+    if (step == STEP_NONE)
+        step = confine(c);
+    if (step == STEP_NONE) {
+        execve(path, argv, env);
+        step = STEP_EXEC;
+    }
+    int said[2] = {step, errno};
+    (void)!write(report, said, sizeof said);
+    _exit(127);
+}
+
+static struct answer start(int sock, char *message, size_t size, const int *fds, int nfds) {
+    struct answer answer = {0, EINVAL, STEP_REQUEST};
+    struct request head;
+    char *at = message + sizeof head, *cwd[2], *path[2], **argv = NULL, **env = NULL;
+    int report[2];
+    if (size < sizeof head || nfds < 3 || nfds > 3 + MAX_JOIN)
+        return answer;
+    memcpy(&head, message, sizeof head);
+    if (head.argc < 1 || head.argc > size || head.envc > size)
+        return answer;
+    argv = calloc(head.argc + 1, sizeof *argv);
+    env = calloc(head.envc + 1, sizeof *env);
+    if (!argv || !env || strings(&at, message + size, 1, path) ||
+        strings(&at, message + size, 1, cwd) || strings(&at, message + size, head.argc, argv) ||
+        strings(&at, message + size, head.envc, env) || at != message + size)
+        goto done;
+    struct confinement c = {fds + 3, nfds - 3, head.flags, head.uid, head.gid};
+    if (pipe2(report, O_CLOEXEC) != 0) {
+        answer = (struct answer){0, errno, STEP_CLONE};
+        goto done;
+    }
+    /* A child of the worker, not of this server: the worker reaps it and reads its exit. */
+    pid_t pid = (pid_t)syscall(SYS_clone, CLONE_PARENT | SIGCHLD, 0, 0, 0, 0);
+    if (pid == 0)
+        become(sock, report[1], fds, &c, cwd[0], path[0], argv, env);
+    close(report[1]);
+    int said[2] = {STEP_NONE, 0};
+    ssize_t got;
+    while ((got = read(report[0], said, sizeof said)) < 0 && errno == EINTR)
+        ;
+    close(report[0]);
+    if (pid < 0)
+        answer = (struct answer){0, errno, STEP_CLONE};
+    else if (got == (ssize_t)sizeof said)
+        answer = (struct answer){pid, said[1], said[0]};
+    else
+        answer = (struct answer){pid, 0, STEP_NONE};
+done:
+    free(argv);
+    free(env);
+    return answer;
+}
+
+static int serve(int sock) {
+    if (fcntl(sock, F_SETFD, FD_CLOEXEC) != 0)
+        return 125;
+    for (;;) {
+        ssize_t size = recv(sock, NULL, 0, MSG_PEEK | MSG_TRUNC);
+        if (size == 0)
+            return 0; /* the worker is gone */
+        if (size < 0) {
+            if (errno == EINTR)
+                continue;
+            return 125;
+        }
+        char *message = malloc((size_t)size);
+        union {
+            char space[CMSG_SPACE(sizeof(int) * (3 + MAX_JOIN))];
+            struct cmsghdr align;
+        } control;
+        struct iovec iov = {message, (size_t)size};
+        struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = control.space,
+                             .msg_controllen = sizeof control.space};
+        if (!message)
+            return 125;
+        ssize_t got = recvmsg(sock, &msg, MSG_CMSG_CLOEXEC);
+        if (got <= 0) {
+            free(message);
+            if (got < 0 && errno == EINTR)
+                continue;
+            return got == 0 ? 0 : 125;
+        }
+        int fds[3 + MAX_JOIN], nfds = 0;
+        for (struct cmsghdr *c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c)) {
+            if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
+                continue;
+            int n = (int)((c->cmsg_len - CMSG_LEN(0)) / sizeof(int));
+            for (int k = 0; k < n && nfds < 3 + MAX_JOIN; k++)
+                memcpy(&fds[nfds++], CMSG_DATA(c) + k * sizeof(int), sizeof(int));
+        }
+        struct answer answer = {0, EINVAL, STEP_REQUEST};
+        if (!(msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC)))
+            answer = start(sock, message, (size_t)got, fds, nfds);
+        for (int k = 0; k < nfds; k++)
+            close(fds[k]);
+        free(message);
+        if (send(sock, &answer, sizeof answer, MSG_NOSIGNAL) != (ssize_t)sizeof answer)
+            return 0;
+    }
+}
+
+/* The command line */
 
 static int usage(const char *why) {
     fprintf(stderr, "souk-launch: %s\n", why);
-    fprintf(stderr, "usage: souk-launch [--join FD]... [--ready FD] [--ids UID:GID]"
-                    " [--no-new-privs] -- COMMAND\n");
+    fprintf(stderr, "usage: souk-launch --serve FD\n"
+                    "       souk-launch [--join FD]... [--ids UID:GID] [--no-new-privs] -- COMMAND\n");
     return 125;
-}
-
-static int failed(const char *what, int code) {
-    fprintf(stderr, "souk-launch: %s: %s\n", what, strerror(errno));
-    return code;
 }
 
 /* A decimal number up to `max`, ending at `stop`: its end, or NULL. */
@@ -63,47 +242,44 @@ static int descriptor(const char *text) {
 }
 
 int main(int argc, char **argv) {
-    int join[MAX_JOIN], joins = 0, ready = -1, i;
-    int ids = 0, no_new_privs = 0;
-    unsigned long uid = 0, gid = 0;
+    static const char *steps[] = {[STEP_JOIN] = "joining the machine's cgroup",
+                                  [STEP_IDS] = "dropping to the app's ids",
+                                  [STEP_NO_NEW_PRIVS] = "--no-new-privs"};
+    int join[MAX_JOIN], i, sock;
+    struct confinement c = {join, 0, 0, 0, 0};
     const char *rest;
     if (argc == 2 && strcmp(argv[1], "--protocol") == 0) {
         printf("%d\n", PROTOCOL);
         return 0;
     }
+    if (argc == 3 && strcmp(argv[1], "--serve") == 0) {
+        if ((sock = descriptor(argv[2])) < 0)
+            return usage("--serve needs a descriptor above 2");
+        return serve(sock);
+    }
     for (i = 1; i + 1 < argc && strcmp(argv[i], "--") != 0; i += 2) {
         if (strcmp(argv[i], "--no-new-privs") == 0) {
-            no_new_privs = 1;
+            c.flags |= NO_NEW_PRIVS;
             i--; /* a flag without a value */
-        } else if (strcmp(argv[i], "--join") == 0 && joins < MAX_JOIN) {
-            if ((join[joins++] = descriptor(argv[i + 1])) < 0)
+        } else if (strcmp(argv[i], "--join") == 0 && c.joins < MAX_JOIN) {
+            if ((join[c.joins++] = descriptor(argv[i + 1])) < 0)
                 return usage("--join needs a descriptor above 2");
-        } else if (strcmp(argv[i], "--ready") == 0) {
-            if ((ready = descriptor(argv[i + 1])) < 0)
-                return usage("--ready needs a descriptor above 2");
         } else if (strcmp(argv[i], "--ids") == 0) {
-            rest = number(argv[i + 1], LAST_ID, ':', &uid);
-            if (!rest || !number(rest + 1, LAST_ID, '\0', &gid))
+            rest = number(argv[i + 1], LAST_ID, ':', &c.uid);
+            if (!rest || !number(rest + 1, LAST_ID, '\0', &c.gid))
                 return usage("--ids needs UID:GID");
-            ids = 1;
+            c.flags |= IDS;
         } else {
             return usage("unknown option");
         }
     }
     if (i + 1 >= argc || strcmp(argv[i], "--") != 0)
         return usage("no command after --");
-    for (int j = 0; j < joins; j++) {
-        if (write(join[j], "0", 1) != 1)
-            return failed("joining the machine's cgroup", 125);
-        close(join[j]);
+    enum step step = confine(&c);
+    if (step != STEP_NONE) {
+        fprintf(stderr, "souk-launch: %s: %s\n", steps[step], strerror(errno));
+        return 125;
     }
-    if (ids && (setgroups(0, NULL) != 0 || setresgid(gid, gid, gid) != 0 ||
-                setresuid(uid, uid, uid) != 0))
-        return failed("dropping to the app's ids", 125);
-    if (no_new_privs && prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0)
-        return failed("--no-new-privs", 125);
-    if (ready >= 0 && fcntl(ready, F_SETFD, FD_CLOEXEC) != 0)
-        return failed("--ready", 125);
     execvp(argv[i + 1], argv + i + 1);
     int code = errno == ENOENT ? 127 : 126; /* said as a shell says it */
     fprintf(stderr, "%s: %s\n", argv[i + 1], strerror(errno));

@@ -1,16 +1,16 @@
 """How the process driver starts a command as an app, in the machine's cgroups from its first
 instruction, unable to gain privileges by any exec after (no-new-privs: the host's setuid
-programs run as the app, as a container's do): through `souk-launch` (launch.c), which Python
-can vfork, or without it through Python's own change of ids and a `preexec_fn`, for which
-Python forks the whole worker.
+programs run as the app, as a container's do): through `souk-launch` (launch.c), a machine by
+its server (`spawner.py`) and an `exec` on its command line, which Python can vfork; or without
+it through Python's own change of ids and a `preexec_fn`, for which Python forks the whole
+worker.
 
 `souk-launch` is built by scripts/setup.sh into the virtualenv's `bin`, beside the interpreter;
 it is looked for there, then in PATH, and used only if it speaks this module's `PROTOCOL` (a
-build left from an older souk would refuse the flags it is given)."""
+build left from an older souk would not understand what it is asked)."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import ctypes
 import logging
@@ -28,9 +28,8 @@ from souk.worker.drivers.base import HostUser
 log = logging.getLogger("souk.worker.launcher")
 
 NAME = "souk-launch"
-PROTOCOL = "2"  # the flags `launching` passes: launch.c's PROTOCOL, raised with them
+PROTOCOL = "3"  # its flags and its server's messages: launch.c's PROTOCOL, raised with them
 ASK_WAIT = 5.0  # at most this long for a launcher to say its protocol
-READY_WAIT = 1.0  # at most this long for the launcher to become the command
 PR_SET_NO_NEW_PRIVS = 38  # <linux/prctl.h>
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -66,29 +65,31 @@ LAUNCHER = find()
 
 @dataclass
 class Launching:
-    """A command ready for `subprocess.Popen`: its argv and Popen's other arguments. `ready`,
-    when set, is the read end of a pipe that closes as the command itself runs (`became`)."""
+    """A command ready for `subprocess.Popen`: its argv and Popen's other arguments."""
 
     argv: list[str]
     popen: dict[str, Any] = field(default_factory=dict)
-    ready: int | None = None
 
 
 @contextlib.contextmanager
-def launching(
-    argv: list[str],
-    user: HostUser | None,
-    procs: list[Path],
-    ready: bool = True,
-) -> Iterator[Launching]:
-    """`argv` to run as `user` (None: as the worker) having joined the cgroups whose
-    `cgroup.procs` are `procs`, with no new privileges; with `ready`, through the launcher, a
-    pipe that says when it runs. A worker that is not root (no `user`, no `procs`) runs it as
-    it is. The descriptors it opens for the child are closed on the way out, once the process
-    is spawned; `ready`'s is the caller's to close."""
-    fds = [os.open(p, os.O_WRONLY) for p in procs]  # the kernel checks the opener's rights
-    pipe: tuple[int, int] | None = None
+def opened(procs: list[Path]) -> Iterator[list[int]]:
+    """The `cgroup.procs` files, open for the child to join: the kernel checks the opener's
+    rights, the worker's. Closed on the way out, once the child has them."""
+    fds: list[int] = []
     try:
+        fds.extend(os.open(p, os.O_WRONLY) for p in procs)
+        yield fds
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+@contextlib.contextmanager
+def launching(argv: list[str], user: HostUser | None, procs: list[Path]) -> Iterator[Launching]:
+    """`argv` to run as `user` (None: as the worker) having joined the cgroups whose
+    `cgroup.procs` are `procs`, with no new privileges, on the launcher's command line. A worker
+    that is not root (no `user`, no `procs`) runs it as it is."""
+    with opened(procs) as fds:
         if user is None and not fds:
             yield Launching(argv)
         elif LAUNCHER is None:
@@ -98,25 +99,9 @@ def launching(
             yield Launching(argv, popen)
         else:
             flags = [f for fd in fds for f in ("--join", str(fd))] + ["--no-new-privs"]
-            passed = list(fds)
-            if ready:
-                pipe = os.pipe()
-                flags += ["--ready", str(pipe[1])]
-                passed.append(pipe[1])
             if user is not None:
                 flags += ["--ids", f"{user.uid}:{user.gid}"]
-            yield Launching(
-                [LAUNCHER, *flags, "--", *argv],
-                {"pass_fds": tuple(passed)},
-                pipe[0] if pipe else None,
-            )
-    except BaseException:
-        if pipe is not None:
-            os.close(pipe[0])
-        raise
-    finally:
-        for fd in [*fds, *(pipe[1:] if pipe else ())]:
-            os.close(fd)
+            yield Launching([LAUNCHER, *flags, "--", *argv], {"pass_fds": tuple(fds)})
 
 
 def _confiner(fds: list[int]) -> Callable[[], None]:
@@ -127,23 +112,3 @@ def _confiner(fds: list[int]) -> Callable[[], None]:
             raise OSError(ctypes.get_errno(), "no-new-privs")
 
     return confine
-
-
-async def became(ready: int, timeout: float = READY_WAIT) -> None:
-    """Once the launcher has run the command (or failed), or `timeout` seconds; closes `ready`.
-    Read on the event loop: the pipe says when, nothing polls."""
-    loop = asyncio.get_running_loop()
-    closed = loop.create_future()
-
-    def readable() -> None:
-        if not closed.done():
-            closed.set_result(None)
-
-    loop.add_reader(ready, readable)
-    try:
-        await asyncio.wait_for(closed, timeout)
-    except TimeoutError:
-        pass
-    finally:
-        loop.remove_reader(ready)
-        os.close(ready)

@@ -22,6 +22,7 @@ import signal as signals
 import stat
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
@@ -32,6 +33,7 @@ from souk.worker.drivers import execs, launcher, processes
 from souk.worker.drivers.base import ExecResult, Handle, HostUser, Launch
 from souk.worker.drivers.exits import child_exit, poll_until_gone, until_gone
 from souk.worker.drivers.processes import SPEC_ENV
+from souk.worker.drivers.spawner import Command, Spawner
 from souk.worker.files import write_files
 
 POLL = 0.05
@@ -85,6 +87,7 @@ class ProcessDriver:
     def __init__(self, cgroups: Cgroups) -> None:
         self.cgroups = cgroups
         self._exits: dict[str, asyncio.Future[int | None]] = {}
+        self._spawner: Spawner | None = None
 
     async def prepare(self, launch: Launch) -> str | None:
         workdir = _workdir(launch)
@@ -105,38 +108,53 @@ class ProcessDriver:
         )
         with contextlib.ExitStack() as opened:
             try:
-                argv, env, user = _command(launch)
+                command = _command(launch)
                 out = opened.enter_context(_log(launch.rundir / "stdout.log"))
                 err = opened.enter_context(_log(launch.rundir / "stderr.log"))
                 procs = await groups
             except BaseException:
                 groups.cancel()
                 raise
-            start = opened.enter_context(launcher.launching(argv, user, procs))
             try:
-                # Popen itself, as asyncio's subprocess would (a vfork, on the loop), without
-                # its child watcher: the exit is read on a pidfd (`child_exit`).
-                proc = subprocess.Popen(  # noqa: ASYNC220
-                    start.argv,
-                    stdin=subprocess.DEVNULL,
-                    stdout=out,
-                    stderr=err,
-                    cwd=_workdir(launch),
-                    env=env,
-                    start_new_session=True,
-                    **start.popen,
-                )
+                pid, reap = await self._start(command, procs, out, err, _workdir(launch))
             except PermissionError as exc:
-                if user is None:
+                if command.user is None:
                     raise
-                raise _not_for(user, argv[-1], exc.errno or errno.EACCES) from exc
-        try:
-            if start.ready is not None:  # not started until the launcher has become the command
-                await launcher.became(start.ready)
-            started = procfs.start_time(proc.pid) or "0"
-        finally:  # its exit read (and the process reaped) only once its start time is known
-            self._exits[launch.machine_id] = asyncio.ensure_future(child_exit(proc))
-        return Handle(proc.pid, started)
+                raise _not_for(command.user, command.argv[0], exc.errno or errno.EACCES) from exc
+        started = procfs.start_time(pid) or "0"
+        # its exit read (and the process reaped) only once its start time is known
+        self._exits[launch.machine_id] = asyncio.ensure_future(child_exit(pid, reap))
+        return Handle(pid, started)
+
+    async def _start(
+        self, command: Command, procs: list[Path], out: IO[bytes], err: IO[bytes], cwd: Path
+    ) -> tuple[int, Callable[[], int] | None]:
+        """The pid, once what runs is the command, and how to reap it (None: waitpid): by the
+        launcher's server where there is one and something to confine; else by `subprocess`,
+        after a fork of the worker where Python confines it (`launcher.launching`)."""
+        if launcher.LAUNCHER is not None and (command.user is not None or procs):
+            if self._spawner is None:
+                self._spawner = Spawner(launcher.LAUNCHER)
+            output = (out.fileno(), err.fileno())
+            return await self._spawner.spawn(command, cwd, output, procs), None
+        with launcher.launching(command.argv, command.user, procs) as start:
+            # Popen itself, as asyncio's subprocess would (a vfork, on the loop), without its
+            # child watcher: the exit is read on a pidfd (`child_exit`).
+            proc = subprocess.Popen(  # noqa: ASYNC220
+                start.argv,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=err,
+                cwd=cwd,
+                env=command.env,
+                start_new_session=True,
+                **start.popen,
+            )
+        return proc.pid, proc.wait
+
+    async def close(self) -> None:
+        if self._spawner is not None:
+            await self._spawner.close()
 
     def adopt(self, machine_id: str, marker: str, handle: Handle | None) -> Handle | None:
         pending = self._exits.get(machine_id)
@@ -259,7 +277,7 @@ class ProcessDriver:
         env.pop("SOUK_MARKER", None)
         procs = self.cgroups.procs_files(launch.machine_id)
         try:
-            with launcher.launching(argv, launch.user, procs, ready=False) as start:
+            with launcher.launching(argv, launch.user, procs) as start:
                 return await execs.run(
                     start.argv, stdin, timeout, cwd=_workdir(launch), env=env, **start.popen
                 )
@@ -277,20 +295,21 @@ class ProcessDriver:
             await asyncio.to_thread(shutil.rmtree, launch.home, True)
 
 
-def _command(launch: Launch) -> tuple[list[str], dict[str, str], HostUser | None]:
-    """What the spawn runs, in what environment, as which user (None: as the worker), in a
-    working directory made ready for it."""
+def _command(launch: Launch) -> Command:
+    """What the spawn runs, in what environment, as which user, in a working directory made
+    ready for it."""
     workdir = _workdir(launch)
     workdir.mkdir(parents=True, exist_ok=True)
     _link_volumes(launch, workdir)
     env = machine_env(launch)
     if launch.config.processes:  # processes.py runs them all, each as its own ids
         argv = [sys.executable, "-I", processes.__file__]  # stdlib only: runs as a file
-        return argv, {**env, SPEC_ENV: json.dumps(process_specs(launch))}, None
+        return Command(argv[0], argv, {**env, SPEC_ENV: json.dumps(process_specs(launch))}, None)
     argv = launch.config.argv()
-    if launch.user is not None:  # a root worker's only (app_users.py)
-        _check_runnable(argv, launch.user, env, workdir)
-    return argv, env, launch.user
+    path = _found(argv[0], env, workdir)
+    if launch.user is not None and not _open_to_others(workdir / path):  # a root worker's
+        raise _not_for(launch.user, argv[0], errno.EACCES)
+    return Command(path, argv, env, launch.user)
 
 
 def process_env(launch: Launch, process: MachineProcess) -> dict[str, str]:
@@ -335,14 +354,13 @@ def _workdir(launch: Launch) -> Path:
     return launch.home or launch.rundir / "work"
 
 
-def _check_runnable(argv: list[str], user: HostUser, env: dict[str, str], cwd: Path) -> None:
-    """Refuse here, as Python's own spawn would, what the launcher could only fail to run once
-    spawned: a command not found, or not open to the app's user."""
-    found = shutil.which(argv[0], path=env.get("PATH")) if "/" not in argv[0] else argv[0]
+def _found(command: str, env: dict[str, str], cwd: Path) -> str:
+    """`command` as exec finds it, in the env's PATH unless it names a path; refused here, as
+    Python's own spawn would, if there is none."""
+    found = shutil.which(command, path=env.get("PATH")) if "/" not in command else command
     if found is None or not (cwd / found).exists():
-        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), argv[0])
-    if not _open_to_others(cwd / found):
-        raise _not_for(user, argv[0], errno.EACCES)
+        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), command)
+    return found
 
 
 def _open_to_others(path: Path) -> bool:

@@ -296,6 +296,9 @@ class RuncDriver:
             return await self.remaining(machine_id, handle)
         return [int(p) for p in pids or [] if isinstance(p, int)]
 
+    async def close(self) -> None:
+        pass
+
     async def cleanup(self, launch: Launch) -> None:
         self._exits.pop(launch.machine_id)
         await self._runc("delete", "--force", self.container_id(launch.machine_id), check=False)

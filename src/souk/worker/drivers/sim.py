@@ -64,3 +64,6 @@ class SimDriver:
 
     async def processes(self, machine_id: str, handle: Handle | None) -> list[int]:
         return []
+
+    async def close(self) -> None:
+        pass

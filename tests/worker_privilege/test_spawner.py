@@ -1,0 +1,213 @@
+"""souk-launch's server (`--serve`) and the worker's end of it: a machine's process is the
+worker's child, in its groups, as its app, with nothing of the worker's open; whatever fails
+runs nothing and says why; the server survives bad requests and is replaced if it dies."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import struct
+import subprocess
+import time
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+
+import pytest
+
+from souk.worker.cgroups import Cgroups
+from souk.worker.drivers.base import HostUser
+from souk.worker.drivers.exits import child_exit
+from souk.worker.drivers.spawner import Command, LaunchFailed, Spawner
+
+from .conftest import LOOK, NOBODY, assert_confined, needs_root
+
+pytestmark = [pytest.mark.integration, needs_root]
+
+APP = HostUser(NOBODY, NOBODY, 1)
+ENV = {"PATH": "/usr/bin:/bin"}
+
+
+@pytest.fixture
+async def spawner(built: str) -> AsyncIterator[Spawner]:
+    found = Spawner(built)
+    yield found
+    await found.close()
+
+
+def sh(script: str, user: HostUser | None = APP, env: dict[str, str] = ENV) -> Command:
+    return Command("/bin/sh", ["sh", "-c", script], env, user)
+
+
+async def run(
+    spawner: Spawner, command: Command, cwd: Path, procs: Sequence[Path] = ()
+) -> tuple[int, str]:
+    """The command's exit code and what it wrote."""
+    out = cwd / f"out-{uuid.uuid4().hex[:6]}"
+    with open(out, "wb") as file:
+        pid = await spawner.spawn(command, cwd, (file.fileno(), file.fileno()), list(procs))
+    code = await child_exit(pid)  # the worker's own child: its exit is ours to read
+    return code, out.read_text()
+
+
+async def test_a_machine_runs_as_its_app_in_its_groups_with_only_its_stdio(
+    spawner: Spawner, cgroups: Cgroups, tmp_path: Path
+) -> None:
+    machine_id = "m" + uuid.uuid4().hex[:12]
+    procs = cgroups.prepare(machine_id, 1, 64)
+    script = f"{LOOK}; ls /proc/self/fd; pwd; cut -d' ' -f6 /proc/$$/stat; echo $$; cat; exit 7"
+    try:
+        code, seen = await run(spawner, sh(script), tmp_path, procs)
+    finally:
+        cgroups.remove(machine_id)
+    assert code == 7
+    assert_confined(seen, f"/{cgroups.group}/{machine_id}", NOBODY)
+    lines = seen.split("end\n", 1)[1].split("\n")
+    # 0-2 and the one `ls` opens: neither the cgroups', nor the server's socket, nor a pipe
+    assert lines[:5] == ["0", "1", "2", "3", str(tmp_path)]
+    assert lines[5] == lines[6]  # a session of its own
+    assert lines[7:] == [""]  # its stdin is /dev/null
+
+
+async def test_a_worker_without_ids_to_give_runs_it_as_itself(
+    spawner: Spawner, tmp_path: Path
+) -> None:
+    code, seen = await run(spawner, sh("id -u; echo $HOME", None, {**ENV, "HOME": "/x"}), tmp_path)
+    assert (code, seen) == (0, f"{os.geteuid()}\n/x\n")
+
+
+@pytest.mark.parametrize(
+    ("path", "cwd", "procs", "error", "says"),
+    [
+        ("/no/such/program", ".", [], FileNotFoundError, "No such file"),
+        ("/etc/passwd", ".", [], PermissionError, "Permission denied"),
+        ("/bin/sh", "no-such-dir", [], LaunchFailed, "entering the working directory"),
+        ("/bin/sh", ".", ["/dev/full"], LaunchFailed, "joining the machine's cgroup"),
+    ],
+)
+async def test_what_cannot_run_runs_nothing_and_says_why(
+    spawner: Spawner,
+    tmp_path: Path,
+    path: str,
+    cwd: str,
+    procs: list[str],
+    error: type[Exception],
+    says: str,
+) -> None:
+    ran = tmp_path / "ran"
+    command = Command(path, ["x", "-c", f"touch {ran}"], ENV, APP)
+    with pytest.raises(error, match=says):
+        await spawner.spawn(command, tmp_path / cwd, (2, 2), [Path(p) for p in procs])
+    assert not ran.exists()
+    assert children(zombie=True) == []  # the failed child was reaped
+    code, _ = await run(spawner, sh("exit 3"), tmp_path)  # and the server goes on
+    assert code == 3
+
+
+@pytest.mark.parametrize(
+    "env", [{"A": "x\0y"}, {"A=B": "x"}, {"": "x"}], ids=["nul", "equals", "empty"]
+)
+async def test_an_environment_exec_cannot_take_is_refused_before_anything_runs(
+    spawner: Spawner, tmp_path: Path, env: dict[str, str]
+) -> None:
+    with pytest.raises(ValueError):
+        await spawner.spawn(sh("true", env={**ENV, **env}), tmp_path, (2, 2), [])
+
+
+async def test_large_environments_and_many_spawns_at_once_each_get_their_own_answer(
+    spawner: Spawner, tmp_path: Path
+) -> None:
+    """More requests than the kernel queues on the socket, and messages larger than its default
+    buffer: each spawn gets the pid of its own command."""
+    big = {f"BIG{i}": "x" * 100_000 for i in range(8)}  # 800 kB, as execve takes it
+
+    async def one(n: int) -> tuple[int, str]:
+        env = {**ENV, **(big if n % 10 == 0 else {})}
+        return await run(spawner, sh(f"echo {n} ${{#BIG0}}; exit {n}", env=env), tmp_path)
+
+    done = await asyncio.gather(*(one(n) for n in range(60)))
+    assert done == [(n, f"{n} {100_000 if n % 10 == 0 else 0}\n") for n in range(60)]
+
+
+async def test_a_server_killed_fails_what_waits_and_is_replaced(
+    spawner: Spawner, tmp_path: Path
+) -> None:
+    await run(spawner, sh("true"), tmp_path)
+    server = spawner._server
+    assert server is not None
+    # A "cgroup.procs" whose write blocks, a full pipe: the server waits on that child.
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+    writer = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+    try:
+        with contextlib.suppress(BlockingIOError):
+            while True:
+                os.write(writer, b"x" * 4096)
+        waiting = asyncio.ensure_future(spawner.spawn(sh("exit 5"), tmp_path, (2, 2), [fifo]))
+        await asyncio.sleep(0.2)
+        assert not waiting.done()
+        server.send_signal(signal.SIGKILL)
+        with pytest.raises(OSError, match="exited"):
+            await waiting
+        code, seen = await run(spawner, sh("echo again"), tmp_path)
+        assert (code, seen) == (0, "again\n")
+        assert spawner._server is not None and spawner._server.pid != server.pid
+        stuck = [pid for pid in children() if pid != spawner._server.pid]
+        assert len(stuck) == 1  # the one whose start was asked for
+    finally:
+        drained, deadline = b"", time.monotonic() + 10
+        while not drained.endswith(b"0") and time.monotonic() < deadline:
+            with contextlib.suppress(BlockingIOError):  # the stuck child's join goes through
+                drained += os.read(reader, 65536)
+            await asyncio.sleep(0.001)
+        os.close(writer)
+        os.close(reader)
+    # and runs, as it was asked to: a child of the worker's, for it to reap
+    assert await child_exit(stuck[0]) == 5
+
+
+def children(zombie: bool = False) -> list[int]:
+    """This process's children that are souk-launch's server or were forked by it (exited and
+    not reaped, with `zombie`)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        with contextlib.suppress(OSError, ValueError):
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            if int(fields[1]) != os.getpid() or (fields[0] == "Z") != zombie:
+                continue
+            if zombie or os.path.basename(os.readlink(entry / "exe")) == "souk-launch":
+                found.append(int(entry.name))
+    return found
+
+
+def test_the_server_answers_bad_requests_and_ends_with_the_worker(built: str) -> None:
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    server = subprocess.Popen([built, "--serve", str(theirs.fileno())], pass_fds=(theirs.fileno(),))
+    theirs.close()
+    null = os.open(os.devnull, os.O_RDONLY)
+    stdio = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("3i", null, null, null))]
+    try:
+        head = struct.Struct("=5I")
+        strings = b"/bin/true\0/\0true\0"
+        for message, rights in [
+            (b"short", stdio),  # shorter than its head
+            (head.pack(0, 0, 0, 1, 0) + strings, []),  # no stdio
+            (head.pack(0, 0, 0, 0, 0) + strings, stdio),  # no argv
+            (head.pack(0, 0, 0, 2, 0) + strings, stdio),  # strings missing
+            (head.pack(0, 0, 0, 1, 0) + strings + b"more", stdio),  # unterminated
+            (head.pack(0, 0, 0, 1, 0) + strings[:-1], stdio),  # unterminated
+        ]:
+            ours.sendmsg([message], rights)
+            assert struct.unpack("=3i", ours.recv(12)) == (0, 22, 1)  # EINVAL, the request's
+        ours.sendmsg([head.pack(0, 0, 0, 1, 0) + strings], stdio)
+        pid, error, step = struct.unpack("=3i", ours.recv(12))
+        assert (error, step) == (0, 0)
+        assert os.waitpid(pid, 0)[1] == 0  # ran, and was this process's child
+    finally:
+        os.close(null)
+        ours.close()
+    assert server.wait(timeout=10) == 0  # the worker's end closed: it ends
