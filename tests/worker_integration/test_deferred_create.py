@@ -5,15 +5,18 @@ not start a second copy, and not leave it running unknown."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sqlite3
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 import souk
+from souk.worker.drivers import launcher
 from tests.support.machines import api_pid, is_running, live_pids
 from tests.support.worker_process import WorkerFactory
 
@@ -52,6 +55,18 @@ asyncio.run(main())
 """
 
 
+def launch_servers(worker: int) -> list[int]:
+    """The `souk-launch --serve` the worker `worker` runs."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        with contextlib.suppress(OSError, ValueError):
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            if ppid == worker and argv[0].endswith(b"souk-launch") and b"--serve" in argv:
+                found.append(int(entry.name))
+    return found
+
+
 def test_a_worker_killed_between_a_spawn_and_its_commit_adopts_the_process(
     tmp_path: Path, spawn_worker: WorkerFactory
 ) -> None:
@@ -68,6 +83,7 @@ def test_a_worker_killed_between_a_spawn_and_its_commit_adopts_the_process(
         line = stalling.stdout.readline().decode().split()
         assert line, "the stalling worker spawned nothing"
         machine_id, pid = line[0], int(line[1])
+        servers = launch_servers(stalling.pid)
         stalling.kill()  # kill -9, between the spawn and its commit
         stalling.wait()
     finally:
@@ -75,6 +91,11 @@ def test_a_worker_killed_between_a_spawn_and_its_commit_adopts_the_process(
             stalling.kill()
             stalling.wait()
     assert is_running(pid) and live_pids(machine_id) == [pid]
+    assert len(servers) == (launcher.LAUNCHER is not None)
+    deadline = time.monotonic() + 10
+    while any(is_running(server) for server in servers):  # it ends with its worker
+        assert time.monotonic() < deadline, "souk-launch --serve outlived its worker"
+        time.sleep(0.01)
     db = sqlite3.connect(f"file:{data_dir / 'worker.db'}?mode=ro", uri=True)
     logged = [r[0] for r in db.execute("SELECT step FROM oplog WHERE resource = ?", (machine_id,))]
     state = db.execute("SELECT state FROM machines WHERE id = ?", (machine_id,)).fetchone()

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from souk.worker.cgroups import Cgroups
+from souk.worker.drivers import spawner as spawner_module
 from souk.worker.drivers.base import HostUser
 from souk.worker.drivers.exits import child_exit
 from souk.worker.drivers.spawner import Command, LaunchFailed, Spawner
@@ -132,13 +133,11 @@ async def test_large_environments_and_many_spawns_at_once_each_get_their_own_ans
     assert done == [(n, f"{n} {100_000 if n % 10 == 0 else 0}\n") for n in range(60)]
 
 
-async def test_a_server_killed_fails_what_waits_and_is_replaced(
-    spawner: Spawner, tmp_path: Path
-) -> None:
-    await run(spawner, sh("true"), tmp_path)
-    server = spawner._server
-    assert server is not None
-    # A "cgroup.procs" whose write blocks, a full pipe: the server waits on that child.
+@contextlib.asynccontextmanager
+async def stuck(tmp_path: Path) -> AsyncIterator[Path]:
+    """A "cgroup.procs" whose write blocks (a FIFO whose pipe is full), so that a child joining
+    it stays before its exec, and the server waits on it; on the way out, the write goes
+    through."""
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
     reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
@@ -147,6 +146,24 @@ async def test_a_server_killed_fails_what_waits_and_is_replaced(
         with contextlib.suppress(BlockingIOError):
             while True:
                 os.write(writer, b"x" * 4096)
+        yield fifo
+    finally:
+        drained, deadline = b"", time.monotonic() + 10
+        while not drained.endswith(b"0") and time.monotonic() < deadline:
+            with contextlib.suppress(BlockingIOError):
+                drained += os.read(reader, 65536)
+            await asyncio.sleep(0.001)
+        os.close(writer)
+        os.close(reader)
+
+
+async def test_a_server_killed_fails_what_waits_and_is_replaced(
+    spawner: Spawner, tmp_path: Path
+) -> None:
+    await run(spawner, sh("true"), tmp_path)
+    server = spawner._server
+    assert server is not None
+    async with stuck(tmp_path) as fifo:
         waiting = asyncio.ensure_future(spawner.spawn(sh("exit 5"), tmp_path, (2, 2), [fifo]))
         await asyncio.sleep(0.2)
         assert not waiting.done()
@@ -156,18 +173,28 @@ async def test_a_server_killed_fails_what_waits_and_is_replaced(
         code, seen = await run(spawner, sh("echo again"), tmp_path)
         assert (code, seen) == (0, "again\n")
         assert spawner._server is not None and spawner._server.pid != server.pid
-        stuck = [pid for pid in children() if pid != spawner._server.pid]
-        assert len(stuck) == 1  # the one whose start was asked for
-    finally:
-        drained, deadline = b"", time.monotonic() + 10
-        while not drained.endswith(b"0") and time.monotonic() < deadline:
-            with contextlib.suppress(BlockingIOError):  # the stuck child's join goes through
-                drained += os.read(reader, 65536)
-            await asyncio.sleep(0.001)
-        os.close(writer)
-        os.close(reader)
+        left = [pid for pid in children() if pid != spawner._server.pid]
+        assert len(left) == 1  # the one whose start was asked for
     # and runs, as it was asked to: a child of the worker's, for it to reap
-    assert await child_exit(stuck[0]) == 5
+    assert await child_exit(left[0]) == 5
+
+
+async def test_a_server_stuck_at_close_is_killed(
+    spawner: Spawner, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(spawner_module, "CLOSE_WAIT", 0.2)
+    async with stuck(tmp_path) as fifo:
+        waiting = asyncio.ensure_future(spawner.spawn(sh("exit 5"), tmp_path, (2, 2), [fifo]))
+        await asyncio.sleep(0.1)
+        server = spawner._server
+        assert server is not None
+        await spawner.close()
+        assert server.returncode == -signal.SIGKILL
+        with pytest.raises(OSError, match="exited"):
+            await waiting
+        left = children()
+        assert len(left) == 1
+    assert await child_exit(left[0]) == 5
 
 
 def children(zombie: bool = False) -> list[int]:

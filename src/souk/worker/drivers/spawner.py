@@ -40,6 +40,7 @@ STEPS = {
 }
 EXEC = 7
 SEND_BUFFER = 4 << 20  # the largest request: twice what execve takes of argv and env
+CLOSE_WAIT = 5.0  # for the server to end once the worker closes its end
 SO_SNDBUFFORCE = 32  # <asm-generic/socket.h>: above the host's limit, for a root worker
 
 
@@ -188,11 +189,16 @@ class Spawner:
                 answer.set_exception(gone)
 
     async def close(self) -> None:
-        """Closes the worker's end: the server ends once it has answered what it was sent."""
+        """Closes the worker's end: the server ends once it has answered what it was sent (or
+        is killed, after `CLOSE_WAIT`)."""
         if self._sock is not None:
             self._lost(self._sock)
         if self._server is not None:
-            await asyncio.to_thread(self._server.wait)
+            try:
+                await asyncio.to_thread(self._server.wait, CLOSE_WAIT)
+            except subprocess.TimeoutExpired:  # stuck on a child that cannot get to its exec
+                self._server.kill()
+                self._server.wait()
             self._server = None
         if self._null is not None:
             os.close(self._null)
