@@ -185,14 +185,16 @@ async def test_each_create_of_a_batch_keeps_its_own_deadline(make_cluster: Clust
             with pytest.raises(WorkerError):
                 await reserver.client.destroy("one", c.urls["one"], fenced, fence=True)
         # a slow disk: the worker's next commits wait behind a long one
-        slow = asyncio.create_task(engine.store.write(lambda tx: time.sleep(0.6)))
+        slow = asyncio.create_task(engine.store.write(lambda tx: time.sleep(1.2)))
         await asyncio.sleep(0.05)
         refusals: list[Refusal] = []
         quick = [CREATE.model_copy(update={"id": f}) for f in ("fenced01", "fenced02")]
         placed = await asyncio.gather(
             *(reserver.reserve(cand, q, 5, refusals) for q in quick),  # the lane's two
             reserver.reserve(cand, CREATE, 5, refusals),  # these two leave together
-            reserver.reserve(cand, CREATE, 0.2, refusals),
+            # out of time before the slow commit ends, not before the fenced two are answered
+            # and it leaves (a loaded host took 0.2 s for those)
+            reserver.reserve(cand, CREATE, 0.6, refusals),
             return_exceptions=True,
         )
         await slow

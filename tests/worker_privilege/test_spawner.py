@@ -179,6 +179,19 @@ async def test_a_server_killed_fails_what_waits_and_is_replaced(
     assert await child_exit(left[0]) == 5
 
 
+async def test_a_server_killed_while_idle_is_replaced_at_the_next_spawn(
+    spawner: Spawner, tmp_path: Path
+) -> None:
+    await run(spawner, sh("true"), tmp_path)
+    server = spawner._server
+    assert server is not None
+    server.kill()
+    server.wait()  # not yielding: the loop has not read the end of its socket yet
+    code, seen = await run(spawner, sh("echo again"), tmp_path)
+    assert (code, seen) == (0, "again\n")
+    assert spawner._server is not None and spawner._server.pid != server.pid
+
+
 async def test_a_server_stuck_at_close_is_killed(
     spawner: Spawner, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

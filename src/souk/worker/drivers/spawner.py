@@ -108,15 +108,20 @@ class Spawner:
         kernel holds a few messages a socket) waits for the server on the loop, never blocking
         it: the server may be waiting for the loop to read its answers."""
         async with self._sending:
-            sock, null = self._connected()
-            fds = [null, *output_and_joins]
-            rights = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))]
+            retried = False
             while True:
+                sock, null = self._connected()
+                fds = array.array("i", [null, *output_and_joins])
                 try:
-                    sock.sendmsg([message], rights)
+                    sock.sendmsg([message], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)])
                     break
                 except BlockingIOError:
                     await self._writable(sock)
+                except (BrokenPipeError, ConnectionResetError):
+                    if retried:  # a server that dies at once: said, not started over and over
+                        raise
+                    self._lost(sock)  # killed since the loop last read: another, once
+                    retried = True
             answer: asyncio.Future[tuple[int, int, int]]
             answer = asyncio.get_running_loop().create_future()
             self._answers.append(answer)
