@@ -21,13 +21,13 @@ from souk.worker.cgroups import Cgroups
 from souk.worker.drivers import execs
 from souk.worker.drivers.base import ExecResult, Handle, Launch
 from souk.worker.drivers.exits import ExitCodes, poll_until_gone, until_gone
+from souk.worker.drivers.file_appears import FileWatch
 from souk.worker.files import write_files
 from souk.worker.oci import network
 from souk.worker.oci.images import Image, ImageCache
 from souk.worker.oci.spec import runtime_spec
 
 POLL = 0.02
-STARTED_POLL = 0.002  # for the pid file runc writes: a start waits on it, so look often
 MARKER = "souk.marker"
 IMAGE = "souk.image"  # the digest of the image a bundle was prepared from
 
@@ -52,6 +52,7 @@ class RuncDriver:
         # the containers' cgroups, `/<cgroup_parent>/<machine id>` (as their runtime specs say)
         self.freezer = Cgroups(cgroup_parent)
         self._exits = ExitCodes()
+        self._files = FileWatch()  # for runc's pid file
 
     @staticmethod
     def container_id(machine_id: str) -> str:
@@ -159,10 +160,8 @@ class RuncDriver:
                 start_new_session=True,
             )
         exited = asyncio.ensure_future(shim.wait())
-        while not pid_file.exists():  # runc writes it once the container's process started
-            if exited.done() and not pid_file.exists():
-                raise RuncError(f"runc failed to start {cid}: see {launch.rundir}/stderr.log")
-            await asyncio.sleep(STARTED_POLL)
+        if not await self._files.appears(pid_file, exited):  # written once the container runs
+            raise RuncError(f"runc failed to start {cid}: see {launch.rundir}/stderr.log")
         pid = int(pid_file.read_text().strip())
         handle = Handle(pid, procfs.start_time(pid) or "0")
         self._exits.expect(launch.machine_id, self._exit_code(exited, launch.rundir / "exit_code"))
@@ -297,7 +296,7 @@ class RuncDriver:
         return [int(p) for p in pids or [] if isinstance(p, int)]
 
     async def close(self) -> None:
-        pass
+        self._files.close()
 
     async def cleanup(self, launch: Launch) -> None:
         self._exits.pop(launch.machine_id)
