@@ -157,12 +157,25 @@ async def stuck(tmp_path: Path) -> AsyncIterator[Path]:
         os.close(reader)
 
 
+async def serving(spawner: Spawner, tmp_path: Path) -> subprocess.Popen[bytes]:
+    """The spawner's server, once it has started something."""
+    await run(spawner, sh("true"), tmp_path)
+    assert spawner._server is not None
+    return spawner._server
+
+
+async def assert_replaced(spawner: Spawner, tmp_path: Path, server: subprocess.Popen[bytes]) -> int:
+    """The next spawn runs, by another server: its pid."""
+    code, seen = await run(spawner, sh("echo again"), tmp_path)
+    assert (code, seen) == (0, "again\n")
+    assert spawner._server is not None and spawner._server.pid != server.pid
+    return spawner._server.pid
+
+
 async def test_a_server_killed_fails_what_waits_and_is_replaced(
     spawner: Spawner, tmp_path: Path
 ) -> None:
-    await run(spawner, sh("true"), tmp_path)
-    server = spawner._server
-    assert server is not None
+    server = await serving(spawner, tmp_path)
     async with stuck(tmp_path) as fifo:
         waiting = asyncio.ensure_future(spawner.spawn(sh("exit 5"), tmp_path, (2, 2), [fifo]))
         await asyncio.sleep(0.2)
@@ -170,10 +183,8 @@ async def test_a_server_killed_fails_what_waits_and_is_replaced(
         server.send_signal(signal.SIGKILL)
         with pytest.raises(OSError, match="exited"):
             await waiting
-        code, seen = await run(spawner, sh("echo again"), tmp_path)
-        assert (code, seen) == (0, "again\n")
-        assert spawner._server is not None and spawner._server.pid != server.pid
-        left = [pid for pid in children() if pid != spawner._server.pid]
+        replaced = await assert_replaced(spawner, tmp_path, server)
+        left = [pid for pid in children() if pid != replaced]
         assert len(left) == 1  # the one whose start was asked for
     # and runs, as it was asked to: a child of the worker's, for it to reap
     assert await child_exit(left[0]) == 5
@@ -182,14 +193,10 @@ async def test_a_server_killed_fails_what_waits_and_is_replaced(
 async def test_a_server_killed_while_idle_is_replaced_at_the_next_spawn(
     spawner: Spawner, tmp_path: Path
 ) -> None:
-    await run(spawner, sh("true"), tmp_path)
-    server = spawner._server
-    assert server is not None
+    server = await serving(spawner, tmp_path)
     server.kill()
     server.wait()  # not yielding: the loop has not read the end of its socket yet
-    code, seen = await run(spawner, sh("echo again"), tmp_path)
-    assert (code, seen) == (0, "again\n")
-    assert spawner._server is not None and spawner._server.pid != server.pid
+    await assert_replaced(spawner, tmp_path, server)
 
 
 async def test_a_server_stuck_at_close_is_killed(
