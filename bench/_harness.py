@@ -205,8 +205,20 @@ def proc_ticks(pids: Sequence[int]) -> int:
 
 
 def cpu_ms(pid: int) -> float:
-    """CPU the process has used so far (with its reaped children), in ms."""
-    return proc_ticks([pid]) * 1000 / os.sysconf("SC_CLK_TCK")
+    """CPU the process has used so far (with its reaped children, and the `souk-launch --serve`
+    that starts a worker's machines: the worker's work done in another process), in ms."""
+    return proc_ticks([pid, *launch_servers(pid)]) * 1000 / os.sysconf("SC_CLK_TCK")
+
+
+def launch_servers(parent: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            if (entry / "comm").read_text().strip() != "souk-launch":
+                continue
+            if int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == parent:
+                found.append(int(entry.name))
+    return found
 
 
 @dataclass

@@ -67,7 +67,7 @@ class Row:
     accept_p50_ms: float | None = None  # worker rows: until the create is acknowledged
     vs_bare: float = 0.0  # p50 over the bare spawn's p50 at the same concurrency
     rate_vs_bare: float = 0.0  # per second over the bare spawn's, at the same concurrency
-    cpu_ms_per_op: float | None = None  # worker rows: the worker process's CPU (and its children)
+    cpu_ms_per_op: float | None = None  # worker rows: its CPU, its launcher's, its reaped children
     round: int = 0  # --metrics-cost: which round of on and off
 
 
