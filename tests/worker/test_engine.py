@@ -256,7 +256,8 @@ async def test_only_a_resumed_spawn_looks_for_a_copy_an_earlier_run_started(
     config = MachineConfig(init={"exec": ["sleep", "30"]})  # type: ignore[arg-type]
     launch = Launch("m1", "demo", "mad", "i1", config, "m1.7", tmp_path / "m1", "127.0.0.1")
     other = replace(launch, machine_id="m2", resumed=False)
-    first = await ProcessDriver(Cgroups("souk/t")).spawn(replace(launch, resumed=False))
+    earlier_run = ProcessDriver(Cgroups("souk/t"))
+    first = await earlier_run.spawn(replace(launch, resumed=False))
     later_run = ProcessDriver(Cgroups("souk/t"))  # a new worker run's driver, the step resumed
     found = await later_run.spawn(launch)
     fresh = await later_run.spawn(other)
@@ -270,6 +271,8 @@ async def test_only_a_resumed_spawn_looks_for_a_copy_an_earlier_run_started(
             await eventually(lambda p=pid: not alive(p))
         for each in (launch, other):
             await later_run.cleanup(each)
+        for driver in (earlier_run, later_run):
+            await driver.close()
 
 
 async def test_a_command_that_cannot_run_fails_the_machine(engine: Engine) -> None:
