@@ -4,20 +4,25 @@ its app, in its cgroups from its first instruction, and nothing runs that should
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import shutil
 import subprocess
 import time
 import uuid
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+from souk.models.machine import MachineConfig
 from souk.models.machine_ops import ExecRequest
 from souk.worker.cgroups import ROOT, Cgroups, detect
 from souk.worker.daemon import make_driver, running
-from souk.worker.drivers import launcher
+from souk.worker.drivers import launcher, spawner
+from souk.worker.drivers.base import Launch
+from souk.worker.drivers.process import ProcessDriver
 from souk.worker.engine import Engine
 from souk.worker.settings import WorkerSettings
 from tests.support.engines import destroy_all
@@ -156,3 +161,45 @@ def limits(group: str) -> dict[str, object]:
         period = (ROOT / "cpu" / group / "cpu.cfs_period_us").read_text()
         memory = (ROOT / "memory" / group / "memory.limit_in_bytes").read_text()
     return {"memory": int(memory), "cpu": (int(quota), int(period))}
+
+
+@pytest.fixture
+async def nothing_to_confine(built: str) -> AsyncIterator[ProcessDriver]:
+    """The process driver of a worker with no cgroups to give (nor, below, ids)."""
+    groups = Cgroups("souk/none")
+    groups.mode, groups.freezer = "none", "none"
+    driver = ProcessDriver(groups)
+    yield driver
+    await driver.close()
+
+
+async def started(driver: ProcessDriver, tmp_path: Path, script: str, **env: str) -> str:
+    """What `script`, started by `driver` as the worker, printed before it ended."""
+    config = MachineConfig.model_validate({"init": {"exec": ["sh", "-c", script]}, "env": env})
+    launch = Launch("m1", "demo", "mad", "i1", config, "m1.1", tmp_path / "m1", "127.0.0.1")
+    launch.rundir.mkdir()
+    handle = await driver.spawn(replace(launch, resumed=False))
+    assert await asyncio.wait_for(driver.wait("m1"), 10) == 0
+    assert handle.pid > 0
+    return (launch.rundir / "stdout.log").read_text()
+
+
+async def test_a_worker_with_nothing_else_to_confine_still_sets_no_new_privs(
+    nothing_to_confine: ProcessDriver, tmp_path: Path
+) -> None:
+    seen = await started(nothing_to_confine, tmp_path, "grep NoNewPrivs /proc/self/status")
+    assert seen == "NoNewPrivs:\t1\n"
+
+
+async def test_a_start_too_large_for_the_server_takes_the_command_line(
+    nothing_to_confine: ProcessDriver,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    monkeypatch.setattr(spawner, "SEND_BUFFER", 32 << 10)  # the kernel doubles it: 64 KiB
+    caplog.set_level(logging.INFO, "souk.worker.process")
+    script = "echo ${#BIG}; grep NoNewPrivs /proc/self/status"
+    seen = await started(nothing_to_confine, tmp_path, script, BIG="x" * (100 << 10))
+    assert seen == f"{100 << 10}\nNoNewPrivs:\t1\n"  # all of it, and confined the same
+    assert "started by souk-launch's command line" in caplog.text

@@ -76,8 +76,9 @@ async def test_a_machine_runs_as_its_app_in_its_groups_with_only_its_stdio(
 async def test_a_worker_without_ids_to_give_runs_it_as_itself(
     spawner: Spawner, tmp_path: Path
 ) -> None:
-    code, seen = await run(spawner, sh("id -u; echo $HOME", None, {**ENV, "HOME": "/x"}), tmp_path)
-    assert (code, seen) == (0, f"{os.geteuid()}\n/x\n")
+    script = "id -u; echo $HOME; grep NoNewPrivs /proc/self/status"
+    code, seen = await run(spawner, sh(script, None, {**ENV, "HOME": "/x"}), tmp_path)
+    assert (code, seen) == (0, f"{os.geteuid()}\n/x\nNoNewPrivs:\t1\n")  # no-new-privs all the same
 
 
 @pytest.mark.parametrize(

@@ -87,21 +87,22 @@ def opened(procs: list[Path]) -> Iterator[list[int]]:
 @contextlib.contextmanager
 def launching(argv: list[str], user: HostUser | None, procs: list[Path]) -> Iterator[Launching]:
     """`argv` to run as `user` (None: as the worker) having joined the cgroups whose
-    `cgroup.procs` are `procs`, with no new privileges, on the launcher's command line. A worker
-    that is not root (no `user`, no `procs`) runs it as it is."""
+    `cgroup.procs` are `procs`, with no new privileges, on the launcher's command line. Without
+    the launcher, a worker that is not root (no `user`, no `procs`) runs it as it is: a
+    `preexec_fn` for no-new-privs alone would make Python fork the worker."""
     with opened(procs) as fds:
-        if user is None and not fds:
-            yield Launching(argv)
-        elif LAUNCHER is None:
-            popen: dict[str, Any] = {"preexec_fn": _confiner(fds)}
-            if user is not None:
-                popen.update(user=user.uid, group=user.gid, extra_groups=[])
-            yield Launching(argv, popen)
-        else:
+        if LAUNCHER is not None:
             flags = [f for fd in fds for f in ("--join", str(fd))] + ["--no-new-privs"]
             if user is not None:
                 flags += ["--ids", f"{user.uid}:{user.gid}"]
             yield Launching([LAUNCHER, *flags, "--", *argv], {"pass_fds": tuple(fds)})
+        elif user is None and not fds:
+            yield Launching(argv)
+        else:
+            popen: dict[str, Any] = {"preexec_fn": _confiner(fds)}
+            if user is not None:
+                popen.update(user=user.uid, group=user.gid, extra_groups=[])
+            yield Launching(argv, popen)
 
 
 def _confiner(fds: list[int]) -> Callable[[], None]:

@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import errno
 import json
+import logging
 import os
 import shutil
 import signal as signals
@@ -33,10 +34,11 @@ from souk.worker.drivers import execs, launcher, processes
 from souk.worker.drivers.base import ExecResult, Handle, HostUser, Launch
 from souk.worker.drivers.exits import child_exit, poll_until_gone, until_gone
 from souk.worker.drivers.processes import SPEC_ENV
-from souk.worker.drivers.spawner import Command, Spawner
+from souk.worker.drivers.spawner import Command, Spawner, TooLarge
 from souk.worker.files import write_files
 
 POLL = 0.05
+log = logging.getLogger("souk.worker.process")
 
 
 def machine_env(launch: Launch) -> dict[str, str]:
@@ -123,13 +125,18 @@ class ProcessDriver:
         self, command: Command, procs: list[Path], out: IO[bytes], err: IO[bytes], cwd: Path
     ) -> tuple[int, Callable[[], int] | None]:
         """The pid, once what runs is the command, and how to reap it (None: waitpid): by the
-        launcher's server where there is one and something to confine; else by `subprocess`,
-        after a fork of the worker where Python confines it (`launcher.launching`)."""
-        if launcher.LAUNCHER is not None and (command.user is not None or procs):
+        launcher's server where there is one (with no-new-privs even when there is nothing else
+        to confine); else by `subprocess`, after a fork of the worker where Python confines it
+        (`launcher.launching`), or through the launcher's command line for a request too large
+        for its server."""
+        if launcher.LAUNCHER is not None:
             if self._spawner is None:
                 self._spawner = Spawner(launcher.LAUNCHER)
             output = (out.fileno(), err.fileno())
-            return await self._spawner.spawn(command, cwd, output, procs), None
+            try:
+                return await self._spawner.spawn(command, cwd, output, procs), None
+            except TooLarge as exc:
+                log.info("%s: %s, started by souk-launch's command line", command.argv[0], exc)
         with launcher.launching(command.argv, command.user, procs) as start:
             # Popen itself, as asyncio's subprocess would (a vfork, on the loop), without its
             # child watcher: the exit is read on a pidfd (`child_exit`).

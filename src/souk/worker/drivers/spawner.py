@@ -122,6 +122,10 @@ class Spawner:
                         raise
                     self._lost(sock)  # killed since the loop last read: another, once
                     retried = True
+                except OSError as exc:
+                    if exc.errno == errno.EMSGSIZE:
+                        raise TooLarge(exc.errno, f"a request of {len(message)} bytes") from exc
+                    raise
             answer: asyncio.Future[tuple[int, int, int]]
             answer = asyncio.get_running_loop().create_future()
             self._answers.append(answer)
@@ -212,3 +216,8 @@ class Spawner:
 
 class LaunchFailed(OSError):
     """A step of the launch before the command's exec failed (its message says which)."""
+
+
+class TooLarge(OSError):
+    """A command and environment larger than the socket takes in one message (`SEND_BUFFER`,
+    or the host's limit for a worker that may not raise its own): nothing was sent."""
