@@ -31,10 +31,17 @@ class Hello(BaseHTTPRequestHandler):
         print(f"{self.address_string()} {format % args}", flush=True)
 
 
+class Server(ThreadingHTTPServer):
+    # socketserver's default backlog is 5: a burst of new connections beyond it (a proxy's
+    # waiters let go at once when the machine starts) has its SYNs dropped, and the kernel
+    # tries them again only a second later.
+    request_queue_size = 128
+
+
 def main() -> None:
     host = os.environ.get("SOUK_PRIVATE_IP", "127.0.0.1")
     port = int(os.environ.get("PORT", "8080"))
-    server = ThreadingHTTPServer((host, port), Hello)
+    server = Server((host, port), Hello)
     print(f"hello listening on http://{host}:{port}", flush=True)
     server.serve_forever()
 
