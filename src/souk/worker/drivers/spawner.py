@@ -6,7 +6,9 @@ its command, so that a start costs neither a fork of the worker nor an exec of o
 Each child is made the worker's (CLONE_PARENT): the worker reaps it and reads its exit as if it
 had spawned it. A request is one message on a SOCK_SEQPACKET pair, answered in order once the
 command runs (or failed to), so the event loop never waits on the spawn itself. The server ends
-when the worker closes its end or dies; a server that died is started again at the next spawn."""
+when the worker closes its end or dies; a server that died is started again at the next spawn,
+and the children of the starts it left unanswered are killed if they have not run their command
+yet."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import asyncio
 import contextlib
 import errno
 import os
+import signal
 import socket
 import struct
 import subprocess
@@ -42,6 +45,9 @@ EXEC = 7
 SEND_BUFFER = 4 << 20  # the largest request: twice what execve takes of argv and env
 CLOSE_WAIT = 5.0  # for the server to end once the worker closes its end
 SO_SNDBUFFORCE = 32  # <asm-generic/socket.h>: above the host's limit, for a root worker
+# Every spawner's server in this process (a worker has one; a test process, several): what
+# `_before_exec` must not take for a start's child.
+_SERVERS: set[subprocess.Popen[bytes]] = set()
 
 
 class Command(NamedTuple):
@@ -79,6 +85,7 @@ class Spawner:
         self._answers: deque[asyncio.Future[tuple[int, int, int]]] = deque()
         self._sending = asyncio.Lock()
         self._null: int | None = None  # every machine's stdin
+        self._reaping: set[asyncio.Future[int]] = set()
 
     async def spawn(
         self, command: Command, cwd: Path, output: tuple[int, int], procs: list[Path]
@@ -139,6 +146,7 @@ class Spawner:
         if self._server is not None:  # one that died, or (killed now) one stuck in a spawn
             self._server.kill()
             self._server.wait()
+            _SERVERS.discard(self._server)
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             for option, value in ((SO_SNDBUFFORCE, SEND_BUFFER), (socket.SO_SNDBUF, SEND_BUFFER)):
@@ -151,6 +159,7 @@ class Spawner:
                 pass_fds=(theirs.fileno(),),
                 start_new_session=True,  # not in the worker's terminal's way
             )
+            _SERVERS.add(self._server)
         except BaseException:
             ours.close()
             raise
@@ -186,16 +195,40 @@ class Spawner:
                 answer.set_result(_ANSWER.unpack(data))
 
     def _lost(self, sock: socket.socket) -> None:
-        """The server is gone (killed): what waited fails, the next spawn starts another."""
+        """The server is gone (killed), or the worker closes its end: what waited fails, and
+        the children of those starts that have not run their command yet are killed, so that
+        none of them runs unknown; the next spawn starts another server."""
         asyncio.get_running_loop().remove_reader(sock)
         sock.close()
         if self._sock is sock:
             self._sock = None
+        if self._answers:
+            for pid in self._before_exec():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+                reaped = asyncio.ensure_future(child_exit(pid))  # the worker's own child
+                self._reaping.add(reaped)
+                reaped.add_done_callback(self._reaping.discard)
         gone = OSError(errno.EPIPE, "souk-launch --serve exited")
         while self._answers:
             answer = self._answers.popleft()
             if not answer.done():
                 answer.set_exception(gone)
+
+    def _before_exec(self) -> list[int]:
+        """The worker's children still running the launcher's program that no server is: a
+        start's child before its exec (read from /proc, only when a server is lost)."""
+        servers = {p.pid for p in _SERVERS}
+        program = os.path.realpath(self.launcher)
+        found = []
+        for entry in Path("/proc").iterdir():
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                if not entry.name.isdigit() or int(entry.name) in servers:
+                    continue
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+                if ppid == os.getpid() and os.readlink(entry / "exe") == program:
+                    found.append(int(entry.name))
+        return found
 
     async def close(self) -> None:
         """Closes the worker's end: the server ends once it has answered what it was sent (or
@@ -208,6 +241,7 @@ class Spawner:
             except subprocess.TimeoutExpired:  # stuck on a child that cannot get to its exec
                 self._server.kill()
                 self._server.wait()
+            _SERVERS.discard(self._server)
             self._server = None
         if self._null is not None:
             os.close(self._null)
