@@ -216,8 +216,9 @@ class Spawner:
                 answer.set_exception(gone)
 
     def _before_exec(self) -> list[int]:
-        """The worker's children still running the launcher's program that no server is: a
-        start's child before its exec (read from /proc, only when a server is lost)."""
+        """The worker's children that are forks of a server but no server: a start's child
+        before its exec (read from /proc, only when a server is lost). An `exec`'s launcher,
+        also the worker's child, has its own command line."""
         servers = {p.pid for p in _SERVERS}
         program = os.path.realpath(self.launcher)
         found = []
@@ -226,7 +227,9 @@ class Spawner:
                 if not entry.name.isdigit() or int(entry.name) in servers:
                     continue
                 ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-                if ppid == os.getpid() and os.readlink(entry / "exe") == program:
+                if ppid != os.getpid() or os.readlink(entry / "exe") != program:
+                    continue
+                if (entry / "cmdline").read_bytes().split(b"\0")[1] == b"--serve":
                     found.append(int(entry.name))
         return found
 
