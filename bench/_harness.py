@@ -39,6 +39,7 @@ from souk.catalog.certs import bus_options  # noqa: E402
 from souk.catalog.permissions import Node, render  # noqa: E402
 from souk.catalog.signing import Ed25519Signer  # noqa: E402
 from souk.pki import NodeFiles  # noqa: E402
+from souk.worker import procfs  # noqa: E402
 from tests.catalog.pki import Ca  # noqa: E402
 from tests.support.machines import kill_machine_processes, recorded_ids  # noqa: E402
 from tests.support.ports import free_port  # noqa: E402
@@ -211,14 +212,11 @@ def cpu_ms(pid: int) -> float:
 
 
 def launch_servers(parent: int) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        with contextlib.suppress(OSError, ValueError, IndexError):
-            if (entry / "comm").read_text().strip() != "souk-launch":
-                continue
-            if int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == parent:
-                found.append(int(entry.name))
-    return found
+    return [
+        pid
+        for pid in procfs.children(parent)
+        if os.path.basename(procfs.program(pid) or "") == "souk-launch"
+    ]
 
 
 @dataclass

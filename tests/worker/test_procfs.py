@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import uuid
 from collections.abc import Iterator
@@ -80,3 +81,19 @@ async def test_a_machines_processes_are_looked_for_in_its_groups_and_where_they_
             proc.kill()
             proc.wait()
         cgroups.remove(machine_id)
+
+
+def test_children_are_found_until_reaped_and_name_their_program(
+    sleepers: list[subprocess.Popen[bytes]],
+) -> None:
+    proc = subprocess.Popen(["sleep", "60"])
+    sleepers.append(proc)
+    wait_until(lambda: os.path.basename(procfs.program(proc.pid) or "") == "sleep", 5, "exec")
+    assert proc.pid in procfs.children(os.getpid())
+    assert proc.pid not in procfs.children(proc.pid)
+    proc.kill()
+    wait_until(lambda: procfs.start_time(proc.pid) is None, 5, "its exit")
+    assert proc.pid in procfs.children(os.getpid())  # exited, not reaped: still ours
+    assert procfs.program(proc.pid) is None
+    proc.wait()
+    assert proc.pid not in procfs.children(os.getpid())

@@ -5,7 +5,6 @@ not start a second copy, and not leave it running unknown."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import sqlite3
 import subprocess
@@ -16,6 +15,7 @@ from pathlib import Path
 import pytest
 
 import souk
+from souk.worker import procfs
 from souk.worker.drivers import launcher
 from tests.support.machines import api_pid, is_running, live_pids
 from tests.support.worker_process import WorkerFactory
@@ -57,14 +57,9 @@ asyncio.run(main())
 
 def launch_servers(worker: int) -> list[int]:
     """The `souk-launch --serve` the worker `worker` runs."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        with contextlib.suppress(OSError, ValueError):
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
-            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            if ppid == worker and argv[0].endswith(b"souk-launch") and b"--serve" in argv:
-                found.append(int(entry.name))
-    return found
+    if launcher.LAUNCHER is None:
+        return []
+    return [pid for pid in procfs.children(worker) if procfs.program(pid) == launcher.LAUNCHER]
 
 
 def test_a_worker_killed_between_a_spawn_and_its_commit_adopts_the_process(

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from souk.worker import procfs
 from souk.worker.cgroups import Cgroups
 from souk.worker.drivers.base import HostUser
 from souk.worker.drivers.exits import child_exit
@@ -223,15 +224,10 @@ async def test_a_start_still_before_its_exec_at_close_is_killed(
 def children(zombie: bool = False) -> list[int]:
     """This process's children that are souk-launch's server or were forked by it (exited and
     not reaped, with `zombie`)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        with contextlib.suppress(OSError, ValueError):
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            if int(fields[1]) != os.getpid() or (fields[0] == "Z") != zombie:
-                continue
-            if zombie or os.path.basename(os.readlink(entry / "exe")) == "souk-launch":
-                found.append(int(entry.name))
-    return found
+    found = procfs.children(os.getpid())
+    if zombie:
+        return [pid for pid in found if procfs.start_time(pid) is None]
+    return [pid for pid in found if os.path.basename(procfs.program(pid) or "") == "souk-launch"]
 
 
 def test_the_server_answers_bad_requests_and_ends_with_the_worker(built: str) -> None:

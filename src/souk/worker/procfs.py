@@ -13,14 +13,39 @@ ENVIRON_READ = 1 << 16
 
 def start_time(pid: int) -> str | None:
     """Field 22 of /proc/PID/stat: with the pid, a unique name for a process across pid reuse."""
+    fields = _stat(pid)
+    if fields is None or fields[0] in ("Z", "X"):  # gone, or exited and not yet reaped
+        return None
+    return fields[19]
+
+
+def children(parent: int) -> list[int]:
+    """The processes whose parent is `parent`, those exited and not yet reaped included."""
+    found = []
+    for entry in os.scandir(PROC):
+        if entry.name.isdigit():
+            fields = _stat(int(entry.name))
+            if fields is not None and fields[1] == str(parent):
+                found.append(int(entry.name))
+    return found
+
+
+def program(pid: int) -> str | None:
+    """The file the process runs; None once it is gone (or has exited)."""
+    try:
+        return os.readlink(PROC / str(pid) / "exe")
+    except OSError:
+        return None
+
+
+def _stat(pid: int) -> list[str] | None:
+    """/proc/PID/stat's fields from the third (the state) on: the second, the command's name
+    in parentheses, may hold spaces."""
     try:
         stat = (PROC / str(pid) / "stat").read_text()
     except OSError:
         return None
-    fields = stat[stat.rindex(")") + 2 :].split()
-    if fields[0] in ("Z", "X"):  # exited, not yet reaped
-        return None
-    return fields[19]
+    return stat[stat.rindex(")") + 2 :].split()
 
 
 def is_alive(pid: int, pid_start: str) -> bool:

@@ -25,6 +25,7 @@ from collections import deque
 from pathlib import Path
 from typing import NamedTuple
 
+from souk.worker import procfs
 from souk.worker.drivers.base import HostUser
 from souk.worker.drivers.exits import child_exit, resolve
 from souk.worker.drivers.launcher import opened
@@ -220,17 +221,14 @@ class Spawner:
         before its exec (read from /proc, only when a server is lost). An `exec`'s launcher,
         also the worker's child, has its own command line."""
         servers = {p.pid for p in _SERVERS}
-        program = os.path.realpath(self.launcher)
+        launcher = os.path.realpath(self.launcher)
         found = []
-        for entry in Path("/proc").iterdir():
-            with contextlib.suppress(OSError, ValueError, IndexError):
-                if not entry.name.isdigit() or int(entry.name) in servers:
-                    continue
-                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-                if ppid != os.getpid() or os.readlink(entry / "exe") != program:
-                    continue
-                if (entry / "cmdline").read_bytes().split(b"\0")[1] == b"--serve":
-                    found.append(int(entry.name))
+        for pid in procfs.children(os.getpid()):
+            if pid in servers or procfs.program(pid) != launcher:
+                continue
+            with contextlib.suppress(OSError, IndexError):
+                if Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[1] == b"--serve":
+                    found.append(pid)
         return found
 
     async def close(self) -> None:
