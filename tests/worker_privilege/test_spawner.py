@@ -20,6 +20,7 @@ import pytest
 
 from souk.worker import procfs
 from souk.worker.cgroups import Cgroups
+from souk.worker.drivers import spawner as spawner_module
 from souk.worker.drivers.base import HostUser
 from souk.worker.drivers.exits import child_exit
 from souk.worker.drivers.spawner import _SERVERS, Command, LaunchFailed, Spawner
@@ -198,6 +199,26 @@ async def test_a_server_killed_fails_what_waits_kills_its_child_and_is_replaced(
             await start
         await gone_without_running(child, tmp_path)  # not left to run unknown
         await assert_replaced(spawner, tmp_path, server)
+
+
+async def test_a_server_killed_with_its_queue_full_sends_what_waited_to_the_next(
+    spawner: Spawner, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(spawner_module, "SEND_BUFFER", 8 << 10)  # a few requests fill it
+    server = await serving(spawner, tmp_path)
+    command = sh("echo ran", env={**ENV, "PAD": "x" * 3000})
+    async with stuck(spawner, tmp_path) as (start, child):
+        queued = [asyncio.ensure_future(run(spawner, command, tmp_path)) for _ in range(30)]
+        await asyncio.sleep(0.2)
+        assert spawner._room is not None  # a send waits for room
+        server.send_signal(signal.SIGKILL)
+        outcomes = await asyncio.wait_for(asyncio.gather(*queued, return_exceptions=True), 10)
+    lost = [o for o in outcomes if isinstance(o, OSError) and "exited" in str(o)]
+    ran = [o for o in outcomes if o == (0, "ran\n")]
+    assert lost and ran and len(lost) + len(ran) == len(queued)  # sent before, or after
+    with pytest.raises(OSError, match="exited"):
+        await start
+    await gone_without_running(child, tmp_path)
 
 
 async def test_a_server_killed_while_idle_is_replaced_at_the_next_spawn(

@@ -87,6 +87,7 @@ class Spawner:
         self._sending = asyncio.Lock()
         self._null: int | None = None  # every machine's stdin
         self._reaping: set[asyncio.Future[int]] = set()
+        self._room: asyncio.Future[None] | None = None  # what a send waits on, a full queue
 
     async def spawn(
         self, command: Command, cwd: Path, output: tuple[int, int], procs: list[Path]
@@ -112,9 +113,9 @@ class Spawner:
     async def _send(
         self, message: bytes, output_and_joins: list[int]
     ) -> asyncio.Future[tuple[int, int, int]]:
-        """Sent in turn, so that answers come in the order of `_answers`; a full queue (the
-        kernel holds a few messages a socket) waits for the server on the loop, never blocking
-        it: the server may be waiting for the loop to read its answers."""
+        """Sent in turn, so that answers come in the order of `_answers`; a full send buffer
+        (`SEND_BUFFER` of requests the server has not read) waits for room on the loop, never
+        blocking it: the server may be waiting for the loop to read its answers."""
         async with self._sending:
             retried = False
             while True:
@@ -172,13 +173,16 @@ class Spawner:
         return ours, self._null
 
     async def _writable(self, sock: socket.socket) -> None:
+        """Once the socket takes a message again, or is lost (the send then goes to another)."""
         loop = asyncio.get_running_loop()
-        ready = loop.create_future()
+        ready = self._room = loop.create_future()
         loop.add_writer(sock, resolve, ready)
         try:
             await ready
         finally:
-            loop.remove_writer(sock)
+            self._room = None
+            if self._sock is sock:
+                loop.remove_writer(sock)
 
     def _read(self, sock: socket.socket) -> None:
         while True:
@@ -199,7 +203,11 @@ class Spawner:
         """The server is gone (killed), or the worker closes its end: what waited fails, and
         the children of those starts that have not run their command yet are killed, so that
         none of them runs unknown; the next spawn starts another server."""
-        asyncio.get_running_loop().remove_reader(sock)
+        loop = asyncio.get_running_loop()
+        loop.remove_reader(sock)
+        loop.remove_writer(sock)
+        if self._room is not None:  # a send waiting for room: it goes to the next server
+            resolve(self._room)
         sock.close()
         if self._sock is sock:
             self._sock = None
