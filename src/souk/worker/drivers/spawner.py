@@ -87,7 +87,7 @@ class Spawner:
         self._sending = asyncio.Lock()
         self._null: int | None = None  # every machine's stdin
         self._reaping: set[asyncio.Future[int]] = set()
-        self._room: asyncio.Future[None] | None = None  # what a send waits on, a full queue
+        self._room: asyncio.Future[None] | None = None  # what a send waits on: a full buffer
 
     async def spawn(
         self, command: Command, cwd: Path, output: tuple[int, int], procs: list[Path]
@@ -240,8 +240,8 @@ class Spawner:
         return found
 
     async def close(self) -> None:
-        """Closes the worker's end: the server ends once it has answered what it was sent (or
-        is killed, after `CLOSE_WAIT`)."""
+        """Closes the worker's end, as when the server is lost (`_lost`): the server ends once
+        it has answered what it was sent, or is killed after `CLOSE_WAIT`."""
         if self._sock is not None:
             self._lost(self._sock)
         if self._server is not None:
