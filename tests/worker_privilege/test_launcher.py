@@ -92,6 +92,32 @@ def test_the_launcher_runs_nothing_it_should_not(
 
 
 @pytest.mark.parametrize(
+    ("command", "code"),
+    [
+        (["sh", "-c", "echo out; exit 7"], 7),
+        (["sh", "-c", "kill -TERM $$"], 128 + 15),  # as a shell says a signal's end
+        (["no-such-command-here"], 127),
+    ],
+)
+def test_the_launcher_records_an_exit_code_once_the_command_ends(
+    built: str, tmp_path: Path, command: list[str], code: int
+) -> None:
+    """The runc driver's shim: the code, written whole (a file renamed into place), outlives
+    whoever started it."""
+    done = subprocess.run(
+        [built, "--exit-to", "exit_code", "--", *command],
+        cwd=tmp_path,
+        capture_output=True,
+        timeout=10,
+    )
+    assert done.returncode == code
+    assert (tmp_path / "exit_code").read_text() == f"{code}\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["exit_code"]
+    if code == 7:
+        assert done.stdout == b"out\n"  # the command's own output, through
+
+
+@pytest.mark.parametrize(
     "script", ["#!/bin/sh\necho 1\n", "#!/bin/sh\nexit 125\n", "#!/bin/sh\nsleep 30\n"]
 )
 def test_a_launcher_that_speaks_another_protocol_is_not_used(

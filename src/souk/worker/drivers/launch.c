@@ -2,6 +2,7 @@
  *
  *   souk-launch --serve FD
  *   souk-launch [--join FD]... [--ids UID:GID] [--no-new-privs] -- COMMAND [ARG ...]
+ *   souk-launch --exit-to FILE -- COMMAND [ARG ...]
  *   souk-launch --protocol
  *
  * --serve FD  starts machines for the worker at the other end of FD, a SOCK_SEQPACKET socket, one
@@ -13,11 +14,14 @@
  * --no-new-privs  no exec from then on gains privileges: setuid and setgid bits and file
  *             capabilities are ignored, so the command cannot climb back through one of the
  *             host's setuid programs (a container's runtime spec asks runc the same).
+ * --exit-to FILE  runs COMMAND as a child, waits for it, and writes its exit code (128 plus the
+ *             signal that ended it, as a shell says) to FILE.tmp, renamed to FILE: the runc
+ *             driver's record of a container's exit, which outlives the worker.
  *
  * --protocol prints the version of this interface that this build speaks (`PROTOCOL` in
  * launcher.py): a worker finding an older build does not use it.
  *
- * A request (`Request` in spawner.py, in the host's byte order): five 32-bit words, flags (IDS,
+ * A request (`_request` in spawner.py, in the host's byte order): five 32-bit words, flags (IDS,
  * NO_NEW_PRIVS), uid, gid, argc and envc; then the path to run, the working directory, the argv
  * and the environment, each string ending in a NUL; and as SCM_RIGHTS, the command's stdin,
  * stdout and stderr, then the cgroup.procs to join. Its child is made a child of the worker
@@ -44,9 +48,10 @@
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
-#define PROTOCOL 3 /* launcher.py's PROTOCOL: raised with every change to this interface */
+#define PROTOCOL 4 /* launcher.py's PROTOCOL: raised with every change to this interface */
 #define LAST_ID 4294967294UL /* (uid_t) -1 means "unchanged" to the kernel: never an id */
 #define MAX_JOIN 8
 #define IDS 1u
@@ -222,7 +227,8 @@ static int serve(int sock) {
 static int usage(const char *why) {
     fprintf(stderr, "souk-launch: %s\n", why);
     fprintf(stderr, "usage: souk-launch --serve FD\n"
-                    "       souk-launch [--join FD]... [--ids UID:GID] [--no-new-privs] -- COMMAND\n");
+                    "       souk-launch [--join FD]... [--ids UID:GID] [--no-new-privs] -- COMMAND\n"
+                    "       souk-launch --exit-to FILE -- COMMAND\n");
     return 125;
 }
 
@@ -241,6 +247,36 @@ static int descriptor(const char *text) {
     return (number(text, 1 << 20, '\0', &fd) && fd > 2) ? (int)fd : -1;
 }
 
+/* --exit-to */
+
+static int failed(const char *what, int code) {
+    fprintf(stderr, "souk-launch: %s: %s\n", what, strerror(errno));
+    return code;
+}
+
+static int record_exit(const char *file, char **argv) {
+    char tmp[4096];
+    int status, code;
+    pid_t pid = fork();
+    if (pid < 0)
+        return failed("fork", 125);
+    if (pid == 0) {
+        execvp(argv[0], argv);
+        fprintf(stderr, "%s: %s\n", argv[0], strerror(errno));
+        _exit(errno == ENOENT ? 127 : 126);
+    }
+    while (waitpid(pid, &status, 0) < 0)
+        if (errno != EINTR)
+            return failed("waiting for the command", 125);
+    code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    if (snprintf(tmp, sizeof tmp, "%s.tmp", file) >= (int)sizeof tmp)
+        return usage("--exit-to: the file's name is too long");
+    FILE *out = fopen(tmp, "w");
+    if (!out || fprintf(out, "%d\n", code) < 0 || fclose(out) != 0 || rename(tmp, file) != 0)
+        return failed("recording the exit code", 125);
+    return code;
+}
+
 int main(int argc, char **argv) {
     static const char *steps[] = {[STEP_JOIN] = "joining the machine's cgroup",
                                   [STEP_IDS] = "dropping to the app's ids",
@@ -252,6 +288,8 @@ int main(int argc, char **argv) {
         printf("%d\n", PROTOCOL);
         return 0;
     }
+    if (argc >= 5 && strcmp(argv[1], "--exit-to") == 0 && strcmp(argv[3], "--") == 0)
+        return record_exit(argv[2], argv + 4);
     if (argc == 3 && strcmp(argv[1], "--serve") == 0) {
         if ((sock = descriptor(argv[2])) < 0)
             return usage("--serve needs a descriptor above 2");
@@ -276,10 +314,8 @@ int main(int argc, char **argv) {
     if (i + 1 >= argc || strcmp(argv[i], "--") != 0)
         return usage("no command after --");
     enum step step = confine(&c);
-    if (step != STEP_NONE) {
-        fprintf(stderr, "souk-launch: %s: %s\n", steps[step], strerror(errno));
-        return 125;
-    }
+    if (step != STEP_NONE)
+        return failed(steps[step], 125);
     execvp(argv[i + 1], argv + i + 1);
     int code = errno == ENOENT ? 127 : 126; /* said as a shell says it */
     fprintf(stderr, "%s: %s\n", argv[i + 1], strerror(errno));

@@ -28,7 +28,7 @@ from souk.worker.drivers.base import HostUser
 log = logging.getLogger("souk.worker.launcher")
 
 NAME = "souk-launch"
-PROTOCOL = "3"  # its flags and its server's messages: launch.c's PROTOCOL, raised with them
+PROTOCOL = "4"  # its flags and its server's messages: launch.c's PROTOCOL, raised with them
 ASK_WAIT = 5.0  # at most this long for a launcher to say its protocol
 PR_SET_NO_NEW_PRIVS = 38  # <linux/prctl.h>
 _libc = ctypes.CDLL(None, use_errno=True)
