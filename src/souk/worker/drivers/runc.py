@@ -3,9 +3,9 @@
 Each spawn runs `runc run` (foreground) under a small shim (`souk-launch --exit-to`, or a shell)
 in a session of its own, with output going to files: the shim and the container survive a worker
 crash, and the shim records the container's exit code in the machine's directory, where a
-restarted worker reads it. A spawn
-returns once runc has written the container's pid file (watched on inotify: `file_appears.py`).
-The container's annotations carry the spawn's marker, which is how adoption recognises it."""
+restarted worker reads it. A spawn returns once runc has written the container's pid file
+(watched on inotify: `file_appears.py`). The container's annotations carry the spawn's marker,
+which is how adoption recognises it."""
 
 from __future__ import annotations
 
