@@ -8,14 +8,29 @@ worker rotates a file that has grown past the budget: the current one becomes `.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import logging
+import os
 import shutil
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import IO
 
 STREAMS = ("stdout", "stderr")
 log = logging.getLogger("souk.worker.logs")
+
+
+@contextlib.contextmanager
+def output_files(rundir: Path) -> Iterator[tuple[IO[bytes], IO[bytes]]]:
+    """The machine's stdout and stderr files, open to append: the worker's own (0600), of which
+    the process it starts gets only the descriptors."""
+    with _append(rundir / "stdout.log") as out, _append(rundir / "stderr.log") as err:
+        yield out, err
+
+
+def _append(path: Path) -> IO[bytes]:
+    return open(path, "ab", opener=lambda name, flags: os.open(name, flags, 0o600))
 
 
 def rotate_if_large(rundir: Path, max_bytes: int) -> None:

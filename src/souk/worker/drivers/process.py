@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from souk.models.machine import MachineProcess
-from souk.worker import procfs
+from souk.worker import logs, procfs
 from souk.worker.cgroups import Cgroups
 from souk.worker.drivers import execs, launcher, processes
 from souk.worker.drivers.base import ExecResult, Handle, HostUser, Launch
@@ -108,8 +108,7 @@ class ProcessDriver:
         procs = self.cgroups.prepare(launch.machine_id, guest.cpus, guest.memory_mb)
         with contextlib.ExitStack() as opened:
             command = _command(launch)
-            out = opened.enter_context(_log(launch.rundir / "stdout.log"))
-            err = opened.enter_context(_log(launch.rundir / "stderr.log"))
+            out, err = opened.enter_context(logs.output_files(launch.rundir))
             try:
                 pid, reap = await self._start(command, procs, out, err, _workdir(launch))
             except PermissionError as exc:
@@ -379,11 +378,6 @@ def _not_for(user: HostUser, command: str, code: int) -> PermissionError:
         f"the app's host user (uid {user.uid}) may not run {command}: it and every directory"
         " above it must be open to others",
     )
-
-
-def _log(path: Path) -> IO[bytes]:
-    """The worker's own file for the machine's output: the machine only gets its descriptor."""
-    return open(path, "ab", opener=lambda name, flags: os.open(name, flags, 0o600))
 
 
 def _killpg(pid: int, sig: int) -> None:

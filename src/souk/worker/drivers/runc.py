@@ -17,9 +17,9 @@ import shutil
 import signal as signals
 import subprocess
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
-from souk.worker import procfs
+from souk.worker import logs, procfs
 from souk.worker.cgroups import Cgroups
 from souk.worker.drivers import execs, launcher
 from souk.worker.drivers.base import ExecResult, Handle, Launch
@@ -150,7 +150,7 @@ class RuncDriver:
         self.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         run = [self.runc, "--root", str(self.state_dir), "run", "--bundle", "bundle"]
         run += ["--pid-file", pid_file.name, cid]
-        with _log(launch.rundir / "stdout.log") as out, _log(launch.rundir / "stderr.log") as err:
+        with logs.output_files(launch.rundir) as (out, err):
             # Popen itself, without asyncio's child watcher (a thread per process): the exit is
             # read on a pidfd (`child_exit`).
             shim = subprocess.Popen(  # noqa: ASYNC220
@@ -348,7 +348,3 @@ def _write_private(path: Path, data: bytes) -> None:
     with os.fdopen(fd, "wb") as out:
         out.write(data)
     os.replace(tmp, path)
-
-
-def _log(path: Path) -> IO[bytes]:
-    return open(path, "ab", opener=lambda name, flags: os.open(name, flags, 0o600))

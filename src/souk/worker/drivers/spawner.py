@@ -247,7 +247,7 @@ class Spawner:
         if self._server is not None:
             try:
                 await asyncio.to_thread(self._server.wait, CLOSE_WAIT)
-            except subprocess.TimeoutExpired:  # stuck on a child that cannot get to its exec
+            except subprocess.TimeoutExpired:  # stuck on a child the kernel holds (unkillable)
                 self._server.kill()
                 self._server.wait()
             _SERVERS.discard(self._server)
