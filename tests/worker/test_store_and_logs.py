@@ -63,6 +63,21 @@ def test_rotation_keeps_logs_within_budget(tmp_path: Path) -> None:
     assert logs.read_tail(tmp_path, "stdout", 4) == b"yyyy"
 
 
+def test_a_sweep_rotates_every_machine_past_one_that_fails(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    logs.rotate_all(tmp_path / "machines", 1000)  # none yet: nothing to do, nothing raised
+    for name in ("a", "c"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "stdout.log").write_bytes(b"x" * 5000)
+    (tmp_path / "b").write_text("not a directory")  # its files cannot be reached
+    logs.rotate_all(tmp_path, 1000)
+    for name in ("a", "c"):
+        assert (tmp_path / name / "stdout.log").stat().st_size == 0
+        assert (tmp_path / name / "stdout.log.1").stat().st_size == 5000
+    assert "rotating the logs in" in caplog.text and "/b:" in caplog.text
+
+
 @pytest.mark.timeout(10)
 async def test_follow_streams_new_output_across_a_rotation(tmp_path: Path) -> None:
     path = tmp_path / "stdout.log"
