@@ -106,9 +106,8 @@ class ProcessDriver:
         # Made on the loop: a thread to make them beside the rest cost more CPU than it saved.
         # The process joins them before its command runs (`launcher`).
         procs = self.cgroups.prepare(launch.machine_id, guest.cpus, guest.memory_mb)
-        with contextlib.ExitStack() as opened:
-            command = _command(launch)
-            out, err = opened.enter_context(logs.output_files(launch.rundir))
+        command = _command(launch)
+        with logs.output_files(launch.rundir) as (out, err):
             try:
                 pid, reap = await self._start(command, procs, out, err, _workdir(launch))
             except PermissionError as exc:
