@@ -1,6 +1,7 @@
 """Machine start times from an image: cold (pull + unpack + run), warm (a new machine of a cached
-image), again (a stopped machine started again: its version's image, root filesystem and network
-kept) and a bare `runc run` of the same bundle, as ratios to the bare run. Needs root, runc,
+image, named by its tag), pinned (the same, named as a deploy names it, `name:tag@sha256:...`),
+again (a stopped machine started again: its version's image, root filesystem and network kept)
+and a bare `runc run` of the same bundle, as ratios to the bare run. Needs root, runc,
 docker-registry and busybox. Run: python bench/image_start.py [--runs N] [--dir DIR]"""
 
 from __future__ import annotations
@@ -89,13 +90,15 @@ async def main(runs: int, where: Path | None = None) -> None:
                 spec = ImageSpec([layer(busybox_layer().bytes())], cmd=SLEEP)
                 await push_image(client, ImageRef(host, "bench", "1"), spec)
             image = f"{host}/bench:1"
-            cold, warm, again, bare = [], [], [], []
+            cold, warm, pinned, again, bare = [], [], [], [], []
             for i in range(runs):
                 cache = ImageCache(work / f"cache-{i}", RegistryClient(config))
                 driver = RuncDriver(cache, work / "runc")
-                cold.append(await start_machine(driver, work, image, 3 * i + 2))
-                warm.append(await start_machine(driver, work, image, 3 * i + 3))
-                again.append(await start_again(driver, work, image, 3 * i + 4))
+                cold.append(await start_machine(driver, work, image, 4 * i + 2))
+                warm.append(await start_machine(driver, work, image, 4 * i + 3))
+                deployed = await cache.resolve(image)  # once per release, not per machine
+                pinned.append(await start_machine(driver, work, deployed, 4 * i + 4))
+                again.append(await start_again(driver, work, image, 4 * i + 5))
                 # The bare run: the same image's bundle, already prepared, started by runc alone.
                 pulled = await cache.pull(image)
                 bundle = work / f"bare-{i}"
@@ -117,7 +120,8 @@ async def main(runs: int, where: Path | None = None) -> None:
                 await cache.client.close()
     base = statistics.median(bare)
     print(f"{'':>6} {'median ms':>10} {'x bare runc run':>16}")
-    for name, values in (("cold", cold), ("warm", warm), ("again", again), ("bare", bare)):
+    rows = (("cold", cold), ("warm", warm), ("pinned", pinned), ("again", again), ("bare", bare))
+    for name, values in rows:
         m = statistics.median(values)
         print(f"{name:>6} {m * 1000:>10.1f} {m / base:>16.2f}")
 

@@ -123,6 +123,9 @@ async def test_a_create_naming_an_image_ranks_the_workers_holding_it_wherever_th
                 break
             await asyncio.sleep(0.01)
         assert [w.id for w in c.placer.holding("mad", image)] == ["m6"]
+        pinned = f"{image}@{digest}"  # as a deploy sends it: found by its digest too
+        assert [w.id for w in c.placer.holding("mad", pinned)] == ["m6"]
+        assert c.placer.holding("mad", f"{image}@sha256:{'cd' * 32}") == []
         monkeypatch.setattr(pipeline, "STICKY_FOR", 0.0)  # a new slice each time: m6 rarely
         for _ in range(3):
             made = await created(c, machine_body("mad", image=image))

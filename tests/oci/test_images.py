@@ -17,7 +17,7 @@ from souk.models.machine import InitConfig
 from souk.worker.oci import images
 from souk.worker.oci.images import ImageCache
 from souk.worker.oci.manifest import OCI_LAYER_ZSTD, Platform, host_platform
-from souk.worker.oci.registry import DigestMismatch, RegistryClient, sha256_digest
+from souk.worker.oci.registry import DigestMismatch, NotFound, RegistryClient, sha256_digest
 from souk.worker.oci.rootfs import is_mounted, overlay_supported
 from souk.worker.oci.unpack import (
     GrowingFile,
@@ -100,6 +100,46 @@ async def test_a_pull_given_the_digest_its_tag_named_keeps_it_after_the_tag_move
     fresh = make_cache("fresh")  # the pinned image not cached: fetched by its digest
     again = await fresh.pull(name, digest=first.digest)
     assert again.digest == first.digest and again.config.argv(InitConfig()) == ["first"]
+
+
+async def test_a_tag_is_pinned_to_the_digest_it_names_now_and_a_pinned_image_is_found_by_it(
+    registry: Registry, client: RegistryClient, busybox_base: Layer, make_cache: Make
+) -> None:
+    first = await push(client, registry, "app:1", ImageSpec([busybox_base], cmd=["first"]))
+    cache, name = make_cache(), f"{registry.host}/app:1"
+    assert await cache.resolve(name) == f"{name}@{first.digest}"
+    assert not cache.has(f"{name}@{first.digest}")  # asking pulls nothing
+    moved = await push(client, registry, "app:1", ImageSpec([busybox_base], cmd=["moved"]))
+    pinned = await cache.resolve(name)
+    assert pinned == f"{name}@{moved.digest}"
+    assert await cache.resolve(pinned) == pinned  # pinned already: not asked again
+    with pytest.raises(NotFound):
+        await cache.resolve(f"{registry.host}/app:2")
+    await cache.pull(name)  # the tag, pulled: the pinned reference finds it by its digest
+    assert cache.has(pinned) and not cache.has(f"{name}@{first.digest}")
+
+    async def unasked(*_: object) -> None:
+        raise AssertionError("the registry was asked")
+
+    cache.client.resolve = unasked  # type: ignore[assignment,method-assign]
+    image = await cache.pull(pinned)  # from the cache alone
+    assert image.digest == moved.digest and image.config.argv(InitConfig()) == ["moved"]
+
+
+async def test_an_index_is_pinned_by_its_own_digest_and_each_worker_picks_its_platform(
+    registry: Registry, client: RegistryClient, make_cache: Make
+) -> None:
+    here = host_platform()
+    other = Platform("linux", "riscv64")
+    mine = ImageSpec([layer(TarBuilder().file("arch", here.architecture.encode()).bytes())])
+    theirs = ImageSpec([layer(TarBuilder().file("arch", b"riscv64").bytes())], platform=other)
+    ref = registry.ref("multi:1")
+    entries = [await push_image(client, ref, theirs), await push_image(client, ref, mine)]
+    index = await push_index(client, ref, entries)
+    cache = make_cache()
+    pinned = await cache.resolve(f"{registry.host}/multi:1")
+    assert pinned == f"{registry.host}/multi:1@{index}"
+    assert (await cache.pull(pinned)).digest == entries[1].digest
 
 
 async def test_rootfs_runs_busybox(

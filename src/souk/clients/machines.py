@@ -23,6 +23,8 @@ from souk.models.api import (
     Lease,
     ListAppsResponse,
     MetadataPatch,
+    PinImageRequest,
+    PinnedImage,
     PublicMachine,
     UpdateMachineRequest,
 )
@@ -39,6 +41,7 @@ from souk.models.volume import (
 )
 
 WAIT_MAX = 60.0  # the broker's own bound on one wait
+PIN_TIMEOUT = 35.0  # the broker asks up to three workers, 10 s each, which ask the registry
 
 _MACHINES = TypeAdapter(list[PublicMachine])
 _METADATA = TypeAdapter(dict[str, str])
@@ -163,6 +166,13 @@ class MachinesClient(HttpClient):
 
     async def patch_app_metadata(self, name: str, change: MetadataChange) -> None:
         await self._call("PATCH", f"/v1/apps/{name}/metadata", change)
+
+    async def pin_image(self, app: str, image: str, region: str | None = None) -> PinnedImage:
+        """`image` with the digest its tag names now, asked of a worker of `region`."""
+        req = PinImageRequest(image=image, region=region)
+        return PinnedImage.model_validate_json(
+            await self._call("POST", f"/v1/apps/{app}/images/pin", req, timeout=PIN_TIMEOUT)
+        )
 
     # --- secrets -------------------------------------------------------------------------
 

@@ -31,6 +31,8 @@ from souk.models.api import (
     CreateOutcomes,
     HoldAnswer,
     Lease,
+    PinImageRequest,
+    PinnedImage,
     WorkerLeaseRequest,
 )
 from souk.models.capacity import Capacity, Offer, OfferRequest
@@ -63,6 +65,7 @@ from souk.pki.identity import check_name
 
 DEFAULT_TIMEOUT = 10.0
 VOLUME_TIMEOUT = 70.0  # a worker answers a volume operation once it has run (at most 60 s)
+PIN_TIMEOUT = 10.0  # a worker asks the image's registry; a broker asks three at most
 
 _MACHINES = TypeAdapter(list[Machine])
 _VOLUMES = TypeAdapter(list[Volume])
@@ -184,6 +187,11 @@ class WorkerClient(HttpClient):
     async def offer(self, worker: str, base: str, req: OfferRequest, timeout: float) -> Offer:
         data = await self._request(worker, base, "POST", "/v1/offers", req, timeout=timeout)
         return Offer.model_validate(data)
+
+    async def pin_image(self, worker: str, base: str, image: str) -> PinnedImage:
+        req = PinImageRequest(image=image)
+        data = await self._request(worker, base, "POST", "/v1/images/pin", req, timeout=PIN_TIMEOUT)
+        return PinnedImage.model_validate(data)
 
     async def cordon(self, worker: str, base: str, cordoned: bool = True) -> Capacity:
         path = "/v1/cordon" if cordoned else "/v1/uncordon"

@@ -138,6 +138,26 @@ class ImageRef(BaseModel):
     labels: dict[str, str] = Field(default_factory=dict)
 
 
+class PinImageRequest(Strict):
+    """souk extension: which digest an image's tag names now, asked of a worker (of `region`,
+    else of any region), which reaches registries with its own credentials."""
+
+    image: str = Field(max_length=512)
+    region: str | None = None
+
+    @field_validator("region")
+    @classmethod
+    def _one_region(cls, region: str | None) -> str | None:
+        return None if region is None else _check_region(region)
+
+
+class PinnedImage(BaseModel):
+    """`image` with the digest its tag names now (`registry/name:tag@sha256:...`)."""
+
+    image: str
+    digest: str
+
+
 class PublicMachine(Machine):
     """Fly's machine shape plus souk's own fields (`worker`, `restart_count`, `exit_code`).
     Sent with empty (None) fields left out, as Fly's omitempty does."""

@@ -19,6 +19,8 @@ from souk.models.api import (
     CreateOutcome,
     CreateOutcomes,
     Lease,
+    PinImageRequest,
+    PinnedImage,
     WorkerLeaseRequest,
 )
 from souk.models.capacity import Capacity, Offer, OfferRequest
@@ -52,15 +54,18 @@ from souk.web import ApiError, Route, read_model, reply
 from souk.web.errors import error_body
 from souk.web.metrics import METRICS_PATH, serve_metrics
 from souk.web.routes import Handler
-from souk.worker import logs, ps
+from souk.worker import logs, pinning, ps
 from souk.worker.admission import Fences
 from souk.worker.engine import Engine
 from souk.worker.errors import (
     AlreadyExists,
     Conflict,
+    InvalidImage,
     MetadataTooLarge,
+    NoImages,
     NoRoom,
     NotFound,
+    RegistryUnavailable,
     StorageFault,
     StorageFull,
     TimedOut,
@@ -78,6 +83,7 @@ CREATE_WAIT = 0.5
 
 # The one place a worker's refusal becomes an HTTP status; the most specific class listed wins.
 HTTP_STATUS: dict[type[WorkerError], int] = {
+    InvalidImage: 400,
     NotFound: 404,
     Conflict: 409,
     TimedOut: 408,
@@ -85,6 +91,8 @@ HTTP_STATUS: dict[type[WorkerError], int] = {
     MetadataTooLarge: 413,
     StorageFault: 503,
     StorageFull: 507,
+    RegistryUnavailable: 502,
+    NoImages: 501,
 }
 WRITE_ERRORS = (503, 507)  # any request that records something may meet a full disk
 
@@ -116,6 +124,7 @@ ACCESS = AccessTable(
         "GET /v1/capacity": _BROKERS,
         "GET /v1/status": _BROKERS,
         "POST /v1/offers": _BROKERS,
+        "POST /v1/images/pin": _BROKERS,
         "POST /v1/machines": _BROKERS,
         "POST /v1/machines/batch": _BROKERS,
         "POST /v1/confirmations": _BROKERS,
@@ -173,6 +182,10 @@ def _routes(engine: Engine) -> list[Route]:
 
     async def offer(request: web.Request) -> web.Response:
         return reply(engine.offer(await read_model(request, OfferRequest)))
+
+    async def pin_image(request: web.Request) -> web.Response:
+        body = await read_model(request, PinImageRequest)
+        return reply(await pinning.pin(engine.drivers, engine.settings.name, body.image))
 
     fences = Fences()
 
@@ -478,6 +491,15 @@ def _routes(engine: Engine) -> list[Route]:
             response=WorkerStatus,
         ),
         Route("POST", "/v1/offers", offer, "Would this guest fit here now?", OfferRequest, Offer),
+        Route(
+            "POST",
+            "/v1/images/pin",
+            pin_image,
+            "The image with the digest its tag names now, asked of its registry",
+            PinImageRequest,
+            PinnedImage,
+            errors=(400, 404, 501, 502),
+        ),
         Route(
             "POST",
             "/v1/machines",

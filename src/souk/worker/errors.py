@@ -83,3 +83,27 @@ class TimedOut(WorkerError):
     """A command run in a machine (exec) ran past its timeout, and was killed."""
 
     reason = "timeout"
+
+
+class InvalidImage(WorkerError):
+    """An image reference that cannot be parsed."""
+
+    reason = "invalid_image"
+
+
+class ImageNotFound(NotFound):
+    """The registry has no such image (or no such tag)."""
+
+    reason = "image_not_found"
+
+
+class RegistryUnavailable(WorkerError):
+    """The image's registry could not be reached, or refused us."""
+
+    reason = "registry_unavailable"
+
+
+class NoImages(WorkerError):
+    """This worker runs no images (it needs root and runc)."""
+
+    reason = "images_unsupported"

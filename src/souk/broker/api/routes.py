@@ -10,6 +10,7 @@ from typing import Any
 from souk.broker.api import (
     apps,
     fleet,
+    images,
     leases,
     machine_ops,
     machines,
@@ -32,6 +33,8 @@ from souk.models.api import (
     MetadataPatch,
     MetadataValue,
     OkResponse,
+    PinImageRequest,
+    PinnedImage,
     PublicMachine,
     UpdateMachineRequest,
     WorkerInfo,
@@ -223,6 +226,17 @@ ROUTES: list[Route] = [
             " offers, p2c or catalog",
             "policy": "default, binpack or spread",
         },
+        permission=Permission.app_deploy(APP, region=in_body("region")),
+    ),
+    Route(
+        "POST",
+        "/v1/apps/{app}/images/pin",
+        images.pin_image,
+        "The image with the digest its tag names now, asked of a worker of the region (souk"
+        " extension: a deploy sends it to every machine of its release)",
+        PinImageRequest,
+        PinnedImage,
+        errors=(400, 404, 501, 502, 503),
         permission=Permission.app_deploy(APP, region=in_body("region")),
     ),
     Route(

@@ -250,9 +250,16 @@ class Placer:
         return start
 
     def holding(self, region: str | None, image: str) -> list[WorkerRow]:
-        """The placeable workers (of the region, or of every region) that hold the image."""
-        names = [region] if region is not None else self.regions()
-        return [row for name in names for row in self.fleet.placeable_holding(name, image)]
+        """The placeable workers (of the region, or of every region) that hold the image: by
+        the reference it was pulled as, or, for one pinned (`name:tag@sha256:...`, as a deploy
+        sends it), by that digest too (a worker that pulled the tag holds it under the digest)."""
+        regions = [region] if region is not None else self.regions()
+        digest = image.partition("@")[2]
+        keys = [image, digest] if digest else [image]
+        rows = [
+            r for name in regions for key in keys for r in self.fleet.placeable_holding(name, key)
+        ]
+        return list({r.id: r for r in rows}.values()) if digest else rows
 
     async def _feasible(
         self,

@@ -3,8 +3,9 @@ can list them and roll back without a database of its own.
 
 Keys (all in the app's metadata, values are strings):
 
-- `release.N`: the JSON of release N (its souk.toml without the values of its env, image or
-  command, strategy, status). The env's values are the app's secrets: a deploy sets them there
+- `release.N`: the JSON of release N (its souk.toml without the values of its env; its image,
+  pinned to the digest its tag named then (`souk.cli.deploy.images`), or command; strategy,
+  status). The env's values are the app's secrets: a deploy sets them there
   (`souk.cli.deploy.secrets`), and its machines get them from there;
 - `sealed.release.N.env`: the env of a release recorded before env went to the app's secrets,
   as JSON, sealed by the broker: still read to roll back to such a release;
@@ -52,13 +53,22 @@ class Release(BaseModel):
     error: str | None = None
 
     @classmethod
-    def of(cls, cfg: AppConfig, version: int, strategy: str, description: str) -> Release:
+    def of(
+        cls,
+        cfg: AppConfig,
+        version: int,
+        strategy: str,
+        description: str,
+        image: str | None = None,
+    ) -> Release:
+        """`image`: what the release runs, pinned (`souk.cli.deploy.images`); souk.toml's
+        own stays in `config`."""
         config = cfg.model_dump(mode="json")
         config.pop("env", None)
         return cls(
             version=version,
             strategy=strategy,
-            image=cfg.image,
+            image=image or cfg.image,
             command=cfg.command,
             config=config,
             env=sorted(cfg.env),
@@ -77,8 +87,11 @@ class Release(BaseModel):
         return self.model_dump_json(exclude_none=True)
 
     def what(self) -> str:
-        """The image reference, or the command, for tables."""
-        return self.image or " ".join(self.command or [])
+        """The image reference (its digest cut short), or the command, for tables."""
+        if self.image:
+            name, at, digest = self.image.partition("@")
+            return f"{name}@{digest[:19]}" if at else name
+        return " ".join(self.command or [])
 
 
 class Lock(BaseModel):
@@ -101,8 +114,11 @@ def deployable(meta: dict[str, str], record: Release) -> dict[str, Any]:
     secrets comes back without env (the secrets stay as they are now, as on Fly). An older
     one's env values come from its sealed key, which the broker shows only to a token that may
     deploy the app; releases recorded before env was sealed carry it in their config."""
+    config = dict(record.config)
+    if record.image and config.get("image"):
+        config["image"] = record.image  # the image it ran, pinned: not what the tag names now
     if not record.env or record.env_as_secrets:
-        return dict(record.config)
+        return config
     raw = meta.get(record.env_key())
     if raw is None:
         raise RollbackError(
@@ -115,7 +131,7 @@ def deployable(meta: dict[str, str], record: Release) -> dict[str, Any]:
         env = None
     if not isinstance(env, dict) or set(env) != set(record.env):
         raise RollbackError(f"the environment of release {record.version} is unreadable")
-    return {**record.config, "env": env}
+    return {**config, "env": env}
 
 
 def now_iso() -> str:

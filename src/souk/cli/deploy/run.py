@@ -8,6 +8,7 @@ import contextlib
 from souk.cli.deploy.config import AppConfig, StrategyName
 from souk.cli.deploy.deployer import Deployer
 from souk.cli.deploy.errors import DeployError, DeployInProgress
+from souk.cli.deploy.images import pin
 from souk.cli.deploy.leases import Leases
 from souk.cli.deploy.output import Outcome, machine_row
 from souk.cli.deploy.plan import MachineView, plan, sort_fleet
@@ -61,7 +62,10 @@ async def deploy(
             f"leased {len(leases.nonces)} machine(s) of {app}", machines=len(leases.nonces)
         )
         current = await views(api, app)  # as of holding the leases
-        record = Release.of(cfg, number, chosen, description)
+        # A scale runs its release's image, pinned when the release was recorded.
+        image = await pin(api, cfg, meta, progress) if new_release else cfg.image
+        record = Release.of(cfg, number, chosen, description, image)
+        cfg = cfg.model_copy(update={"image": image})
         if new_release:
             meta = await api.app_metadata(app)
             if record.key() in meta:

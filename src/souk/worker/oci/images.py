@@ -98,6 +98,17 @@ class ImageCache:
         ref = name.with_digest(digest) if digest else name
         return await self.store.flights.run(f"pull:{ref}", lambda: self._pull(ref, str(name)))
 
+    async def resolve(self, reference: str) -> str:
+        """`reference` pinned: the digest its tag names now added to it, as a deploy sends it
+        to every machine of a release (one image everywhere, and no lookup when each starts).
+        The digest is the tag's own (an index's, for a multi-platform image), so every worker
+        still picks its platform. A reference with a digest is returned as it is, unasked."""
+        ref = self.client.parse(reference)
+        if ref.digest:
+            return str(ref)
+        _, _, digest = await self.client.get_manifest(ref, ref.reference)
+        return str(ref.with_digest(digest))
+
     async def _pull(self, ref: ImageRef, name: str) -> Image:
         if ref.digest and (cached := self.store.image(ref.digest) or self.store.find(str(ref))):
             return self._image(self.store.save(cached, name))
@@ -323,11 +334,14 @@ class ImageCache:
         return sorted(rows, key=lambda r: -r.last_used)
 
     def has(self, digest_or_ref: str) -> bool:
-        """Whether an image is cached, by manifest digest or by the reference it was pulled as."""
+        """Whether an image is cached, by manifest digest or by the reference it was pulled as
+        (a pinned one also by its digest, as a start would find it)."""
         if digest_or_ref.startswith("sha256:"):
             record = self.store.image(digest_or_ref)
         else:
-            record = self.store.find(str(self.client.parse(digest_or_ref)))
+            ref = self.client.parse(digest_or_ref)
+            pinned = self.store.image(ref.digest) if ref.digest else None
+            record = pinned or self.store.find(str(ref))
         return record is not None and self._complete(record)
 
     async def gc(self, budget: int | None = None) -> list[str]:

@@ -1,0 +1,52 @@
+"""A release's image, pinned: the tag souk.toml names is asked about once, and every machine of
+the release gets `registry/name:tag@sha256:...`. So a rollout runs one image everywhere however
+the tag moves meanwhile, a tag pushed again makes the next deploy update the machines (their
+config changed), a rollback runs the image its release ran, and no new machine asks the
+registry as it starts."""
+
+from __future__ import annotations
+
+from souk.cli.deploy.config import AppConfig
+from souk.cli.deploy.errors import DeployError
+from souk.cli.deploy.progress import Progress
+from souk.cli.deploy.releases import current, releases
+from souk.clients.machines import MachinesApiError, MachinesClient
+
+THE_IMAGES_FAULT = (400, 404)  # a bad reference, or no such image or tag
+
+
+def is_pinned(image: str) -> bool:
+    return "@" in image
+
+
+async def pin(
+    api: MachinesClient, cfg: AppConfig, meta: dict[str, str], progress: Progress
+) -> str | None:
+    """The image this release runs: souk.toml's, with the digest its tag names now, asked of a
+    worker of the app's first region. When no worker can ask the registry, the current release's
+    digest for the same reference is kept (with a warning); with none, the deploy stops."""
+    image = cfg.image
+    if image is None or is_pinned(image):
+        return image
+    region = min(cfg.regions) if cfg.regions else None
+    try:
+        pinned = await api.pin_image(cfg.app, image, region)
+    except MachinesApiError as exc:
+        if exc.http_status in THE_IMAGES_FAULT:
+            raise DeployError(f"image {image}: {exc}") from None
+        kept = _current_pin(meta, image)
+        if kept is None:
+            raise DeployError(f"could not learn which image {image} names: {exc}") from None
+        progress.warn(f"could not learn which image {image} names ({exc}): keeping {kept}")
+        return kept
+    progress.step(f"image {image} is {pinned.digest}", image=pinned.image)
+    return pinned.image
+
+
+def _current_pin(meta: dict[str, str], image: str) -> str | None:
+    """The pinned image of the current release, if its souk.toml named the same `image`."""
+    number = current(meta)
+    for record in releases(meta):
+        if record.version == number and record.config.get("image") == image and record.image:
+            return record.image if is_pinned(record.image) else None
+    return None
