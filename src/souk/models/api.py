@@ -142,7 +142,7 @@ class PinImageRequest(Strict):
     """souk extension: which digest an image's tag names now, asked of a worker (of `region`,
     else of any region), which reaches registries with its own credentials."""
 
-    image: str = Field(max_length=512)
+    image: str = Field(min_length=1, max_length=512)
     region: str | None = None
 
     @field_validator("region")

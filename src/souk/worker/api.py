@@ -62,7 +62,6 @@ from souk.worker.errors import (
     Conflict,
     InvalidImage,
     MetadataTooLarge,
-    NoImages,
     NoRoom,
     NotFound,
     RegistryUnavailable,
@@ -92,7 +91,6 @@ HTTP_STATUS: dict[type[WorkerError], int] = {
     StorageFault: 503,
     StorageFull: 507,
     RegistryUnavailable: 502,
-    NoImages: 501,
 }
 WRITE_ERRORS = (503, 507)  # any request that records something may meet a full disk
 
@@ -498,7 +496,7 @@ def _routes(engine: Engine) -> list[Route]:
             "The image with the digest its tag names now, asked of its registry",
             PinImageRequest,
             PinnedImage,
-            errors=(400, 404, 501, 502),
+            errors=(400, 404, 409, 502),
         ),
         Route(
             "POST",

@@ -103,7 +103,7 @@ class RegistryUnavailable(WorkerError):
     reason = "registry_unavailable"
 
 
-class NoImages(WorkerError):
-    """This worker runs no images (it needs root and runc)."""
+class NoImages(Conflict):
+    """This worker runs no images (it needs root and runc): ask another."""
 
     reason = "images_unsupported"

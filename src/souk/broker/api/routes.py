@@ -236,7 +236,7 @@ ROUTES: list[Route] = [
         " extension: a deploy sends it to every machine of its release)",
         PinImageRequest,
         PinnedImage,
-        errors=(400, 404, 501, 502, 503),
+        errors=(400, 404, 409, 502, 503),
         permission=Permission.app_deploy(APP, region=in_body("region")),
     ),
     Route(
