@@ -39,7 +39,7 @@ async def pin(
             raise DeployError(f"could not learn which image {image} names: {exc}") from None
         progress.warn(f"could not learn which image {image} names ({exc}): keeping {kept}")
         return kept
-    progress.step(f"image {image} is {pinned.digest}", image=pinned.image)
+    progress.step(f"image {image} is {pinned.digest[:19]}", image=pinned.image)
     return pinned.image
 
 
