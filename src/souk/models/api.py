@@ -151,6 +151,11 @@ class PinImageRequest(Strict):
         return None if region is None else _check_region(region)
 
 
+# `images/pin`'s refusals that are the image's own (a bad reference, no such image or tag): no
+# other worker would answer otherwise.
+IMAGE_FAULTS = (400, 404)
+
+
 class PinnedImage(BaseModel):
     """`image` with the digest its tag names now (`registry/name:tag@sha256:...`)."""
 

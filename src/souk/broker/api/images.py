@@ -11,11 +11,10 @@ from aiohttp import web
 from souk.broker.api.errors import passthrough
 from souk.broker.api.state import broker_of
 from souk.clients.workers import WorkerError
-from souk.models.api import PinImageRequest
+from souk.models.api import IMAGE_FAULTS, PinImageRequest
 from souk.web import ApiError, read_model, reply
 
 PIN_TRIES = 3  # workers asked at most, one after the other
-THE_IMAGES_FAULT = (400, 404)  # a bad reference, or no such image: no other worker will differ
 
 
 async def pin_image(request: web.Request) -> web.Response:
@@ -31,7 +30,7 @@ async def pin_image(request: web.Request) -> web.Response:
         try:
             return reply(await b.client.pin_image(worker.id, worker.address, body.image))
         except WorkerError as exc:
-            if exc.http_status in THE_IMAGES_FAULT:
+            if exc.http_status in IMAGE_FAULTS:
                 raise passthrough(exc) from exc
             failed = exc
     assert failed is not None

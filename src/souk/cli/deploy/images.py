@@ -11,8 +11,7 @@ from souk.cli.deploy.errors import DeployError
 from souk.cli.deploy.progress import Progress
 from souk.cli.deploy.releases import current, releases
 from souk.clients.machines import MachinesApiError, MachinesClient
-
-THE_IMAGES_FAULT = (400, 404)  # a bad reference, or no such image or tag
+from souk.models.api import IMAGE_FAULTS
 
 
 def is_pinned(image: str) -> bool:
@@ -32,7 +31,7 @@ async def pin(
     try:
         pinned = await api.pin_image(cfg.app, image, region)
     except MachinesApiError as exc:
-        if exc.http_status in THE_IMAGES_FAULT:
+        if exc.http_status in IMAGE_FAULTS:
             raise DeployError(f"image {image}: {exc}") from None
         kept = _current_pin(meta, image)
         if kept is None:
