@@ -89,6 +89,8 @@ def test_children_are_found_until_reaped_and_name_their_program(
     proc = subprocess.Popen(["sleep", "60"])
     sleepers.append(proc)
     wait_until(lambda: os.path.basename(procfs.program(proc.pid) or "") == "sleep", 5, "exec")
+    # laid out by its exec a moment after the program changed
+    wait_until(lambda: procfs.arguments(proc.pid) == [b"sleep", b"60"], 5, "its arguments")
     assert proc.pid in procfs.children(os.getpid())
     assert proc.pid not in procfs.children(proc.pid)
     proc.kill()
@@ -97,3 +99,4 @@ def test_children_are_found_until_reaped_and_name_their_program(
     assert procfs.program(proc.pid) is None
     proc.wait()
     assert proc.pid not in procfs.children(os.getpid())
+    assert procfs.arguments(proc.pid) is None

@@ -38,6 +38,15 @@ def program(pid: int) -> str | None:
         return None
 
 
+def arguments(pid: int) -> list[bytes] | None:
+    """The process's command line, its argv (empty for a moment while an exec lays out the
+    new one); None once it is gone."""
+    try:
+        return (PROC / str(pid) / "cmdline").read_bytes().split(b"\0")[:-1]
+    except OSError:
+        return None
+
+
 def _stat(pid: int) -> list[str] | None:
     """/proc/PID/stat's fields from the third (the state) on: the second, the command's name
     in parentheses, may hold spaces."""

@@ -234,9 +234,8 @@ class Spawner:
         for pid in procfs.children(os.getpid()):
             if pid in servers or procfs.program(pid) != launcher:
                 continue
-            with contextlib.suppress(OSError, IndexError):
-                if Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[1] == b"--serve":
-                    found.append(pid)
+            if (procfs.arguments(pid) or [])[1:2] == [b"--serve"]:
+                found.append(pid)
         return found
 
     async def close(self) -> None:
