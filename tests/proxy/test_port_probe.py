@@ -26,12 +26,11 @@ def closed_port(family: socket.AddressFamily = socket.AF_INET, host: str = "127.
 async def test_a_listening_port_accepts_and_a_closed_one_refuses(
     family: socket.AddressFamily, host: str
 ) -> None:
-    try:
-        listener = socket.socket(family, socket.SOCK_STREAM)
-        listener.bind((host, 0))
-    except OSError:
-        pytest.skip(f"no {host} on this host")
-    with listener:
+    with socket.socket(family, socket.SOCK_STREAM) as listener:
+        try:
+            listener.bind((host, 0))
+        except OSError:
+            pytest.skip(f"no {host} on this host")
         listener.listen()
         assert await accepts(host, listener.getsockname()[1], 1.0)
     assert not await accepts(host, closed_port(family, host), 1.0)
