@@ -56,7 +56,8 @@ async def port_open(host: str, port: int, deadline: float) -> bool:
 
 
 async def accepts(host: str, port: int, timeout: float) -> bool:
-    """Whether one TCP connect to the address is accepted within `timeout` (closed at once).
+    """Whether one TCP connect to `host` (an IP address, as a machine's private address is:
+    no name is looked up) is accepted within `timeout`; closed at once.
 
     Told by the socket's error number rather than by asyncio's streams, which raise for each
     refusal: an exception's traceback holds its frames and their futures in reference cycles,
