@@ -28,6 +28,7 @@ from souk.logsetup import about
 from souk.models.catalog import MachineRow
 from souk.proxy.metrics import ProxyMetrics
 from souk.proxy.routing import Backend, Router, backend_of, is_standby
+from souk.readiness import ready
 
 log = logging.getLogger("souk.proxy.wake")
 
@@ -64,26 +65,16 @@ async def accepts(host: str, port: int, timeout: float) -> bool:
     about 80 objects a refusal and 800 a start polled until its app binds, which only the
     collector frees, in a pause that stalls every request of the proxy (11 ms every 25 starts,
     docs/benchmarks.md)."""
-    loop = asyncio.get_running_loop()
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as sock:
         sock.setblocking(False)
         error = sock.connect_ex((host, port))
         if error == errno.EINPROGRESS:
-            writable: asyncio.Future[None] = loop.create_future()
-
-            def ready() -> None:
-                if not writable.done():
-                    writable.set_result(None)
-
-            loop.add_writer(sock.fileno(), ready)
             try:
                 async with asyncio.timeout(timeout):
-                    await writable
+                    await ready(sock.fileno(), "write")
             except TimeoutError:
                 return False
-            finally:
-                loop.remove_writer(sock.fileno())
             error = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
         return error == 0
 

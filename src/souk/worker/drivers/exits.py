@@ -8,6 +8,7 @@ import functools
 import os
 from collections.abc import Awaitable, Callable
 
+from souk.readiness import ready
 from souk.worker import procfs
 from souk.worker.drivers.base import Handle
 
@@ -52,13 +53,9 @@ async def child_exit(pid: int, reap: Callable[[], int] | None = None) -> int:
         fd = os.pidfd_open(pid)
     except (AttributeError, OSError):
         return await asyncio.to_thread(reaped)
-    loop = asyncio.get_running_loop()
-    gone: asyncio.Future[None] = loop.create_future()
-    loop.add_reader(fd, resolve, gone)
     try:
-        await gone  # readable once it has exited, reaped or not
+        await ready(fd, "read")  # once it has exited, reaped or not
     finally:
-        loop.remove_reader(fd)
         os.close(fd)
     return reaped()  # it has exited: reaped at once
 
@@ -80,18 +77,9 @@ async def until_gone(handle: Handle, interval: float) -> None:
     except OSError:
         fd = -1
     if fd >= 0:
-        loop = asyncio.get_running_loop()
-        gone: asyncio.Future[None] = loop.create_future()
-        loop.add_reader(fd, resolve, gone)
         try:
             if procfs.is_alive(handle.pid, handle.pid_start):
-                await gone
+                await ready(fd, "read")
         finally:
-            loop.remove_reader(fd)
             os.close(fd)
     await poll_until_gone(handle, interval)
-
-
-def resolve(future: asyncio.Future[None]) -> None:
-    if not future.done():
-        future.set_result(None)

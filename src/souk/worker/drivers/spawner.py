@@ -25,9 +25,10 @@ from collections import deque
 from pathlib import Path
 from typing import NamedTuple
 
+from souk.readiness import resolve
 from souk.worker import procfs
 from souk.worker.drivers.base import HostUser
-from souk.worker.drivers.exits import child_exit, resolve
+from souk.worker.drivers.exits import child_exit
 from souk.worker.drivers.launcher import opened
 
 IDS, NO_NEW_PRIVS = 1, 2  # launch.c's flags
