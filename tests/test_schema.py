@@ -134,7 +134,7 @@ def test_a_failing_step_leaves_the_database_as_it_was(tmp_path: Path) -> None:
     conn.close()
 
 
-def test_a_replica_of_another_version_is_rebuilt_not_migrated(tmp_path: Path) -> None:
+def test_a_replica_from_a_newer_souk_is_rebuilt_not_refused(tmp_path: Path) -> None:
     db = tmp_path / "catalog.db"
     store = ReplicaStore(db)
     store.conn.execute("INSERT INTO owners VALUES ('w1', 'mad', 'e', 7, NULL)")

@@ -69,17 +69,31 @@ def migrate(conn: sqlite3.Connection, schema: Schema, path: Path | None) -> int:
     conn.execute("BEGIN IMMEDIATE")
     try:
         for step in schema.steps[found:]:
-            if callable(step):
-                step(conn)
-            else:
-                for statement in statements(step):
-                    conn.execute(statement)
+            run(conn, step)
         conn.execute(f"PRAGMA user_version = {schema.version}")
         conn.execute("COMMIT")
     except BaseException:
         conn.execute("ROLLBACK")
         raise
     return found
+
+
+def run(conn: sqlite3.Connection, step: Step) -> None:
+    if callable(step):
+        step(conn)
+    else:
+        for statement in statements(step):
+            conn.execute(statement)
+
+
+def together(*steps: Step) -> Step:
+    """Several steps as one version's step."""
+
+    def step(conn: sqlite3.Connection) -> None:
+        for part in steps:
+            run(conn, part)
+
+    return step
 
 
 def backup(conn: sqlite3.Connection, dest: Path) -> None:

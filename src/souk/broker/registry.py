@@ -35,7 +35,7 @@ from pathlib import Path
 from souk.catalog.protocol import GLOBAL_REGION, REGISTRY_OWNER, Change
 from souk.models.catalog import AppRow, RevocationRow
 from souk.models.secrets import MAX_SECRETS, SecretRecord
-from souk.schema import Schema, add_missing_columns, migrate
+from souk.schema import Schema, add_missing_columns, migrate, together
 
 METADATA_KEY = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:/@+-]{0,127}\Z")
 MAX_VALUE_BYTES = 64 << 10
@@ -104,20 +104,22 @@ def check_metadata(metadata: dict[str, str]) -> None:
 REGISTRY_SCHEMA = Schema(
     "app registry",
     (
-        "CREATE TABLE IF NOT EXISTS apps (name TEXT PRIMARY KEY, org TEXT NOT NULL,"
-        " created_at TEXT NOT NULL, deleted INTEGER NOT NULL DEFAULT 0, seq INTEGER NOT NULL,"
-        " metadata TEXT NOT NULL DEFAULT '{}', secrets TEXT NOT NULL DEFAULT '{}',"
-        " secrets_version INTEGER NOT NULL DEFAULT 0);"
-        "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);"
-        "CREATE TABLE IF NOT EXISTS revocations (id TEXT PRIMARY KEY,"
-        " revoked_at TEXT NOT NULL, seq INTEGER NOT NULL);",
-        add_missing_columns(
-            "apps",
-            {
-                "metadata": "TEXT NOT NULL DEFAULT '{}'",  # a registry from before app metadata
-                "secrets": "TEXT NOT NULL DEFAULT '{}'",  # ... or before app secrets
-                "secrets_version": "INTEGER NOT NULL DEFAULT 0",
-            },
+        together(
+            "CREATE TABLE IF NOT EXISTS apps (name TEXT PRIMARY KEY, org TEXT NOT NULL,"
+            " created_at TEXT NOT NULL, deleted INTEGER NOT NULL DEFAULT 0, seq INTEGER NOT NULL,"
+            " metadata TEXT NOT NULL DEFAULT '{}', secrets TEXT NOT NULL DEFAULT '{}',"
+            " secrets_version INTEGER NOT NULL DEFAULT 0);"
+            "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);"
+            "CREATE TABLE IF NOT EXISTS revocations (id TEXT PRIMARY KEY,"
+            " revoked_at TEXT NOT NULL, seq INTEGER NOT NULL);",
+            add_missing_columns(
+                "apps",
+                {
+                    "metadata": "TEXT NOT NULL DEFAULT '{}'",  # a registry from before app metadata
+                    "secrets": "TEXT NOT NULL DEFAULT '{}'",  # ... or before app secrets
+                    "secrets_version": "INTEGER NOT NULL DEFAULT 0",
+                },
+            ),
         ),
     ),
 )

@@ -16,7 +16,7 @@ from typing import Any
 
 import orjson
 
-from souk.schema import Schema, has_tables, migrate, version_of
+from souk.schema import Schema, add_missing_columns, migrate, together, version_of
 
 log = logging.getLogger("souk.catalog.store")
 
@@ -62,9 +62,18 @@ CREATE TABLE IF NOT EXISTS changes (
 """
 KEEP_CHANGES = 50_000
 
-# The replica's schema version (souk.schema). A replica is a cache of its owners' rows: a file
-# of another version is not migrated but dropped and filled again from the bus.
-REPLICA_SCHEMA = Schema("catalog replica", (SCHEMA,))
+# The replica's migrations (souk.schema), applied without a backup: it is a cache of its owners'
+# rows. A file from a newer souk is not refused but dropped and filled again from the bus.
+REPLICA_SCHEMA = Schema(
+    "catalog replica",
+    (
+        together(
+            SCHEMA,
+            add_missing_columns("rows", {"proof": "TEXT"}),  # a file made before proofs were kept
+            add_missing_columns("owners", {"proof": "TEXT"}),
+        ),
+    ),
+)
 
 
 class ReplicaStore:
@@ -76,11 +85,11 @@ class ReplicaStore:
     def _open(path: Path | str) -> sqlite3.Connection:
         conn = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
         found = version_of(conn)
-        if found != REPLICA_SCHEMA.version and has_tables(conn):
+        if found > REPLICA_SCHEMA.version:
             conn.close()
             log.warning(
-                "catalog replica %s has schema version %d, this souk %d: rebuilding it from the"
-                " bus",
+                "catalog replica %s has schema version %d, newer than this souk's %d: rebuilding"
+                " it from the bus",
                 path,
                 found,
                 REPLICA_SCHEMA.version,
