@@ -35,6 +35,7 @@ from pathlib import Path
 from souk.catalog.protocol import GLOBAL_REGION, REGISTRY_OWNER, Change
 from souk.models.catalog import AppRow, RevocationRow
 from souk.models.secrets import MAX_SECRETS, SecretRecord
+from souk.schema import Schema, add_missing_columns, migrate, together
 
 METADATA_KEY = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:/@+-]{0,127}\Z")
 MAX_VALUE_BYTES = 64 << 10
@@ -98,6 +99,32 @@ def check_metadata(metadata: dict[str, str]) -> None:
         )
 
 
+# The registry's migrations (souk.schema). Version 1 is the schema as it stood when versions
+# began, columns of earlier releases added where missing; a change is a step appended here.
+REGISTRY_SCHEMA = Schema(
+    "app registry",
+    (
+        together(
+            "CREATE TABLE IF NOT EXISTS apps (name TEXT PRIMARY KEY, org TEXT NOT NULL,"
+            " created_at TEXT NOT NULL, deleted INTEGER NOT NULL DEFAULT 0, seq INTEGER NOT NULL,"
+            " metadata TEXT NOT NULL DEFAULT '{}', secrets TEXT NOT NULL DEFAULT '{}',"
+            " secrets_version INTEGER NOT NULL DEFAULT 0);"
+            "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);"
+            "CREATE TABLE IF NOT EXISTS revocations (id TEXT PRIMARY KEY,"
+            " revoked_at TEXT NOT NULL, seq INTEGER NOT NULL);",
+            add_missing_columns(
+                "apps",
+                {
+                    "metadata": "TEXT NOT NULL DEFAULT '{}'",  # a registry from before app metadata
+                    "secrets": "TEXT NOT NULL DEFAULT '{}'",  # ... or before app secrets
+                    "secrets_version": "INTEGER NOT NULL DEFAULT 0",
+                },
+            ),
+        ),
+    ),
+)
+
+
 class AppRegistry:
     """Durable app rows with a monotonically increasing sequence per change."""
 
@@ -112,23 +139,8 @@ class AppRegistry:
         )
         self._db.row_factory = sqlite3.Row
         self._lock = threading.Lock()
-        self._db.executescript(
-            "PRAGMA journal_mode=WAL;"
-            "CREATE TABLE IF NOT EXISTS apps (name TEXT PRIMARY KEY, org TEXT NOT NULL,"
-            " created_at TEXT NOT NULL, deleted INTEGER NOT NULL DEFAULT 0, seq INTEGER NOT NULL,"
-            " metadata TEXT NOT NULL DEFAULT '{}');"
-            "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);"
-            "CREATE TABLE IF NOT EXISTS revocations (id TEXT PRIMARY KEY,"
-            " revoked_at TEXT NOT NULL, seq INTEGER NOT NULL);"
-        )
-        columns = {row["name"] for row in self._db.execute("PRAGMA table_info(apps)")}
-        if "metadata" not in columns:  # a registry from before app metadata
-            self._db.execute("ALTER TABLE apps ADD COLUMN metadata TEXT NOT NULL DEFAULT '{}'")
-        if "secrets" not in columns:  # ... or before app secrets
-            self._db.execute("ALTER TABLE apps ADD COLUMN secrets TEXT NOT NULL DEFAULT '{}'")
-            self._db.execute(
-                "ALTER TABLE apps ADD COLUMN secrets_version INTEGER NOT NULL DEFAULT 0"
-            )
+        self._db.execute("PRAGMA journal_mode=WAL")
+        migrate(self._db, REGISTRY_SCHEMA, path)
         epoch = f"{time.time_ns():016x}-{secrets.token_hex(4)}"  # ordered, as a worker's
         self._db.execute("INSERT OR IGNORE INTO meta VALUES ('epoch', ?)", (epoch,))
         self.epoch: str = self._db.execute("SELECT value FROM meta WHERE key='epoch'").fetchone()[0]

@@ -17,6 +17,8 @@ A batch says which head it follows (`prev`) and which it reaches (`head`), so a 
 whether it has everything up to `head` or must pull the gap. On a secured catalog, batches, pull
 replies and heartbeats carry their owner's signature (`fp`: which certificate, `sig`), and a
 snapshot carries the owners' own proofs for every row and head (see `souk.catalog.signing`).
+Every message carries its sender's protocol version (`v`); one more than a version away from the
+receiver's is dropped and counted like any malformed message.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ from typing import Any
 from urllib.parse import unquote
 
 import orjson
+
+from souk.models.wire import PROTOCOL, protocol_accepted
 
 PREFIX = "souk.cat"
 SNAPSHOT = f"{PREFIX}.snap"
@@ -89,6 +93,7 @@ class Batch:
     fp: str = ""  # the signing certificate's fingerprint, empty on an unsigned catalog
     sig: str = ""
     cert: str = ""  # the certificate, on the first batch after a start or a hello
+    v: int = PROTOCOL  # the sender's protocol version (`souk.models.wire.PROTOCOL`)
 
 
 @dataclass
@@ -104,12 +109,14 @@ class Heartbeat:
     n: int = 0  # this beat's place in the chain
     tick: str = ""  # the chain's n-th element, which only the owner can know before it shows it
     cert: str = ""  # the certificate itself, on the first beat and on answers to a hello
+    v: int = PROTOCOL  # the sender's protocol version (`souk.models.wire.PROTOCOL`)
 
 
 @dataclass
 class PullRequest:
     since: int
     limit: int = 2000
+    v: int = PROTOCOL  # the sender's protocol version (`souk.models.wire.PROTOCOL`)
 
 
 @dataclass
@@ -123,6 +130,7 @@ class PullReply:
     since: int = 0
     fp: str = ""
     sig: str = ""
+    v: int = PROTOCOL  # the sender's protocol version (`souk.models.wire.PROTOCOL`)
 
 
 @dataclass
@@ -144,6 +152,7 @@ class SnapshotChunk:
     heads: dict[str, HeadClaim]  # in the last chunk
     changes: list[tuple[str, Change, list[Any] | None]]  # (owner, change, the owner's proof)
     certs: dict[str, str] = field(default_factory=dict)  # fingerprint -> certificate, base64
+    v: int = PROTOCOL  # the sender's protocol version (`souk.models.wire.PROTOCOL`)
 
 
 class ProtocolError(ValueError):
@@ -175,6 +184,9 @@ def _load(data: bytes) -> dict[str, Any]:
         raise ProtocolError(f"not JSON: {exc}") from None
     if not isinstance(value, dict):
         raise ProtocolError("not an object")
+    version = value.get("v", 0)  # none: a release from before versions were sent
+    if not isinstance(version, int) or not protocol_accepted(version):
+        raise ProtocolError(f"protocol {version!r}: this souk understands {PROTOCOL} +/- 1")
     return value
 
 

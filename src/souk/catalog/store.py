@@ -7,6 +7,7 @@ It is a cache of what the owners hold, rebuilt from them if lost, so it commits 
 
 from __future__ import annotations
 
+import logging
 import sqlite3
 import time
 from collections.abc import Iterator
@@ -14,6 +15,10 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+
+from souk.schema import Schema, add_missing_columns, migrate, together, version_of
+
+log = logging.getLogger("souk.catalog.store")
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS rows (
@@ -57,18 +62,45 @@ CREATE TABLE IF NOT EXISTS changes (
 """
 KEEP_CHANGES = 50_000
 
+# The replica's migrations (souk.schema), applied without a backup: it is a cache of its owners'
+# rows. A file from a newer souk is not refused but dropped and filled again from the bus.
+REPLICA_SCHEMA = Schema(
+    "catalog replica",
+    (
+        together(
+            SCHEMA,
+            add_missing_columns("rows", {"proof": "TEXT"}),  # a file made before proofs were kept
+            add_missing_columns("owners", {"proof": "TEXT"}),
+        ),
+    ),
+)
+
 
 class ReplicaStore:
     def __init__(self, path: Path | str = ":memory:") -> None:
-        self.conn = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
-        self.conn.execute("PRAGMA journal_mode=WAL")
-        self.conn.execute("PRAGMA synchronous=OFF")
-        self.conn.executescript(SCHEMA)
-        for table in ("rows", "owners"):  # a file made before proofs were kept
-            columns = {r[1] for r in self.conn.execute(f"PRAGMA table_info({table})")}
-            if "proof" not in columns:
-                self.conn.execute(f"ALTER TABLE {table} ADD COLUMN proof TEXT")
+        self.conn = self._open(path)
         self.commits = 0  # transactions committed: batches applied together share one
+
+    @staticmethod
+    def _open(path: Path | str) -> sqlite3.Connection:
+        conn = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
+        found = version_of(conn)
+        if found > REPLICA_SCHEMA.version:
+            conn.close()
+            log.warning(
+                "catalog replica %s has schema version %d, newer than this souk's %d: rebuilding"
+                " it from the bus",
+                path,
+                found,
+                REPLICA_SCHEMA.version,
+            )
+            for suffix in ("", "-wal", "-shm"):
+                Path(f"{path}{suffix}").unlink(missing_ok=True)
+            conn = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=OFF")
+        migrate(conn, REPLICA_SCHEMA, None)
+        return conn
 
     def begin(self) -> None:
         """Opens a transaction, or joins the one already open."""

@@ -9,11 +9,14 @@ import typer
 
 from souk.broker import runtime
 from souk.broker.tokens import read_secret
+from souk.cli.config_file import CONFIG, PRINT_CONFIG, show_config
 from souk.cli.serving import LOG_FORMAT, LOG_LEVEL, METRICS, log_to_stderr, parse_listen
 from souk.cli.tls import TLS_CERT, TLS_DIR_HELP, TLS_KEY, node_files, open_bus, server_cert
+from souk.schema import SchemaTooNew
 
 
 def run(
+    ctx: typer.Context,
     listen: str = typer.Option("127.0.0.1:4280", help="HOST:PORT of the Machines API."),
     secret_file: Path = typer.Option(..., help="The cluster secret tokens are signed with."),
     nats: str | None = typer.Option(
@@ -54,8 +57,13 @@ def run(
     metrics: bool = METRICS,
     log_level: str = LOG_LEVEL,
     log_format: str = LOG_FORMAT,
+    config: Path | None = CONFIG,
+    print_config: bool = PRINT_CONFIG,
 ) -> None:
     """Serve the public Machines API and place machines on workers."""
+    if print_config:
+        show_config(ctx)
+        return
     log_to_stderr(log_level, log_format, "broker", "broker")
     host, port = parse_listen(listen)
     tls = node_files(tls_dir, "broker", tls_name) if tls_dir is not None else None
@@ -86,7 +94,11 @@ def run(
         default_region=default_region,
         metrics=metrics,
     )
-    runtime.run(runtime.serve(opts))
+    try:
+        runtime.run(runtime.serve(opts))
+    except SchemaTooNew as exc:  # a binary rolled back under its registry: refuse, touch nothing
+        typer.echo(f"souk broker: {exc}", err=True)
+        raise typer.Exit(2) from None
 
 
 def dev(

@@ -12,6 +12,7 @@ from souk.cli import (
     client,
     machines,
     nats,
+    operations,
     pki,
     proxy,
     secrets,
@@ -48,4 +49,6 @@ app.add_typer(nats.app, name="nats")
 app.command("proxy")(proxy.run)
 app.add_typer(pki.ca, name="ca")
 app.add_typer(pki.certs, name="certs")
+app.add_typer(operations.backups, name="backup")
+app.add_typer(operations.units, name="systemd")
 deploy.register(app)  # deploy, releases, rollback, scale, status, logs

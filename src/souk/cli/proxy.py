@@ -9,11 +9,13 @@ from pathlib import Path
 import typer
 
 from souk.cli.client import CA, api_ca, api_token, api_url
+from souk.cli.config_file import CONFIG, PRINT_CONFIG, show_config
 from souk.cli.serving import LOG_FORMAT, LOG_LEVEL, METRICS, log_to_stderr, parse_listen
 from souk.cli.tls import TLS_CERT, TLS_DIR_HELP, TLS_KEY, node_files, open_bus, server_cert
 
 
 def run(
+    ctx: typer.Context,
     listen: str = typer.Option("127.0.0.1:4300", help="HOST:PORT the proxy listens on."),
     nats: str = typer.Option(..., help="NATS server URL(s), comma-separated: the catalog."),
     domain: str = typer.Option(
@@ -57,8 +59,13 @@ def run(
     metrics: bool = METRICS,
     log_level: str = LOG_LEVEL,
     log_format: str = LOG_FORMAT,
+    config: Path | None = CONFIG,
+    print_config: bool = PRINT_CONFIG,
 ) -> None:
     """Serve HTTP for every app: route to started machines, scale from zero, stop idle ones."""
+    if print_config:
+        show_config(ctx)
+        return
     from souk.proxy.server import ProxyOptions, serve
 
     log_to_stderr(log_level, log_format, "proxy", "proxy")

@@ -7,15 +7,18 @@ from pathlib import Path
 
 import typer
 
+from souk.cli.config_file import CONFIG, PRINT_CONFIG, show_config
 from souk.cli.serving import LOG_FORMAT, LOG_LEVEL, METRICS, log_to_stderr, parse_listen
 from souk.cli.tls import TLS_DIR_HELP, loopback, node_files, open_bus
 from souk.models.machine import CpuKind
+from souk.schema import SchemaTooNew
 from souk.worker.daemon import serve
 from souk.worker.settings import WorkerSettings
 from souk.worker.storage import DataDirUnusable
 
 
 def run(
+    ctx: typer.Context,
     name: str = typer.Option(..., help="This worker's id, unique in the fleet."),
     region: str = typer.Option(..., help="The region it belongs to, e.g. mad."),
     listen: str = typer.Option("127.0.0.1:7100", help="HOST:PORT of its HTTP API."),
@@ -56,8 +59,13 @@ def run(
     metrics: bool = METRICS,
     log_level: str = LOG_LEVEL,
     log_format: str = LOG_FORMAT,
+    config: Path | None = CONFIG,
+    print_config: bool = PRINT_CONFIG,
 ) -> None:
     """Run a worker daemon: the source of truth for every machine on this host."""
+    if print_config:
+        show_config(ctx)
+        return
     log_to_stderr(log_level, log_format, name, "worker")
     host, port = parse_listen(listen)
     tls = node_files(tls_dir, "worker", name) if tls_dir is not None else None
@@ -99,3 +107,6 @@ def run(
     except DataDirUnusable as exc:  # one line, not a traceback: nothing to debug but the host
         typer.echo(f"souk worker: {exc}", err=True)
         raise typer.Exit(1) from None
+    except SchemaTooNew as exc:  # a binary rolled back under its data: refuse, touch nothing
+        typer.echo(f"souk worker: {exc}", err=True)
+        raise typer.Exit(2) from None

@@ -60,6 +60,7 @@ from souk.models.volume import (
     Volume,
     VolumeSnapshot,
 )
+from souk.models.wire import PROTOCOL, PROTOCOL_HEADER
 from souk.pki import NodeFiles, PkiError, reloading_client_context
 from souk.pki.identity import check_name
 
@@ -128,7 +129,8 @@ class WorkerClient(HttpClient):
     ) -> None:
         """`per_worker`: connections held to one worker at most; a request beyond them waits
         for one to be free instead of opening another (and, with TLS, paying a handshake)."""
-        super().__init__(session, limit=0, limit_per_host=per_worker, tls=_tls(tls))
+        version = {PROTOCOL_HEADER: str(PROTOCOL)}  # on every call (souk.web.protocol)
+        super().__init__(session, version, limit=0, limit_per_host=per_worker, tls=_tls(tls))
 
     def _server_name(self, worker: str, base: str) -> str | None:
         """The name the worker's certificate must carry: its id. A caller that knows only the

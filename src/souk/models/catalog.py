@@ -17,9 +17,14 @@ class Row(BaseModel):
     fleet and replaces one at each change. Python's collector walks a list at every collection
     that reaches it, a tuple of strings or numbers only at its first (an empty one never). At
     10,000 owners and 2,000 changes a second, walking the rows a replica churned set its
-    longest pauses (docs/benchmarks.md, "Catalog at 10,000 owners")."""
+    longest pauses (docs/benchmarks.md, "Catalog at 10,000 owners").
 
-    model_config = ConfigDict(extra="forbid")
+    A field a row does not know is ignored, not refused: rows come from their owners, and in a
+    rolling upgrade an owner one protocol version ahead may write a field this release does not
+    know yet (`souk.models.wire.PROTOCOL`). Releases before protocol 1 refused such rows, so a
+    row gains a field only from protocol 2 on."""
+
+    model_config = ConfigDict(extra="ignore")
 
 
 class WorkerRow(Row):

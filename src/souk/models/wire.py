@@ -15,3 +15,16 @@ CORDON_KEY = "souk_cordoned"  # "true": a machine cordon, out of the proxy's rot
 SEALED_PREFIX = "sealed."
 
 Role = Literal["primary", "standby", "canary"]
+
+# The version of the internal protocol (the worker API, reservation calls, catalog messages)
+# this souk speaks. A part accepts a peer one version behind or ahead of its own, so that in a
+# rolling upgrade any part can be upgraded before or after any other: a change to the protocol is
+# additive for one release (what an older peer does not know, it ignores), and needs no answer a
+# peer one version back cannot give. 0 is every release from before versions were sent.
+PROTOCOL = 1
+PROTOCOL_HEADER = "souk-protocol"  # on every worker API request and answer
+
+
+def protocol_accepted(version: int) -> bool:
+    """Whether a peer speaking `version` can be understood, and understand us."""
+    return abs(version - PROTOCOL) <= 1

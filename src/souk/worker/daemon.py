@@ -31,6 +31,7 @@ from souk.pki import NodeFiles, reloading_server_context, role_middleware
 from souk.web import add_routes, error_middleware
 from souk.web import runner as web_runner
 from souk.web.body import MAX_BODY_BYTES
+from souk.web.protocol import protocol_middleware
 from souk.worker import api, logs, schedules
 from souk.worker.cgroups import Cgroups
 from souk.worker.drivers.base import Drivers
@@ -73,7 +74,8 @@ def make_driver(name: str, settings: WorkerSettings) -> Drivers:
 def make_app(engine: Engine, secure: bool = False) -> web.Application:
     """`secure`: for a TLS listener that verifies client certificates; every route then
     answers only the roles `api.ACCESS` gives it (401 without a certificate, 403 another role)."""
-    middlewares = [role_middleware(api.ACCESS), error_middleware] if secure else [error_middleware]
+    checks = [role_middleware(api.ACCESS)] if secure else []
+    middlewares = [*checks, protocol_middleware, error_middleware]
     app = web.Application(middlewares=middlewares, client_max_size=MAX_BODY_BYTES)
     add_routes(app, api.routes(engine), "souk worker", __version__)
     return app

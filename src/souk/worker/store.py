@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from souk.schema import Schema, migrate
 from souk.worker.storage import StorageWatch
 
 T = TypeVar("T")
@@ -178,6 +179,11 @@ CREATE TABLE IF NOT EXISTS holds (
 CREATE INDEX IF NOT EXISTS holds_until ON holds (until);
 """
 
+# Every migration of worker.db, in order (souk.schema). SCHEMA above is version 1 and is not
+# edited again: a change of schema is a step appended here, with a fixture under
+# tests/fixtures/ written by the release before it.
+WORKER_SCHEMA = Schema("worker", (SCHEMA,))
+
 
 def now_iso() -> str:
     return (
@@ -265,8 +271,7 @@ class Store:
         self._loop: asyncio.AbstractEventLoop | None = None
         self.watch = StorageWatch(path.parent)
         conn = self._connect()
-        conn.executescript(SCHEMA)
-        conn.commit()
+        migrate(conn, WORKER_SCHEMA, path)
         self._write_conn = conn
         self._mode = "FULL" if durable else "NORMAL"  # the writer's PRAGMA synchronous
         self.read = self._connect()
