@@ -11,6 +11,8 @@ from typing import Any
 
 import pytest
 
+from souk import listeners
+from souk.clients.workers import WorkerClient
 from souk.proxy.wake import port_open
 from tests.support.hello import PORT, hello_config
 from tests.support.local_cluster import local_cluster
@@ -71,3 +73,12 @@ async def test_a_machine_bound_to_another_apps_address_gets_none_of_its_requests
         assert status == 502 and body["code"] == "foreign_listener", body
         assert a["id"] in body["error"]
         assert c.proxy.forwarder.stats["foreign_listener"] >= 1
+
+        # The worker's answers the proxy went by: the socket is beta's machine's, not alpha's.
+        (taker,) = listeners.takers(a["private_ip"], PORT)
+        worker = c.workers["mad1"].url
+        async with WorkerClient() as workers:
+            assert await workers.holds_socket("mad1", worker, b["id"], taker.inode)
+            assert not await workers.holds_socket("mad1", worker, a["id"], taker.inode)
+        async with c.http.get(f"{worker}/v1/machines/{b['id']}/sockets/x1") as resp:
+            assert resp.status == 400 and (await resp.json())["code"] == "invalid"
