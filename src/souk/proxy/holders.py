@@ -67,9 +67,12 @@ class Holders:
     async def check(self, backend: Backend) -> None:
         """Raises `ForeignListener` unless every socket a connection to the backend reaches is
         held by its machine's processes."""
-        if not ipaddress.ip_address(backend.host).is_loopback:
-            return
-        takers = listeners.takers(backend.host, backend.port)
+        try:
+            if not ipaddress.ip_address(backend.host).is_loopback:
+                return
+            takers = listeners.takers(backend.host, backend.port)
+        except (ValueError, OSError) as exc:  # not an address; no sock_diag here
+            raise self._unverified(backend, f"what listens there is not known: {exc}") from None
         if not takers:
             raise self._refusal(backend, "nothing listens there any more")
         row = backend.row
