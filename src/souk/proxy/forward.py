@@ -14,7 +14,12 @@ failed attempt, not a truncated answer; longer and streamed responses are relaye
 and one broken off closes the client's connection, so that it sees the answer is incomplete.
 A machine that refused a connection is out of rotation for a moment and its standby is started,
 unless it was started only moments ago (an app still binding its port is not lost: the request
-waits for its port instead, if nothing else can take it).
+waits for its port instead, if nothing else can take it). A new connection that reaches a socket
+its machine does not hold is closed unused (`souk.proxy.holders`): the request goes elsewhere,
+or is answered 502 `foreign_listener`, and no start is tried for it.
+
+Forwarding headers are the proxy's own: what a client sends as `X-Forwarded-*`, `Forwarded` or
+`X-Real-IP` is dropped, and `force_https` asks only whether the client reached this proxy over TLS.
 """
 
 from __future__ import annotations
