@@ -176,6 +176,7 @@ async def dev_cluster(
             idle_timeout=idle_timeout,
             ca=pki.ca if pki else None,
             listener=ServerCert(proxy_tls.cert, proxy_tls.key) if proxy_tls else None,
+            tls=proxy_tls,  # asks workers whether a machine holds the socket at its address
         )
         _, proxy = await stack.enter_async_context(proxy_site(replica, proxy_opts))
         write_secret(data_dir / "token", token + "\n")  # an operator token: 0600

@@ -114,7 +114,10 @@ async def backends(*names: str) -> AsyncIterator[dict[str, Backend]]:
 
 @contextlib.asynccontextmanager
 async def proxy_over(view: FakeView, **opts: Any) -> AsyncIterator[tuple[Proxy, str]]:
-    options = ProxyOptions(port=0, api=DEAD_BROKER, token="t", autostop=False, **opts)
+    # The backends are this test's own servers, not machines a worker runs: nothing to ask.
+    options = ProxyOptions(
+        port=0, api=DEAD_BROKER, token="t", autostop=False, check_sockets=False, **opts
+    )
     async with proxy_site(view, options) as (proxy, url):
         for row in view.rows.values():  # limits known up front: the broker here is unreachable
             proxy.policies.put(row.id, row.instance_id, ServicePolicy())
@@ -173,7 +176,55 @@ async def test_hop_by_hop_request_headers_are_dropped(http: aiohttp.ClientSessio
         seen = {k.lower(): v for k, v in bs["one"].seen[-1].items()}
         assert "x-secret" not in seen and "proxy-authorization" not in seen
         assert seen["x-visible"] == "v"
-        assert seen["x-forwarded-for"] == "10.0.0.1, 127.0.0.1"
+        assert seen["x-forwarded-for"] == "127.0.0.1"  # the client's own claim is not passed on
+
+
+async def test_forwarding_headers_a_client_sends_are_replaced_by_what_the_proxy_saw(
+    http: aiohttp.ClientSession,
+) -> None:
+    async with backends("one") as bs:
+        view = FakeView()
+        view.add("m1", port=bs["one"].port)
+        async with proxy_over(view) as (_, url):
+            claims = {
+                **APP,
+                "Host": "web.souk.local",
+                "X-Forwarded-For": "10.9.9.9",
+                "X-Forwarded-Host": "evil.example",
+                "X-Forwarded-Proto": "https",
+                "X-Forwarded-Port": "443",
+                "X-Forwarded-Prefix": "/admin",
+                "Forwarded": "for=10.9.9.9;proto=https;host=evil.example",
+                "X-Real-IP": "10.9.9.9",
+            }
+            async with http.get(f"{url}/echo", headers=claims) as resp:
+                assert resp.status == 200
+        seen = {k.lower(): v for k, v in bs["one"].seen[-1].items()}
+        assert seen["x-forwarded-for"] == "127.0.0.1"
+        assert seen["x-forwarded-host"] == "web.souk.local"
+        assert seen["x-forwarded-proto"] == "http"
+        assert seen["x-forwarded-port"] == url.rsplit(":", 1)[1]
+        assert "x-forwarded-prefix" not in seen
+        assert "forwarded" not in seen and "x-real-ip" not in seen
+
+
+async def test_force_https_is_not_talked_out_of_its_redirect(http: aiohttp.ClientSession) -> None:
+    async with backends("one") as bs:
+        view = FakeView()
+        row = view.add("m1", port=bs["one"].port)
+        async with proxy_over(view) as (proxy, url):
+            proxy.policies.put(row.id, row.instance_id, ServicePolicy(force_https=True))
+            claims = {
+                **APP,
+                "Host": "web.souk.local",
+                "X-Forwarded-Proto": "https",
+                "X-Forwarded-Host": "evil.example",
+                "Forwarded": "proto=https;host=evil.example",
+            }
+            async with http.get(f"{url}/echo?a=1", headers=claims, allow_redirects=False) as resp:
+                assert resp.status == 301
+                assert resp.headers["Location"] == "https://web.souk.local/echo?a=1"
+        assert bs["one"].seen == []  # redirected: nothing reached the machine
 
 
 async def test_large_bodies_stream_both_ways(http: aiohttp.ClientSession) -> None:

@@ -33,7 +33,7 @@ async def ask(session: aiohttp.ClientSession, base: str, key: str, ctx: ssl.SSLC
     """(status, JSON body), or ("refused", why) if TLS turned the connection away. Bodies and
     queries are left out: a caller let through is answered by the handler (400, 404...)."""
     method, path = key.split(" ")
-    url = base + path.replace("{id}", NO_SUCH_MACHINE)
+    url = base + path.replace("{id}", NO_SUCH_MACHINE).replace("{inode}", "1")
     try:
         async with session.request(method, url, ssl=ctx, server_hostname="w1") as resp:
             if resp.content_type == "application/json":

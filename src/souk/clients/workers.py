@@ -51,6 +51,7 @@ from souk.models.machine_ops import (
     MachineVersion,
     ProcessStat,
     SignalRequest,
+    SocketHolder,
 )
 from souk.models.volume import (
     CreateVolume,
@@ -314,6 +315,14 @@ class WorkerClient(HttpClient):
     ) -> list[ProcessStat]:
         data = await self._request(worker, base, "GET", _path(machine_id, "ps"), params=params)
         return _PROCESSES.validate_python(data)
+
+    async def holds_socket(
+        self, worker: str, base: str, machine_id: str, inode: int, timeout: float = DEFAULT_TIMEOUT
+    ) -> bool:
+        """Whether the machine's processes hold the socket `inode` (a 404: no such machine)."""
+        path = _path(machine_id, f"sockets/{inode}")
+        data = await self._request(worker, base, "GET", path, timeout=timeout)
+        return SocketHolder.model_validate(data).held
 
     async def versions(self, worker: str, base: str, machine_id: str) -> list[MachineVersion]:
         data = await self._request(worker, base, "GET", _path(machine_id, "versions"))

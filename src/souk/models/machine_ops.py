@@ -80,6 +80,14 @@ class ExecResponse(BaseModel):
     exit_signal: int | None = None
 
 
+class SocketHolder(BaseModel):
+    """Whether a machine's processes hold a socket, named by its inode: the proxy asks before
+    it sends a request to what listens at the machine's address (docs/proxy.md)."""
+
+    inode: int
+    held: bool
+
+
 class ListenSocket(BaseModel):
     proto: str
     address: str

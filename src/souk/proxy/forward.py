@@ -14,7 +14,12 @@ failed attempt, not a truncated answer; longer and streamed responses are relaye
 and one broken off closes the client's connection, so that it sees the answer is incomplete.
 A machine that refused a connection is out of rotation for a moment and its standby is started,
 unless it was started only moments ago (an app still binding its port is not lost: the request
-waits for its port instead, if nothing else can take it).
+waits for its port instead, if nothing else can take it). A new connection that reaches a socket
+its machine does not hold is closed unused (`souk.proxy.holders`): the request goes elsewhere,
+or is answered 502 `foreign_listener`, and no start is tried for it.
+
+Forwarding headers are the proxy's own: what a client sends as `X-Forwarded-*`, `Forwarded` or
+`X-Real-IP` is dropped, and `force_https` asks only whether the client reached this proxy over TLS.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from aiohttp import web
 from multidict import CIMultiDict
 
 from souk.clients.machines import MachinesApiError, MachinesClient
+from souk.proxy.holders import TARGET, CheckedConnector, ForeignListener, Holders
 from souk.proxy.routing import APP_HEADER, FAILED_FOR, Backend, Choice, Loads, Marks, Router
 from souk.proxy.wake import Waker, port_open
 from souk.web.errors import json_error
@@ -52,6 +58,9 @@ HOP_BY_HOP = frozenset(
         "expect",  # answered here (100-continue) as the body is pulled
     }
 )
+# Headers through which a client could pass for a front proxy: dropped, and set anew from what
+# this proxy saw (its peer, the Host it was sent, whether it was reached over TLS, its port).
+FORWARDING = frozenset({"forwarded", "x-real-ip"})
 IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE", "TRACE"})
 REPLAY_LIMIT = 64 * 1024
 HOLD_LIMIT = 64 * 1024  # responses of known length up to this are read whole, then sent
@@ -118,14 +127,20 @@ def upstream_headers(request: web.Request) -> CIMultiDict[str]:
     headers: CIMultiDict[str] = CIMultiDict()
     for key, value in request.headers.items():
         lower = key.lower()
-        if lower in HOP_BY_HOP or lower in named or lower.startswith("x-forwarded-"):
+        if (
+            lower in HOP_BY_HOP
+            or lower in named
+            or lower in FORWARDING
+            or lower.startswith("x-forwarded-")
+        ):
             continue
         headers.add(key, value)
-    peer = request.remote or ""
-    before = ", ".join(request.headers.getall("X-Forwarded-For", []))
-    headers["X-Forwarded-For"] = f"{before}, {peer}" if before else peer
-    headers["X-Forwarded-Host"] = request.headers.get("X-Forwarded-Host", request.host)
-    headers["X-Forwarded-Proto"] = request.headers.get("X-Forwarded-Proto", request.scheme)
+    headers["X-Forwarded-For"] = request.remote or ""
+    headers["X-Forwarded-Host"] = request.host
+    headers["X-Forwarded-Proto"] = request.scheme
+    sockname = request.transport.get_extra_info("sockname") if request.transport else None
+    if isinstance(sockname, tuple) and len(sockname) >= 2:
+        headers["X-Forwarded-Port"] = str(sockname[1])
     return headers
 
 
@@ -152,10 +167,16 @@ def started_recently(updated_at: str, within: float) -> bool:
     return time.time() - when < within
 
 
-def make_session() -> aiohttp.ClientSession:
-    """Pooled keep-alive connections to backends; nothing decoded, no cookies kept."""
+def make_session(holders: Holders | None = None) -> aiohttp.ClientSession:
+    """Pooled keep-alive connections to backends; nothing decoded, no cookies kept. With
+    `holders`, each new connection is checked to lead to its machine's own socket."""
+    connector = (
+        CheckedConnector(holders, limit=0, keepalive_timeout=4.0)
+        if holders is not None
+        else aiohttp.TCPConnector(limit=0, keepalive_timeout=4.0)
+    )
     return aiohttp.ClientSession(
-        connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=4.0),
+        connector=connector,
         cookie_jar=aiohttp.DummyCookieJar(),
         auto_decompress=False,
         timeout=aiohttp.ClientTimeout(
@@ -228,6 +249,7 @@ class Forwarder:
             "app_not_found": 0,
             "at_capacity": 0,
             "bad_gateway": 0,
+            "foreign_listener": 0,
         }
 
     async def handle(self, request: web.Request, app: str) -> web.StreamResponse:
@@ -236,15 +258,17 @@ class Forwarder:
         deadline = time.monotonic() + self.start_timeout
         exclude: set[str] = set()
         fresh: list[Backend] = []  # refused, but started moments ago: maybe still binding
+        foreign: ForeignListener | None = None  # its address was not its machine's
         idempotent = request.method in IDEMPOTENT
         for attempt in range(MAX_ATTEMPTS):
             if attempt:
                 self.stats["retries"] += 1
-            backend = await self._backend(app, frozenset(exclude), deadline, wake=not fresh)
+            wake = not fresh and foreign is None  # a start would meet the same socket
+            backend = await self._backend(app, frozenset(exclude), deadline, wake=wake)
             if isinstance(backend, web.Response):
                 late = await self._late(fresh, deadline)
                 if late is None:
-                    return backend
+                    return backend if foreign is None else _refused(foreign)
                 fresh.remove(late)
                 backend = late
             if (
@@ -258,6 +282,11 @@ class Forwarder:
             if isinstance(outcome, web.StreamResponse):
                 return outcome
             exclude.add(backend.id)
+            if isinstance(outcome, ForeignListener):  # nothing was sent: any method may go on
+                self.stats["foreign_listener"] += 1
+                self.marks.set("failed", backend.id, FAILED_FOR)
+                foreign = outcome
+                continue
             refused = outcome == "connect"
             if refused:
                 self.stats["connect_failures"] += 1
@@ -268,6 +297,8 @@ class Forwarder:
                     self.waker.lost(backend.row)
             if not body.replayable() or not (refused or idempotent):
                 break
+        if foreign is not None:
+            return _refused(foreign)
         self.stats["bad_gateway"] += 1
         return json_error(502, "bad_gateway", f"no machine of {app} answered the request")
 
@@ -369,9 +400,11 @@ class Forwarder:
 
     async def _forward(
         self, request: web.Request, body: RequestBody, backend: Backend, app: str
-    ) -> web.StreamResponse | str:
-        """The response, or why the attempt failed: "connect" (nothing was sent) or "sent"."""
+    ) -> web.StreamResponse | str | ForeignListener:
+        """The response, or why the attempt failed: "connect" (nothing was sent), "sent", or
+        the refusal of a connection that did not lead to the machine (nothing was sent)."""
         began = time.perf_counter()
+        target = TARGET.set(backend)
         try:
             try:
                 async with self.warmup.gate(backend.id):
@@ -383,6 +416,8 @@ class Forwarder:
                         allow_redirects=False,
                         skip_auto_headers=("User-Agent", "Accept-Encoding", "Content-Type"),
                     )
+            except ForeignListener as exc:
+                return exc
             except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
                 log.info("%s of %s refused a connection: %s", backend.id, app, exc)
                 return "connect"
@@ -398,6 +433,7 @@ class Forwarder:
             finally:
                 upstream.release()
         finally:
+            TARGET.reset(target)
             self.loads.release(backend.id, app)
 
     async def _relay(
@@ -438,14 +474,20 @@ def app_header(request: web.Request) -> str | None:
     return request.headers.get(APP_HEADER)
 
 
+def _refused(foreign: ForeignListener) -> web.Response:
+    return json_error(foreign.status, foreign.code, foreign.message)
+
+
 def _plain_http(request: web.Request) -> bool:
-    """Neither over TLS here nor, by the header a TLS terminator in front sets, before it."""
-    return not request.secure and request.headers.get("X-Forwarded-Proto", "").lower() != "https"
+    """Not over TLS here. What a client says of itself (`X-Forwarded-Proto`) is not asked: any
+    client could say it."""
+    return not request.secure
 
 
 def _to_https(request: web.Request) -> web.Response:
-    """A service port with `force_https`: plain HTTP is sent to the same URL over https."""
-    host = request.headers.get("X-Forwarded-Host") or request.host
+    """A service port with `force_https`: plain HTTP is sent to the same URL over https, at the
+    Host this proxy was sent (never one a header names)."""
+    host = request.host
     return web.Response(
         status=301, headers={"Location": f"https://{host}{request.path_qs}"}, text="use https\n"
     )

@@ -5,20 +5,23 @@ route, each with the `Permission` it needs, and checked here against that declar
 The proxy holds no cluster secret (it would let anyone who takes the proxy mint operator
 tokens), so it cannot verify a token alone: it asks a broker what the token allows
 (`GET /v1/tokens/current`), which checks the signature, the expiry and the revocations, and
-judges the route's permission on that answer. Proxy routes need nothing, or an operator.
+judges the route's permission on that answer. Proxy routes need nothing, or an operator. That
+question goes over a client of its own, which trusts what the proxy's broker client trusts (the
+cluster's CA, given one), never over the backends' connections.
 """
 
 from __future__ import annotations
 
+import ssl
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
-import aiohttp
 from aiohttp import web
 from pydantic import ValidationError
 
+from souk.clients.http import ClientError, HttpClient, Tls
 from souk.models.api import TokenInfo
-from souk.models.errors import ErrorBody
 from souk.web import Permission, Route
 from souk.web.errors import json_error
 from souk.web.metrics import METRICS_PATH, Metrics, serve_metrics
@@ -80,15 +83,20 @@ def fleet_denial(permission: Permission, info: TokenInfo) -> str | None:
 class OwnRoutes:
     """The proxy's own route table, served behind the permission each route declares."""
 
-    def __init__(self, routes: Sequence[Route], session: aiohttp.ClientSession, api: str) -> None:
+    def __init__(self, routes: Sequence[Route], api: str, ca: Path | None = None) -> None:
+        """`ca`: the CA an https broker's certificate is checked against (else the system's)."""
         for route in routes:
             if route.permission is None:
                 raise ValueError(f"{route.method} {route.path} declares no permission")
             if route.permission.need == "app":
                 raise ValueError(f"{route.path}: a proxy route belongs to no app")
         self.routes = {route.path: route for route in routes}
-        self.session = session
+        trust = ssl.create_default_context(cafile=ca) if ca is not None else None
+        self.broker = HttpClient(tls=Tls(trust=trust))
         self.api = api.rstrip("/")
+
+    async def close(self) -> None:
+        await self.broker.close()
 
     async def handle(self, request: web.Request, route: Route) -> web.StreamResponse:
         if request.method not in (route.method, "HEAD"):
@@ -114,18 +122,16 @@ class OwnRoutes:
         headers = {"Authorization": f"Bearer {token.strip()}", "Accept-Encoding": "identity"}
         url = f"{self.api}/v1/tokens/current"
         try:
-            async with self.session.get(
-                url, headers=headers, timeout=aiohttp.ClientTimeout(total=CHECK_TIMEOUT)
-            ) as resp:
-                status, payload = resp.status, await resp.read()
-        except (TimeoutError, aiohttp.ClientError) as exc:
-            return json_error(503, "broker_unreachable", f"cannot check the token: {exc}")
+            payload = await self.broker.send(
+                ClientError, "GET", url, headers=headers, timeout=CHECK_TIMEOUT
+            )
+        except ClientError as exc:
+            if exc.http_status == 401:  # the broker's reason: malformed, expired, revoked...
+                return json_error(401, exc.reason, exc.message)
+            if exc.http_status == 0:
+                return json_error(503, "broker_unreachable", f"cannot check the token: {exc}")
+            return json_error(503, "broker_unreachable", f"the broker answered {exc.http_status}")
         try:
-            if status == 401:  # the broker's reason: malformed, expired, revoked...
-                body = ErrorBody.model_validate_json(payload)
-                return json_error(401, body.code or body.status, body.error)
-            if status != 200:
-                return json_error(503, "broker_unreachable", f"the broker answered {status}")
             info = TokenInfo.model_validate_json(payload)
         except ValidationError:
             return json_error(503, "broker_unreachable", "the broker's answer was not understood")

@@ -25,8 +25,10 @@ from souk.catalog.metrics import watch_replica
 from souk.catalog.replica import Replica, following
 from souk.catalog.view import CatalogView
 from souk.clients.machines import MachinesClient
+from souk.clients.workers import WorkerClient
 from souk.pki import NodeFiles
 from souk.proxy.forward import Forwarder, app_header, make_session
+from souk.proxy.holders import Holders
 from souk.proxy.idle import Autostop, stop_task
 from souk.proxy.metrics import ProxyMetrics
 from souk.proxy.own import OwnRoutes, own_routes
@@ -58,6 +60,9 @@ class ProxyOptions:
     # The proxy's node files: its bus connection shows them, its replica trusts their CA only.
     tls: NodeFiles | None = None
     metrics: bool = True  # False: requests record no metrics (benchmarks measure the cost)
+    # False: send to whatever listens at a machine's address, unchecked (only for backends no
+    # worker runs, as in tests over a hand-written catalog). See `souk.proxy.holders`.
+    check_sockets: bool = True
 
 
 class Proxy:
@@ -73,7 +78,11 @@ class Proxy:
         self.router = Router(view, self.policies, self.loads, self.marks, opts.region)
         self.waker = Waker(self.router, self.broker, opts.start_timeout)
         self.autostop = Autostop(self.router, self.broker, opts.idle_timeout)
-        self.session = make_session()
+        # Workers are asked whether a machine holds the socket at its address (mutual TLS with
+        # the proxy's node files, when it has them).
+        self.workers = WorkerClient(tls=opts.tls)
+        self.holders = Holders(view, self.workers) if opts.check_sockets else None
+        self.session = make_session(self.holders)
         self.forwarder = Forwarder(
             self.router,
             self.waker,
@@ -91,7 +100,7 @@ class Proxy:
         if isinstance(view, Replica):
             watch_replica(self.metrics.metrics, view)
         routes = own_routes(self.status, self.metrics.metrics)
-        self.own = OwnRoutes(routes, self.session, opts.api)
+        self.own = OwnRoutes(routes, opts.api, opts.ca)
         self._idle_task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
@@ -103,6 +112,8 @@ class Proxy:
         await self.waker.close()
         await self.policies.close()
         await self.session.close()
+        await self.own.close()
+        await self.workers.close()
         await self.broker.close()
 
     async def handle(self, request: web.Request) -> web.StreamResponse:

@@ -10,6 +10,7 @@ from typing import cast, get_args
 
 from aiohttp import web
 
+from souk import listeners
 from souk.models.api import (
     HOLD_HEADER,
     NONCE_HEADER,
@@ -40,6 +41,7 @@ from souk.models.machine_ops import (
     MachineVersion,
     ProcessStat,
     SignalRequest,
+    SocketHolder,
 )
 from souk.models.volume import (
     CreateVolume,
@@ -113,7 +115,8 @@ def _answering(handler: Handler) -> Handler:
 
 # Who may call each route of `_routes` over mutual TLS, by the role in the caller's certificate
 # (docs/security.md). Brokers place and run machines; operators may do everything. A proxy gets
-# nothing: it changes machines through a broker's API. A route left out is closed to every role.
+# nothing but one question: whether a machine holds the socket it is about to send a request
+# to. A route left out is closed to every role.
 _BROKERS = ("broker", "operator")
 _M = "/v1/machines/{id}"
 _V = "/v1/volumes/{id}"
@@ -140,6 +143,7 @@ ACCESS = AccessTable(
         f"POST {_M}/signal": _BROKERS,
         f"POST {_M}/exec": _BROKERS,
         f"GET {_M}/ps": _BROKERS,
+        f"GET {_M}/sockets/{{inode}}": (*_BROKERS, "proxy"),
         f"GET {_M}/versions": _BROKERS,
         f"DELETE {_M}": _BROKERS,
         f"GET {_M}/wait": _BROKERS,
@@ -302,6 +306,15 @@ def _routes(engine: Engine) -> list[Route]:
         if order not in ("asc", "desc"):
             raise ApiError(400, "invalid", "order: asc or desc")
         return reply(await engine.processes(machine_id(request), sort_by, order))
+
+    async def socket_holder(request: web.Request) -> web.Response:
+        raw = request.match_info["inode"]
+        if not raw.isdigit() or len(raw) > 20:
+            raise ApiError(400, "invalid", f"inode: a socket's inode number, not {raw[:40]!r}")
+        inode = int(raw)
+        pids = await engine.pids(machine_id(request))
+        held = await asyncio.to_thread(listeners.holds, pids, inode)
+        return reply(SocketHolder(inode=inode, held=held))
 
     async def versions(request: web.Request) -> web.Response:
         return reply(engine.versions(machine_id(request)))
@@ -630,6 +643,15 @@ def _routes(engine: Engine) -> list[Route]:
             response=list[ProcessStat],
             query={"sort_by": f"one of {', '.join(ps.SORT_KEYS)}", "order": "asc or desc"},
             errors=(404,),
+        ),
+        Route(
+            "GET",
+            m + "/sockets/{inode}",
+            socket_holder,
+            "Whether the machine's processes hold this socket (the proxy asks, of what listens at"
+            " the machine's address)",
+            response=SocketHolder,
+            errors=(400, 404),
         ),
         Route(
             "GET",

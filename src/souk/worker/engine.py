@@ -367,14 +367,18 @@ class Engine:
 
     async def processes(self, machine_id: str, sort_by: str, order: str) -> list[ProcessStat]:
         """The machine's processes now (none unless it is started or suspended)."""
+        return ps.table(await self.pids(machine_id), sort_by, order)
+
+    async def pids(self, machine_id: str) -> list[int]:
+        """The ids of the machine's processes now (none unless it is started or suspended)."""
         row = queries.existing_machine(self.store.read, machine_id)
         if row["state"] not in ("started", "suspended") or row["pid"] is None:
-            return ps.table([], sort_by, order)
+            return []
         driver, handle = (
             self.supervisor.running_driver(machine_id),
             self.supervisor.handle(machine_id),
         )
-        return ps.table(await driver.processes(machine_id, handle), sort_by, order)
+        return await driver.processes(machine_id, handle)
 
     def versions(self, machine_id: str) -> list[MachineVersion]:
         """Every config the machine has had, newest first. A machine created before versions
