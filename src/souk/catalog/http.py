@@ -13,7 +13,19 @@ from aiohttp import web
 
 from souk.catalog.replica import Replica, ResyncNeeded
 from souk.models.catalog import TABLE_NAMES, MachineRow, RowChange, WorkerRow
-from souk.web import ApiError, Audience, Permission, Route, audience_of, in_path, in_query, reply
+from souk.web import (
+    ApiError,
+    Audience,
+    Number,
+    Permission,
+    Route,
+    audience_of,
+    in_path,
+    in_query,
+    reply,
+    whole,
+)
+from souk.web.query import SQLITE_MAX
 
 APP_TABLES = frozenset({"machines", "apps"})  # rows that belong to an app
 
@@ -70,11 +82,8 @@ def routes(replica: Replica) -> list[Route]:
                 403, "forbidden", f"table {names}: rows of no app need an operator token"
             )
         visible = _visible(audience, set())
-        since_text = request.query.get("since")
-        if since_text is not None and not (since_text.isascii() and since_text.isdigit()):
-            raise ApiError(400, "invalid", "since: a change number (lseq) from a previous change")
         asked = tables or (None if audience.fleet else APP_TABLES)
-        stream = replica.subscribe(asked, int(since_text) if since_text else None)
+        stream = replica.subscribe(asked, whole(request, "since"))
         response: web.StreamResponse | None = None
         try:
             async for change in stream:
@@ -133,7 +142,10 @@ def routes(replica: Replica) -> list[Route]:
             "/v1/catalog/changes",
             changes,
             stream_doc,
-            query={"since": "resume after this lseq", "table": "workers|machines|images"},
+            query={
+                "since": Number("resume after this lseq", 0, SQLITE_MAX),
+                "table": "workers|machines|images",
+            },
             errors=(400, 403, 410),
             permission=Permission.app_read(own_rows=True),
         ),
