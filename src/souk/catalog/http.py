@@ -26,6 +26,7 @@ from souk.web import (
     whole,
 )
 from souk.web.query import SQLITE_MAX
+from souk.web.streams import while_allowed
 
 APP_TABLES = frozenset({"machines", "apps"})  # rows that belong to an app
 
@@ -86,7 +87,7 @@ def routes(replica: Replica) -> list[Route]:
         stream = replica.subscribe(asked, whole(request, "since"))
         response: web.StreamResponse | None = None
         try:
-            async for change in stream:
+            async for change in while_allowed(request, stream):
                 if not visible(change):
                     continue
                 if response is None:
@@ -94,6 +95,10 @@ def routes(replica: Replica) -> list[Route]:
                 await response.write(change.model_dump_json().encode() + b"\n")
         except ResyncNeeded as exc:
             raise ApiError(410, "resync_needed", str(exc), {"oldest": exc.oldest}) from None
+        except ApiError:
+            if response is None:  # the token lapsed before a row was sent: say so
+                raise
+            # else the stream ends where it is: its token was revoked or has expired
         finally:
             await stream.aclose()
         return response or web.Response(status=204)

@@ -37,6 +37,7 @@ from souk.models.machine import (
     UpdateMachine,
 )
 from souk.web import ApiError, number, read_model, reply
+from souk.web.streams import while_allowed
 
 MAX_WAIT = 60
 IDEMPOTENCY_HEADER = "Idempotency-Key"
@@ -339,8 +340,10 @@ async def machine_logs(request: web.Request) -> web.StreamResponse:
         response = web.StreamResponse(headers={"Content-Type": "text/plain"})
         await response.prepare(request)
         try:
-            async for chunk in chunks:
+            async for chunk in while_allowed(request, chunks):
                 await response.write(chunk)
         except WorkerError:
             pass  # the worker went away mid-stream: the answer has started, so it just ends
+        except ApiError:
+            pass  # the caller's token was revoked or has expired: the stream ends there
         return response
