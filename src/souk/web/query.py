@@ -11,7 +11,9 @@ from dataclasses import dataclass
 from souk.web.errors import ApiError
 
 _WHOLE = re.compile(r"^[+-]?[0-9]{1,40}\Z")
-_DECIMAL = re.compile(r"^[+-]?(?:[0-9]{1,40}(?:\.[0-9]{0,40})?|\.[0-9]{1,40})\Z")
+_DECIMAL = re.compile(
+    r"^[+-]?(?:[0-9]{1,40}(?:\.[0-9]{0,40})?|\.[0-9]{1,40})(?:[eE][+-]?[0-9]{1,3})?\Z"
+)
 SQLITE_MAX = (1 << 63) - 1  # the largest integer SQLite stores
 
 
