@@ -110,3 +110,21 @@ async def test_followed_logs_end_once_their_token_is_revoked(tmp_path: Path) -> 
                 logs.close()
     finally:
         await bus.close()
+
+
+async def test_the_dashboard_s_events_end_once_its_token_is_revoked(tmp_path: Path) -> None:
+    bus = InProcessBus()
+    try:
+        async with cluster(tmp_path, [WorkerSpec("m1", "mad")], bus=bus) as c:
+            operator = tk.mint(SECRET, operator=True)
+            events = await c.broker.get("/ui/events", headers=c.auth(operator))
+            try:
+                assert events.status == 200, await events.text()
+                async with asyncio.timeout(ENDS_WITHIN):
+                    assert await events.content.readline() == b"retry: 2000\n"
+                await revoke(c, operator)
+                await read_to_end(events)  # within the stream's tick (5 s)
+            finally:
+                events.close()
+    finally:
+        await bus.close()
