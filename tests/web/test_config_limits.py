@@ -59,6 +59,24 @@ COUNTED: dict[str, tuple[int, Callable[[int], Config]]] = {
             "checks": {"h": {**TCP, "type": "http", "path": "/", "headers": [{"name": "A"}] * n}},
         },
     ),
+    "check header bytes": (
+        limits.MAX_CHECK_HEADER_BYTES,
+        lambda n: {
+            **SLEEP,
+            "checks": {
+                "h": {
+                    **TCP,
+                    "type": "http",
+                    "path": "/",
+                    "headers": [{"name": "A", "values": ["v" * (n - 1)]}],
+                }
+            },
+        },
+    ),
+    "check path bytes": (
+        limits.MAX_CHECK_PATH,
+        lambda n: {**SLEEP, "checks": {"h": {**TCP, "type": "http", "path": "/" * n}}},
+    ),
     "processes": (
         limits.MAX_PROCESSES,
         lambda n: {**SLEEP, "processes": [{"exec": ["sleep", "600"]}] * n},

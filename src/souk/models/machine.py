@@ -300,6 +300,19 @@ class Check(Strict):
             in_range(self.timeout, 0, limits.MAX_CHECK_TIMEOUT, "timeout")
             in_range(self.grace_period, 0, limits.MAX_CHECK_GRACE, "grace_period")
             at_most(self.headers, limits.MAX_CHECK_HEADERS, "headers")
+            sent = sum(len(h.name) + sum(len(v.encode()) for v in h.values) for h in self.headers)
+            if sent > limits.MAX_CHECK_HEADER_BYTES:
+                raise limits.exceeded(
+                    f"headers: at most {limits.MAX_CHECK_HEADER_BYTES} bytes of names and"
+                    f" values; this is {sent}",
+                    limits.MAX_CHECK_HEADER_BYTES,
+                )
+            path = len((self.path or "").encode())
+            if path > limits.MAX_CHECK_PATH:
+                raise limits.exceeded(
+                    f"path: at most {limits.MAX_CHECK_PATH} bytes; this is {path}",
+                    limits.MAX_CHECK_PATH,
+                )
         return self
 
 
