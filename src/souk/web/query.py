@@ -1,6 +1,6 @@
 """Numeric query parameters, declared once in the route table with their range and read through
-`souk.web.routes.number`, so that no value a client can write (huge, negative, `nan`, not a
-number at all) gets past a 400 to an `int()`, a float comparison or a SQLite binding."""
+`souk.web.routes.whole` or `number`, so that no value a client can write (huge, negative,
+`nan`, not a number at all) gets past a 400 to an `int()`, a float comparison or SQLite."""
 
 from __future__ import annotations
 
