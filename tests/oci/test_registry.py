@@ -11,6 +11,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from souk.worker.oci.auth import AuthError, Credentials
+from souk.worker.oci.egress import EgressRefused
 from souk.worker.oci.manifest import (
     OCI_LAYER,
     OCI_MANIFEST,
@@ -74,9 +75,13 @@ async def test_missing_image(registry: Registry, client: RegistryClient) -> None
 
 
 async def test_plain_http_only_for_insecure_registries(registry: Registry) -> None:
-    async with registry.client(insecure=frozenset()) as strict:
+    private = frozenset({registry.host})  # reached on loopback, but over https only
+    async with registry.client(insecure=frozenset(), private=private) as strict:
         with pytest.raises(Exception, match=r"(?i)ssl|https|record|connect"):
             await strict.resolve(strict.parse(f"{registry.host}/app:v1"))
+    async with registry.client(insecure=frozenset()) as unlisted:  # not even reached
+        with pytest.raises(EgressRefused, match="not a public address nor a listed registry"):
+            await unlisted.resolve(unlisted.parse(f"{registry.host}/app:v1"))
     assert registry.requests() == []  # nothing was ever sent in the clear
 
 

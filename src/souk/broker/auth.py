@@ -24,6 +24,7 @@ from souk.broker.tokens import Grant, Scope, TokenError, verify
 from souk.web import AUDIENCE, ApiError, Audience, Permission, Route, declared_route, read_json
 from souk.web.errors import Handler
 from souk.web.routes import Named
+from souk.web.streams import CREDENTIAL
 
 GRANT_KEY = web.RequestKey("grant", Grant)
 UNMATCHED = Permission.token()
@@ -108,8 +109,9 @@ def make_auth(
         permission = permission_of(request)
         if permission is not None and permission.need == "public":
             return await handler(request)
+        token = _credentials(request)
         try:
-            grant = verify(_credentials(request), secret, revoked=revoked)
+            grant = verify(token, secret, revoked=revoked)
         except TokenError as exc:
             raise ApiError(401, exc.reason, f"bad token: {exc.message}") from exc
         if permission is None:
@@ -120,9 +122,20 @@ def make_auth(
                 raise ApiError(403, "forbidden", denial)
         request[GRANT_KEY] = grant
         request[AUDIENCE] = audience(grant)
+        request[CREDENTIAL] = lambda: lapse(token, secret, revoked)
         return await handler(request)
 
     return auth
+
+
+def lapse(token: str, secret: bytes, revoked: Revoked | None) -> tuple[str, str] | None:
+    """Why a token that was let in no longer holds (revoked, expired), for the streams that
+    outlive the request's check (`souk.web.streams`); None while it holds."""
+    try:
+        verify(token, secret, revoked=revoked)
+    except TokenError as exc:
+        return exc.reason, exc.message
+    return None
 
 
 def audience(grant: Grant) -> Audience:

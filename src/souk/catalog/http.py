@@ -13,7 +13,20 @@ from aiohttp import web
 
 from souk.catalog.replica import Replica, ResyncNeeded
 from souk.models.catalog import TABLE_NAMES, MachineRow, RowChange, WorkerRow
-from souk.web import ApiError, Audience, Permission, Route, audience_of, in_path, in_query, reply
+from souk.web import (
+    ApiError,
+    Audience,
+    Number,
+    Permission,
+    Route,
+    audience_of,
+    in_path,
+    in_query,
+    reply,
+    whole,
+)
+from souk.web.query import SQLITE_MAX
+from souk.web.streams import while_allowed
 
 APP_TABLES = frozenset({"machines", "apps"})  # rows that belong to an app
 
@@ -70,14 +83,11 @@ def routes(replica: Replica) -> list[Route]:
                 403, "forbidden", f"table {names}: rows of no app need an operator token"
             )
         visible = _visible(audience, set())
-        since_text = request.query.get("since")
-        if since_text is not None and not (since_text.isascii() and since_text.isdigit()):
-            raise ApiError(400, "invalid", "since: a change number (lseq) from a previous change")
         asked = tables or (None if audience.fleet else APP_TABLES)
-        stream = replica.subscribe(asked, int(since_text) if since_text else None)
+        stream = replica.subscribe(asked, whole(request, "since"))
         response: web.StreamResponse | None = None
         try:
-            async for change in stream:
+            async for change in while_allowed(request, stream):
                 if not visible(change):
                     continue
                 if response is None:
@@ -85,6 +95,10 @@ def routes(replica: Replica) -> list[Route]:
                 await response.write(change.model_dump_json().encode() + b"\n")
         except ResyncNeeded as exc:
             raise ApiError(410, "resync_needed", str(exc), {"oldest": exc.oldest}) from None
+        except ApiError:
+            if response is None:  # the token lapsed before a row was sent: say so
+                raise
+            # else the stream ends where it is: its token was revoked or has expired
         finally:
             await stream.aclose()
         return response or web.Response(status=204)
@@ -133,7 +147,10 @@ def routes(replica: Replica) -> list[Route]:
             "/v1/catalog/changes",
             changes,
             stream_doc,
-            query={"since": "resume after this lseq", "table": "workers|machines|images"},
+            query={
+                "since": Number("resume after this lseq", 0, SQLITE_MAX),
+                "table": "workers|machines|images",
+            },
             errors=(400, 403, 410),
             permission=Permission.app_read(own_rows=True),
         ),

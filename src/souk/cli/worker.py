@@ -37,6 +37,11 @@ def run(
     insecure_registry: list[str] = typer.Option(
         [], help="HOST[:PORT] of a registry reached over plain http; repeatable."
     ),
+    private_registry: list[str] = typer.Option(
+        [],
+        help="HOST[:PORT] of a registry on a private or loopback address, reached over https"
+        " (other hosts only on public addresses); repeatable.",
+    ),
     image_cache_mb: int | None = typer.Option(
         None, help="Budget of the image cache in MB (least recently used images go first)."
     ),
@@ -99,6 +104,7 @@ def run(
         address=advertise or f"{'https' if tls else 'http'}://{host}:{port}",
         durable=not no_fsync,
         insecure_registries=tuple(insecure_registry),
+        private_registries=tuple(private_registry),
         image_cache_mb=image_cache_mb,
         metrics=metrics,
     )

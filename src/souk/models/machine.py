@@ -18,7 +18,9 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from souk.models import limits
 from souk.models.duration import Duration
+from souk.models.limits import at_most, in_range, incoming
 from souk.models.volume import VOLUME_ID
 
 MachineState = Literal[
@@ -86,6 +88,11 @@ def metadata_size(metadata: Mapping[str, str | None]) -> int:
 def check_metadata_size(metadata: Mapping[str, str | None]) -> None:
     """The one limit on a machine's metadata, wherever it is set: a create, an update, or a
     patch once merged with what the machine already has."""
+    if len(metadata) > limits.MAX_METADATA_ENTRIES:
+        raise MetadataTooLarge(
+            f"a machine's metadata has at most {limits.MAX_METADATA_ENTRIES} keys;"
+            f" this has {len(metadata)}"
+        )
     size = metadata_size(metadata)
     if size > MAX_METADATA_BYTES:
         raise MetadataTooLarge(
@@ -174,7 +181,9 @@ class InitConfig(Strict):
 
     @field_validator("exec", "entrypoint", "cmd")
     @classmethod
-    def _no_nul(cls, argv: list[str] | None) -> list[str] | None:
+    def _no_nul(cls, argv: list[str] | None, info: ValidationInfo) -> list[str] | None:
+        if incoming(info):
+            limits.argv_bounded(argv)
         return no_nul(argv)
 
     _refused = refused(
@@ -197,6 +206,12 @@ class RestartConfig(Strict):
     )
 
 
+def stop_timeout_bounded(seconds: float | None, info: ValidationInfo) -> None:
+    """A stop waits at most `MAX_STOP_TIMEOUT` for the machine before killing it."""
+    if seconds is not None and incoming(info):
+        in_range(seconds, 0, limits.MAX_STOP_TIMEOUT, "timeout")
+
+
 class StopConfig(Strict):
     signal: str = "SIGINT"
     timeout: Duration = 5.0
@@ -205,6 +220,12 @@ class StopConfig(Strict):
     @classmethod
     def _known_signal(cls, value: str) -> str:
         return normalize_signal(value)
+
+    @field_validator("timeout")
+    @classmethod
+    def _bounded(cls, seconds: float, info: ValidationInfo) -> float:
+        stop_timeout_bounded(seconds, info)
+        return seconds
 
 
 class ServicePort(Strict):
@@ -270,6 +291,30 @@ class Check(Strict):
     tls_skip_verify: bool | None = None
     kind: Literal["informational", "readiness"] | None = None
 
+    @model_validator(mode="after")
+    def _bounded(self, info: ValidationInfo) -> Check:
+        if incoming(info):
+            in_range(
+                self.interval, limits.MIN_CHECK_INTERVAL, limits.MAX_CHECK_INTERVAL, "interval"
+            )
+            in_range(self.timeout, 0, limits.MAX_CHECK_TIMEOUT, "timeout")
+            in_range(self.grace_period, 0, limits.MAX_CHECK_GRACE, "grace_period")
+            at_most(self.headers, limits.MAX_CHECK_HEADERS, "headers")
+            sent = sum(len(h.name) + sum(len(v.encode()) for v in h.values) for h in self.headers)
+            if sent > limits.MAX_CHECK_HEADER_BYTES:
+                raise limits.exceeded(
+                    f"headers: at most {limits.MAX_CHECK_HEADER_BYTES} bytes of names and"
+                    f" values; this is {sent}",
+                    limits.MAX_CHECK_HEADER_BYTES,
+                )
+            path = len((self.path or "").encode())
+            if path > limits.MAX_CHECK_PATH:
+                raise limits.exceeded(
+                    f"path: at most {limits.MAX_CHECK_PATH} bytes; this is {path}",
+                    limits.MAX_CHECK_PATH,
+                )
+        return self
+
 
 class Service(Strict):
     protocol: Literal["tcp", "udp"] = "tcp"
@@ -297,6 +342,13 @@ class Service(Strict):
             "force_instance_description": "souk's proxy does not pin requests to one machine",
         }
     )
+
+    @field_validator("ports")
+    @classmethod
+    def _few_ports(cls, ports: list[ServicePort], info: ValidationInfo) -> list[ServicePort]:
+        if incoming(info):
+            at_most(ports, limits.MAX_PORTS, "ports in a service")
+        return ports
 
 
 def service_check_name(index: int, check: Check, port: int) -> str:
@@ -354,13 +406,24 @@ class MachineProcess(Strict):
 
     @field_validator("exec", "entrypoint", "cmd")
     @classmethod
-    def _no_nul(cls, argv: list[str] | None) -> list[str] | None:
+    def _no_nul(cls, argv: list[str] | None, info: ValidationInfo) -> list[str] | None:
+        if incoming(info):
+            limits.argv_bounded(argv)
         return no_nul(argv)
 
     @field_validator("env")
     @classmethod
-    def _env_names(cls, env: dict[str, str]) -> dict[str, str]:
+    def _env_names(cls, env: dict[str, str], info: ValidationInfo) -> dict[str, str]:
+        if incoming(info):
+            at_most(env, limits.MAX_ENV, "environment variables")
         return check_env(env)
+
+    @field_validator("env_from")
+    @classmethod
+    def _few_env_from(cls, env_from: list[EnvFrom], info: ValidationInfo) -> list[EnvFrom]:
+        if incoming(info):
+            at_most(env_from, limits.MAX_ENV_FROM, "env_from entries")
+        return env_from
 
     @field_validator("user")
     @classmethod
@@ -492,17 +555,25 @@ class MachineConfig(Strict):
     schedule: Schedule | None = None
     metrics: MachineMetrics | None = None
     disable_machine_autostart: bool | None = None
-    # one volume per machine, as Fly has it
-    mounts: list[Mount] = Field(default_factory=list, max_length=1)
+    mounts: list[Mount] = Field(default_factory=list)
     containers: list[dict[str, Any]] | None = None
     statics: list[dict[str, Any]] | None = None
     dns: dict[str, Any] | None = None
     rootfs: dict[str, Any] | None = None
-    files: list[MachineFile] = Field(default_factory=list, max_length=64)
+    files: list[MachineFile] = Field(default_factory=list)
 
     @field_validator("files")
     @classmethod
-    def _distinct_paths(cls, files: list[MachineFile]) -> list[MachineFile]:
+    def _distinct_paths(cls, files: list[MachineFile], info: ValidationInfo) -> list[MachineFile]:
+        if incoming(info):
+            at_most(files, limits.MAX_FILES, "files")
+            size = sum(len(f.raw_value or "") for f in files)
+            if size > limits.MAX_FILES_BYTES:
+                raise limits.exceeded(
+                    f"files: at most {limits.MAX_FILES_BYTES} bytes of raw_value in all;"
+                    f" this is {size}",
+                    limits.MAX_FILES_BYTES,
+                )
         paths = [f.guest_path.rstrip("/") for f in files]
         if len(set(paths)) != len(paths):
             raise ValueError("two files with the same guest_path")
@@ -510,8 +581,40 @@ class MachineConfig(Strict):
 
     @field_validator("env")
     @classmethod
-    def _env_names(cls, env: dict[str, str]) -> dict[str, str]:
+    def _env_names(cls, env: dict[str, str], info: ValidationInfo) -> dict[str, str]:
+        if incoming(info):
+            at_most(env, limits.MAX_ENV, "environment variables")
         return check_env(env)
+
+    @field_validator("mounts")
+    @classmethod
+    def _one_mount(cls, mounts: list[Mount], info: ValidationInfo) -> list[Mount]:
+        if incoming(info):  # one volume per machine, as Fly has it
+            at_most(mounts, limits.MAX_MOUNTS, "mounts")
+        return mounts
+
+    @field_validator("services")
+    @classmethod
+    def _few_services(cls, services: list[Service], info: ValidationInfo) -> list[Service]:
+        if incoming(info):
+            at_most(services, limits.MAX_SERVICES, "services")
+        return services
+
+    @field_validator("processes")
+    @classmethod
+    def _few_processes(
+        cls, processes: list[MachineProcess], info: ValidationInfo
+    ) -> list[MachineProcess]:
+        if incoming(info):
+            at_most(processes, limits.MAX_PROCESSES, "processes")
+        return processes
+
+    @field_validator("standbys")
+    @classmethod
+    def _few_standbys(cls, standbys: list[str], info: ValidationInfo) -> list[str]:
+        if incoming(info):
+            at_most(standbys, limits.MAX_STANDBYS, "standbys")
+        return standbys
 
     _refused = refused(
         {
@@ -559,12 +662,21 @@ class MachineConfig(Strict):
 
     @field_validator("metadata")
     @classmethod
-    def _metadata_size(cls, metadata: dict[str, str]) -> dict[str, str]:
-        check_metadata_size_in_model(metadata)
+    def _metadata_size(cls, metadata: dict[str, str], info: ValidationInfo) -> dict[str, str]:
+        if incoming(info):
+            check_metadata_size_in_model(metadata)
         return metadata
 
     @model_validator(mode="after")
-    def _runnable(self) -> MachineConfig:
+    def _runnable(self, info: ValidationInfo) -> MachineConfig:
+        if incoming(info):
+            count = len(self.checks) + sum(len(s.checks) for s in self.services)
+            if count > limits.MAX_CHECKS:
+                raise limits.exceeded(
+                    f"checks: at most {limits.MAX_CHECKS} checks, the machine's and its"
+                    f" services' together; this has {count}",
+                    limits.MAX_CHECKS,
+                )
         for name, check in self.checks.items():
             if check.port is None:
                 raise ValueError(f"checks.{name}.port: a machine check needs a port")
@@ -677,6 +789,12 @@ class StopRequest(Strict):
     @classmethod
     def _known_signal(cls, value: str | None) -> str | None:
         return None if value is None else normalize_signal(value)
+
+    @field_validator("timeout")
+    @classmethod
+    def _bounded(cls, seconds: float | None, info: ValidationInfo) -> float | None:
+        stop_timeout_bounded(seconds, info)
+        return seconds
 
 
 class WaitResult(BaseModel):

@@ -4,6 +4,7 @@ generated from it."""
 
 from souk.web.body import read_json, read_model
 from souk.web.errors import ApiError, error_middleware, json_error
+from souk.web.query import Number
 from souk.web.routes import (
     AUDIENCE,
     EVERYONE,
@@ -16,9 +17,11 @@ from souk.web.routes import (
     in_body,
     in_path,
     in_query,
+    number,
     open_access,
     openapi_document,
     reply,
+    whole,
 )
 from souk.web.server import JsonErrorRunner, runner
 
@@ -28,6 +31,7 @@ __all__ = [
     "ApiError",
     "Audience",
     "JsonErrorRunner",
+    "Number",
     "Permission",
     "Route",
     "add_routes",
@@ -38,10 +42,12 @@ __all__ = [
     "in_path",
     "in_query",
     "json_error",
+    "number",
     "open_access",
     "openapi_document",
     "read_json",
     "read_model",
     "reply",
     "runner",
+    "whole",
 ]

@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
+from souk.models.limits import INCOMING, LIMIT_EXCEEDED
 from souk.web.errors import ApiError
 
 M = TypeVar("M", bound=BaseModel)
@@ -33,11 +34,10 @@ _STEP = [0] * 256
 _STEP[ord("[")] = _STEP[ord("{")] = 1
 _STEP[ord("]")] = _STEP[ord("}")] = -1
 
-# Pydantic error types that are not a plain 400: a model names the reason, the web layer the
-# status.
 # Validation error types answered with their own status and reason (the type) rather than a
-# 400 `invalid`: `unsupported` is a valid field souk cannot honour (see models/machine.py).
-_ERROR_STATUS = {"metadata_too_large": 413, "unsupported": 400}
+# 400 `invalid`: `unsupported` is a valid field souk cannot honour (see models/machine.py),
+# `limit_exceeded` a config over one of the bounds of models/limits.py.
+_ERROR_STATUS = {"metadata_too_large": 413, "unsupported": 400, LIMIT_EXCEEDED: 400}
 
 
 def json_depth(raw: bytes) -> int:
@@ -101,8 +101,9 @@ def validation_error(exc: ValidationError) -> ApiError:
 
 
 async def read_model(request: web.Request, model: type[M]) -> M:
+    """The body as `model`, with the bounds on what a request may ask (models/limits.py)."""
     data = await read_json(request)
     try:
-        return model.model_validate(data)
+        return model.model_validate(data, context=INCOMING)
     except ValidationError as exc:
         raise validation_error(exc) from exc

@@ -16,12 +16,13 @@ import json
 import re
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, overload
 
 from aiohttp import web
 from pydantic import BaseModel, TypeAdapter
 
 from souk.models.errors import ErrorBody
+from souk.web.query import Number
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 Need = Literal["public", "token", "app", "operator"]
@@ -141,7 +142,8 @@ class Route:
     body: type[BaseModel] | None = None
     response: Any = None  # a model, or a typing form such as list[Model]
     status: int = 200
-    query: dict[str, str] = field(default_factory=dict)  # name -> description
+    # name -> description, or a `Number` (read with `number`: range-checked)
+    query: dict[str, str | Number] = field(default_factory=dict)
     errors: tuple[int, ...] = ()
     permission: Permission | None = None  # None: an access middleware refuses every caller
 
@@ -198,6 +200,37 @@ def declared_route(request: web.Request) -> Route | None:
     if found is None and request.method == "HEAD":
         found = table.get(("GET", resource.canonical))
     return found
+
+
+def _declared(request: web.Request, name: str, whole: bool) -> float | None:
+    route = declared_route(request)
+    spec = route.query.get(name) if route is not None else None
+    if not isinstance(spec, Number) or spec.whole != whole:
+        kind = "whole-number" if whole else "numeric"
+        raise RuntimeError(f"{request.path}: no {kind} query parameter {name!r} is declared")
+    text = request.query.get(name, "")
+    return None if text == "" else spec.parse(name, text)
+
+
+@overload
+def whole(request: web.Request, name: str, default: int) -> int: ...
+@overload
+def whole(request: web.Request, name: str, default: None = None) -> int | None: ...
+def whole(request: web.Request, name: str, default: int | None = None) -> int | None:
+    """The query parameter `name` as the matched route declares it (a whole `Number`);
+    `default` if absent or empty. A 400 `invalid` naming it when out of its declared range."""
+    value = _declared(request, name, whole=True)
+    return default if value is None else int(value)
+
+
+@overload
+def number(request: web.Request, name: str, default: float) -> float: ...
+@overload
+def number(request: web.Request, name: str, default: None = None) -> float | None: ...
+def number(request: web.Request, name: str, default: float | None = None) -> float | None:
+    """`whole`, for a parameter declared as a `Number` with fractions (seconds and the like)."""
+    value = _declared(request, name, whole=False)
+    return default if value is None else value
 
 
 def add_routes(app: web.Application, routes: Sequence[Route], title: str, version: str) -> None:
@@ -269,8 +302,8 @@ def openapi_document(routes: Sequence[Route], title: str, version: str) -> dict[
                 "name": name,
                 "in": "query",
                 "required": False,
-                "description": text,
-                "schema": {"type": "string"},
+                "description": text.description if isinstance(text, Number) else text,
+                "schema": text.schema() if isinstance(text, Number) else {"type": "string"},
             }
             for name, text in route.query.items()
         ]

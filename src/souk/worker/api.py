@@ -52,7 +52,7 @@ from souk.models.volume import (
     VolumeSnapshot,
 )
 from souk.pki import AccessTable
-from souk.web import ApiError, Route, read_model, reply
+from souk.web import ApiError, Number, Route, number, read_model, reply
 from souk.web.errors import error_body
 from souk.web.metrics import METRICS_PATH, serve_metrics
 from souk.web.routes import Handler
@@ -347,12 +347,7 @@ def _routes(engine: Engine) -> list[Route]:
         state = request.query.get("state", "started")
         if state not in get_args(MachineState):
             raise ApiError(400, "invalid", f"state: unknown state {state!r}")
-        try:
-            timeout = float(request.query.get("timeout", "10"))
-        except ValueError as exc:
-            raise ApiError(400, "invalid", "timeout: a number of seconds") from exc
-        if not 0 <= timeout <= MAX_WAIT:
-            raise ApiError(400, "invalid", f"timeout: between 0 and {MAX_WAIT:g} seconds")
+        timeout = number(request, "timeout", 10.0)
         ok, machine = await engine.wait(
             machine_id(request),
             cast(MachineState, state),
@@ -679,7 +674,7 @@ def _routes(engine: Engine) -> list[Route]:
             errors=(404, 408),
             query={
                 "state": "default started",
-                "timeout": "seconds, at most 60",
+                "timeout": Number("seconds, default 10", 0, MAX_WAIT, whole=False),
                 "instance_id": "only this instance",
             },
         ),

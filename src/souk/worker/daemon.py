@@ -61,7 +61,12 @@ def make_driver(name: str, settings: WorkerSettings) -> Drivers:
     if os.geteuid() == 0 and shutil.which("runc"):
         images = ImageCache(
             settings.data_dir / "images",
-            RegistryClient(RegistryConfig(insecure=frozenset(settings.insecure_registries))),
+            RegistryClient(
+                RegistryConfig(
+                    insecure=frozenset(settings.insecure_registries),
+                    private=frozenset(settings.private_registries),
+                )
+            ),
             budget=settings.image_cache_mb << 20 if settings.image_cache_mb else None,
         )
         drivers.images = images

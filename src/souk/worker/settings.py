@@ -22,6 +22,7 @@ class WorkerSettings:
     durable: bool = True  # fsync every commit
     log_max_bytes: int = 1 << 20  # per stream, per machine; one rotated file is kept
     insecure_registries: tuple[str, ...] = ()  # host[:port] reached over plain http
+    private_registries: tuple[str, ...] = ()  # host[:port] reached on a private address
     image_cache_mb: int | None = None  # the image cache's budget; None: unbounded
     metrics: bool = True  # False: hot paths record no metrics (benchmarks measure their cost)
 

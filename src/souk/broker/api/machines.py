@@ -36,7 +36,8 @@ from souk.models.machine import (
     StopRequest,
     UpdateMachine,
 )
-from souk.web import ApiError, read_model, reply
+from souk.web import ApiError, number, read_model, reply
+from souk.web.streams import while_allowed
 
 MAX_WAIT = 60
 IDEMPOTENCY_HEADER = "Idempotency-Key"
@@ -301,12 +302,7 @@ async def wait_machine(request: web.Request) -> web.Response:
     state = request.query.get("state", "started")
     if state not in get_args(MachineState):
         raise ApiError(400, "invalid", f"state: unknown state {state!r}")
-    try:
-        timeout = float(request.query.get("timeout", str(MAX_WAIT)))
-    except ValueError:
-        raise ApiError(400, "invalid", "timeout: a number of seconds") from None
-    if not 0 <= timeout <= MAX_WAIT:
-        raise ApiError(400, "invalid", f"timeout: between 0 and {MAX_WAIT} seconds")
+    timeout = number(request, "timeout", float(MAX_WAIT))
     params = {"state": state, "timeout": f"{timeout:g}"}
     if request.query.get("instance_id"):
         params["instance_id"] = request.query["instance_id"]
@@ -344,8 +340,10 @@ async def machine_logs(request: web.Request) -> web.StreamResponse:
         response = web.StreamResponse(headers={"Content-Type": "text/plain"})
         await response.prepare(request)
         try:
-            async for chunk in chunks:
+            async for chunk in while_allowed(request, chunks):
                 await response.write(chunk)
         except WorkerError:
             pass  # the worker went away mid-stream: the answer has started, so it just ends
+        except ApiError:
+            pass  # the caller's token was revoked or has expired: the stream ends there
         return response

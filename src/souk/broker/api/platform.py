@@ -24,10 +24,11 @@ from souk.models.platform import (
     RegionPlacement,
     RegionsResponse,
 )
-from souk.web import ApiError, audience_of, read_model, reply
+from souk.web import ApiError, audience_of, read_model, reply, whole
 
 DEFAULT_LIMIT = 500
 MAX_LIMIT = 1000
+MAX_GUEST_QUERY = 1 << 31  # what a cpus or memory_mb query can say; the guest's own range judges
 
 
 # Fly's size presets as guests: shared-cpu-Nx has 256 MB per cpu, performance-Nx 2 GB.
@@ -55,11 +56,9 @@ def _guest_from_query(request: web.Request) -> GuestConfig:
         kind, cpus, memory_mb = SIZES[size]
         fields = {"cpu_kind": kind, "cpus": cpus, "memory_mb": memory_mb}
     for name in ("cpus", "memory_mb"):
-        if q.get(name):
-            try:
-                fields[name] = int(q[name])
-            except ValueError:
-                raise ApiError(400, "invalid", f"{name}: a whole number") from None
+        value = whole(request, name)
+        if value is not None:
+            fields[name] = value
     if q.get("cpu_kind"):
         if q["cpu_kind"] not in get_args(CpuKind):
             raise ApiError(400, "invalid", f"cpu_kind: one of {', '.join(get_args(CpuKind))}")
@@ -149,12 +148,7 @@ async def org_machines(request: web.Request) -> web.Response:
     unknown = states - set(get_args(MachineState))
     if unknown:
         raise ApiError(400, "invalid", f"state: unknown state {sorted(unknown)[0]!r}")
-    try:
-        limit = int(q.get("limit") or DEFAULT_LIMIT)
-    except ValueError:
-        raise ApiError(400, "invalid", "limit: a whole number") from None
-    if not 1 <= limit <= MAX_LIMIT:
-        raise ApiError(400, "invalid", f"limit: between 1 and {MAX_LIMIT}")
+    limit = whole(request, "limit", DEFAULT_LIMIT)
     after: tuple[str, str] | None = None
     if q.get("cursor"):
         after = _after(q["cursor"])

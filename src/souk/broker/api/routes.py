@@ -75,7 +75,7 @@ from souk.models.volume import (
     Volume,
     VolumeSnapshot,
 )
-from souk.web import Permission, Route, in_body, in_path, in_query
+from souk.web import Number, Permission, Route, in_body, in_path, in_query
 
 M = "/v1/apps/{app}/machines/{id}"
 META = M + "/metadata"
@@ -315,7 +315,7 @@ ROUTES: list[Route] = [
         errors=(404, 408),
         query={
             "state": "default started",
-            "timeout": "seconds, at most 60",
+            "timeout": Number("seconds", 0, machines.MAX_WAIT, whole=False),
             "instance_id": "only this version",
         },
         permission=READ,
@@ -504,7 +504,9 @@ ROUTES: list[Route] = [
             "state": "comma-separated states",
             "updated_after": "RFC 3339 time",
             "cursor": "next_cursor of the page before",
-            "limit": f"at most {platform.MAX_LIMIT}, default {platform.DEFAULT_LIMIT}",
+            "limit": Number(
+                f"machines per page, default {platform.DEFAULT_LIMIT}", 1, platform.MAX_LIMIT
+            ),
         },
         permission=Permission.app_read(own_rows=True),
     ),
@@ -517,8 +519,8 @@ ROUTES: list[Route] = [
         query={
             "size": "shared-cpu-Nx or performance-Nx",
             "cpu_kind": "shared or performance",
-            "cpus": "cpus per machine",
-            "memory_mb": "memory per machine",
+            "cpus": Number("cpus per machine", 0, platform.MAX_GUEST_QUERY),
+            "memory_mb": Number("memory per machine", 0, platform.MAX_GUEST_QUERY),
         },
         permission=Permission.token(),
     ),

@@ -29,6 +29,7 @@ from souk.models.catalog import MachineRow, WorkerRow
 from souk.models.machine import MachineEvent
 from souk.models.placement import PlacementExplanation
 from souk.web import ApiError
+from souk.web.streams import lapsed
 
 TICK = 5.0  # seconds between two looks at which workers are reachable (no row changes then)
 COALESCE = 0.2  # a burst of changes goes out as one event
@@ -421,7 +422,7 @@ async def static(request: web.Request) -> web.Response:
 async def events(request: web.Request) -> web.StreamResponse:
     """Server-sent events: `change` (with the tables changed) after the catalog applies rows,
     coalesced; also when a worker turns reachable or unreachable, which changes no row. Ends
-    when the broker shuts down."""
+    when the broker shuts down, or within a tick of its token no longer holding."""
     b = broker_of(request)
     changed = asyncio.Event()
     stop = asyncio.Event()
@@ -454,8 +455,8 @@ async def events(request: web.Request) -> web.StreamResponse:
             )
             for p in pending:
                 p.cancel()
-            if stop.is_set():
-                break
+            if stop.is_set() or lapsed(request) is not None:
+                break  # the broker stops, or the operator's token was revoked or has expired
             now = reachable()
             if now != seen:
                 seen = now

@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import aiohttp
@@ -51,18 +52,23 @@ async def fetch_token(
     scope: str,
     credentials: Credentials | None,
     allow_http: bool,
+    check: Callable[[str], None] = lambda _url: None,
 ) -> Token:
-    """Ask the challenge's realm for a token for `scope`."""
+    """Ask the challenge's realm for a token for `scope`. `check`: raises for a realm the
+    worker does not connect to (`egress.Egress.check`); a realm's redirect is not followed."""
     realm = challenge.params.get("realm")
     if not realm:
         raise AuthError("Bearer challenge without a realm")
+    if not realm.startswith(("https://", "http://")):
+        raise AuthError("token realm is not an http(s) URL")
     if realm.startswith("http://") and not allow_http:
         raise AuthError(f"token realm {realm} is plain http and the registry is not insecure")
+    check(realm)
     query = {"scope": scope}
     if "service" in challenge.params:
         query["service"] = challenge.params["service"]
     headers = {"Authorization": credentials.basic()} if credentials else {}
-    async with session.get(realm, params=query, headers=headers) as resp:
+    async with session.get(realm, params=query, headers=headers, allow_redirects=False) as resp:
         if resp.status != 200:
             raise AuthError(f"token server {realm} answered {resp.status}")
         body = await resp.json(content_type=None)

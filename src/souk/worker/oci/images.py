@@ -19,7 +19,7 @@ from souk.worker.drivers.base import HostUser
 from souk.worker.oci.config import ImageConfig
 from souk.worker.oci.manifest import Descriptor
 from souk.worker.oci.reference import ImageRef
-from souk.worker.oci.registry import Progress, RegistryClient, Resolved, Restarted
+from souk.worker.oci.registry import Progress, RegistryClient, Resolved, Restarted, fetching
 from souk.worker.oci.rootfs import (
     idmap_supported,
     is_mounted,
@@ -96,7 +96,8 @@ class ImageCache:
         registry anything, else fetched by that digest. Either way it is known as `reference`."""
         name = self.client.parse(reference)
         ref = name.with_digest(digest) if digest else name
-        return await self.store.flights.run(f"pull:{ref}", lambda: self._pull(ref, str(name)))
+        with fetching(ref):
+            return await self.store.flights.run(f"pull:{ref}", lambda: self._pull(ref, str(name)))
 
     async def resolve(self, reference: str) -> str:
         """`reference` pinned: the digest its tag names now added to it, as a deploy sends it
@@ -106,7 +107,8 @@ class ImageCache:
         ref = self.client.parse(reference)
         if ref.digest:
             return str(ref)
-        _, _, digest = await self.client.get_manifest(ref, ref.reference)
+        with fetching(ref):
+            _, _, digest = await self.client.get_manifest(ref, ref.reference)
         return str(ref.with_digest(digest))
 
     async def _pull(self, ref: ImageRef, name: str) -> Image:

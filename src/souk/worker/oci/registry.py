@@ -1,27 +1,40 @@
 """A client for the OCI distribution API (registry HTTP API v2) on aiohttp: manifests, verified
-and resumable blob downloads, and the upload half that test images and benchmarks push with."""
+and resumable blob downloads, and the upload half that test images and benchmarks push with.
+
+What it reaches is bounded (docs/oci.md#what-the-worker-connects-to): every connection goes to a
+public address or a listed registry (`egress.py`); a redirect is followed within the registry's
+own origin, and to another only for a blob download, over https to a public address (where the
+big registries keep their blobs), never with the registry's credentials; and an error names the
+status a registry answered, never what it said (a body could be another service's secrets).
+"""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
+import json
+import logging
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 from urllib.parse import urljoin
 
 import aiohttp
+from yarl import URL
 
 from souk.worker.oci.auth import AuthError, Challenge, Credentials, Token, fetch_token
 from souk.worker.oci.auth import parse_challenge as parse_challenge
+from souk.worker.oci.egress import Egress, EgressRefused, GuardedResolver
 from souk.worker.oci.manifest import (
     ACCEPT,
     INDEXES,
     Descriptor,
     Manifest,
+    ManifestError,
     Platform,
     choose_platform,
     host_platform,
@@ -35,6 +48,11 @@ CHUNK = 1 << 20
 # What a download hands on at a time, to the file and to the layer's unpacking as it arrives: at a
 # mebibyte, a layer of one (most small images' largest) was unpacked only once all of it was in.
 STREAM_CHUNK = 1 << 18
+REDIRECTS = frozenset({301, 302, 303, 307, 308})
+MAX_REDIRECTS = 5
+ERROR_PEEK = 64 << 10  # of an error answer, read to tell a registry's 404 from anything else's
+
+log = logging.getLogger("souk.worker.oci")
 
 
 class RegistryError(Exception):
@@ -49,6 +67,27 @@ class DigestMismatch(RegistryError):
     """Content did not hash to the digest that named it; nothing of it is kept."""
 
 
+class Unreachable(RegistryError):
+    """Nothing usable came back: the connection failed or was refused, the answer was not a
+    registry's, a redirect went where the client does not follow. One message whatever the
+    cause, so that a client cannot tell a closed port from a TLS one or another service
+    (`fetching`); the cause goes to the worker's log."""
+
+
+@contextlib.contextmanager
+def fetching(what: object) -> Iterator[None]:
+    """Around a fetch of `what` (an image reference): every failure to get it but a
+    registry's "not found" or content that does not match its digest becomes the one
+    `Unreachable` error, its cause logged."""
+    try:
+        yield
+    except (NotFound, DigestMismatch):  # the registry's own answer: no other service gives one
+        raise
+    except (RegistryError, AuthError, ManifestError, aiohttp.ClientError, TimeoutError) as exc:
+        log.info("could not fetch %s: %s: %s", what, type(exc).__name__, exc)
+        raise Unreachable(f"could not fetch {what} from its registry") from None
+
+
 class Restarted(RegistryError):
     """A download began again from its first byte (the registry ignored a Range) after its
     progress had told of bytes already there: what read them must start over too."""
@@ -60,6 +99,7 @@ Progress = Callable[[Path, int], None]
 @dataclass(frozen=True)
 class RegistryConfig:
     insecure: frozenset[str] = frozenset()  # registries (host[:port]) reached over plain http
+    private: frozenset[str] = frozenset()  # registries (host[:port]) on private addresses
     credentials: Mapping[str, Credentials] = field(default_factory=dict)
     default_registry: str | None = None
     platform: Platform = field(default_factory=host_platform)
@@ -90,6 +130,9 @@ class RegistryClient:
         self._own_session = session is None
         self._tokens: dict[tuple[str, str], Token] = {}
         self._basic: set[str] = set()  # registries that asked for Basic auth
+        # A listed registry is reached wherever it is (loopback, a private network); every
+        # other host only on public addresses.
+        self.egress = Egress(self.config.insecure | self.config.private)
 
     async def __aenter__(self) -> RegistryClient:
         return self
@@ -108,7 +151,8 @@ class RegistryClient:
     def session(self) -> aiohttp.ClientSession:
         if self._session is None:
             timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=60)
-            self._session = aiohttp.ClientSession(timeout=timeout)
+            connector = aiohttp.TCPConnector(resolver=GuardedResolver(self.egress))
+            self._session = aiohttp.ClientSession(timeout=timeout, connector=connector)
             self._own_session = True
         return self._session
 
@@ -138,7 +182,9 @@ class RegistryClient:
             self._basic.add(registry)
         elif challenge.scheme == "bearer":
             allow_http = registry in self.config.insecure
-            token = await fetch_token(self.session, challenge, scope, creds, allow_http)
+            token = await fetch_token(
+                self.session, challenge, scope, creds, allow_http, self.egress.check
+            )
             self._tokens[(registry, scope)] = token
         else:
             raise AuthError(f"{registry} asks for unsupported auth scheme {challenge.scheme!r}")
@@ -151,8 +197,11 @@ class RegistryClient:
         actions: str = "pull",
         headers: Mapping[str, str] | None = None,
         data: bytes | None = None,
+        elsewhere: bool = False,
     ) -> aiohttp.ClientResponse:
-        """One request, authenticating once on a 401. The caller releases the response."""
+        """One request, authenticating once on a 401. The caller releases the response.
+        Redirects are followed within the registry's origin; `elsewhere` (a blob's download)
+        also to other origins, as `_redirected` allows."""
         url = urljoin(self._base(ref.registry), path)
         scope = f"repository:{ref.repository}:{actions}"
         for attempt in range(2):
@@ -160,7 +209,7 @@ class RegistryClient:
             auth = self._authorization(ref.registry, scope)
             if auth:
                 sent["Authorization"] = auth
-            resp = await self.session.request(method, url, headers=sent, data=data)
+            resp = await self._request(method, URL(url, encoded=True), sent, data, elsewhere)
             if resp.status != 401:
                 return resp
             header = resp.headers.get("WWW-Authenticate", "")
@@ -170,11 +219,52 @@ class RegistryClient:
             await self._authenticate(ref.registry, scope, parse_challenge(header))
         raise AssertionError("unreachable")
 
+    async def _request(
+        self,
+        method: str,
+        url: URL,
+        headers: dict[str, str],
+        data: bytes | None,
+        elsewhere: bool,
+    ) -> aiohttp.ClientResponse:
+        """`method` on `url`, through the redirects `_redirected` allows: never one aiohttp
+        follows by itself, which would go anywhere with the same headers."""
+        for _ in range(MAX_REDIRECTS + 1):
+            self.egress.check(url)
+            resp = await self.session.request(
+                method, url, headers=headers, data=data, allow_redirects=False
+            )
+            if resp.status not in REDIRECTS or "Location" not in resp.headers:
+                return resp
+            target = url.join(URL(resp.headers["Location"]))
+            resp.release()
+            headers = self._redirected(url, target, headers, elsewhere)
+            url = target
+        raise EgressRefused(f"more than {MAX_REDIRECTS} redirects")
+
+    def _redirected(
+        self, origin: URL, target: URL, headers: dict[str, str], elsewhere: bool
+    ) -> dict[str, str]:
+        """The headers to send `target`, or `EgressRefused` where the client does not follow:
+        another origin, unless `elsewhere` and over https (plain http only to a registry
+        listed as insecure). The registry's credentials stay with the registry."""
+        if (target.scheme, target.host, target.port) == (origin.scheme, origin.host, origin.port):
+            return headers
+        listed_http = target.scheme == "http" and target.raw_authority in self.config.insecure
+        if not elsewhere or (target.scheme != "https" and not listed_http):
+            raise EgressRefused(f"a redirect from {origin.raw_authority} to another origin")
+        return {k: v for k, v in headers.items() if k.lower() != "authorization"}
+
     @staticmethod
     async def _fail(resp: aiohttp.ClientResponse, what: str) -> RegistryError:
-        text = (await resp.text())[:300]
-        kind = NotFound if resp.status == 404 else RegistryError
-        return kind(f"{what}: {resp.status} {text}")
+        """An unexpected answer, by its status alone: `NotFound` only for a 404 that is a
+        registry's (its API version header, or its JSON `errors`), anything else is no
+        registry of ours to believe (`Unreachable`)."""
+        if resp.status == 404 and await _registry_answer(resp):
+            return NotFound(f"{what}: not found")
+        if resp.status == 404:
+            return Unreachable(f"{what}: 404 from something that is not a registry")
+        return RegistryError(f"{what}: {resp.status}")
 
     # -- manifests -------------------------------------------------------------------------
 
@@ -227,6 +317,8 @@ class RegistryClient:
             try:
                 await self._download_once(ref, blob, partial, tell, told[0])
                 break
+            except EgressRefused:
+                raise  # refused again however often it is asked
             except (TimeoutError, aiohttp.ClientError) as e:
                 last = e
         else:
@@ -259,7 +351,7 @@ class RegistryClient:
             have = 0
         headers = {"Range": f"bytes={have}-"} if have else {}
         path = f"{ref.repository}/blobs/{blob.digest}"
-        async with await self._send("GET", ref, path, headers=headers) as resp:
+        async with await self._send("GET", ref, path, headers=headers, elsewhere=True) as resp:
             if resp.status == 200:
                 if told:
                     raise Restarted(f"blob {blob.digest}: the registry sent it from the start")
@@ -281,7 +373,8 @@ class RegistryClient:
                     tell(have)
 
     async def blob_exists(self, ref: ImageRef, digest: str) -> bool:
-        async with await self._send("HEAD", ref, f"{ref.repository}/blobs/{digest}") as resp:
+        path = f"{ref.repository}/blobs/{digest}"
+        async with await self._send("HEAD", ref, path, elsewhere=True) as resp:
             return resp.status == 200
 
     async def upload_blob(self, ref: ImageRef, data: bytes) -> str:
@@ -311,6 +404,18 @@ class RegistryClient:
             if resp.status != 201:
                 raise await self._fail(resp, f"pushing manifest {reference}")
         return sha256_digest(data)
+
+
+async def _registry_answer(resp: aiohttp.ClientResponse) -> bool:
+    """Whether an error answer is a registry's: the distribution API's version header, or a
+    JSON body with its `errors` list."""
+    if "Docker-Distribution-Api-Version" in resp.headers:
+        return True
+    try:
+        body = json.loads(await resp.content.read(ERROR_PEEK))
+    except (ValueError, UnicodeDecodeError, aiohttp.ClientError):
+        return False
+    return isinstance(body, dict) and isinstance(body.get("errors"), list)
 
 
 def _hash_file(path: Path) -> hashlib._Hash:
