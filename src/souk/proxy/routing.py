@@ -66,7 +66,8 @@ class Backend:
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
 
 
 def backend_of(row: MachineRow) -> Backend | None:

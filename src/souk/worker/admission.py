@@ -183,15 +183,9 @@ def create(
     if queries.machine_exists(tx, machine_id):
         raise AlreadyExists(f"machine {machine_id} already exists")
     instance_id, stamp = new_instance_id(), now_iso()
+    ip = free_ip(tx, Drivers.kind_of(req.config), settings.private_prefix, worker=settings.name)
     queries.insert_machine(
-        tx,
-        machine_id,
-        req.name or machine_id,
-        req.app,
-        instance_id,
-        req.config,
-        free_ip(tx, Drivers.kind_of(req.config)),
-        stamp,
+        tx, machine_id, req.name or machine_id, req.app, instance_id, req.config, ip, stamp
     )
     volumes.attach(tx, settings, req.app, machine_id, req.config)
     queries.add_version(tx, machine_id, instance_id, req.config, stamp)
@@ -201,7 +195,7 @@ def create(
         "create",
         "reserve",
         "created",
-        data={"app": req.app, "guest": guest.model_dump()},
+        data={"app": req.app, "guest": guest.model_dump(), "private_ip": ip},
     )
     reserve(tx, settings, guest.cpus, guest.memory_mb, 1, f"machine {machine_id}")
     if hold_until is not None:
@@ -257,8 +251,11 @@ def update(
         raise _refusal(found, message + "; create a new machine elsewhere instead", details)
     instance_id = new_instance_id()
     old = MachineConfig.model_validate_json(row["config"])
-    if Drivers.kind_of(old) != Drivers.kind_of(config):  # a command became an image
-        queries.set_private_ip(tx, machine_id, free_ip(tx, Drivers.kind_of(config)))
+    kind = Drivers.kind_of(config)
+    if Drivers.kind_of(old) != kind and ":" not in (row["private_ip"] or ""):
+        # a command became an image, off the private network (whose address serves both)
+        ip = free_ip(tx, kind, settings.private_prefix, worker=settings.name)
+        queries.set_private_ip(tx, machine_id, ip)
     volumes.attach(tx, settings, row["app"], machine_id, config)
     stamp = now_iso()
     queries.set_config(tx, machine_id, config, stamp, instance_id)

@@ -116,7 +116,7 @@ class HealthChecks:
     async def probe(self, address: str, check: Check) -> tuple[bool, str]:
         """Whether the check passes now, and what was seen."""
         timeout = max(check.timeout, MIN_INTERVAL)
-        target = f"{address}:{check.port}"
+        target = f"[{address}]:{check.port}" if ":" in address else f"{address}:{check.port}"
         if check.type == "tcp":
             try:
                 _, writer = await asyncio.wait_for(

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from souk.models.machine import CpuKind
+from souk.worker.addresses import DEFAULT_PREFIX
 
 
 @dataclass(frozen=True)
@@ -25,6 +26,7 @@ class WorkerSettings:
     private_registries: tuple[str, ...] = ()  # host[:port] reached on a private address
     image_cache_mb: int | None = None  # the image cache's budget; None: unbounded
     metrics: bool = True  # False: hot paths record no metrics (benchmarks measure their cost)
+    private_prefix: str = DEFAULT_PREFIX  # the cluster's /48 of private addresses (network.md)
 
     @property
     def db_path(self) -> Path:

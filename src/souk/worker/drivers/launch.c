@@ -1,13 +1,17 @@
 /* souk-launch: how the process driver starts what a machine runs.
  *
  *   souk-launch --serve FD
- *   souk-launch [--join FD]... [--ids UID:GID] [--no-new-privs] -- COMMAND [ARG ...]
+ *   souk-launch [--netns FD] [--resolv FD] [--join FD]... [--ids UID:GID] [--no-new-privs]
+ *               -- COMMAND [ARG ...]
  *   souk-launch --exit-to FILE -- COMMAND [ARG ...]
  *   souk-launch --protocol
  *
  * --serve FD  starts machines for the worker at the other end of FD, a SOCK_SEQPACKET socket, one
  *             request a message (below), until the worker closes it: a machine's start costs a
  *             fork of this small process, not an exec of one more program from the worker.
+ * --netns FD  enters the network namespace FD (the machine's own, docs/network.md).
+ * --resolv FD  in a mount namespace of its own, mounts the file FD over /etc/resolv.conf (what
+ *             `ip netns exec` does): the machine asks its worker's DNS.
  * --join FD   writes "0" (itself) to FD, a `cgroup.procs` the worker opened, and closes it: the
  *             command runs in the machine's cgroups from its first instruction.
  * --ids U:G   drops to user U and group G with no supplementary groups (a root worker).
@@ -22,9 +26,10 @@
  * launcher.py): a worker finding an older build does not use it.
  *
  * A request (`_request` in spawner.py, in the host's byte order): five 32-bit words, flags (IDS,
- * NO_NEW_PRIVS), uid, gid, argc and envc; then the path to run, the working directory, the argv
- * and the environment, each string ending in a NUL; and as SCM_RIGHTS, the command's stdin,
- * stdout and stderr, then the cgroup.procs to join. Its child is made a child of the worker
+ * NO_NEW_PRIVS, NETNS, RESOLV), uid, gid, argc and envc; then the path to run, the working
+ * directory, the argv and the environment, each string ending in a NUL; and as SCM_RIGHTS, the
+ * command's stdin, stdout and stderr, the namespace (NETNS) and resolv.conf (RESOLV), then the
+ * cgroup.procs to join. Its child is made a child of the worker
  * (CLONE_PARENT): the worker reaps it and reads its exit. The answer, once the command runs or
  * has failed to: three 32-bit words, the child's pid, an errno (0: it runs) and the step that
  * failed (STEP_*). A failed child exits 127 at once; the worker reaps it too.
@@ -45,30 +50,51 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
-#define PROTOCOL 4 /* launcher.py's PROTOCOL: raised with every change to this interface */
+#define PROTOCOL 5 /* launcher.py's PROTOCOL: raised with every change to this interface */
 #define LAST_ID 4294967294UL /* (uid_t) -1 means "unchanged" to the kernel: never an id */
 #define MAX_JOIN 8
 #define IDS 1u
 #define NO_NEW_PRIVS 2u
+#define NETNS 4u
+#define RESOLV 8u
 
 enum step { STEP_NONE, STEP_REQUEST, STEP_CLONE, STEP_CHDIR, STEP_JOIN, STEP_IDS,
-            STEP_NO_NEW_PRIVS, STEP_EXEC };
+            STEP_NO_NEW_PRIVS, STEP_EXEC, STEP_NETNS };
 
 struct confinement {
     const int *join;
     int joins;
+    int netns, resolv; /* -1: none */
     unsigned flags;
     unsigned long uid, gid;
 };
 
 /* Joins the groups, drops the ids, sets no-new-privs: 0, or the step that failed (errno set). */
 static enum step confine(const struct confinement *c) {
+    char link[32], source[4096];
+    ssize_t n = 0;
+    if (c->netns >= 0 && setns(c->netns, CLONE_NEWNET) != 0)
+        return STEP_NETNS;
+    /* by its path: a file open in the mount namespace left behind cannot be bound in another */
+    snprintf(link, sizeof link, "/proc/self/fd/%d", c->resolv);
+    if (c->resolv >= 0 && (n = readlink(link, source, sizeof source - 1)) < 0)
+        return STEP_NETNS;
+    source[n] = '\0';
+    if (c->resolv >= 0 && (unshare(CLONE_NEWNS) != 0 ||
+                           mount(NULL, "/", NULL, MS_REC | MS_SLAVE, NULL) != 0 ||
+                           mount(source, "/etc/resolv.conf", NULL, MS_BIND, NULL) != 0))
+        return STEP_NETNS;
+    if (c->netns >= 0)
+        close(c->netns); /* none of them reaches the command */
+    if (c->resolv >= 0)
+        close(c->resolv);
     for (int j = 0; j < c->joins; j++) {
         if (write(c->join[j], "0", 1) != 1)
             return STEP_JOIN;
@@ -136,7 +162,7 @@ static struct answer start(int sock, char *message, size_t size, const int *fds,
     struct request head;
     char *at = message + sizeof head, *cwd[2], *path[2], **argv = NULL, **env = NULL;
     int report[2];
-    if (size < sizeof head || nfds < 3 || nfds > 3 + MAX_JOIN)
+    if (size < sizeof head || nfds < 3 || nfds > 5 + MAX_JOIN)
         return answer;
     memcpy(&head, message, sizeof head);
     if (head.argc < 1 || head.argc > size || head.envc > size)
@@ -147,7 +173,15 @@ static struct answer start(int sock, char *message, size_t size, const int *fds,
         strings(&at, message + size, 1, cwd) || strings(&at, message + size, head.argc, argv) ||
         strings(&at, message + size, head.envc, env) || at != message + size)
         goto done;
-    struct confinement c = {fds + 3, nfds - 3, head.flags, head.uid, head.gid};
+    int extra = !!(head.flags & NETNS) + !!(head.flags & RESOLV);
+    if (nfds < 3 + extra)
+        goto done;
+    struct confinement c = {fds + 3 + extra, nfds - 3 - extra, -1, -1, head.flags, head.uid,
+                            head.gid};
+    if (head.flags & NETNS)
+        c.netns = fds[3];
+    if (head.flags & RESOLV)
+        c.resolv = fds[3 + !!(head.flags & NETNS)];
     if (pipe2(report, O_CLOEXEC) != 0) {
         answer = (struct answer){0, errno, STEP_CLONE};
         goto done;
@@ -188,7 +222,7 @@ static int serve(int sock) {
         }
         char *message = malloc((size_t)size);
         union {
-            char space[CMSG_SPACE(sizeof(int) * (3 + MAX_JOIN))];
+            char space[CMSG_SPACE(sizeof(int) * (5 + MAX_JOIN))];
             struct cmsghdr align;
         } control;
         struct iovec iov = {message, (size_t)size};
@@ -203,12 +237,12 @@ static int serve(int sock) {
                 continue;
             return got == 0 ? 0 : 125;
         }
-        int fds[3 + MAX_JOIN], nfds = 0;
+        int fds[5 + MAX_JOIN], nfds = 0;
         for (struct cmsghdr *c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c)) {
             if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
                 continue;
             int n = (int)((c->cmsg_len - CMSG_LEN(0)) / sizeof(int));
-            for (int k = 0; k < n && nfds < 3 + MAX_JOIN; k++)
+            for (int k = 0; k < n && nfds < 5 + MAX_JOIN; k++)
                 memcpy(&fds[nfds++], CMSG_DATA(c) + k * sizeof(int), sizeof(int));
         }
         struct answer answer = {0, EINVAL, STEP_REQUEST};
@@ -227,7 +261,8 @@ static int serve(int sock) {
 static int usage(const char *why) {
     fprintf(stderr, "souk-launch: %s\n", why);
     fprintf(stderr, "usage: souk-launch --serve FD\n"
-                    "       souk-launch [--join FD]... [--ids UID:GID] [--no-new-privs] -- COMMAND\n"
+                    "       souk-launch [--netns FD] [--resolv FD] [--join FD]... [--ids UID:GID]"
+                    " [--no-new-privs] -- COMMAND\n"
                     "       souk-launch --exit-to FILE -- COMMAND\n");
     return 125;
 }
@@ -280,9 +315,10 @@ static int record_exit(const char *file, char **argv) {
 int main(int argc, char **argv) {
     static const char *steps[] = {[STEP_JOIN] = "joining the machine's cgroup",
                                   [STEP_IDS] = "dropping to the app's ids",
-                                  [STEP_NO_NEW_PRIVS] = "--no-new-privs"};
+                                  [STEP_NO_NEW_PRIVS] = "--no-new-privs",
+                                  [STEP_NETNS] = "entering the machine's network"};
     int join[MAX_JOIN], i, sock;
-    struct confinement c = {join, 0, 0, 0, 0};
+    struct confinement c = {join, 0, -1, -1, 0, 0, 0};
     const char *rest;
     if (argc == 2 && strcmp(argv[1], "--protocol") == 0) {
         printf("%d\n", PROTOCOL);
@@ -299,6 +335,10 @@ int main(int argc, char **argv) {
         if (strcmp(argv[i], "--no-new-privs") == 0) {
             c.flags |= NO_NEW_PRIVS;
             i--; /* a flag without a value */
+        } else if (strcmp(argv[i], "--netns") == 0 || strcmp(argv[i], "--resolv") == 0) {
+            int *fd = argv[i][2] == 'n' ? &c.netns : &c.resolv;
+            if ((*fd = descriptor(argv[i + 1])) < 0)
+                return usage("--netns and --resolv need a descriptor above 2");
         } else if (strcmp(argv[i], "--join") == 0 && c.joins < MAX_JOIN) {
             if ((join[c.joins++] = descriptor(argv[i + 1])) < 0)
                 return usage("--join needs a descriptor above 2");
