@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from souk.models.capacity import Capacity
 from souk.models.machine import CpuKind, Machine, MachineMetrics, MachineState
 from souk.models.secrets import SecretRecord
+from souk.models.wire import NETWORK_KEY
 
 
 class Row(BaseModel):
@@ -98,6 +99,12 @@ class AppRow(Row):
     # sealed (see `souk.models.secrets`)
     secrets: dict[str, SecretRecord] = Field(default_factory=dict)
     secrets_version: int = 0
+
+    @property
+    def network(self) -> str:
+        """Its private network, `<org>/<name>`: the org's `default` unless it was created on
+        another (docs/network.md)."""
+        return f"{self.org}/{self.metadata.get(NETWORK_KEY) or 'default'}"
 
 
 class VolumeRow(Row):

@@ -19,7 +19,7 @@ from souk.worker.queries import Db
 # The cluster's prefix unless one is set: "souk" in its global id. Several clusters that may
 # ever be joined should each set a random one (RFC 4193: fd, then 40 random bits).
 DEFAULT_PREFIX = "fd73:6f75:6b00::/48"
-DEFAULT_NETWORK = "default"
+DEFAULT_NETWORK = "personal/default"  # as the broker names the default org's
 
 
 def isolated() -> bool:
@@ -33,11 +33,13 @@ def _bits(name: str) -> int:
 
 
 def network_prefix(cluster: str, network: str) -> ipaddress.IPv6Network:
-    """The /72 of `network` (an org's default, or one named at `POST /v1/apps`)."""
+    """The /72 of `network` (`<org>/<name>`: an org's default, or one named at `POST
+    /v1/apps`): 24 bits of its hash, so that every worker draws the same without asking."""
     base = ipaddress.IPv6Network(cluster)
     if base.prefixlen != 48:
         raise ValueError(f"the cluster's private prefix must be a /48, not {cluster}")
-    return ipaddress.IPv6Network((int(base.network_address) | _bits(network) << 56, 72))
+    bits = _bits(network) or 1  # 0: the hosts' own (`souk.network.firewall.infra`)
+    return ipaddress.IPv6Network((int(base.network_address) | bits << 56, 72))
 
 
 def worker_prefix(cluster: str, network: str, worker: str) -> ipaddress.IPv6Network:

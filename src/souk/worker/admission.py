@@ -24,7 +24,7 @@ from souk.models.machine import (
     MetadataChange,
 )
 from souk.worker import leases, queries, volumes
-from souk.worker.addresses import free_ip
+from souk.worker.addresses import DEFAULT_NETWORK, free_ip
 from souk.worker.drivers.base import Drivers
 from souk.worker.errors import (
     AlreadyExists,
@@ -183,7 +183,8 @@ def create(
     if queries.machine_exists(tx, machine_id):
         raise AlreadyExists(f"machine {machine_id} already exists")
     instance_id, stamp = new_instance_id(), now_iso()
-    ip = free_ip(tx, Drivers.kind_of(req.config), settings.private_prefix, worker=settings.name)
+    kind, network = Drivers.kind_of(req.config), req.network or DEFAULT_NETWORK
+    ip = free_ip(tx, kind, settings.private_prefix, network, settings.name)
     queries.insert_machine(
         tx, machine_id, req.name or machine_id, req.app, instance_id, req.config, ip, stamp
     )

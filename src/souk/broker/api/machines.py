@@ -110,7 +110,12 @@ async def create_machine(request: web.Request) -> web.StreamResponse:
         await b.before_place()
     secrets = with_secrets(request, app, body.config, body.skip_secrets, row)
     create = CreateMachine(
-        app=app, config=body.config, name=body.name, start=not body.skip_launch, secrets=secrets
+        app=app,
+        config=body.config,
+        name=body.name,
+        start=not body.skip_launch,
+        secrets=secrets,
+        network=row.network,
     )
     prefix = idempotency_prefix(request, app)
     if prefix is not None:
