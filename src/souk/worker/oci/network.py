@@ -26,6 +26,7 @@ import errno as errnos
 import fcntl
 import hashlib
 import ipaddress
+import logging
 import os
 import socket
 import struct
@@ -34,6 +35,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
+from souk.network import firewall
 from souk.worker.threads import to_thread_to_its_end
 
 GATEWAY = "169.254.1.1"  # what machines route through; answered by the host's proxy ARP
@@ -65,6 +67,8 @@ _IFADDRMSG = struct.Struct("=BBBBI")  # family, prefix length, flags, scope, int
 _RTMSG = struct.Struct("=BBBBBBBBI")  # family, dst/src length, tos, table, protocol, scope, type
 
 _netns_dir_ready = False
+_forwarding_checked = False
+log = logging.getLogger("souk.worker.network")
 _netns_dir_lock = threading.Lock()
 
 
@@ -270,6 +274,11 @@ def _make(path: Path, veth: str, address: str) -> None:
     _prepare_netns_dir()
     os.close(os.open(path, os.O_RDONLY | os.O_CREAT | os.O_EXCL, 0))
     six = ipaddress.ip_address(address).version == 6
+    if six:  # its rules before it has an address to use
+        cluster = ipaddress.IPv6Network(f"{address}/48", strict=False)
+        firewall.ensure(cluster, resolver(address))
+        firewall.admit(veth, address, ipaddress.IPv6Network(f"{address}/72", strict=False))
+        _check_forwarding()
 
     def make() -> None:
         host = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
@@ -351,9 +360,24 @@ def _address_of(path: Path, six: bool) -> str | None:
         return None
 
 
+def _check_forwarding() -> None:
+    """Said once: without forwarding, machines reach their host and nothing beyond."""
+    global _forwarding_checked
+    if _forwarding_checked:
+        return
+    _forwarding_checked = True
+    for knob in ("ipv4/ip_forward", "ipv6/conf/all/forwarding"):
+        if Path(f"/proc/sys/net/{knob}").read_text().strip() != "1":
+            log.warning(
+                "net.%s is off: machines reach only this host (docs/network.md)",
+                knob.replace("/", "."),
+            )
+
+
 def _unmake(netns: str, veth: str) -> None:
     with _Netlink() as nl:  # the pair at once, rather than with the namespace
         nl.delete_link(veth)
+    firewall.forget(veth)
     path = NETNS_DIR / netns
     if _libc.umount2(os.fsencode(path), MNT_DETACH) != 0:  # what `ip netns del` does
         code = ctypes.get_errno()
@@ -372,6 +396,13 @@ async def setup(machine_id: str, address: str) -> Path:
     await teardown(machine_id)
     await to_thread_to_its_end(_make, path, veth, address)
     return path
+
+
+def remove(machine_id: str) -> None:
+    """`teardown`, from a thread (or a process) with no event loop."""
+    netns, veth = names(machine_id)
+    if _conf(veth).exists() or os.path.lexists(NETNS_DIR / netns):
+        _unmake(netns, veth)
 
 
 async def teardown(machine_id: str) -> None:
