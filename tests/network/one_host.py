@@ -19,9 +19,11 @@ from typing import Any
 
 from aiohttp import web
 
-from souk.models.machine import CreateMachine
+from souk.catalog.bus import InProcessBus
+from souk.models.machine import CreateMachine, Machine
 from souk.models.machine_ops import ExecRequest
-from souk.worker.daemon import make_app
+from souk.worker import names
+from souk.worker.daemon import make_app, publishing
 from souk.worker.engine import Engine
 from souk.worker.oci import network
 from tests.support.engines import engine as started_engine
@@ -50,12 +52,19 @@ S(("::", 8080), H).serve_forever()
 REACH = """
 import socket, sys
 host, port = sys.argv[1], int(sys.argv[2])
-family = socket.AF_INET6 if ":" in host else socket.AF_INET
-s = socket.socket(family, socket.SOCK_STREAM); s.settimeout(0.5)
+import ipaddress
 try:
-    s.connect((host, port))
+    family = socket.AF_INET if ipaddress.ip_address(host).version == 4 else socket.AF_INET6
+except ValueError:  # a name: its AAAA
+    family = socket.AF_INET6
+s = socket.socket(family, socket.SOCK_STREAM)
+s.settimeout(10 if len(sys.argv) > 3 else 0.5)  # a body is asked only where it must answer
+try:
+    s.connect(socket.getaddrinfo(host, port, family, socket.SOCK_STREAM)[0][4])
 except ConnectionRefusedError:
     print("refused"); sys.exit()
+except socket.gaierror as exc:
+    print(f"unresolved: {exc}"); sys.exit()
 except OSError:
     print("dropped"); sys.exit()
 if len(sys.argv) > 3:
@@ -106,6 +115,38 @@ def peer_seen_by_outside(outside: str) -> subprocess.Popen[str]:
     return proc
 
 
+# `ask NAME`: the addresses the machine's own resolver (its resolv.conf) gives for NAME, or
+# "nxdomain"; `ask _apps.internal` the TXT record, asked of the resolver resolv.conf names.
+ASK = """
+import socket, sys
+name = sys.argv[1]
+if name.startswith("_apps"):
+    from dnslib import DNSRecord
+    server = open("/etc/resolv.conf").read().split()[1]
+    answer = DNSRecord.parse(DNSRecord.question(name, "TXT").send(server, 53, ipv6=True, timeout=2))
+    print(",".join(str(rr.rdata).strip('"') for rr in answer.rr)); sys.exit()
+try:
+    found = socket.getaddrinfo(name, 8080, socket.AF_INET6, socket.SOCK_STREAM)
+except socket.gaierror:
+    print("nxdomain"); sys.exit()
+print(" ".join(sorted({f[4][0] for f in found})))
+"""
+
+
+async def ask(e: Engine, machine: str, name: str) -> list[str]:
+    result = await e.exec(machine, ExecRequest(command=[sys.executable, "-c", ASK, name]))
+    return (result.stdout or result.stderr).split()
+
+
+async def until_gone(e: Engine, machine: str, name: str, address: str) -> float:
+    """Seconds from now until `name` no longer gives `address` to `machine`."""
+    started = time.monotonic()
+    while address in await ask(e, machine, name):
+        if time.monotonic() - started > 10:
+            raise AssertionError(f"{name} still gives {address}")
+    return time.monotonic() - started
+
+
 async def reach(e: Engine, machine: str, host: str, port: int, body: bool = False) -> str:
     argv = [sys.executable, "-c", REACH, host, str(port), *(["body"] if body else [])]
     result = await e.exec(machine, ExecRequest(command=argv, timeout=10))
@@ -125,7 +166,14 @@ async def until_serving(e: Engine, machine: str, address: str) -> None:
 
 async def scenario(tmp: Path) -> dict[str, Any]:
     seen: dict[str, Any] = {}
-    async with started_engine(tmp, "process") as e:
+    bus = InProcessBus()
+    async with (
+        started_engine(tmp, "process") as e,
+        publishing(e, bus),
+        names.answering(e.settings, bus) as answering,
+    ):
+        assert answering is not None
+        await answering  # the DNS answers from a caught-up replica
         runner = web.AppRunner(make_app(e))
         await runner.setup()
         await web.TCPSite(runner, "::", API_PORT).start()
@@ -168,6 +216,7 @@ async def scenario(tmp: Path) -> dict[str, Any]:
                 seen["host_to_machine"] = "open"
             listener = peer_seen_by_outside((tmp / "outside").read_text())
             seen["internet"] = await reach(e, a1.id, OUTSIDE, WEB_PORT)
+            await names_seen(e, made, seen)
             try:
                 out, _ = listener.communicate(timeout=2)
             except subprocess.TimeoutExpired:
@@ -177,6 +226,26 @@ async def scenario(tmp: Path) -> dict[str, Any]:
         finally:
             await runner.cleanup()
     return seen
+
+
+async def names_seen(e: Engine, made: dict[str, Machine], seen: dict[str, Any]) -> None:
+    a1, a2, b1 = made["a1"], made["a2"], made["b1"]
+    seen["names"] = {
+        "alpha": await ask(e, a1.id, "alpha.internal"),
+        "region": await ask(e, a1.id, f"{e.settings.region}.alpha.internal"),
+        "other_region": await ask(e, a1.id, "ams.alpha.internal"),
+        "vm": await ask(e, a1.id, f"{a2.id}.vm.alpha.internal"),
+        "top1": await ask(e, a1.id, "top1.nearest.of.alpha.internal"),
+        "apps": await ask(e, a1.id, "_apps.internal"),
+        "beta_from_alpha": await ask(e, a1.id, "beta.internal"),
+        "alpha_from_beta": await ask(e, b1.id, "alpha.internal"),
+        "nothing": await ask(e, a1.id, "nothing.internal"),
+    }
+    seen["addresses"] = {name: m.private_ip for name, m in made.items()}
+    seen["by_name"] = await reach(e, a1.id, f"{a2.id}.vm.alpha.internal", 8080, body=True)
+    await e.submit(a2.id, "destroy", {"force": True}, None)
+    assert a2.private_ip
+    seen["gone_after"] = await until_gone(e, a1.id, "alpha.internal", a2.private_ip)
 
 
 def main() -> None:

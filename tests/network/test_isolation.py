@@ -1,15 +1,11 @@
 """Isolation on a host (nftables, `souk.network.firewall`), shown on a host of its own: a real
-worker in a network namespace made for the test (`one_host.py`), with forwarding on, a LAN
-address, a nats-server and an "internet" beside it."""
+worker in a network namespace made for the test (`one_host.py`, the `seen` fixture), with
+forwarding on, a LAN address, a nats-server and an "internet" beside it."""
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
-import subprocess
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,24 +15,6 @@ pytestmark = [
     pytest.mark.skipif(os.geteuid() != 0, reason="needs root"),
     pytest.mark.skipif(not shutil.which("nats-server"), reason="needs nats-server"),
 ]
-ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(scope="module")
-def seen(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """What the machines of `one_host.py` reached, run once for the module's tests."""
-    tmp = tmp_path_factory.mktemp("one_host")
-    done = subprocess.run(
-        ["unshare", "-n", sys.executable, "-m", "tests.network.one_host", str(tmp)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
-    return result
 
 
 def test_a_machine_reaches_machines_of_its_network(seen: dict[str, Any]) -> None:

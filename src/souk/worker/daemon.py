@@ -32,7 +32,7 @@ from souk.web import add_routes, error_middleware
 from souk.web import runner as web_runner
 from souk.web.body import MAX_BODY_BYTES
 from souk.web.protocol import protocol_middleware
-from souk.worker import api, logs, schedules
+from souk.worker import api, logs, names, schedules
 from souk.worker.cgroups import Cgroups
 from souk.worker.drivers.base import Drivers
 from souk.worker.drivers.process import ProcessDriver
@@ -183,6 +183,8 @@ async def serve(
             stack.push_async_callback(bus.close)
             owner = await stack.enter_async_context(publishing(engine, bus, signer=key))
             await stack.enter_async_context(offering(engine, bus))
+            trust = node.ca_trust(tls) if tls is not None else None
+            await stack.enter_async_context(names.answering(settings, bus, trust))
             bus.on_connect(owner.heartbeat)
             engine.bus_link = bus
             bus.start()

@@ -255,10 +255,19 @@ def _prepare_netns_dir() -> None:
 
 
 def resolver(address: str) -> str:
-    """Where a machine at `address` asks names (`::3` of the cluster's /48, as Fly's fdaa::3):
-    an address of the host's own loopback, which every machine routes to through its veth."""
-    cluster = ipaddress.IPv6Network(f"{address}/48", strict=False)
+    """Where a machine at `address` (or any address or prefix of its cluster) asks names (`::3`
+    of the cluster's /48, as Fly's fdaa::3): an address of the host's own loopback, which every
+    machine routes to through its veth."""
+    cluster = ipaddress.IPv6Network(f"{address.split('/')[0]}/48", strict=False)
     return str(cluster[3])
+
+
+def add_resolver(address: str) -> None:
+    """The resolver's address on the host's loopback (`resolver`), before any machine is made:
+    the worker's DNS answers there. There already is fine; it stays (every worker of the host
+    and every machine uses it)."""
+    with _Netlink() as nl:
+        nl.add_address(socket.if_nametoindex("lo"), resolver(address))
 
 
 def _egress() -> str:
