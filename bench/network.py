@@ -37,6 +37,7 @@ from _harness import pct, report
 
 from souk.models.catalog import MachineRow
 from souk.models.machine import CreateMachine
+from souk.models.wire import DEFAULT_NETWORK
 from souk.network import dns
 from souk.worker import addresses
 from souk.worker.daemon import make_driver, running
@@ -88,7 +89,7 @@ class View:
     """A catalog of `count` started machines over 100 apps, as a replica would hold them."""
 
     def __init__(self, count: int) -> None:
-        net = addresses.worker_prefix(CLUSTER, addresses.DEFAULT_NETWORK, "w1")
+        net = addresses.worker_prefix(CLUSTER, DEFAULT_NETWORK, "w1")
         self.rows: dict[str, list[MachineRow]] = {}
         for i in range(count):
             app = f"app{i % 100}"

@@ -9,6 +9,9 @@ from typing import Literal
 ROLE_KEY = "souk.role"  # a deploy's machine: its part in its instance (see Role)
 RELEASE_KEY = "souk.release"  # a deploy's machine: the release number it runs
 NETWORK_KEY = "souk.network"  # an app's: the private network it was created on (network.md)
+# The network of apps of the default org created on none: what a create that names no network
+# is on (a broker leaves it out, so that a worker of the release before takes the create).
+DEFAULT_NETWORK = "personal/default"
 HIDDEN_KEY = "souk.hidden"  # "true": the proxy sends it no traffic (blue/green before the switch)
 CORDON_KEY = "souk_cordoned"  # "true": a machine cordon, out of the proxy's rotation
 # App metadata: the broker stores values of keys under this prefix encrypted, and shows them only

@@ -23,8 +23,9 @@ from souk.models.machine import (
     MachineState,
     MetadataChange,
 )
+from souk.models.wire import DEFAULT_NETWORK
 from souk.worker import leases, queries, volumes
-from souk.worker.addresses import DEFAULT_NETWORK, free_ip
+from souk.worker.addresses import free_ip
 from souk.worker.drivers.base import Drivers
 from souk.worker.errors import (
     AlreadyExists,

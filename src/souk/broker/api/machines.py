@@ -36,6 +36,7 @@ from souk.models.machine import (
     StopRequest,
     UpdateMachine,
 )
+from souk.models.wire import DEFAULT_NETWORK
 from souk.web import ApiError, number, read_model, reply
 from souk.web.streams import while_allowed
 
@@ -115,7 +116,7 @@ async def create_machine(request: web.Request) -> web.StreamResponse:
         name=body.name,
         start=not body.skip_launch,
         secrets=secrets,
-        network=row.network,
+        network=row.network if row.network != DEFAULT_NETWORK else None,
     )
     prefix = idempotency_prefix(request, app)
     if prefix is not None:
