@@ -61,6 +61,12 @@ def run(
         help="Without --tls-dir: serve plain HTTP on an address other than loopback, and "
         "publish unsigned rows to a bus other than loopback.",
     ),
+    mesh_port: int | None = typer.Option(
+        None, help="Join the private network's WireGuard mesh on this UDP port (docs/network.md)."
+    ),
+    mesh_endpoint: str | None = typer.Option(
+        None, help="HOST:PORT other hosts reach --mesh-port at."
+    ),
     metrics: bool = METRICS,
     log_level: str = LOG_LEVEL,
     log_format: str = LOG_FORMAT,
@@ -107,6 +113,8 @@ def run(
         private_registries=tuple(private_registry),
         image_cache_mb=image_cache_mb,
         metrics=metrics,
+        mesh_port=mesh_port,
+        mesh_endpoint=mesh_endpoint,
     )
     try:
         asyncio.run(serve(settings, driver, host, port, nats, tls))

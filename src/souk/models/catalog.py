@@ -28,6 +28,16 @@ class Row(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
 
+class MeshPeer(BaseModel):
+    """A node on the WireGuard mesh (docs/network.md): its public key, where its WireGuard
+    listens (host:port), and its own address on the mesh."""
+
+    model_config = ConfigDict(extra="ignore")
+    public_key: str = Field(min_length=44, max_length=44)
+    endpoint: str = Field(min_length=3, max_length=300)
+    address: str = Field(max_length=45)
+
+
 class WorkerRow(Row):
     id: str = Field(min_length=1, max_length=128)
     region: str = Field(min_length=1, max_length=32)
@@ -45,6 +55,9 @@ class WorkerRow(Row):
     cordoned: bool = False
     draining: bool = False
     epoch: str
+    # On the mesh: left out of the row when None, so that a replica of the release before
+    # (which refuses a field it does not know) reads the rows of a worker without a mesh.
+    mesh: MeshPeer | None = None
     # Set by the replica that serves the row, never by its owner: how recently it was heard from.
     unreachable: bool = False
     last_heartbeat: float | None = None  # unix time

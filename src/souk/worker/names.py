@@ -1,5 +1,6 @@
 """The worker's `.internal` DNS (`souk.network.dns`), answered to its machines from a replica of
-the catalog that the worker follows beside the rows it owns (docs/network.md, "Names")."""
+the catalog that the worker follows beside the rows it owns, and its place on the mesh
+(`souk.network.mesh`), whose peers it sets from that replica (docs/network.md)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from collections.abc import AsyncIterator, Callable
 from souk.catalog.bus import Bus
 from souk.catalog.replica import Replica
 from souk.catalog.trust import Trust
-from souk.network import dns
+from souk.network import dns, mesh
 from souk.worker.addresses import isolated
 from souk.worker.oci import network
 from souk.worker.settings import WorkerSettings
@@ -51,3 +52,38 @@ async def answering(
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await started
         await replica.stop()
+
+
+async def joined(settings: WorkerSettings) -> mesh.Mesh | None:
+    """This node on the mesh, its interface up (None without `mesh_port`, or on a worker whose
+    machines share the host's network)."""
+    if settings.mesh_port is None or not isolated():
+        return None
+    endpoint = settings.mesh_endpoint
+    if endpoint is None:
+        raise mesh.MeshError("a mesh port needs the endpoint others reach it at (host:port)")
+    node = mesh.Mesh(
+        settings.name,
+        settings.private_prefix,
+        settings.data_dir / "mesh.key",
+        settings.mesh_port,
+        endpoint,
+    )
+    await asyncio.to_thread(node.start)
+    return node
+
+
+@contextlib.asynccontextmanager
+async def meshed(node: mesh.Mesh, replica: asyncio.Future[Replica]) -> AsyncIterator[None]:
+    """The node's peers set from the replica once it has caught up, and kept so."""
+
+    async def follow() -> None:
+        await mesh.follow(node, await asyncio.shield(replica))
+
+    task = asyncio.ensure_future(follow())
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await task

@@ -27,6 +27,8 @@ class WorkerSettings:
     image_cache_mb: int | None = None  # the image cache's budget; None: unbounded
     metrics: bool = True  # False: hot paths record no metrics (benchmarks measure their cost)
     private_prefix: str = DEFAULT_PREFIX  # the cluster's /48 of private addresses (network.md)
+    mesh_port: int | None = None  # UDP port of its WireGuard; None: not on the mesh
+    mesh_endpoint: str | None = None  # host:port other nodes reach that port at
 
     @property
     def db_path(self) -> Path:
