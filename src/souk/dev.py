@@ -36,6 +36,7 @@ from souk.proxy.server import ProxyOptions, proxy_site
 from souk.secret_files import write_secret
 from souk.web import runner as web_runner
 from souk.web.tls import ServerCert
+from souk.worker import names
 from souk.worker.daemon import make_app as make_worker_app
 from souk.worker.daemon import make_driver, offering, publishing, running, tls_context
 from souk.worker.engine import Engine
@@ -150,6 +151,8 @@ async def dev_cluster(
                 tls = pki.issue("worker", name) if pki else None
                 engine, workers[name] = await _start_worker(stack, bus, settings, driver, host, tls)
                 engines.append(engine)
+        # One host: its first worker answers the machines' names for all (docs/network.md).
+        await stack.enter_async_context(names.answering(engines[0].settings, bus))
         # after the broker and proxy have closed (nothing starts machines any more), before the
         # workers do
         stack.push_async_callback(stop_machines, engines)
