@@ -22,8 +22,8 @@ from souk.network.mesh import interface_name
 from tests.network.one_host import ASK, REACH, SERVE
 from tests.support.worker_process import SOUK
 
-A, B = "10.98.0.1", "10.98.0.2"
-API, NATS, MESH = 7100, 4222, 51820
+A, B, C = "10.98.0.1", "10.98.0.2", "10.98.0.3"
+API, NATS, MESH, BROKER, PROXY = 7100, 4222, 51820, 4280, 4300
 
 
 def sh(*argv: str) -> None:
@@ -35,26 +35,40 @@ def forwarding(prefix: list[str]) -> None:
         sh(*prefix, "sysctl", "-qw", knob)
 
 
-def make_hosts(b: str) -> None:
+def make_hosts(b: str, c: str | None = None) -> None:
+    """This namespace is host A; `b` (and `c`) beside it, all on one bridge in A."""
     sh("ip", "link", "set", "lo", "up")
     forwarding([])
-    sh("ip", "netns", "add", b)
-    sh("ip", "-n", b, "link", "set", "lo", "up")
-    forwarding(["ip", "netns", "exec", b])
-    sh("ip", "link", "add", "link0", "type", "veth", "peer", "name", "link0", "netns", b)
-    sh("ip", "addr", "add", f"{A}/24", "dev", "link0")
-    sh("ip", "-n", b, "addr", "add", f"{B}/24", "dev", "link0")
-    sh("ip", "link", "set", "link0", "up")
-    sh("ip", "-n", b, "link", "set", "link0", "up")
+    sh("ip", "link", "add", "br0", "type", "bridge")
+    sh("ip", "addr", "add", f"{A}/24", "dev", "br0")
+    sh("ip", "link", "set", "br0", "up")
+    for n, (netns, address) in enumerate([(b, B), (c, C)]):
+        if netns is None:
+            continue
+        sh("ip", "netns", "add", netns)
+        sh("ip", "-n", netns, "link", "set", "lo", "up")
+        forwarding(["ip", "netns", "exec", netns])
+        sh("ip", "link", "add", f"port{n}", "type", "veth", "peer", "name", "link0", "netns", netns)
+        sh("ip", "link", "set", f"port{n}", "master", "br0")
+        sh("ip", "link", "set", f"port{n}", "up")
+        sh("ip", "-n", netns, "addr", "add", f"{address}/24", "dev", "link0")
+        sh("ip", "-n", netns, "link", "set", "link0", "up")
 
 
-def worker(tmp: Path, name: str, host: str, netns: str | None) -> subprocess.Popen[bytes]:
-    argv = [str(SOUK), "worker", "--name", name, "--region", "mad", "--data-dir", str(tmp / name)]
+def worker(
+    tmp: Path, name: str, host: str, netns: str | None, region: str = "mad"
+) -> subprocess.Popen[bytes]:
+    argv = [str(SOUK), "worker", "--name", name, "--region", region]
+    argv += ["--data-dir", str(tmp / name)]
     argv += ["--listen", f"{host}:{API}", "--insecure", "--nats", f"nats://{A}:{NATS}"]
     argv += ["--mesh-port", str(MESH), "--mesh-endpoint", f"{host}:{MESH}", "--no-fsync"]
     argv += ["--cpus", "8", "--memory-mb", "8192"]
     if netns is not None:
         argv = ["ip", "netns", "exec", netns, *argv]
+    return started(tmp, name, argv)
+
+
+def started(tmp: Path, name: str, argv: list[str]) -> subprocess.Popen[bytes]:
     log = (tmp / f"{name}.log").open("ab")
     return subprocess.Popen(argv, stdout=log, stderr=log, stdin=subprocess.DEVNULL)
 

@@ -56,6 +56,14 @@ def run(
     insecure: bool = typer.Option(
         False, help="Without --tls-dir: follow an open bus other than loopback, unsigned rows."
     ),
+    mesh_port: int | None = typer.Option(
+        None, help="Join the private network's WireGuard mesh on this UDP port (docs/network.md)."
+    ),
+    mesh_endpoint: str | None = typer.Option(
+        None, help="HOST:PORT other hosts reach --mesh-port at."
+    ),
+    mesh_dir: Path | None = typer.Option(None, help="Where the mesh key is kept (0600)."),
+    mesh_name: str = typer.Option("proxy", help="This host's name on the mesh."),
     metrics: bool = METRICS,
     log_level: str = LOG_LEVEL,
     log_format: str = LOG_FORMAT,
@@ -93,5 +101,9 @@ def run(
         listener=listener,
         tls=tls,
         metrics=metrics,
+        mesh_port=mesh_port,
+        mesh_endpoint=mesh_endpoint,
+        mesh_dir=mesh_dir,
+        mesh_name=mesh_name,
     )
     asyncio.run(serve(opts))

@@ -12,6 +12,9 @@ NETWORK_KEY = "souk.network"  # an app's: the private network it was created on 
 # The network of apps of the default org created on none: what a create that names no network
 # is on (a broker leaves it out, so that a worker of the release before takes the create).
 DEFAULT_NETWORK = "personal/default"
+# The cluster's /48 of private addresses unless one is set: "souk" in its global id. Several
+# clusters that may ever be joined should each set a random one (RFC 4193: fd, 40 random bits).
+DEFAULT_PRIVATE_PREFIX = "fd73:6f75:6b00::/48"
 HIDDEN_KEY = "souk.hidden"  # "true": the proxy sends it no traffic (blue/green before the switch)
 CORDON_KEY = "souk_cordoned"  # "true": a machine cordon, out of the proxy's rotation
 # App metadata: the broker stores values of keys under this prefix encrypted, and shows them only

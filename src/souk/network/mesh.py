@@ -21,6 +21,7 @@ import ipaddress
 import logging
 import shutil
 import subprocess
+import time
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -31,13 +32,18 @@ from cryptography.hazmat.primitives.serialization import (
     PrivateFormat,
     PublicFormat,
 )
+from pydantic import BaseModel, ConfigDict, Field
 
+from souk.catalog.bus import Bus, Message, Subscription
 from souk.catalog.view import CatalogView
 from souk.models.catalog import MachineRow, MeshPeer, WorkerRow
 from souk.secret_files import write_secret
 
 log = logging.getLogger("souk.network.mesh")
 
+ANNOUNCE_SUBJECT = "souk.mesh.announce"
+ANNOUNCE_EVERY = 5.0  # seconds between a proxy host's announcements
+ANNOUNCE_FOR = 20.0  # seconds an announcement holds
 KEEPALIVE = 25  # seconds: keeps a NAT's mapping, and tells a peer this end's new address
 SETTLE = 0.005  # seconds of quiet in the catalog's changes before the peers are set again
 
@@ -170,10 +176,62 @@ class Mesh:
         _run("ip", "link", "del", self.interface)
 
 
-async def follow(mesh: Mesh, view: CatalogView) -> None:
-    """Sets the peers from the catalog, then again at each change of a worker or machine (the
-    changes that arrive together folded into one update), until cancelled."""
-    changed = asyncio.Event()
+class Announced:
+    """Nodes on the mesh that own no catalog rows (proxies' hosts), as they announce themselves
+    on the bus every `ANNOUNCE_EVERY` seconds; one unheard for `ANNOUNCE_FOR` is dropped."""
+
+    def __init__(self) -> None:
+        self.nodes: dict[str, tuple[MeshPeer, float]] = {}
+        self.changed = asyncio.Event()
+
+    def heard(self, data: bytes) -> None:
+        try:
+            said = Announcement.model_validate_json(data)
+        except ValueError:
+            return
+        known = self.nodes.get(said.node)
+        self.nodes[said.node] = (said.peer, time.monotonic())
+        if known is None or known[0] != said.peer:
+            self.changed.set()
+
+    def peers(self) -> dict[str, tuple[str, list[str]]]:
+        now = time.monotonic()
+        for node, (_, at) in list(self.nodes.items()):
+            if now - at > ANNOUNCE_FOR:
+                del self.nodes[node]
+                self.changed.set()
+        return {
+            peer.public_key: (peer.endpoint, [f"{peer.address}/128"])
+            for peer, _ in self.nodes.values()
+        }
+
+    async def listen(self, bus: Bus) -> Subscription:
+        async def on(msg: Message) -> None:
+            self.heard(msg.data)
+
+        return await bus.subscribe(ANNOUNCE_SUBJECT, on)
+
+
+class Announcement(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    node: str = Field(min_length=1, max_length=128)
+    peer: MeshPeer
+
+
+async def announce(bus: Bus, node: str, peer: MeshPeer) -> None:
+    """This node's place on the mesh, said on the bus every `ANNOUNCE_EVERY`, until cancelled."""
+    data = Announcement(node=node, peer=peer).model_dump_json().encode()
+    while True:
+        with contextlib.suppress(Exception):  # a bus between connections: said again soon
+            await bus.publish(ANNOUNCE_SUBJECT, data)
+        await asyncio.sleep(ANNOUNCE_EVERY)
+
+
+async def follow(mesh: Mesh, view: CatalogView, announced: Announced | None = None) -> None:
+    """Sets the peers from the catalog (and those `announced`), then again at each change of a
+    worker or machine (the changes that arrive together folded into one update), until
+    cancelled."""
+    changed = announced.changed if announced is not None else asyncio.Event()
     changed.set()
 
     async def watch() -> None:
@@ -184,10 +242,15 @@ async def follow(mesh: Mesh, view: CatalogView) -> None:
     loop = asyncio.get_running_loop()
     try:
         while True:
-            await changed.wait()
+            with contextlib.suppress(TimeoutError):  # and now and then: announced nodes expire
+                await asyncio.wait_for(changed.wait(), ANNOUNCE_FOR)
             await asyncio.sleep(SETTLE)
             changed.clear()
             peers = peers_of(mesh.node, view.workers(reachable_only=False), view.machines())
+            if announced is not None:
+                peers.update(
+                    (key, peer) for key, peer in announced.peers().items() if key != mesh.public
+                )
             try:
                 await loop.run_in_executor(None, mesh.apply, peers)
             except MeshError as exc:  # said, and tried again at the next change

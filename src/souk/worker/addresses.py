@@ -12,14 +12,12 @@ import hashlib
 import ipaddress
 import os
 
-from souk.models.wire import DEFAULT_NETWORK
+from souk.models.wire import DEFAULT_NETWORK, DEFAULT_PRIVATE_PREFIX
 from souk.worker import queries
 from souk.worker.drivers.base import DriverKind
 from souk.worker.queries import Db
 
-# The cluster's prefix unless one is set: "souk" in its global id. Several clusters that may
-# ever be joined should each set a random one (RFC 4193: fd, then 40 random bits).
-DEFAULT_PREFIX = "fd73:6f75:6b00::/48"
+DEFAULT_PREFIX = DEFAULT_PRIVATE_PREFIX
 
 
 def isolated() -> bool:

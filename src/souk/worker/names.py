@@ -74,16 +74,22 @@ async def joined(settings: WorkerSettings) -> mesh.Mesh | None:
 
 
 @contextlib.asynccontextmanager
-async def meshed(node: mesh.Mesh, replica: asyncio.Future[Replica]) -> AsyncIterator[None]:
-    """The node's peers set from the replica once it has caught up, and kept so."""
+async def meshed(
+    node: mesh.Mesh, replica: asyncio.Future[Replica], bus: Bus
+) -> AsyncIterator[None]:
+    """The node's peers set from the replica once it has caught up (and the proxies' hosts
+    that announce themselves on the bus), and kept so."""
+    announced = mesh.Announced()
+    sub = await announced.listen(bus)
 
     async def follow() -> None:
-        await mesh.follow(node, await asyncio.shield(replica))
+        await mesh.follow(node, await asyncio.shield(replica), announced)
 
     task = asyncio.ensure_future(follow())
     try:
         yield
     finally:
+        await sub.unsubscribe()
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await task
