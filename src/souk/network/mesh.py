@@ -37,6 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from souk.catalog.bus import Bus, Message, Subscription
 from souk.catalog.view import CatalogView
 from souk.models.catalog import MachineRow, MeshPeer, WorkerRow
+from souk.network.firewall import infra
 from souk.secret_files import write_secret
 
 log = logging.getLogger("souk.network.mesh")
@@ -180,13 +181,19 @@ class Announced:
     """Nodes on the mesh that own no catalog rows (proxies' hosts), as they announce themselves
     on the bus every `ANNOUNCE_EVERY` seconds; one unheard for `ANNOUNCE_FOR` is dropped."""
 
-    def __init__(self) -> None:
+    def __init__(self, cluster: str) -> None:
+        self.hosts = infra(ipaddress.IPv6Network(cluster))
         self.nodes: dict[str, tuple[MeshPeer, float]] = {}
         self.changed = asyncio.Event()
 
     def heard(self, data: bytes) -> None:
+        """An announcement, taken only for an address of the hosts' /72: a machine's address
+        claimed by one would take that machine's traffic (WireGuard gives an address to the
+        peer that claimed it last)."""
         try:
             said = Announcement.model_validate_json(data)
+            if ipaddress.IPv6Address(said.peer.address) not in self.hosts:
+                return
         except ValueError:
             return
         known = self.nodes.get(said.node)

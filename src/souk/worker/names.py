@@ -79,7 +79,7 @@ async def meshed(
 ) -> AsyncIterator[None]:
     """The node's peers set from the replica once it has caught up (and the proxies' hosts
     that announce themselves on the bus), and kept so."""
-    announced = mesh.Announced()
+    announced = mesh.Announced(node.cluster)
     sub = await announced.listen(bus)
 
     async def follow() -> None:
