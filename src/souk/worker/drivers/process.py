@@ -101,7 +101,7 @@ class ProcessDriver:
             await asyncio.to_thread(write_files, workdir, files, launch.secrets, owner)
         if _networked(launch):
             await network.setup(launch.machine_id, launch.private_ip)
-            _resolv(launch).write_text(f"nameserver {network.resolver(launch.private_ip)}\n")
+            network.resolv_conf(launch.rundir, launch.private_ip)
         return None
 
     async def spawn(self, launch: Launch) -> Handle:
@@ -330,7 +330,7 @@ def _network(launch: Launch) -> Network | None:
 
 
 def _resolv(launch: Launch) -> Path:
-    """The machine's /etc/resolv.conf: its worker's DNS (docs/network.md)."""
+    """The machine's /etc/resolv.conf (`network.resolv_conf`), mounted over the host's."""
     return launch.rundir / "resolv.conf"
 
 

@@ -262,6 +262,13 @@ def resolver(address: str) -> str:
     return str(cluster[3])
 
 
+def resolv_conf(rundir: Path, address: str) -> Path:
+    """The machine's /etc/resolv.conf, in its directory: its worker's DNS (docs/network.md)."""
+    path = rundir / "resolv.conf"
+    path.write_text(f"nameserver {resolver(address)}\n")
+    return path
+
+
 def add_resolver(address: str) -> None:
     """The resolver's address on the host's loopback (`resolver`), before any machine is made:
     the worker's DNS answers there. There already is fine; it stays (every worker of the host
