@@ -56,3 +56,9 @@ def test_not_another_networks_machine_nor_the_other_host(seen: dict[str, Any]) -
     assert seen["to_other_network"] == "dropped"
     assert seen["from_other_network"] == "dropped"
     assert seen["other_host"] == "dropped"  # the other worker's API, on its own address
+
+
+def test_a_hosts_link_cut_and_restored_the_mesh_carries_on(seen: dict[str, Any]) -> None:
+    assert seen["link_down"] == "dropped"
+    assert seen["names_link_down"] == [seen["addresses"]["b1"]]  # its machine still runs
+    assert seen["link_up"] == seen["ids"]["b1"]  # by name again, with no change made

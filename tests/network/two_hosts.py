@@ -110,7 +110,7 @@ def create(host: str, app: str, network: str | None = None) -> dict[str, Any]:
     return made
 
 
-def scenario() -> dict[str, Any]:
+def scenario(b: str) -> dict[str, Any]:
     seen: dict[str, Any] = {}
     for host in (A, B):
         until(f"worker at {host}", lambda host=host: call(host, "GET", "/v1/machines") == [])
@@ -139,6 +139,18 @@ def scenario() -> dict[str, Any]:
     seen["from_other_network"] = run_in(B, c1["id"], [*reach, a1["private_ip"], "8080"])
     seen["other_host"] = run_in(A, a1["id"], [*reach, B, str(API)])
     seen["ids"] = {"a1": a1["id"], "b1": b1["id"], "c1": c1["id"]}
+    # host B's link cut: nothing passes; restored: the mesh carries on by itself, and the names
+    # never went (its machines run on)
+    sh("ip", "-n", b, "link", "set", "link0", "down")
+    seen["link_down"] = run_in(A, a1["id"], [*reach, b1["private_ip"], "8080"])
+    seen["names_link_down"] = run_in(A, a1["id"], [sys.executable, "-c", ASK, name]).split()
+    sh("ip", "-n", b, "link", "set", "link0", "up")
+    restored = time.monotonic()
+    seen["link_up"] = until(
+        "a1 reaches b1 again",
+        lambda: (r := run_in(A, a1["id"], [*reach, name, "8080", "body"])) == b1["id"] and r,
+    )
+    seen["converged_s"] = time.monotonic() - restored
     return seen
 
 
@@ -169,7 +181,7 @@ def main() -> None:
         parts.append(worker(tmp, "wa", A, None))
         parts.append(worker(tmp, "wb", B, b))
         try:
-            print(json.dumps(scenario()))
+            print(json.dumps(scenario(b)))
         finally:
             destroy_all()
     finally:
