@@ -12,6 +12,7 @@ from souk.cli.client import CA, api_ca, api_token, api_url
 from souk.cli.config_file import CONFIG, PRINT_CONFIG, show_config
 from souk.cli.serving import LOG_FORMAT, LOG_LEVEL, METRICS, log_to_stderr, parse_listen
 from souk.cli.tls import TLS_CERT, TLS_DIR_HELP, TLS_KEY, node_files, open_bus, server_cert
+from souk.models.wire import DEFAULT_PRIVATE_PREFIX, private_prefix_error
 
 
 def run(
@@ -64,6 +65,9 @@ def run(
     ),
     mesh_dir: Path | None = typer.Option(None, help="Where the mesh key is kept (0600)."),
     mesh_name: str = typer.Option("proxy", help="This host's name on the mesh."),
+    private_prefix: str = typer.Option(
+        DEFAULT_PRIVATE_PREFIX, help="The cluster's /48 of private addresses (a ULA prefix)."
+    ),
     metrics: bool = METRICS,
     log_level: str = LOG_LEVEL,
     log_format: str = LOG_FORMAT,
@@ -85,6 +89,8 @@ def run(
         open_bus(nats, insecure)
     listener = server_cert(tls_cert, tls_key)
     url = api_url(api)
+    if (why := private_prefix_error(private_prefix)) is not None:
+        raise typer.BadParameter(why, param_hint="--private-prefix")
     opts = ProxyOptions(
         host=host,
         port=port,
@@ -105,5 +111,6 @@ def run(
         mesh_endpoint=mesh_endpoint,
         mesh_dir=mesh_dir,
         mesh_name=mesh_name,
+        private_prefix=private_prefix,
     )
     asyncio.run(serve(opts))

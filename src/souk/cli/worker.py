@@ -11,6 +11,7 @@ from souk.cli.config_file import CONFIG, PRINT_CONFIG, show_config
 from souk.cli.serving import LOG_FORMAT, LOG_LEVEL, METRICS, log_to_stderr, parse_listen
 from souk.cli.tls import TLS_DIR_HELP, loopback, node_files, open_bus
 from souk.models.machine import CpuKind
+from souk.models.wire import DEFAULT_PRIVATE_PREFIX, private_prefix_error
 from souk.schema import SchemaTooNew
 from souk.worker.daemon import serve
 from souk.worker.settings import WorkerSettings
@@ -61,6 +62,9 @@ def run(
         help="Without --tls-dir: serve plain HTTP on an address other than loopback, and "
         "publish unsigned rows to a bus other than loopback.",
     ),
+    private_prefix: str = typer.Option(
+        DEFAULT_PRIVATE_PREFIX, help="The cluster's /48 of private addresses (a ULA prefix)."
+    ),
     mesh_port: int | None = typer.Option(
         None, help="Join the private network's WireGuard mesh on this UDP port (docs/network.md)."
     ),
@@ -98,6 +102,8 @@ def run(
             raise typer.BadParameter(f"unknown cpu kind {kind!r}", param_hint="--cpu-kind")
         kinds.append(kind)  # type: ignore[arg-type]
     labels = dict(item.split("=", 1) for item in label if "=" in item)
+    if (why := private_prefix_error(private_prefix)) is not None:
+        raise typer.BadParameter(why, param_hint="--private-prefix")
     settings = WorkerSettings(
         name=name,
         region=region,
@@ -113,6 +119,7 @@ def run(
         private_registries=tuple(private_registry),
         image_cache_mb=image_cache_mb,
         metrics=metrics,
+        private_prefix=private_prefix,
         mesh_port=mesh_port,
         mesh_endpoint=mesh_endpoint,
     )
