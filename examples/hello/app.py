@@ -21,17 +21,14 @@ class Hello(BaseHTTPRequestHandler):
     disable_nagle_algorithm = True
 
     def do_GET(self) -> None:
-        body = (
-            json.dumps(
-                {
-                    "hello": os.environ.get("GREETING", "world"),
-                    "machine": os.environ.get("SOUK_MACHINE_ID"),
-                    "region": os.environ.get("SOUK_REGION"),
-                    "path": self.path,
-                }
-            ).encode()
-            + b"\n"
-        )
+        body = json.dumps(
+            {
+                "hello": os.environ.get("GREETING", "world"),
+                "machine": os.environ.get("SOUK_MACHINE_ID"),
+                "region": os.environ.get("SOUK_REGION"),
+                "path": self.path,
+            }
+        ).encode() + b"\n"
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))
