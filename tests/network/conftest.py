@@ -1,9 +1,10 @@
-"""A real worker whose machines are on the private network (it must be root)."""
+"""The private network's fixtures: a real worker whose machines are on it (`client`, in this
+process), and what the machines of a host of its own reached (`seen`, `one_host.py`). Each
+test module that uses them skips without root."""
 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -17,16 +18,13 @@ from souk.worker.daemon import make_app
 from tests.support.clients import Client
 from tests.support.engines import engine as started_engine
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root")
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
 async def client(tmp_path: Path) -> AsyncIterator[Client]:
     async with started_engine(tmp_path, "process") as e, TestClient(TestServer(make_app(e))) as c:
         yield c
-
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="session")
