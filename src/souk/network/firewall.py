@@ -18,7 +18,7 @@ import ipaddress
 import logging
 import threading
 
-from souk.network.nft import nft
+from souk.network.nft import NftError, nft
 
 log = logging.getLogger("souk.network.firewall")
 
@@ -92,13 +92,25 @@ def ensure(cluster: ipaddress.IPv6Network, resolver: str) -> None:
         _ready.add(key)
 
 
-def admit(veth: str, address: str, network: ipaddress.IPv6Network) -> None:
-    """A machine's veth, address and network into the sets (there already is fine)."""
-    nft().run(
+def admit(veth: str, address: str, cluster: ipaddress.IPv6Network, resolver: str) -> None:
+    """A machine's veth, address and network into the sets (there already is fine), the table
+    made first if it is not there. A table these elements do not go into (flushed, or not
+    souk's) is made again from nothing: its other machines lose their elements, and with them
+    every connection (closed, not open), until each starts again (`setup` admits it anew)."""
+    network = ipaddress.IPv6Network(f"{address}/72", strict=False)
+    elements = (
         f"add element {TABLE} veths {{ {veth} }}\n"
         f"add element {TABLE} addrs {{ {veth} . {address} }}\n"
         f"add element {TABLE} nets {{ {veth} . {network} }}\n"
     )
+    ensure(cluster, resolver)
+    try:
+        nft().run(elements)
+    except NftError as exc:
+        log.warning("isolation: %s: table %s made again", exc, TABLE)
+        reset()
+        ensure(cluster, resolver)
+        nft().run(elements)
 
 
 def forget(veth: str) -> None:

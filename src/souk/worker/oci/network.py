@@ -20,6 +20,7 @@ complete."""
 
 from __future__ import annotations
 
+import asyncio
 import ctypes
 import ctypes.util
 import errno as errnos
@@ -292,8 +293,7 @@ def _make(path: Path, veth: str, address: str) -> None:
     six = ipaddress.ip_address(address).version == 6
     if six:  # its rules before it has an address to use
         cluster = ipaddress.IPv6Network(f"{address}/48", strict=False)
-        firewall.ensure(cluster, resolver(address))
-        firewall.admit(veth, address, ipaddress.IPv6Network(f"{address}/72", strict=False))
+        firewall.admit(veth, address, cluster, resolver(address))
         _check_forwarding()
 
     def make() -> None:
@@ -408,6 +408,9 @@ async def setup(machine_id: str, address: str) -> Path:
     path = NETNS_DIR / netns
     six = ipaddress.ip_address(address).version == 6
     if path.exists() and _address_of(path, six) == str(ipaddress.ip_address(address)):
+        if six:  # its elements again (there already is fine): a table made anew has none
+            cluster = ipaddress.IPv6Network(f"{address}/48", strict=False)
+            await asyncio.to_thread(firewall.admit, veth, address, cluster, resolver(address))
         return path
     await teardown(machine_id)
     await to_thread_to_its_end(_make, path, veth, address)
