@@ -140,7 +140,8 @@ def runtime_spec(
     volumes: tuple[tuple[str, Path], ...] = (),
 ) -> dict[str, Any]:
     """With `user`, the container runs in a user namespace mapping its ids 0.. to the user's
-    range: its root is root inside, and an unprivileged id of the app's on the host."""
+    range: its root is root inside, and an unprivileged id of the app's on the host. With
+    `netns`, runc must run inside that network namespace: the spec does not name it."""
     argv = image.argv(config.init)
     if not argv:
         raise ValueError("the image names no command and the machine config gives none")
@@ -149,7 +150,11 @@ def runtime_spec(
     namespaces: list[dict[str, str]] = [
         {"type": t} for t in ("pid", "mount", "ipc", "uts", "cgroup")
     ]
-    namespaces.append({"type": "network", "path": str(netns)} if netns else {"type": "network"})
+    if netns is None:
+        namespaces.append({"type": "network"})
+    # else none: runc is started inside `netns` (`souk-launch --netns`), and the container keeps
+    # it. Named here, it would be joined by `runc exec` after the container's user namespace,
+    # which has no rights over a namespace the worker made (runc before 1.2: setns EPERM).
     guest = config.guest
     memory = guest.memory_mb << 20
     sysfs: dict[str, Any] = {
