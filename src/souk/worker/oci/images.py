@@ -29,7 +29,7 @@ from souk.worker.oci.rootfs import (
     unmount,
     unmount_layers,
 )
-from souk.worker.oci.store import BlobStore, ImageRecord
+from souk.worker.oci.store import BlobStore, ImageRecord, write_private
 from souk.worker.oci.unpack import GrowingFile, NotStreamable, unpack_layer, unpack_stream
 from souk.worker.threads import to_thread_to_its_end
 
@@ -84,7 +84,7 @@ class ImageCache:
             for path in (root / "layers").iterdir():
                 os.replace(path, root / "trash" / uuid.uuid4().hex)
             self.store.empty_trash()
-        marker.write_text(want)
+        write_private(marker, want.encode())
 
     # -- pulling ---------------------------------------------------------------------------
 
@@ -140,7 +140,7 @@ class ImageCache:
             path = self.store.blob_path(resolved.digest)
             if not path.exists():
                 partial = path.with_name(f".{path.name}.{uuid.uuid4().hex}")
-                partial.write_bytes(resolved.raw)  # verified against its digest already
+                write_private(partial, resolved.raw)  # verified against its digest already
                 os.replace(partial, path)
             # The config and the layers are fetched at once, each layer unpacked as it arrives;
             # a broken config is refused before any layer is kept.
@@ -306,7 +306,7 @@ class ImageCache:
                 done.touch()
         if made_of != image.digest:  # written last: what it names is whole
             made = json.dumps({"digest": image.digest, "ref": image.name})
-            (workdir / "image.json").write_text(made)
+            write_private(workdir / "image.json", made.encode())
         return rootfs
 
     async def release_rootfs(self, workdir: Path) -> None:
