@@ -465,7 +465,8 @@ static int record_exit(const char *file, char **argv) {
     code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
     if (snprintf(tmp, sizeof tmp, "%s.tmp", file) >= (int)sizeof tmp)
         return usage("--exit-to: the file's name is too long");
-    FILE *out = fopen(tmp, "w");
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
+    FILE *out = fd < 0 ? NULL : fdopen(fd, "w");
     if (!out || fprintf(out, "%d\n", code) < 0 || fclose(out) != 0 || rename(tmp, file) != 0)
         return failed("recording the exit code", 125);
     return code;
