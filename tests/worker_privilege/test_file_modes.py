@@ -7,14 +7,24 @@ from __future__ import annotations
 
 import base64
 import os
+import shutil
 import stat
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from souk.broker.registry import AppRegistry
+from souk.models.machine import CreateMachine, MachineConfig
+from souk.worker.daemon import make_driver, running
+from souk.worker.engine import Engine
+from souk.worker.oci.registry import RegistryClient
+from souk.worker.settings import WorkerSettings
 from tests.support.broker_cluster import WorkerSpec, cluster, machine_body
+from tests.support.engines import destroy_all
+from tests.support.images import ImageSpec, busybox_layer, layer
+from tests.support.registry import Registry, push
 
 from .conftest import needs_root
 
@@ -105,3 +115,42 @@ def test_the_registrys_database_is_closed_in_a_directory_of_its_own(
     AppRegistry(path)
     modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in path.parent.iterdir()}
     assert modes and set(modes.values()) == {0o600}, modes
+
+
+def writable_by_others(apps: Path) -> list[str]:
+    """Below `apps/`, every entry root owns (the worker's, which it walks and mounts on as
+    root) that anyone else may write to: there an app could plant a link for root to follow."""
+    found = []
+    for directory, dirs, files in os.walk(apps):
+        here = Path(directory)
+        for name in [*dirs, *files]:
+            st = os.lstat(here / name)
+            if st.st_uid == 0 and not stat.S_ISLNK(st.st_mode) and st.st_mode & 0o022:
+                found.append(f"{(here / name).relative_to(apps)} {stat.S_IMODE(st.st_mode):o}")
+        dirs[:] = [d for d in dirs if os.lstat(here / d).st_uid == 0]  # not into the app's own
+    return found
+
+
+@pytest.mark.skipif(shutil.which("runc") is None, reason="runc is not installed")
+async def test_an_image_machines_files_are_closed_whatever_the_umask(
+    open_umask: None, registry: Registry, client: RegistryClient, worker_settings: WorkerSettings
+) -> None:
+    await push(client, registry, "closed:1", ImageSpec([layer(busybox_layer().bytes())]))
+    s = replace(worker_settings, insecure_registries=(registry.host,))
+    config = MachineConfig.model_validate(
+        {
+            "image": f"{registry.host}/closed:1",
+            "init": {"exec": ["sh", "-c", "echo out; echo err >&2"]},
+            "restart": {"policy": "no"},
+            "files": [{"guest_path": "/etc/app.conf", "raw_value": "cG9ydD04MDgwCg=="}],
+        }
+    )
+    async with running(Engine(s, make_driver("process", s))) as engine:
+        try:
+            made = await engine.create(CreateMachine(app="closed", config=config))
+            ok, now = await engine.wait(made.id, "stopped", 60, None)
+            assert ok, now.state
+            found = too_open(s.data_dir) + writable_by_others(s.data_dir / "apps")
+        finally:
+            await destroy_all(engine)
+    assert found == [], "\n".join(found)

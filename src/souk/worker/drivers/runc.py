@@ -170,6 +170,7 @@ class RuncDriver:
         if not await self._files.appears(pid_file, exited):  # written once the container runs
             raise RuncError(f"runc failed to start {cid}: see {launch.rundir}/stderr.log")
         pid = int(pid_file.read_text().strip())
+        pid_file.chmod(0o600)  # runc's, with the umask's mode
         handle = Handle(pid, procfs.start_time(pid) or "0")
         self._exits.expect(launch.machine_id, self._exit_code(exited, launch.rundir / "exit_code"))
         return handle

@@ -26,6 +26,7 @@ from souk.worker.oci.rootfs import (
     merge_copy,
     mount_overlay,
     overlay_supported,
+    own_dir,
     unmount,
     unmount_layers,
 )
@@ -183,6 +184,7 @@ class ImageCache:
             if not path.exists():
                 tmp = self.store.tmp_path(blob.digest)
                 await self.client.download_blob(ref, blob, tmp, progress)
+                os.chmod(tmp, 0o600)  # written with the umask's mode
                 os.replace(tmp, path)
                 self.downloads += 1
             return path
@@ -281,6 +283,7 @@ class ImageCache:
         `user`, it is owned by that user's range (for a container in a user namespace). One
         made of another image (the machine's version before an update) is released first,
         with what was written to it: kept, it would run the old files under the new config."""
+        own_dir(workdir, 0o711)  # root's, passable: the container's root reaches rootfs/
         rootfs, made_of = workdir / "rootfs", _made_of(workdir)
         if made_of != image.digest and rootfs.exists():
             await self.release_rootfs(workdir)
@@ -293,7 +296,7 @@ class ImageCache:
         if self.overlay and (user is None or await self.idmap()):
             if not is_mounted(rootfs):
                 empty = self.store.root / "empty"
-                empty.mkdir(exist_ok=True)
+                empty.mkdir(mode=0o700, exist_ok=True)
                 lowers = list(reversed(layers)) or [empty]
                 upper, work = workdir / "upper", workdir / "work"
                 await asyncio.to_thread(mount_overlay, lowers, upper, work, rootfs, user)
