@@ -244,3 +244,37 @@ async def test_an_image_machines_loader_variables_run_as_the_apps_ids(
     for written, owner in seen:
         assert written == ["0", "0", "refused"], written  # root only inside its namespace
         assert owner == uid
+
+
+async def test_a_machines_processes_outlive_their_worker_and_are_adopted(
+    worker_settings: WorkerSettings,
+) -> None:
+    """souk-launch's supervisor carries the machine's marker: a restarted worker finds it, and
+    a stop ends it and every process it started."""
+    config = {
+        "processes": [{"exec": ["sleep", "600"]}, {"exec": ["sleep", "601"]}],
+        "restart": {"policy": "no"},
+    }
+    engine = Engine(worker_settings, make_driver("process", worker_settings))
+    await engine.recover()
+    async with TestClient(TestServer(make_app(engine))) as client:
+        made = await client.post("/v1/machines", json={"app": "adopted", "config": config})
+        assert made.status == 201, await made.text()
+        mid = (await made.json())["id"]
+        await client.get(f"/v1/machines/{mid}/wait", params={"state": "started"})
+    await engine.close()  # the worker dies; the machine lives on
+
+    async with running(Engine(worker_settings, make_driver("process", worker_settings))) as e:
+        try:
+            async with TestClient(TestServer(make_app(e))) as client:
+                ps = await (await client.get(f"/v1/machines/{mid}/ps")).json()
+                commands = sorted(" ".join(p["command"].split()[-2:]) for p in ps)
+                stopped = await client.post(f"/v1/machines/{mid}/stop")
+                assert stopped.status == 200, await stopped.text()
+                waited = await client.get(f"/v1/machines/{mid}/wait", params={"state": "stopped"})
+                assert waited.status == 200, await waited.text()
+                left = await (await client.get(f"/v1/machines/{mid}/ps")).json()
+        finally:
+            await destroy_all(e)
+    assert commands[-2:] == ["sleep 600", "sleep 601"], ps
+    assert left == []

@@ -317,7 +317,11 @@ def _supervisor(launch: Launch, env: dict[str, str]) -> Command:
     if launcher.LAUNCHER is None:
         argv = [sys.executable, "-I", processes.__file__]  # stdlib only: runs as a file
         return Command(argv[0], argv, {**env, SPEC_ENV: json.dumps(specs)}, launch.user)
-    handed = {"SOUK_MARKER": launch.marker, "SOUK_PROCESSES": str(len(specs))}
+    handed = {  # its own: how the worker finds it (`procfs`), and what it starts
+        "SOUK_MACHINE_ID": launch.machine_id,
+        "SOUK_MARKER": launch.marker,
+        "SOUK_PROCESSES": str(len(specs)),
+    }
     for i, spec in enumerate(specs):
         ids = f":{spec['uid']}:{spec['gid']}" if spec["uid"] is not None else ""
         handed[f"SOUK_PROCESS{i}"] = f"{len(spec['argv'])}:{len(spec['env'])}{ids}"
