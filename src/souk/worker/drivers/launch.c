@@ -360,6 +360,7 @@ static struct process *described(char **env, unsigned long *count) {
     return procs;
 }
 
+/* 128 plus the signal that ended it, as a shell says. */
 static int status_code(int status) {
     return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
@@ -462,7 +463,7 @@ static int record_exit(const char *file, char **argv) {
     while (waitpid(pid, &status, 0) < 0)
         if (errno != EINTR)
             return failed("waiting for the command", 125);
-    code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    code = status_code(status);
     if (snprintf(tmp, sizeof tmp, "%s.tmp", file) >= (int)sizeof tmp)
         return usage("--exit-to: the file's name is too long");
     int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
