@@ -36,6 +36,7 @@ from souk.catalog.protocol import GLOBAL_REGION, REGISTRY_OWNER, Change
 from souk.models.catalog import AppRow, RevocationRow
 from souk.models.secrets import MAX_SECRETS, SecretRecord
 from souk.schema import Schema, add_missing_columns, migrate, together
+from souk.secret_files import private_database
 
 METADATA_KEY = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:/@+-]{0,127}\Z")
 MAX_VALUE_BYTES = 64 << 10
@@ -132,8 +133,8 @@ class AppRegistry:
     region = GLOBAL_REGION
 
     def __init__(self, path: Path | None = None) -> None:
-        if path is not None:
-            path.parent.mkdir(parents=True, exist_ok=True)
+        if path is not None:  # every app's metadata, secrets and revocations: 0600
+            private_database(path)
         self._db = sqlite3.connect(
             str(path) if path else ":memory:", isolation_level=None, check_same_thread=False
         )

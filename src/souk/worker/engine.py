@@ -88,7 +88,7 @@ class Engine:
     def __init__(self, settings: WorkerSettings, drivers: Drivers) -> None:
         self.settings = settings
         self.drivers = drivers
-        settings.data_dir.mkdir(parents=True, exist_ok=True)
+        settings.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)  # a root one: 0711
         self.store = Store(settings.db_path, durable=settings.durable)
         self.metrics = WorkerMetrics(settings.metrics)
         self.store.on_batch = self.metrics.batch if settings.metrics else None

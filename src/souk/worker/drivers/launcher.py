@@ -28,7 +28,7 @@ from souk.worker.drivers.base import HostUser
 log = logging.getLogger("souk.worker.launcher")
 
 NAME = "souk-launch"
-PROTOCOL = "4"  # its flags and its server's messages: launch.c's PROTOCOL, raised with them
+PROTOCOL = "5"  # its flags and its server's messages: launch.c's PROTOCOL, raised with them
 ASK_WAIT = 5.0  # at most this long for a launcher to say its protocol
 PR_SET_NO_NEW_PRIVS = 38  # <linux/prctl.h>
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -84,22 +84,43 @@ def opened(procs: list[Path]) -> Iterator[list[int]]:
             os.close(fd)
 
 
+def numbered(prefix: str, values: list[str]) -> dict[str, str]:
+    """`values` as the variables `prefix`0, `prefix`1, ...: how souk-launch is handed an
+    environment it must not run with itself (`--environ`, `--processes`)."""
+    return {f"{prefix}{k}": value for k, value in enumerate(values)}
+
+
+def handed_env(env: dict[str, str]) -> dict[str, str]:
+    """`env` for `souk-launch --environ`: under its own names, so that no variable of a
+    machine's is one the launcher's own start reads, whoever it runs as."""
+    return {
+        "SOUK_ENVS": str(len(env)),
+        **numbered("SOUK_ENV", [f"{k}={v}" for k, v in env.items()]),
+    }
+
+
 @contextlib.contextmanager
-def launching(argv: list[str], user: HostUser | None, procs: list[Path]) -> Iterator[Launching]:
-    """`argv` to run as `user` (None: as the worker) having joined the cgroups whose
-    `cgroup.procs` are `procs`, with no new privileges, on the launcher's command line. Without
-    the launcher, a worker that is not root (no `user`, no `procs`) runs it as it is: a
-    `preexec_fn` for no-new-privs alone would make Python fork the worker."""
+def launching(
+    argv: list[str], user: HostUser | None, procs: list[Path], env: dict[str, str]
+) -> Iterator[Launching]:
+    """`argv` to run as `user` (None: as the worker) in `env`, having joined the cgroups whose
+    `cgroup.procs` are `procs`, with no new privileges, on the launcher's command line (which
+    gets `env` under other names, `handed_env`: it may be root until the exec). Without the
+    launcher, a worker that is not root (no `user`, no `procs`) runs it as it is: a `preexec_fn`
+    for no-new-privs alone would make Python fork the worker; Python applies `env` at the
+    exec, after the change of ids."""
+    popen: dict[str, Any]
     with opened(procs) as fds:
         if LAUNCHER is not None:
             flags = [f for fd in fds for f in ("--join", str(fd))] + ["--no-new-privs"]
             if user is not None:
                 flags += ["--ids", f"{user.uid}:{user.gid}"]
-            yield Launching([LAUNCHER, *flags, "--", *argv], {"pass_fds": tuple(fds)})
+            popen = {"pass_fds": tuple(fds), "env": handed_env(env)}
+            yield Launching([LAUNCHER, *flags, "--environ", "--", *argv], popen)
         elif user is None and not fds:
-            yield Launching(argv)
+            yield Launching(argv, {"env": env})
         else:
-            popen: dict[str, Any] = {"preexec_fn": _confiner(fds)}
+            popen = {"preexec_fn": _confiner(fds), "env": env}
             if user is not None:
                 popen.update(user=user.uid, group=user.gid, extra_groups=[])
             yield Launching(argv, popen)

@@ -135,7 +135,7 @@ class ProcessDriver:
                 return await self._spawner.spawn(command, cwd, output, procs), None
             except TooLarge as exc:
                 log.info("%s: %s, started by souk-launch's command line", command.argv[0], exc)
-        with launcher.launching(command.argv, command.user, procs) as start:
+        with launcher.launching(command.argv, command.user, procs, command.env) as start:
             # Popen itself, as asyncio's subprocess would (a vfork, on the loop), without its
             # child watcher: the exit is read on a pidfd (`child_exit`).
             proc = subprocess.Popen(  # noqa: ASYNC220
@@ -144,7 +144,6 @@ class ProcessDriver:
                 stdout=out,
                 stderr=err,
                 cwd=cwd,
-                env=command.env,
                 start_new_session=True,
                 **start.popen,
             )
@@ -275,9 +274,9 @@ class ProcessDriver:
         env.pop("SOUK_MARKER", None)
         procs = self.cgroups.procs_files(launch.machine_id)
         try:
-            with launcher.launching(argv, launch.user, procs) as start:
+            with launcher.launching(argv, launch.user, procs, env) as start:
                 return await execs.run(
-                    start.argv, stdin, timeout, cwd=_workdir(launch), env=env, **start.popen
+                    start.argv, stdin, timeout, cwd=_workdir(launch), **start.popen
                 )
         except (FileNotFoundError, PermissionError) as exc:  # as a shell answers them
             code = 127 if isinstance(exc, FileNotFoundError) else 126
@@ -300,14 +299,36 @@ def _command(launch: Launch) -> Command:
     workdir.mkdir(parents=True, exist_ok=True)
     _link_volumes(launch, workdir)
     env = machine_env(launch)
-    if launch.config.processes:  # processes.py runs them all, each as its own ids
-        argv = [sys.executable, "-I", processes.__file__]  # stdlib only: runs as a file
-        return Command(argv[0], argv, {**env, SPEC_ENV: json.dumps(process_specs(launch))}, None)
+    if launch.config.processes:
+        return _supervisor(launch, env)
     argv = launch.config.argv()
     path = _found(argv[0], env, workdir)
     if launch.user is not None and not _open_to_others(workdir / path):  # a root worker's
         raise _not_for(launch.user, argv[0], errno.EACCES)
     return Command(path, argv, env, launch.user)
+
+
+def _supervisor(launch: Launch, env: dict[str, str]) -> Command:
+    """What starts a machine's `processes`: `souk-launch --processes`, which starts each as its
+    own ids (it stays root on a root worker, and runs nothing of the machine's itself: what the
+    machine chose is in its environment under its own names only); else `processes.py`, a
+    standard-library script run as the app's user, which can give no process other ids."""
+    specs = process_specs(launch, ids=launcher.LAUNCHER is not None)
+    if launcher.LAUNCHER is None:
+        argv = [sys.executable, "-I", processes.__file__]  # stdlib only: runs as a file
+        return Command(argv[0], argv, {**env, SPEC_ENV: json.dumps(specs)}, launch.user)
+    handed = {  # its own: how the worker finds it (`procfs`), and what it starts
+        "SOUK_MACHINE_ID": launch.machine_id,
+        "SOUK_MARKER": launch.marker,
+        "SOUK_PROCESSES": str(len(specs)),
+    }
+    for i, spec in enumerate(specs):
+        ids = f":{spec['uid']}:{spec['gid']}" if spec["uid"] is not None else ""
+        handed[f"SOUK_PROCESS{i}"] = f"{len(spec['argv'])}:{len(spec['env'])}{ids}"
+        handed.update(launcher.numbered(f"SOUK_PROCESS{i}_ARG", spec["argv"]))
+        pairs = [f"{name}={value}" for name, value in spec["env"].items()]
+        handed.update(launcher.numbered(f"SOUK_PROCESS{i}_ENV", pairs))
+    return Command(launcher.LAUNCHER, [launcher.LAUNCHER, "--processes"], handed, None)
 
 
 def process_env(launch: Launch, process: MachineProcess) -> dict[str, str]:
@@ -330,9 +351,10 @@ def process_env(launch: Launch, process: MachineProcess) -> dict[str, str]:
     return env
 
 
-def process_specs(launch: Launch) -> list[dict[str, Any]]:
-    """What the launcher starts: each process's argv, env and host ids (the app's own, offset
-    by its `user` within the app's span; none for a worker that is not root)."""
+def process_specs(launch: Launch, ids: bool = True) -> list[dict[str, Any]]:
+    """What the supervisor starts: each process's argv, env and host ids (the app's own, offset
+    by its `user` within the app's span; none for a worker that is not root, nor where the
+    supervisor is not to give ids: `ids` False, and then only the app's own id may be asked)."""
     specs = []
     for process in launch.config.processes:
         uid = gid = None
@@ -342,7 +364,13 @@ def process_specs(launch: Launch) -> list[dict[str, Any]]:
                 raise PermissionError(
                     f"user {process.user}: outside the app's {launch.user.span} ids"
                 )
-            uid, gid = launch.user.uid + offset, launch.user.gid + offset
+            if offset and not ids:
+                raise PermissionError(
+                    f"user {process.user}: another of the app's ids needs souk-launch"
+                    " (scripts/setup.sh builds it)"
+                )
+            if ids:
+                uid, gid = launch.user.uid + offset, launch.user.gid + offset
         argv = process.argv(launch.config.init)
         specs.append({"argv": argv, "env": process_env(launch, process), "uid": uid, "gid": gid})
     return specs

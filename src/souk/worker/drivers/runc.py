@@ -10,12 +10,15 @@ which is how adoption recognises it."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import ctypes
 import json
 import os
 import shlex
 import shutil
 import signal as signals
 import subprocess
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +36,7 @@ from souk.worker.oci.spec import runtime_spec
 POLL = 0.02
 MARKER = "souk.marker"
 IMAGE = "souk.image"  # the digest of the image a bundle was prepared from
+_libc = ctypes.CDLL(None, use_errno=True)
 
 
 class RuncError(RuntimeError):
@@ -150,21 +154,23 @@ class RuncDriver:
         self.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         run = [self.runc, "--root", str(self.state_dir), "run", "--bundle", "bundle"]
         run += ["--pid-file", pid_file.name, cid]
-        with logs.output_files(launch.rundir) as (out, err):
+        with logs.output_files(launch.rundir) as (out, err), _inside(launch) as (prefix, popen):
             # Popen itself, without asyncio's child watcher (a thread per process): the exit is
             # read on a pidfd (`child_exit`).
             shim = subprocess.Popen(  # noqa: ASYNC220
-                _shim(run),
+                _shim(run, prefix),
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=err,
                 cwd=launch.rundir,
                 start_new_session=True,
+                **popen,
             )
         exited = asyncio.ensure_future(child_exit(shim.pid, shim.wait))
         if not await self._files.appears(pid_file, exited):  # written once the container runs
             raise RuncError(f"runc failed to start {cid}: see {launch.rundir}/stderr.log")
         pid = int(pid_file.read_text().strip())
+        pid_file.chmod(0o600)  # runc's, with the umask's mode
         handle = Handle(pid, procfs.start_time(pid) or "0")
         self._exits.expect(launch.machine_id, self._exit_code(exited, launch.rundir / "exit_code"))
         return handle
@@ -282,12 +288,15 @@ class RuncDriver:
     async def exec(
         self, launch: Launch, handle: Handle | None, argv: list[str], stdin: bytes, timeout: float
     ) -> ExecResult:
-        """`runc exec`: the container's namespaces, cgroup, user, environment and working
+        """`runc exec`, run inside the machine's network namespace as the container itself is
+        (`_inside`): the container's other namespaces, cgroup, user, environment and working
         directory, all from its runtime spec. On timeout runc is sent SIGTERM, which it passes
         on to the command, then SIGKILL."""
         cid = self.container_id(launch.machine_id)
         runc = [self.runc, "--root", str(self.state_dir), "exec", cid, *argv]
-        return await execs.run(runc, stdin, timeout, on_timeout=signals.SIGTERM)
+        with _inside(launch) as (prefix, popen):
+            runs = [*prefix, "--", *runc] if prefix else runc
+            return await execs.run(runs, stdin, timeout, on_timeout=signals.SIGTERM, **popen)
 
     async def processes(self, machine_id: str, handle: Handle | None) -> list[int]:
         out = await self._runc("ps", "--format", "json", self.container_id(machine_id), check=False)
@@ -309,12 +318,37 @@ class RuncDriver:
             await asyncio.to_thread(shutil.rmtree, launch.home, True)
 
 
-def _shim(run: list[str]) -> list[str]:
+@contextlib.contextmanager
+def _inside(launch: Launch) -> Iterator[tuple[list[str], dict[str, Any]]]:
+    """How runc runs inside the machine's network namespace, which the runtime spec does not
+    name (`runtime_spec`): souk-launch's `--netns` (the command-line prefix, with the Popen
+    arguments that hand it the namespace), or without it a `preexec_fn` joining it (a fork of
+    the worker). Joined while still the host's root: `runc exec` joins the container's user
+    namespace first, which has no rights over a namespace the worker made."""
+    fd = os.open(network.path_of(launch.machine_id), os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        if launcher.LAUNCHER is not None:
+            yield [launcher.LAUNCHER, "--netns", str(fd)], {"pass_fds": (fd,)}
+        else:
+            yield [], {"preexec_fn": _joiner(fd)}
+    finally:
+        os.close(fd)
+
+
+def _joiner(fd: int) -> Callable[[], None]:
+    def join() -> None:  # in the child, before its exec
+        if _libc.setns(fd, network.CLONE_NEWNET) != 0:
+            raise OSError(ctypes.get_errno(), "joining the machine's network namespace")
+
+    return join
+
+
+def _shim(run: list[str], prefix: list[str]) -> list[str]:
     """What runs `runc run` and then records its exit code in `exit_code`: souk-launch
-    (`--exit-to`, a static program), or a shell where there is none (0.8 ms more before runc
-    starts, here)."""
+    (`--exit-to`, a static program, after `prefix`), or a shell where there is none (0.8 ms
+    more before runc starts, here)."""
     if launcher.LAUNCHER is not None:
-        return [launcher.LAUNCHER, "--exit-to", "exit_code", "--", *run]
+        return [*prefix, "--exit-to", "exit_code", "--", *run]
     script = f"{shlex.join(run)}; echo $? > exit_code.tmp; mv -f exit_code.tmp exit_code"
     return [shutil.which("sh") or "sh", "-c", script]
 

@@ -285,10 +285,15 @@ def _unmake(netns: str, veth: str) -> None:
     path.unlink(missing_ok=True)
 
 
+def path_of(machine_id: str) -> Path:
+    """Where the machine's namespace is named (`setup` makes it)."""
+    return NETNS_DIR / names(machine_id)[0]
+
+
 async def setup(machine_id: str, address: str) -> Path:
-    """Create (or find complete) the machine's namespace; its path, for the runtime spec."""
-    netns, veth = names(machine_id)
-    path = NETNS_DIR / netns
+    """Create (or find complete) the machine's namespace; its path (`path_of`)."""
+    veth = names(machine_id)[1]
+    path = path_of(machine_id)
     if path.exists() and _address_of(path) == address:
         return path
     await teardown(machine_id)

@@ -12,6 +12,7 @@ the machine gets a private copy, its ids shifted as it is made.
 from __future__ import annotations
 
 import codecs
+import contextlib
 import ctypes
 import ctypes.util
 import os
@@ -62,8 +63,10 @@ def mount_overlay(
 ) -> None:
     """Mount `lowers` (the topmost first) read-only under a writable `upper` at `merged`; with
     `user`, the lowers are seen through idmapped mounts shifting their ids into its range."""
-    for path in (upper, work, merged):
-        path.mkdir(parents=True, exist_ok=True)
+    # Root's, whatever the umask: an app that could write beside them could plant a link where
+    # the worker (root) makes, chowns or mounts next. The upper one is the container's `/`.
+    for path, mode in ((upper, 0o755), (work, 0o700), (merged, 0o755)):
+        own_dir(path, mode)
     if user is None:
         _mount_overlay(lowers, upper, work, merged)
         return
@@ -74,11 +77,25 @@ def mount_overlay(
     try:
         for i, lower in enumerate(lowers):
             shifted.append(staging / str(i))
-            shifted[-1].mkdir(parents=True, exist_ok=True)
+            own_dir(staging, 0o700)
+            own_dir(shifted[-1], 0o700)
             idmapped_mount(lower, shifted[-1], user)
         _mount_overlay(shifted, upper, work, merged)
     finally:
         unmount_layers(staging)  # the overlay keeps its own references to them
+
+
+def own_dir(path: Path, mode: int) -> None:
+    """`path` a directory (made if missing, with its parents) with exactly `mode`, whatever
+    the umask; never a link's target."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(path, mode)
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode):
+        raise NotADirectoryError(f"{path} is not a directory")
+    if stat.S_IMODE(st.st_mode) != mode:
+        os.chmod(path, mode)  # a directory, lstat says: no link to follow
 
 
 def _mount_overlay(lowers: list[Path], upper: Path, work: Path, merged: Path) -> None:
@@ -255,7 +272,7 @@ def _is_opaque(directory: Path) -> bool:
 def merge_copy(layers: list[Path], target: Path, user: HostUser | None = None) -> None:
     """Apply layer directories (the lowest first) onto `target`, as overlayfs would show them;
     with `user`, every id shifted into its range."""
-    target.mkdir(parents=True, exist_ok=True)
+    own_dir(target, 0o755)
     owner = _Owner(user)
     if user is not None:
         os.chown(target, user.uid, user.gid)
