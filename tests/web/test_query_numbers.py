@@ -95,6 +95,7 @@ async def test_every_query_parameter_of_every_part_refuses_what_is_not_its_numbe
             "secret_name": "S",
             "org": "personal",
             "snapshot_id": "snap",
+            "inode": "1",
         }
         broker = str(c.broker.make_url("")).rstrip("/")
         assert c.broker.app is not None
