@@ -35,6 +35,7 @@ from souk.proxy.routing import Loads, Marks, Router, app_of
 from souk.proxy.wake import Waker
 from souk.web import runner as web_runner
 from souk.web.errors import json_error
+from souk.web.listener import DEFAULT_LIMITS, BoundedSite, Limits
 from souk.web.tls import ServerCert
 
 log = logging.getLogger("souk.proxy")
@@ -58,6 +59,7 @@ class ProxyOptions:
     # The proxy's node files: its bus connection shows them, its replica trusts their CA only.
     tls: NodeFiles | None = None
     metrics: bool = True  # False: requests record no metrics (benchmarks measure the cost)
+    limits: Limits = DEFAULT_LIMITS  # of its listener
 
 
 class Proxy:
@@ -150,7 +152,8 @@ async def proxy_site(view: CatalogView, opts: ProxyOptions) -> AsyncIterator[tup
         await runner.setup()
         stack.push_async_callback(runner.cleanup)
         ctx = opts.listener.context() if opts.listener is not None else None
-        await web.TCPSite(runner, opts.host, opts.port, backlog=1024, ssl_context=ctx).start()
+        site = BoundedSite(runner, opts.host, opts.port, ssl_context=ctx, limits=opts.limits)
+        await site.start()
         scheme = "https" if ctx is not None else "http"
         yield proxy, f"{scheme}://{opts.host}:{runner.addresses[0][1]}"
 

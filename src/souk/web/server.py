@@ -14,6 +14,7 @@ server on loopback, so an aiohttp upgrade that moves the hook fails loudly.
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from aiohttp import http_exceptions as hx
 from aiohttp import web
@@ -25,7 +26,7 @@ from souk.web.errors import json_error
 log = logging.getLogger("souk.web")
 
 
-class _JsonErrorProtocol(RequestHandler):
+class JsonErrorProtocol(RequestHandler):
     def handle_error(
         self,
         request: BaseRequest,
@@ -68,9 +69,13 @@ class _JsonErrorProtocol(RequestHandler):
         return 500, "internal_error", "internal error; see the server's log"
 
 
-class _JsonErrorServer(web.Server):
+class JsonErrorServer(web.Server):
     def __call__(self) -> RequestHandler:
-        return _JsonErrorProtocol(self, loop=self._loop, **self._kwargs)
+        return JsonErrorProtocol(self, loop=self._loop, **self._kwargs)
+
+    def connection(self, kind: type[JsonErrorProtocol], **options: Any) -> RequestHandler:
+        """A protocol of `kind` (a subclass), with `options` over the runner's own."""
+        return kind(self, loop=self._loop, **{**self._kwargs, **options})
 
 
 class JsonErrorRunner(web.AppRunner):
@@ -78,7 +83,7 @@ class JsonErrorRunner(web.AppRunner):
 
     async def _make_server(self) -> web.Server:
         server = await super()._make_server()
-        server.__class__ = _JsonErrorServer
+        server.__class__ = JsonErrorServer
         return server
 
 
