@@ -188,8 +188,9 @@ def close_all(socks: Sequence[socket.socket]) -> None:
 
 def hung_up(sock: socket.socket) -> bool:
     """Whether the server has closed this connection (read without blocking: EOF or reset)."""
-    readable, _, _ = select.select([sock], [], [], 0)
-    if not readable:
+    poller = select.poll()  # not select(): a flood's descriptors go past 1024
+    poller.register(sock, select.POLLIN)
+    if not poller.poll(0):
         return False
     try:
         return sock.recv(65536, socket.MSG_PEEK) == b""

@@ -282,9 +282,8 @@ def _listening_sockets(host: str | None, port: int, backlog: int) -> list[socket
 class _Listening(asyncio.AbstractServer):
     """What aiohttp's runner reads of a site's server: its sockets, and `close`."""
 
-    def __init__(self, sockets: list[socket.socket], stop: Callable[[], None]) -> None:
+    def __init__(self, sockets: list[socket.socket]) -> None:
         self.sockets = sockets
-        self._stop = stop
         self._closed = False
         self._loop = asyncio.get_running_loop()
 
@@ -300,7 +299,8 @@ class _Listening(asyncio.AbstractServer):
     def close(self) -> None:
         if not self._closed:
             self._closed = True
-            self._stop()
+            for sock in self.sockets:
+                sock.close()
 
     def is_serving(self) -> bool:
         return not self._closed
@@ -366,22 +366,21 @@ class BoundedSite(web.BaseSite):
     async def start(self) -> None:
         await super().start()
         sockets = _listening_sockets(self._host, self._port, self._backlog)
-        self._server = _Listening(sockets, self._stop_accepting)
+        self._server = _Listening(sockets)
         self._accepting = [asyncio.create_task(self._accept(sock)) for sock in sockets]
 
     async def stop(self) -> None:
-        await super().stop()
-        for task in [*self._accepting, *self._pending]:
-            task.cancel()
-        await asyncio.gather(*self._accepting, *self._pending, return_exceptions=True)
-        self.reclaim.cancel()
-
-    def _stop_accepting(self) -> None:
+        """No more accepted, then the listening sockets closed (the loop no longer watches
+        them), then every connection not yet handed to aiohttp closed; the runner shuts down
+        those it has."""
         for task in self._accepting:
             task.cancel()
-        assert self._server is not None
-        for sock in self._server.sockets:  # type: ignore[attr-defined]
-            sock.close()
+        await asyncio.gather(*self._accepting, return_exceptions=True)
+        await super().stop()
+        for task in self._pending:
+            task.cancel()
+        await asyncio.gather(*self._pending, return_exceptions=True)
+        self.reclaim.cancel()
 
     async def _accept(self, listening: socket.socket) -> None:
         loop = asyncio.get_running_loop()
