@@ -38,7 +38,6 @@ from typing import Any
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 
-from souk.readiness import ready
 from souk.web.errors import error_body
 from souk.web.server import JsonErrorProtocol, JsonErrorServer
 
@@ -348,9 +347,10 @@ class BoundedSite(web.BaseSite):
         self.limits = effective_limits(limits)
         self.reclaim = Reclaim()
         self.admission = Admission(self.limits, self.reclaim.watch)
-        self._accepting: list[asyncio.Task[None]] = []
-        self._pending: set[asyncio.Task[None]] = set()
-        self._refusals_logged = 0.0
+        self._silent: set[_Silent] = set()  # accepted, not a byte from them yet
+        self._handing: set[asyncio.Task[None]] = set()  # in their TLS handshake
+        self._retry: asyncio.TimerHandle | None = None
+        self._refusals_logged = -REFUSAL_LOG_EVERY
 
     @property
     def name(self) -> str:
@@ -363,46 +363,65 @@ class BoundedSite(web.BaseSite):
             return int(self._server.sockets[0].getsockname()[1])  # type: ignore[attr-defined]
         return self._port
 
+    @property
+    def _sockets(self) -> list[socket.socket]:
+        return self._server.sockets if self._server is not None else []  # type: ignore[attr-defined]
+
     async def start(self) -> None:
         await super().start()
-        sockets = _listening_sockets(self._host, self._port, self._backlog)
-        self._server = _Listening(sockets)
-        self._accepting = [asyncio.create_task(self._accept(sock)) for sock in sockets]
+        self._server = _Listening(_listening_sockets(self._host, self._port, self._backlog))
+        self._watch()
 
     async def stop(self) -> None:
-        """No more accepted, then the listening sockets closed (the loop no longer watches
-        them), then every connection not yet handed to aiohttp closed; the runner shuts down
-        those it has."""
-        for task in self._accepting:
-            task.cancel()
-        await asyncio.gather(*self._accepting, return_exceptions=True)
+        """No more accepted, the listening sockets closed, then every connection not yet
+        handed to aiohttp closed; the runner shuts down those it has."""
+        self._unwatch()
         await super().stop()
-        for task in self._pending:
+        for silent in list(self._silent):
+            silent.drop()
+        for task in self._handing:
             task.cancel()
-        await asyncio.gather(*self._pending, return_exceptions=True)
+        await asyncio.gather(*self._handing, return_exceptions=True)
         self.reclaim.cancel()
 
-    async def _accept(self, listening: socket.socket) -> None:
+    def _watch(self) -> None:
+        self._retry = None
         loop = asyncio.get_running_loop()
-        while True:
+        for sock in self._sockets:
+            loop.add_reader(sock.fileno(), self._accept, sock)
+
+    def _unwatch(self) -> None:
+        if self._retry is not None:
+            self._retry.cancel()
+            self._retry = None
+        loop = asyncio.get_running_loop()
+        for sock in self._sockets:
+            if sock.fileno() >= 0:
+                loop.remove_reader(sock.fileno())
+
+    def _accept(self, listening: socket.socket) -> None:
+        """Every connection waiting, as asyncio's own server accepts them (up to a backlog's
+        worth per wake-up); each one over a limit closed at once."""
+        loop = asyncio.get_running_loop()
+        for _ in range(self._backlog):
             try:
-                sock, address = await loop.sock_accept(listening)
+                sock, address = listening.accept()
+            except (BlockingIOError, InterruptedError, ConnectionAbortedError):
+                return
             except OSError as exc:
                 if exc.errno not in TRANSIENT:
                     raise
-                log.warning("accepting a connection failed: %s; again in 0.1 s", exc)
-                await asyncio.sleep(0.1)
-                continue
+                log.warning("accepting connections failed: %s; again in 1 s", exc)
+                self._unwatch()
+                self._retry = loop.call_later(1.0, self._watch)
+                return
             slot = self.admission.admit(client_of(address))
             if slot is None:
                 sock.close()
                 self._refused(loop.time())
                 continue
-            task = asyncio.create_task(
-                self._serve(sock, slot, loop.time() + self.limits.head_timeout)
-            )
-            self._pending.add(task)
-            task.add_done_callback(self._pending.discard)
+            sock.setblocking(False)
+            _Silent(self, sock, slot, loop.time() + self.limits.head_timeout).listen()
 
     def _refused(self, now: float) -> None:
         if now - self._refusals_logged >= REFUSAL_LOG_EVERY:
@@ -415,46 +434,88 @@ class BoundedSite(web.BaseSite):
                 self.limits.max_per_client,
             )
 
-    async def _serve(self, sock: socket.socket, slot: Slot, head_by: float) -> None:
-        """The connection handed to aiohttp once its client has said something; closed if it
-        says nothing, or does not finish its handshake, by `head_by`."""
+    def hand_over(self, sock: socket.socket, slot: Slot, head_by: float) -> None:
+        """A connection whose client has spoken, to aiohttp: after its TLS handshake, if any."""
+        task = asyncio.get_running_loop().create_task(self._hand_over(sock, slot, head_by))
+        self._handing.add(task)
+        task.add_done_callback(self._handing.discard)
+
+    async def _hand_over(self, sock: socket.socket, slot: Slot, head_by: float) -> None:
         loop = asyncio.get_running_loop()
-        handed = False
-        try:
-            async with asyncio.timeout_at(head_by):
-                if not await _spoken(sock):
-                    slot.release()
-                    return
 
-            def protocol() -> RequestHandler:
-                return self._web.connection(
-                    HeadTimedProtocol,
-                    slot=slot,
-                    first_head_by=head_by,
-                    head_timeout=self.limits.head_timeout,
-                    keepalive_timeout=self.limits.keepalive_timeout,
-                )
+        def protocol() -> RequestHandler:
+            return self._web.connection(
+                HeadTimedProtocol,
+                slot=slot,
+                first_head_by=head_by,
+                head_timeout=self.limits.head_timeout,
+                keepalive_timeout=self.limits.keepalive_timeout,
+            )
 
-            extra: dict[str, Any] = {}
-            if self._ssl_context is not None:
-                extra["ssl_handshake_timeout"] = max(head_by - loop.time(), 0.01)
-            handed = True  # from here, the transport owns the socket
+        extra: dict[str, Any] = {}
+        if self._ssl_context is not None:
+            extra["ssl_handshake_timeout"] = max(head_by - loop.time(), 0.01)
+        try:  # the transport owns the socket from here, and closes it on failure
             await loop.connect_accepted_socket(protocol, sock, ssl=self._ssl_context, **extra)
-        except (OSError, TimeoutError, ssl.SSLError) as exc:
-            log.debug("dropped a connection before its first request: %r", exc)
+        except (OSError, ssl.SSLError) as exc:
+            log.debug("dropped a connection in its TLS handshake: %r", exc)
             slot.release()
         except BaseException:
             slot.release()
             raise
-        finally:
-            if not handed:
-                sock.close()
 
 
-async def _spoken(sock: socket.socket) -> bool:
-    """Once the client has sent a byte: True; or hung up: False."""
-    while True:
+class _Silent:
+    """An accepted connection whose client has not said a word: a socket, a watch on it and
+    a timer, nothing more. At its first byte it is handed over; at `head_by`, or if the client
+    hangs up first, it is closed."""
+
+    __slots__ = ("_head_by", "_site", "_slot", "_sock", "_timer")
+
+    def __init__(self, site: BoundedSite, sock: socket.socket, slot: Slot, head_by: float) -> None:
+        self._site = site
+        self._sock = sock
+        self._slot = slot
+        self._head_by = head_by
+        self._timer: asyncio.TimerHandle | None = None
+
+    def listen(self) -> None:
+        if self._settled():
+            return
+        loop = asyncio.get_running_loop()
+        loop.add_reader(self._sock.fileno(), self._readable)
+        self._timer = loop.call_at(self._head_by, self.drop)
+        self._site._silent.add(self)
+
+    def _settled(self) -> bool:
+        """Handed over or dropped: True; still silent: False."""
         try:
-            return bool(sock.recv(1, socket.MSG_PEEK))
+            spoke = bool(self._sock.recv(1, socket.MSG_PEEK))
         except (BlockingIOError, InterruptedError):
-            await ready(sock.fileno(), "read")
+            return False
+        except OSError:
+            spoke = False
+        self._forget()
+        if spoke:
+            self._site.hand_over(self._sock, self._slot, self._head_by)
+        else:
+            self._close()
+        return True
+
+    def _readable(self) -> None:
+        self._settled()
+
+    def drop(self) -> None:
+        self._forget()
+        self._close()
+
+    def _forget(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+            asyncio.get_running_loop().remove_reader(self._sock.fileno())
+            self._site._silent.discard(self)
+
+    def _close(self) -> None:
+        self._sock.close()
+        self._slot.release()
