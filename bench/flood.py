@@ -15,25 +15,35 @@ Each part is flooded three ways, in one process each:
 `admitted` is how many of them the part still held once it had accepted them all; `served` says
 whether an ordinary request from 127.0.0.1 was answered while they were held.
 
-    .venv/bin/python bench/flood.py              # about two minutes
+Then what the bounds cost a client that opens a connection per request: two servers of one
+trivial route in child processes, one through `BoundedSite` and one through aiohttp's
+`TCPSite`, taking `--churn` connections each (one request each, `Connection: close`) in four
+alternating rounds; the CPU each server used per connection, and their ratio.
+
+    .venv/bin/python bench/flood.py              # about three minutes
     .venv/bin/python bench/flood.py --json
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import socket
+import subprocess
 import sys
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from aiohttp import web
 from rich.table import Table
 
-from _harness import open_files, report
+from _harness import cpu_ms, open_files, report
 
 from souk.pki import init_ca
+from souk.web import runner
+from souk.web.listener import BoundedSite
 from tests.support.nats import NatsServer
 from tests.support.parts import (
     PARTS,
@@ -111,6 +121,53 @@ def flood_once(
         return Row(kind, name, sources, count, admitted, answered, before, during, after)
 
 
+async def serve_trivially(site_kind: str) -> None:
+    """Child process: one route answering "ok", through `site_kind` (bounded or aiohttp), on a
+    loopback port it prints."""
+    app = web.Application()
+
+    async def ok(_: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    app.router.add_get("/", ok)
+    run = runner(app)
+    await run.setup()
+    if site_kind == "bounded":
+        await BoundedSite(run, "127.0.0.1", 0).start()
+    else:
+        await web.TCPSite(run, "127.0.0.1", 0, backlog=1024).start()
+    print(run.addresses[0][1], flush=True)
+    await asyncio.Event().wait()
+
+
+def churn(connections: int) -> dict[str, float]:
+    """CPU ms per connection of each server, over four alternating rounds."""
+    servers = {
+        kind: subprocess.Popen(
+            [sys.executable, __file__, "--serve", kind], stdout=subprocess.PIPE, text=True
+        )
+        for kind in ("bounded", "aiohttp")
+    }
+    try:
+        ports = {kind: int(proc.stdout.readline()) for kind, proc in servers.items() if proc.stdout}
+        used = dict.fromkeys(servers, 0.0)
+        request = b"GET / HTTP/1.1\r\nHost: bench\r\nConnection: close\r\n\r\n"
+        for n in range(4):
+            for kind in sorted(servers, reverse=n % 2 == 1):
+                began = cpu_ms(servers[kind].pid)
+                for _ in range(connections):
+                    with socket.create_connection(("127.0.0.1", ports[kind])) as sock:
+                        sock.sendall(request)
+                        while sock.recv(65536):
+                            pass
+                used[kind] += cpu_ms(servers[kind].pid) - began
+        return {kind: ms / (4 * connections) for kind, ms in used.items()}
+    finally:
+        for proc in servers.values():
+            proc.kill()
+            proc.wait()
+
+
 def table(rows: list[Row]) -> Table:
     out = Table(title="RSS of each part around a flood of idle connections (MB)")
     for column in ("part", "flood", "sources", "admitted", "served", "before", "during"):
@@ -137,8 +194,13 @@ def main() -> None:
     parser.add_argument("--connections", type=int, default=5000, help="idle connections per flood")
     parser.add_argument("--sources", type=int, default=20, help="addresses of a spread flood")
     parser.add_argument("--parts", nargs="*", default=list(PARTS), choices=PARTS)
+    parser.add_argument("--churn", type=int, default=1500, help="connections per churn round")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--serve", choices=("bounded", "aiohttp"), help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.serve:
+        asyncio.run(serve_trivially(args.serve))
+        return
     open_files(args.connections + 1024)  # every connection held here, and the parts' own
     floods: list[tuple[str, int]] = [("bare", 1), ("bare", args.sources), ("begun", args.sources)]
     rows: list[Row] = []
@@ -152,6 +214,14 @@ def main() -> None:
                 rows.append(row)
                 print(f"{kind}, {name} from {sources}: done", file=sys.stderr)
     report(rows, table(rows), args.json)
+    per = churn(args.churn)
+    ratio = per["bounded"] / per["aiohttp"]
+    print(
+        f"a connection per request: {per['bounded'] * 1000:.0f} µs of server CPU per connection"
+        f" through BoundedSite, {per['aiohttp'] * 1000:.0f} through aiohttp's TCPSite"
+        f" (ratio {ratio:.2f})",
+        file=sys.stderr if args.json else sys.stdout,
+    )
 
 
 if __name__ == "__main__":
