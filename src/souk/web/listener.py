@@ -206,7 +206,9 @@ class Reclaim:
 
 class HeadTimedProtocol(JsonErrorProtocol):
     """A connection that must finish each request head in time, and gives its slot back when
-    it closes."""
+    it closes. aiohttp has no hook for a head's progress: this reads its handler's `_waiter`
+    (set while it waits for a request) and `_request_count` (heads parsed), and the tests time a
+    slow head against a real part, so an upgrade that renames them fails loudly."""
 
     def __init__(
         self, server: web.Server, slot: Slot, first_head_by: float, head_timeout: float, **kw: Any
