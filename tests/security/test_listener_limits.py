@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from souk.web.listener import client_of
+from souk.web.limits import client_of
 from tests.support.nats import NatsServer, needs_nats
 from tests.support.parts import (
     PARTS,

@@ -10,247 +10,38 @@ for a request. So `BoundedSite` accepts itself:
   costs a socket, and is closed `head_timeout` after it was accepted;
 - the TLS handshake and the first request head must both be done `head_timeout` after the
   connection was accepted; each later head `head_timeout` after its first byte (else a 408, or
-  nothing if nothing came); an idle kept-alive connection is closed after `keepalive_timeout`;
-- after many connections have closed, their memory goes back to the system: what they leave
-  in reference cycles is collected at once, not at the next collection of an idle part, and
-  the C allocator is told to hand back its free pages (`malloc_trim`), which it does not do by
-  itself for the many small blocks a connection frees.
+  nothing if nothing came: `souk.web.server.HeadTimedProtocol`); an idle kept-alive connection
+  is closed after `keepalive_timeout`;
+- after a wave of connections has closed, their memory goes back to the system
+  (`souk.web.reclaim`).
+
+The limits and the counts against them are `souk.web.limits`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import ctypes
-import ctypes.util
 import errno
-import gc
-import ipaddress
-import json
 import logging
-import resource
 import socket
 import ssl
-from collections import Counter
-from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 
-from souk.web.errors import error_body
-from souk.web.server import JsonErrorProtocol, JsonErrorServer
+from souk.web.limits import DEFAULT_LIMITS, Admission, Limits, Slot, client_of, effective_limits
+from souk.web.reclaim import Reclaim
+from souk.web.server import HeadTimedProtocol, JsonErrorServer
+
+__all__ = ["DEFAULT_LIMITS", "BoundedSite", "Limits"]
 
 log = logging.getLogger("souk.web")
 
-# Descriptors a part keeps for everything but its clients (databases, the bus, machines' pipes).
-RESERVED_FILES = 256
-# How far the open connections must fall from their peak for a reclaim to be worth its
-# pause (a full collection): a flood going, not the churn of ordinary clients.
-RECLAIM_DROP = 64
-RECLAIM_DELAY = 1.0  # seconds after the close that crossed the mark: a wave is one reclaim
-RECLAIM_EVERY = 10.0  # seconds between two reclaims at least
 REFUSAL_LOG_EVERY = 10.0  # seconds between two warnings that connections are being refused
 # accept() failures that pass: the system is out of descriptors or memory for a moment, or
 # the client left before it was accepted.
 TRANSIENT = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM, errno.ECONNABORTED}
-
-
-@dataclass(frozen=True)
-class Limits:
-    """What one listener allows. `head_timeout` bounds a TLS handshake and a request head (a
-    client on the far side of the world needs well under a second for both);
-    `keepalive_timeout` is longer than any souk client keeps an idle connection (60 s), so a
-    client never reuses one the server is closing."""
-
-    max_connections: int = 1024
-    max_per_client: int = 256
-    head_timeout: float = 10.0
-    keepalive_timeout: float = 75.0
-
-    def __post_init__(self) -> None:
-        if self.max_connections < 1 or self.max_per_client < 1:
-            raise ValueError("connection limits must be at least 1")
-        if self.head_timeout <= 0 or self.keepalive_timeout <= 0:
-            raise ValueError("timeouts must be positive")
-
-
-DEFAULT_LIMITS = Limits()
-
-
-def client_of(address: Any) -> str:
-    """Whom a peer address counts against: its IPv4 address, or its IPv6 /64 (the least one
-    host is given), an IPv4-mapped IPv6 address as the IPv4 one."""
-    host = address[0] if isinstance(address, tuple) else str(address)
-    try:
-        ip = ipaddress.ip_address(host)
-    except ValueError:
-        return host
-    if isinstance(ip, ipaddress.IPv6Address):
-        if ip.ipv4_mapped is not None:
-            return str(ip.ipv4_mapped)
-        return str(ipaddress.IPv6Network((ip, 64), strict=False))
-    return str(ip)
-
-
-def timed_out_response() -> bytes:
-    """The whole answer to a request head that came too slowly, in souk's error shape."""
-    body = json.dumps(
-        error_body("timeout", "the request head took too long").model_dump(exclude_none=True)
-    ).encode()
-    head = (
-        "HTTP/1.1 408 Request Timeout\r\n"
-        "Content-Type: application/json; charset=utf-8\r\n"
-        f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
-    )
-    return head.encode() + body
-
-
-TIMED_OUT = timed_out_response()
-
-
-class Slot:
-    """One admitted connection's place in its listener's counts; given back once."""
-
-    __slots__ = ("_admission", "client")
-
-    def __init__(self, admission: Admission, client: str) -> None:
-        self.client = client
-        self._admission: Admission | None = admission
-
-    def release(self) -> None:
-        admission, self._admission = self._admission, None
-        if admission is not None:
-            admission.left(self.client)
-
-
-class Admission:
-    """A listener's open connections, in all and per client."""
-
-    def __init__(self, limits: Limits, on_change: Callable[[int], None]) -> None:
-        self.limits = limits
-        self.open = 0
-        self.by_client: Counter[str] = Counter()
-        self._on_change = on_change
-
-    def admit(self, client: str) -> Slot | None:
-        if self.open >= self.limits.max_connections:
-            return None
-        if self.by_client[client] >= self.limits.max_per_client:
-            return None
-        self.open += 1
-        self.by_client[client] += 1
-        self._on_change(self.open)
-        return Slot(self, client)
-
-    def left(self, client: str) -> None:
-        self.open -= 1
-        self.by_client[client] -= 1
-        if not self.by_client[client]:
-            del self.by_client[client]
-        self._on_change(self.open)
-
-
-def _trimmer() -> Callable[[], None]:
-    """glibc's `malloc_trim(0)`: its free pages, wherever they are in the heap, back to the
-    system. Nothing elsewhere (another C library frees as it goes, or keeps what it keeps)."""
-    name = ctypes.util.find_library("c")
-    lib = ctypes.CDLL(name) if name else None
-    trim = getattr(lib, "malloc_trim", None)
-    if trim is None:
-        return lambda: None
-    trim.argtypes = [ctypes.c_size_t]
-    trim.restype = ctypes.c_int
-
-    def run() -> None:
-        trim(0)
-
-    return run
-
-
-malloc_trim = _trimmer()
-
-
-class Reclaim:
-    """Once the open connections have fallen `RECLAIM_DROP` below their peak: a collection (a
-    closed connection's objects are left in reference cycles, which an idle part would not
-    collect for hours), then `malloc_trim`. One per wave, `RECLAIM_DELAY` after the close that
-    crossed the mark, and not more often than every `RECLAIM_EVERY` seconds."""
-
-    def __init__(self) -> None:
-        self.peak = 0
-        self.runs = 0
-        self._last = -RECLAIM_EVERY
-        self._handle: asyncio.TimerHandle | None = None
-
-    def watch(self, open_now: int) -> None:
-        self.peak = max(self.peak, open_now)
-        if self._handle is None and self.peak - open_now >= RECLAIM_DROP:
-            loop = asyncio.get_running_loop()
-            at = max(loop.time() + RECLAIM_DELAY, self._last + RECLAIM_EVERY)
-            self._handle = loop.call_at(at, self.run, loop)
-
-    def run(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._handle = None
-        self._last = loop.time()
-        self.peak = 0  # from here on, the peak of what is open now or later
-        self.runs += 1
-        gc.collect()
-        malloc_trim()
-
-    def cancel(self) -> None:
-        if self._handle is not None:
-            self._handle.cancel()
-            self._handle = None
-
-
-class HeadTimedProtocol(JsonErrorProtocol):
-    """A connection that must finish each request head in time, and gives its slot back when
-    it closes. aiohttp has no hook for a head's progress: this reads its handler's `_waiter`
-    (set while it waits for a request) and `_request_count` (heads parsed), and the tests time a
-    slow head against a real part, so an upgrade that renames them fails loudly."""
-
-    def __init__(
-        self, server: web.Server, slot: Slot, first_head_by: float, head_timeout: float, **kw: Any
-    ) -> None:
-        super().__init__(server, **kw)
-        self._slot = slot
-        self._head_by = first_head_by
-        self._head_timeout = head_timeout
-        self._head_timer: asyncio.TimerHandle | None = None
-        self._head_bytes = False
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        super().connection_made(transport)
-        self._head_timer = self._loop.call_at(self._head_by, self._head_late)
-
-    def data_received(self, data: bytes) -> None:
-        if self._head_timer is None and self._waiter is not None:
-            # the first bytes of the next request on a kept-alive connection
-            self._head_timer = self._loop.call_later(self._head_timeout, self._head_late)
-        self._head_bytes = True
-        heads = self._request_count
-        super().data_received(data)
-        if self._request_count != heads and self._head_timer is not None:
-            self._head_timer.cancel()
-            self._head_timer = None
-            self._head_bytes = False
-
-    def connection_lost(self, exc: BaseException | None) -> None:
-        if self._head_timer is not None:
-            self._head_timer.cancel()
-            self._head_timer = None
-        super().connection_lost(exc)
-        self._slot.release()
-
-    def _head_late(self) -> None:
-        self._head_timer = None
-        if self.transport is None:
-            return
-        if self._head_bytes:
-            self.transport.write(TIMED_OUT)
-        log.debug("closed a connection whose request head was not done in time")
-        self.force_close()
 
 
 def _listening_sockets(host: str | None, port: int, backlog: int) -> list[socket.socket]:
@@ -308,23 +99,6 @@ class _Listening(asyncio.AbstractServer):
 
     async def wait_closed(self) -> None:
         return None
-
-
-def effective_limits(limits: Limits) -> Limits:
-    """`limits`, with at most as many connections as the open-file limit leaves room for."""
-    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft == resource.RLIM_INFINITY or limits.max_connections <= soft - RESERVED_FILES:
-        return limits
-    room = max(soft - RESERVED_FILES, 1)
-    log.warning(
-        "at most %d connections, not %d: the open-file limit is %d (raise it with ulimit -n)",
-        room,
-        limits.max_connections,
-        soft,
-    )
-    return Limits(
-        room, min(limits.max_per_client, room), limits.head_timeout, limits.keepalive_timeout
-    )
 
 
 class BoundedSite(web.BaseSite):
@@ -448,7 +222,7 @@ class BoundedSite(web.BaseSite):
         def protocol() -> RequestHandler:
             return self._web.connection(
                 HeadTimedProtocol,
-                slot=slot,
+                on_close=slot.release,
                 first_head_by=head_by,
                 head_timeout=self.limits.head_timeout,
                 keepalive_timeout=self.limits.keepalive_timeout,
