@@ -21,8 +21,6 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from aiohttp import web
-
 from souk import heap
 from souk.broker.runtime import BrokerOptions, broker_site, until_signalled
 from souk.broker.tokens import mint, new_secret, read_secret
@@ -35,6 +33,7 @@ from souk.pki.files import CA_CERT, CA_KEY
 from souk.proxy.server import ProxyOptions, proxy_site
 from souk.secret_files import write_secret
 from souk.web import runner as web_runner
+from souk.web.listener import DEFAULT_LIMITS, BoundedSite, Limits
 from souk.web.tls import ServerCert
 from souk.worker.daemon import make_app as make_worker_app
 from souk.worker.daemon import make_driver, offering, publishing, running, tls_context
@@ -86,6 +85,7 @@ async def _start_worker(
     driver: str,
     host: str,
     tls: NodeFiles | None,
+    limits: Limits,
 ) -> tuple[Engine, str]:
     """A worker served on a free port, on `stack`; its engine and URL."""
     engine = await stack.enter_async_context(
@@ -95,7 +95,7 @@ async def _start_worker(
     await runner.setup()
     stack.push_async_callback(runner.cleanup)
     ctx = tls_context(tls) if tls is not None else None
-    await web.TCPSite(runner, host, 0, ssl_context=ctx).start()
+    await BoundedSite(runner, host, 0, ssl_context=ctx, limits=limits).start()
     url = f"{'https' if tls else 'http'}://{host}:{runner.addresses[0][1]}"
     signer = NodeKey(tls) if tls is not None else None
     await stack.enter_async_context(publishing(engine, bus, url, signer))
@@ -122,6 +122,7 @@ async def dev_cluster(
     idle_timeout: float = 60.0,
     secure: bool = False,
     insecure_registries: tuple[str, ...] = (),
+    limits: Limits = DEFAULT_LIMITS,
 ) -> AsyncIterator[DevCluster]:
     """Every worker offers both CPU kinds (`shared` and `performance`): clients that ask for
     either, as Fly's clients do by default, are placed; `insecure_registries` (host[:port]) are
@@ -148,7 +149,9 @@ async def dev_cluster(
                     insecure_registries=insecure_registries,
                 )
                 tls = pki.issue("worker", name) if pki else None
-                engine, workers[name] = await _start_worker(stack, bus, settings, driver, host, tls)
+                engine, workers[name] = await _start_worker(
+                    stack, bus, settings, driver, host, tls, limits
+                )
                 engines.append(engine)
         # after the broker and proxy have closed (nothing starts machines any more), before the
         # workers do
@@ -162,6 +165,7 @@ async def dev_cluster(
             registry_dir=data_dir / "registry",
             tls=broker_tls,
             listener=ServerCert(broker_tls.cert, broker_tls.key) if broker_tls else None,
+            limits=limits,
         )
         api = await stack.enter_async_context(broker_site(opts, bus))
         token = mint(secret, operator=True)
@@ -177,6 +181,7 @@ async def dev_cluster(
             ca=pki.ca if pki else None,
             listener=ServerCert(proxy_tls.cert, proxy_tls.key) if proxy_tls else None,
             tls=proxy_tls,  # asks workers whether a machine holds the socket at its address
+            limits=limits,
         )
         _, proxy = await stack.enter_async_context(proxy_site(replica, proxy_opts))
         write_secret(data_dir / "token", token + "\n")  # an operator token: 0600
@@ -249,6 +254,7 @@ async def run_dev(
     driver: str,
     secure: bool = False,
     insecure_registries: tuple[str, ...] = (),
+    limits: Limits = DEFAULT_LIMITS,
 ) -> None:
     async with dev_cluster(
         data_dir,
@@ -258,6 +264,7 @@ async def run_dev(
         driver,
         secure=secure,
         insecure_registries=insecure_registries,
+        limits=limits,
     ) as dev:
         heap.settle()
         print(f"souk dev: 3 regions ({', '.join(REGIONS)}) x 2 workers")

@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import uvloop
-from aiohttp import web
 
 from souk import heap
 from souk.broker.api.state import Broker
@@ -40,6 +39,7 @@ from souk.clients.workers import WorkerClient
 from souk.pki import NodeFiles
 from souk.web import Route
 from souk.web import runner as web_runner
+from souk.web.listener import DEFAULT_LIMITS, BoundedSite, Limits
 from souk.web.tls import ServerCert
 
 T = TypeVar("T")
@@ -66,6 +66,7 @@ class BrokerOptions:
     listener: ServerCert | None = None  # serve the Machines API over HTTPS
     metrics: bool = True  # False: placement records no metrics (benchmarks measure the cost)
     default_region: str | None = None  # for creates that name none (else: every region's best)
+    limits: Limits = DEFAULT_LIMITS  # of its listener
 
 
 async def _refresh_forever(fleet: StaticFleet) -> None:
@@ -147,7 +148,7 @@ async def broker_site(opts: BrokerOptions, bus: Bus | None = None) -> AsyncItera
         await runner.setup()
         stack.push_async_callback(runner.cleanup)
         ctx = opts.listener.context() if opts.listener is not None else None
-        site = web.TCPSite(runner, opts.host, opts.port, backlog=1024, ssl_context=ctx)
+        site = BoundedSite(runner, opts.host, opts.port, ssl_context=ctx, limits=opts.limits)
         await site.start()
         scheme = "https" if ctx is not None else "http"
         yield f"{scheme}://{opts.host}:{runner.addresses[0][1]}"

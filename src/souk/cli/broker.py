@@ -10,7 +10,18 @@ import typer
 from souk.broker import runtime
 from souk.broker.tokens import read_secret
 from souk.cli.config_file import CONFIG, PRINT_CONFIG, show_config
-from souk.cli.serving import LOG_FORMAT, LOG_LEVEL, METRICS, log_to_stderr, parse_listen
+from souk.cli.serving import (
+    HEAD_TIMEOUT,
+    KEEPALIVE_TIMEOUT,
+    LOG_FORMAT,
+    LOG_LEVEL,
+    MAX_CONNECTIONS,
+    MAX_PER_CLIENT,
+    METRICS,
+    listener_limits,
+    log_to_stderr,
+    parse_listen,
+)
 from souk.cli.tls import TLS_CERT, TLS_DIR_HELP, TLS_KEY, node_files, open_bus, server_cert
 from souk.schema import SchemaTooNew
 
@@ -55,6 +66,10 @@ def run(
         False, help="Without --tls-dir: follow an open bus other than loopback, unsigned rows."
     ),
     metrics: bool = METRICS,
+    max_connections: int = MAX_CONNECTIONS,
+    max_connections_per_client: int = MAX_PER_CLIENT,
+    head_timeout: float = HEAD_TIMEOUT,
+    keepalive_timeout: float = KEEPALIVE_TIMEOUT,
     log_level: str = LOG_LEVEL,
     log_format: str = LOG_FORMAT,
     config: Path | None = CONFIG,
@@ -93,6 +108,9 @@ def run(
         listener=listener,
         default_region=default_region,
         metrics=metrics,
+        limits=listener_limits(
+            max_connections, max_connections_per_client, head_timeout, keepalive_timeout
+        ),
     )
     try:
         runtime.run(runtime.serve(opts))
@@ -112,6 +130,10 @@ def dev(
     insecure_registry: list[str] = typer.Option(
         [], help="HOST[:PORT] of a registry every worker reaches over plain http; repeatable."
     ),
+    max_connections: int = MAX_CONNECTIONS,
+    max_connections_per_client: int = MAX_PER_CLIENT,
+    head_timeout: float = HEAD_TIMEOUT,
+    keepalive_timeout: float = KEEPALIVE_TIMEOUT,
 ) -> None:
     """A whole cluster in one process: 3 regions x 2 workers, a broker and a proxy, on loopback."""
     from souk.dev import run_dev
@@ -120,4 +142,7 @@ def dev(
     host, port = parse_listen(listen)
     _, proxy_port = parse_listen(proxy)
     registries = tuple(insecure_registry)
-    asyncio.run(run_dev(data_dir, host, port, proxy_port, driver, secure, registries))
+    limits = listener_limits(
+        max_connections, max_connections_per_client, head_timeout, keepalive_timeout
+    )
+    asyncio.run(run_dev(data_dir, host, port, proxy_port, driver, secure, registries, limits))

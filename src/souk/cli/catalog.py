@@ -29,10 +29,21 @@ from souk.catalog.replica import Replica, following
 from souk.catalog.trust import CaTrust, Trust
 from souk.cli.client import connect
 from souk.cli.command import run
-from souk.cli.serving import LOG_FORMAT, LOG_LEVEL, log_to_stderr, parse_listen
+from souk.cli.serving import (
+    HEAD_TIMEOUT,
+    KEEPALIVE_TIMEOUT,
+    LOG_FORMAT,
+    LOG_LEVEL,
+    MAX_CONNECTIONS,
+    MAX_PER_CLIENT,
+    listener_limits,
+    log_to_stderr,
+    parse_listen,
+)
 from souk.pki import NodeFiles, PkiError, load_cas
 from souk.web import Permission, Route, add_routes, error_middleware, open_access
 from souk.web import runner as web_runner
+from souk.web.listener import DEFAULT_LIMITS, BoundedSite, Limits
 from souk.web.metrics import METRICS_PATH, Metrics, serve_metrics
 
 app = typer.Typer(help="The catalog: every worker's rows, replicated.", no_args_is_help=True)
@@ -65,6 +76,10 @@ def serve(
         None, dir_okay=False, help="The cluster CA alone: only signed rows, on an open bus."
     ),
     insecure: bool = typer.Option(False, help="Apply unsigned rows (a bus like `souk dev`'s)."),
+    max_connections: int = MAX_CONNECTIONS,
+    max_connections_per_client: int = MAX_PER_CLIENT,
+    head_timeout: float = HEAD_TIMEOUT,
+    keepalive_timeout: float = KEEPALIVE_TIMEOUT,
 ) -> None:
     """Follow the catalog and serve it over HTTP (read-only). Without --secret-file it checks
     no tokens: bind it to a private address."""
@@ -89,9 +104,21 @@ def serve(
             trust = CaTrust(load_cas(ca))
     except PkiError as exc:
         raise typer.BadParameter(str(exc)) from None
+    limits = listener_limits(
+        max_connections, max_connections_per_client, head_timeout, keepalive_timeout
+    )
     asyncio.run(
         _serve(
-            nats, host, port, data_dir, region or None, unreachable_after, trust, options, secret
+            nats,
+            host,
+            port,
+            data_dir,
+            region or None,
+            unreachable_after,
+            trust,
+            options,
+            secret,
+            limits,
         )
     )
 
@@ -123,13 +150,13 @@ def catalog_app(replica: Replica, secret: bytes | None) -> web.Application:
 
 @contextlib.asynccontextmanager
 async def catalog_site(
-    replica: Replica, host: str, port: int, secret: bytes | None
+    replica: Replica, host: str, port: int, secret: bytes | None, limits: Limits = DEFAULT_LIMITS
 ) -> AsyncIterator[str]:
     """`catalog_app` served as souk serves everything; yields its base URL."""
     runner = web_runner(catalog_app(replica, secret))
     await runner.setup()
     try:
-        await web.TCPSite(runner, host, port).start()
+        await BoundedSite(runner, host, port, limits=limits).start()
         yield f"http://{host}:{runner.addresses[0][1]}"
     finally:
         await runner.cleanup()
@@ -145,6 +172,7 @@ async def _serve(
     trust: Trust | None,
     bus_options: dict[str, Any],
     secret: bytes | None,
+    limits: Limits,
 ) -> None:
     path: Path | str = ":memory:"
     if data_dir is not None:
@@ -163,7 +191,7 @@ async def _serve(
             following(bus, path, regions, trust=trust, bootstrap=up, settle=2.0 if up else 0.0)
         )
         replica.unreachable_after = unreachable_after
-        url = await stack.enter_async_context(catalog_site(replica, host, port, secret))
+        url = await stack.enter_async_context(catalog_site(replica, host, port, secret, limits))
         heap.settle()
         print(f"souk catalog ready on {url}", flush=True)
         stop = asyncio.Event()

@@ -10,7 +10,18 @@ import typer
 
 from souk.cli.client import CA, api_ca, api_token, api_url
 from souk.cli.config_file import CONFIG, PRINT_CONFIG, show_config
-from souk.cli.serving import LOG_FORMAT, LOG_LEVEL, METRICS, log_to_stderr, parse_listen
+from souk.cli.serving import (
+    HEAD_TIMEOUT,
+    KEEPALIVE_TIMEOUT,
+    LOG_FORMAT,
+    LOG_LEVEL,
+    MAX_CONNECTIONS,
+    MAX_PER_CLIENT,
+    METRICS,
+    listener_limits,
+    log_to_stderr,
+    parse_listen,
+)
 from souk.cli.tls import TLS_CERT, TLS_DIR_HELP, TLS_KEY, node_files, open_bus, server_cert
 
 
@@ -57,6 +68,10 @@ def run(
         False, help="Without --tls-dir: follow an open bus other than loopback, unsigned rows."
     ),
     metrics: bool = METRICS,
+    max_connections: int = MAX_CONNECTIONS,
+    max_connections_per_client: int = MAX_PER_CLIENT,
+    head_timeout: float = HEAD_TIMEOUT,
+    keepalive_timeout: float = KEEPALIVE_TIMEOUT,
     log_level: str = LOG_LEVEL,
     log_format: str = LOG_FORMAT,
     config: Path | None = CONFIG,
@@ -93,5 +108,8 @@ def run(
         listener=listener,
         tls=tls,
         metrics=metrics,
+        limits=listener_limits(
+            max_connections, max_connections_per_client, head_timeout, keepalive_timeout
+        ),
     )
     asyncio.run(serve(opts))

@@ -1,11 +1,14 @@
 """What every long-running command (worker, broker, proxy, catalog, dev) shares: the address
-it listens on and how it logs (`souk.logsetup`)."""
+it listens on, the limits of its listener (`souk.web.listener`) and how it logs
+(`souk.logsetup`)."""
 
 from __future__ import annotations
 
 import typer
 
 from souk import logsetup
+from souk.web.listener import DEFAULT_LIMITS as _LIMITS
+from souk.web.listener import Limits
 
 LOG_LEVEL = typer.Option("info", "--log-level", help="debug, info, warning or error.")
 LOG_FORMAT = typer.Option(
@@ -19,6 +22,40 @@ METRICS = typer.Option(
     help="--no-metrics: hot paths record nothing; /metrics still answers with the figures read "
     "at scrape time.",
 )
+
+
+MAX_CONNECTIONS = typer.Option(
+    _LIMITS.max_connections,
+    "--max-connections",
+    min=1,
+    help="Connections open at once, at most; one more is closed as it comes.",
+)
+MAX_PER_CLIENT = typer.Option(
+    _LIMITS.max_per_client,
+    "--max-connections-per-client",
+    min=1,
+    help="Connections open at once from one address (IPv6: one /64); behind a load balancer "
+    "or NAT, raise it to --max-connections.",
+)
+HEAD_TIMEOUT = typer.Option(
+    _LIMITS.head_timeout,
+    "--head-timeout",
+    min=0.1,
+    help="Seconds a client has for its TLS handshake and a request's head; slower, it is cut.",
+)
+KEEPALIVE_TIMEOUT = typer.Option(
+    _LIMITS.keepalive_timeout,
+    "--keepalive-timeout",
+    min=0.1,
+    help="Seconds an idle kept-alive connection stays open.",
+)
+
+
+def listener_limits(
+    max_connections: int, per_client: int, head_timeout: float, keepalive_timeout: float
+) -> Limits:
+    """The four listener options as the `Limits` every site of the command gets."""
+    return Limits(max_connections, per_client, head_timeout, keepalive_timeout)
 
 
 def parse_listen(listen: str) -> tuple[str, int]:

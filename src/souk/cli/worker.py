@@ -8,7 +8,18 @@ from pathlib import Path
 import typer
 
 from souk.cli.config_file import CONFIG, PRINT_CONFIG, show_config
-from souk.cli.serving import LOG_FORMAT, LOG_LEVEL, METRICS, log_to_stderr, parse_listen
+from souk.cli.serving import (
+    HEAD_TIMEOUT,
+    KEEPALIVE_TIMEOUT,
+    LOG_FORMAT,
+    LOG_LEVEL,
+    MAX_CONNECTIONS,
+    MAX_PER_CLIENT,
+    METRICS,
+    listener_limits,
+    log_to_stderr,
+    parse_listen,
+)
 from souk.cli.tls import TLS_DIR_HELP, loopback, node_files, open_bus
 from souk.models.machine import CpuKind
 from souk.schema import SchemaTooNew
@@ -62,6 +73,10 @@ def run(
         "publish unsigned rows to a bus other than loopback.",
     ),
     metrics: bool = METRICS,
+    max_connections: int = MAX_CONNECTIONS,
+    max_connections_per_client: int = MAX_PER_CLIENT,
+    head_timeout: float = HEAD_TIMEOUT,
+    keepalive_timeout: float = KEEPALIVE_TIMEOUT,
     log_level: str = LOG_LEVEL,
     log_format: str = LOG_FORMAT,
     config: Path | None = CONFIG,
@@ -109,7 +124,10 @@ def run(
         metrics=metrics,
     )
     try:
-        asyncio.run(serve(settings, driver, host, port, nats, tls))
+        limits = listener_limits(
+            max_connections, max_connections_per_client, head_timeout, keepalive_timeout
+        )
+        asyncio.run(serve(settings, driver, host, port, nats, tls, limits))
     except DataDirUnusable as exc:  # one line, not a traceback: nothing to debug but the host
         typer.echo(f"souk worker: {exc}", err=True)
         raise typer.Exit(1) from None

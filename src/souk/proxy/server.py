@@ -37,6 +37,7 @@ from souk.proxy.routing import Loads, Marks, Router, app_of
 from souk.proxy.wake import Waker
 from souk.web import runner as web_runner
 from souk.web.errors import json_error
+from souk.web.listener import DEFAULT_LIMITS, BoundedSite, Limits
 from souk.web.tls import ServerCert
 
 log = logging.getLogger("souk.proxy")
@@ -63,6 +64,7 @@ class ProxyOptions:
     # False: send to whatever listens at a machine's address, unchecked (only for backends no
     # worker runs, as in tests over a hand-written catalog). See `souk.proxy.holders`.
     check_sockets: bool = True
+    limits: Limits = DEFAULT_LIMITS  # of its listener
 
 
 class Proxy:
@@ -161,7 +163,8 @@ async def proxy_site(view: CatalogView, opts: ProxyOptions) -> AsyncIterator[tup
         await runner.setup()
         stack.push_async_callback(runner.cleanup)
         ctx = opts.listener.context() if opts.listener is not None else None
-        await web.TCPSite(runner, opts.host, opts.port, backlog=1024, ssl_context=ctx).start()
+        site = BoundedSite(runner, opts.host, opts.port, ssl_context=ctx, limits=opts.limits)
+        await site.start()
         scheme = "https" if ctx is not None else "http"
         yield proxy, f"{scheme}://{opts.host}:{runner.addresses[0][1]}"
 

@@ -31,6 +31,7 @@ from souk.pki import NodeFiles, reloading_server_context, role_middleware
 from souk.web import add_routes, error_middleware
 from souk.web import runner as web_runner
 from souk.web.body import MAX_BODY_BYTES
+from souk.web.listener import DEFAULT_LIMITS, BoundedSite, Limits
 from souk.web.protocol import protocol_middleware
 from souk.worker import api, logs, schedules
 from souk.worker.cgroups import Cgroups
@@ -167,6 +168,7 @@ async def serve(
     port: int,
     nats: str | None = None,
     tls: NodeFiles | None = None,
+    limits: Limits = DEFAULT_LIMITS,
 ) -> None:
     engine = open_engine(settings, driver_name)
     async with contextlib.AsyncExitStack() as stack:
@@ -189,7 +191,7 @@ async def serve(
         runner = web_runner(make_app(engine, secure=tls is not None))
         await runner.setup()
         ctx = tls_context(tls) if tls is not None else None
-        site = web.TCPSite(runner, host, port, backlog=1024, ssl_context=ctx)
+        site = BoundedSite(runner, host, port, ssl_context=ctx, limits=limits)
         await site.start()
         scheme = "https" if tls is not None else "http"
         log.info("worker %s (%s) listening on %s:%d", settings.name, settings.region, host, port)
