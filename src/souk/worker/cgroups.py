@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
+import signal
 import time
 from pathlib import Path
 
@@ -46,6 +48,11 @@ def _own_group(mode: str) -> Path | None:
         ):
             return ROOT.joinpath(*([] if mode == "v2" else ["memory"]), path.lstrip("/"))
     return None
+
+
+def worker_group(worker: str) -> str:
+    """The group under which a worker's machines get theirs, with both drivers."""
+    return f"souk/{worker}"
 
 
 class FreezeError(RuntimeError):
@@ -175,6 +182,26 @@ class Cgroups:
             except (OSError, ValueError):
                 continue
         return found
+
+    def kill(self, machine_id: str) -> int:
+        """SIGKILL to every process of the machine's groups, then a thaw (not waited for): a
+        task of a frozen v1 group cannot die until thawed, and dies before it runs again.
+        Plain system calls, for whoever cannot wait; returns how many were signalled."""
+        pids = self.pids(machine_id)
+        freezer = self._freezer_dir(machine_id)
+        if freezer is not None and self.freezer == "v1":
+            with contextlib.suppress(OSError, ValueError):
+                pids.update(int(p) for p in (freezer / "cgroup.procs").read_text().split())
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        if freezer is not None:
+            state, value = (
+                ("cgroup.freeze", "0") if self.freezer == "v2" else ("freezer.state", "THAWED")
+            )
+            with contextlib.suppress(OSError):
+                _write(freezer / state, value)
+        return len(pids)
 
     def remove(self, machine_id: str) -> None:
         for d in self._groups(machine_id):

@@ -17,6 +17,15 @@ class MachineTasks:
         if current is None or current.done():
             self._tasks[machine_id] = asyncio.create_task(start())
 
+    def replace(self, machine_id: str, start: Callable[[], Coroutine[Any, Any, None]]) -> None:
+        """Cancel the machine's task, and start another once it has ended (never two at once)."""
+        current = self._tasks.get(machine_id)
+        if current is None or current.done():
+            self._tasks[machine_id] = asyncio.create_task(start())
+            return
+        current.cancel()
+        self._tasks[machine_id] = asyncio.create_task(_after(current, start))
+
     def forget(self, machine_id: str) -> None:
         self._tasks.pop(machine_id, None)
 
@@ -26,3 +35,10 @@ class MachineTasks:
         for task in tasks:
             task.cancel()
         return tasks
+
+
+async def _after(
+    previous: asyncio.Task[None], start: Callable[[], Coroutine[Any, Any, None]]
+) -> None:
+    await asyncio.wait([previous])  # its outcome was its own to report
+    await start()

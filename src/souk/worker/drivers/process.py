@@ -190,9 +190,26 @@ class ProcessDriver:
     async def stop(
         self, machine_id: str, handle: Handle | None, signal: str, timeout: float
     ) -> None:
+        """A SIGKILL (or no time to act on a signal) kills every process of the machine at once,
+        frozen or not; any other signal thaws it first, so that it can act on it."""
+        if signal == "SIGKILL" or timeout <= 0:
+            await self._kill_at_once(machine_id, handle)
+            return
         await self.thaw(machine_id, handle)  # a frozen process cannot act on its signal
         if handle is not None and procfs.is_alive(handle.pid, handle.pid_start):
             await self._stop_leader(machine_id, handle, signal, timeout)
+        await self._kill_remaining(machine_id, handle)
+
+    async def _kill_at_once(self, machine_id: str, handle: Handle | None) -> None:
+        """SIGKILL to each process while it may still be frozen, then the thaw: a process of a
+        frozen v1 group cannot die until thawed, and then dies before running another
+        instruction of its own."""
+        if handle is not None and procfs.is_alive(handle.pid, handle.pid_start):
+            _killpg(handle.pid, signals.SIGKILL)
+        for pid in await self.remaining(machine_id, handle):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signals.SIGKILL)
+        await self.thaw(machine_id, handle)
         await self._kill_remaining(machine_id, handle)
 
     async def remaining(self, machine_id: str, handle: Handle | None) -> list[int]:
