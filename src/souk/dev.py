@@ -26,7 +26,7 @@ from pathlib import Path
 from aiohttp import web
 
 from souk import heap
-from souk.broker.runtime import BrokerOptions, broker_site, until_signalled
+from souk.broker.runtime import BrokerOptions, broker_site
 from souk.broker.tokens import mint, new_secret, read_secret
 from souk.catalog.bus import Bus, InProcessBus
 from souk.catalog.node import NodeKey, ca_trust
@@ -237,18 +237,24 @@ async def end_machines(engines: list[Engine], bound: float = END_BOUND) -> int:
     return len(live) - len(left)
 
 
-def _die_on_next_signal(engines: list[Engine]) -> None:
-    """A second Ctrl-C (or SIGTERM) ends `souk dev` at once: every machine's processes are
-    killed first (their cgroups), so none is left running; what they held on disk stays."""
+def _on_signals(engines: list[Engine]) -> asyncio.Event:
+    """Set at the first Ctrl-C (or SIGTERM), for an orderly end. A second one, whenever it
+    comes, ends `souk dev` at once: every machine's processes are killed first (their cgroups,
+    frozen ones too), so none is left running; what they held on disk stays for the next
+    `souk dev` on this data to end."""
+    first = asyncio.Event()
 
-    def now() -> None:
-        killed = sum(engine.kill_now() for engine in engines)
-        print(f"souk dev: killed {killed} processes; exiting now", flush=True)
-        os._exit(130)
+    def on_signal() -> None:
+        if first.is_set():
+            killed = sum(engine.kill_now() for engine in engines)
+            print(f"souk dev: killed {killed} processes; exiting now", flush=True)
+            os._exit(130)
+        first.set()
 
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, now)
+        loop.add_signal_handler(sig, on_signal)
+    return first
 
 
 def dashboard_url(dev: DevCluster) -> str:
@@ -275,6 +281,7 @@ async def run_dev(
         secure=secure,
         insecure_registries=insecure_registries,
     ) as dev:
+        signalled = _on_signals(list(dev.engines))
         heap.settle()
         print(f"souk dev: 3 regions ({', '.join(REGIONS)}) x 2 workers")
         print(f"  broker (Machines API): {dev.api}")
@@ -285,6 +292,5 @@ async def run_dev(
         print(f"export SOUK_API={dev.api}")
         print(f"export SOUK_TOKEN={dev.token}")
         print("then, in examples/hello: souk deploy", flush=True)
-        await until_signalled()
-        _die_on_next_signal(list(dev.engines))
+        await signalled.wait()
         await end_machines(list(dev.engines))  # first: the rest may take its time to close

@@ -160,12 +160,19 @@ class Engine:
         await self.drivers.close()
         self.store.close()
 
-    def kill_now(self) -> int:
-        """SIGKILL to every process in every machine's cgroups, frozen ones included, at once
-        and recording nothing (a later start of this worker finds them gone): for an owner that
-        cannot wait for forced destroys (`souk dev` told twice to stop). Returns how many."""
+    def kill_now(self, within: float = 1.0) -> int:
+        """SIGKILL to every process in every machine's cgroups, frozen ones included, again
+        until they are gone (at most `within` seconds), recording nothing (a later start of
+        this worker finds them gone): for an owner that cannot wait for forced destroys
+        (`souk dev` told twice to stop). Blocks; returns how many were signalled."""
         groups = Cgroups(worker_group(self.settings.name))
-        return sum(groups.kill(row["id"]) for row in queries.machines(self.store.read, None, False))
+        ids = [row["id"] for row in queries.machines(self.store.read, None, False)]
+        killed, deadline = sum(groups.kill(m) for m in ids), time.monotonic() + within
+        while any(groups.pids(m) for m in ids) and time.monotonic() < deadline:
+            time.sleep(0.01)
+            for m in ids:
+                groups.kill(m)
+        return killed
 
     # --- accepting work ----------------------------------------------------------------------
 
