@@ -93,10 +93,21 @@ class Cgroups:
 
     async def freeze(self, machine_id: str, frozen: bool = True) -> None:
         """Freeze (or thaw) every process in the machine's group, and return once the kernel
-        says it is done: a v1 group passes through FREEZING while tasks are caught."""
+        says it is done: a v1 group passes through FREEZING while tasks are caught. A group
+        removed meanwhile (its last process gone: runc removes a container's) has nothing left
+        to thaw, and nothing to freeze."""
         d = self._freezer_dir(machine_id)
         if d is None:
             raise FreezeError("this host gives the worker no cgroup freezer")
+        try:
+            await self._freeze(d, frozen)
+        except OSError as exc:
+            if d.is_dir():
+                raise
+            if frozen:
+                raise FreezeError(f"{d.name}: its group is gone") from exc
+
+    async def _freeze(self, d: Path, frozen: bool) -> None:
         deadline = time.monotonic() + FREEZE_TIMEOUT
         if self.freezer == "v2":
             (d / "cgroup.freeze").write_text("1" if frozen else "0")

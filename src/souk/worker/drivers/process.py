@@ -32,7 +32,7 @@ from souk.worker import logs, procfs
 from souk.worker.cgroups import Cgroups
 from souk.worker.drivers import execs, launcher, processes
 from souk.worker.drivers.base import ExecResult, Handle, HostUser, Launch
-from souk.worker.drivers.exits import child_exit, poll_until_gone, until_gone
+from souk.worker.drivers.exits import child_exit, poll_until_gone, thaw_to_die, until_gone
 from souk.worker.drivers.processes import SPEC_ENV
 from souk.worker.drivers.spawner import Command, Spawner, TooLarge
 from souk.worker.files import write_files
@@ -209,7 +209,7 @@ class ProcessDriver:
         for pid in await self.remaining(machine_id, handle):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signals.SIGKILL)
-        await self.thaw(machine_id, handle)
+        await thaw_to_die(self.thaw, machine_id, handle)
         await self._kill_remaining(machine_id, handle)
 
     async def remaining(self, machine_id: str, handle: Handle | None) -> list[int]:

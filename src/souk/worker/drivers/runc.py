@@ -24,7 +24,13 @@ from souk.worker import logs, procfs
 from souk.worker.cgroups import Cgroups
 from souk.worker.drivers import execs, launcher
 from souk.worker.drivers.base import ExecResult, Handle, Launch
-from souk.worker.drivers.exits import ExitCodes, child_exit, poll_until_gone, until_gone
+from souk.worker.drivers.exits import (
+    ExitCodes,
+    child_exit,
+    poll_until_gone,
+    thaw_to_die,
+    until_gone,
+)
 from souk.worker.drivers.file_appears import FileWatch
 from souk.worker.files import write_files
 from souk.worker.oci import network
@@ -258,7 +264,7 @@ class RuncDriver:
             for pid in left:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signals.SIGKILL)
-            await self.thaw(machine_id, handle)
+            await thaw_to_die(self.thaw, machine_id, handle)
             await asyncio.sleep(delay)
             delay = min(delay * 2, 0.5)
         if handle is not None:
