@@ -6,6 +6,8 @@ import asyncio
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+RECANCEL_AFTER = 1.0  # seconds a cancelled task has to end before it is cancelled again
+
 
 class MachineTasks:
     def __init__(self) -> None:
@@ -40,5 +42,9 @@ class MachineTasks:
 async def _after(
     previous: asyncio.Task[None], start: Callable[[], Coroutine[Any, Any, None]]
 ) -> None:
-    await asyncio.wait([previous])  # its outcome was its own to report
+    """`start` once `previous` has ended (its outcome is its own to report); cancelled again
+    while it has not, should something on its way out have swallowed the cancel."""
+    while not previous.done():
+        previous.cancel()
+        await asyncio.wait([previous], timeout=RECANCEL_AFTER)
     await start()

@@ -17,7 +17,7 @@ import shutil
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import replace
-from typing import Protocol, TypeVar
+from typing import Protocol
 
 from souk.models.machine import MachineConfig, StopConfig, normalize_signal
 from souk.sealing import Sealer
@@ -31,12 +31,12 @@ from souk.worker.progress import StepRun, Superseded, advance, skip
 from souk.worker.settings import WorkerSettings
 from souk.worker.store import Store, Tx, now_iso
 from souk.worker.supervision import Supervisor
+from souk.worker.threads import to_its_end
 
 _STOP_STEPS = OPERATIONS["stop"].steps
 KILL_RETRY_MAX = 1.0  # between SIGKILLs to a machine's process that is not gone yet
 
 log = logging.getLogger("souk.worker")
-T = TypeVar("T")
 
 
 class StepHost(Protocol):
@@ -161,18 +161,6 @@ def _starts_at_once(w: StepHost, run: StepRun) -> bool:
     return not image or w.drivers.image_cached(image)
 
 
-async def _uninterrupted(work: Awaitable[T]) -> T:
-    """`work` run to its end even if the step is cancelled meanwhile (a forced destroy, the
-    worker closing), the cancel raised after it: a spawn cut short could leave a process that
-    begins to run after the destroy looked for it."""
-    task = asyncio.ensure_future(work)
-    try:
-        return await asyncio.shield(task)
-    except asyncio.CancelledError:
-        await asyncio.wait([task])
-        raise
-
-
 @STEPS.implements("spawn")
 async def _spawn(w: StepHost, run: StepRun) -> int:
     logged = queries.operation_progress(w.store.read, run.op_id)
@@ -191,8 +179,9 @@ async def _spawn(w: StepHost, run: StepRun) -> int:
     if kind == "image":  # prepared means pulled: the cache (and the catalog) has it now
         await sync_images(w.store, w.drivers.images)
     # Returns once the process is the command, as the app, within its limits: `started` is
-    # visible the moment it commits.
-    handle = await _uninterrupted(driver.spawn(launch))
+    # visible the moment it commits. Run to its end even if a forced destroy cancels this step:
+    # a spawn cut short could leave a process that begins to run after the destroy looked.
+    handle = await to_its_end(driver.spawn(launch))
 
     def pin(tx: Tx) -> None:
         if digest is not None and digest != launch.image_digest:
