@@ -12,6 +12,7 @@ import shutil
 import signal
 import subprocess
 import urllib.error
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
@@ -102,11 +103,14 @@ def test_every_state_ends_by_forced_destroy_and_outlives_a_worker_sigterm(
     tmp_path: Path, images: Images
 ) -> None:
     registries = tuple(image.split("/")[0] for image in (images.runs, images.hangs))
-    worker = ImageWorker(tmp_path / "w", tmp_path / "w.log", cpus=64, memory_mb=65536)
+    name = f"walk{uuid.uuid4().hex[:8]}"
+    worker = ImageWorker(tmp_path / "w", tmp_path / "w.log", 64, 65536, name=name)
     worker.registries = registries
     worker.start()
     api = WorkerApi(worker)
     try:
+        # ours, not another worker that took the port first (ours then failed to bind)
+        assert worker.ok("GET", "/v1/status")["worker"] == name
         destroyed, kept = bring_all(api, KINDS, images), bring_all(api, KINDS, images)
         assert {h.state for h in destroyed} == set(STATES)
 
@@ -124,6 +128,7 @@ def test_every_state_ends_by_forced_destroy_and_outlives_a_worker_sigterm(
         worker.proc.send_signal(signal.SIGTERM)
         assert worker.proc.wait(30) == 0
         worker.start()
+        assert worker.ok("GET", "/v1/status")["worker"] == name
         after = {h.mid: (api.state(h.mid), api.pid(h.mid)) for h in kept}
         assert after == before
         for mid, state in frozen.items():
@@ -144,6 +149,9 @@ def test_every_state_ends_by_forced_destroy_and_outlives_a_worker_sigterm(
             for mid in worker.known_ids():  # their network and files too, whatever the state
                 worker.call("DELETE", f"/v1/machines/{mid}?force=true", timeout=5)
         worker.close()
+        for group in Path("/sys/fs/cgroup").glob(f"*/souk/{name}"):  # its machines' parent
+            with suppress(OSError):
+                group.rmdir()
 
 
 @dataclass
