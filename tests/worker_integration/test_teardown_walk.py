@@ -28,6 +28,7 @@ from tests.support.machines import (
     machine_processes,
     recorded_ids,
 )
+from tests.support.ports import free_port
 from tests.support.registry import registry_or_skip
 from tests.support.waiting import wait_until
 from tests.support.walk import (
@@ -91,6 +92,20 @@ class ImageWorker(WorkerProcess):
         return [*super().argv(), *(f"--insecure-registry={r}" for r in self.registries)]
 
 
+def start_own(worker: ImageWorker, tries: int = 5) -> None:
+    """Started and answering as itself: a port another worker took meanwhile (ours then fails
+    to bind, and the other answers) is given up for another."""
+    for _ in range(tries):
+        with suppress(RuntimeError, OSError, KeyError, TypeError):  # its port was taken
+            worker.start()
+            if worker.call("GET", "/v1/status").body["worker"] == worker.name:
+                return
+        assert worker.proc is not None
+        worker.proc.wait(10)  # ours, failing to bind
+        worker.port = free_port()
+    raise AssertionError(f"no port of its own for worker {worker.name}")
+
+
 def settled(api: WorkerApi, held: Held) -> str:
     """Where the machine is once what it was caught in has run its course."""
     if held.then is None:
@@ -106,11 +121,9 @@ def test_every_state_ends_by_forced_destroy_and_outlives_a_worker_sigterm(
     name = f"walk{uuid.uuid4().hex[:8]}"
     worker = ImageWorker(tmp_path / "w", tmp_path / "w.log", 64, 65536, name=name)
     worker.registries = registries
-    worker.start()
+    start_own(worker)
     api = WorkerApi(worker)
     try:
-        # ours, not another worker that took the port first (ours then failed to bind)
-        assert worker.ok("GET", "/v1/status")["worker"] == name
         destroyed, kept = bring_all(api, KINDS, images), bring_all(api, KINDS, images)
         assert {h.state for h in destroyed} == set(STATES)
 
@@ -127,8 +140,7 @@ def test_every_state_ends_by_forced_destroy_and_outlives_a_worker_sigterm(
         assert worker.proc is not None
         worker.proc.send_signal(signal.SIGTERM)
         assert worker.proc.wait(30) == 0
-        worker.start()
-        assert worker.ok("GET", "/v1/status")["worker"] == name
+        start_own(worker)
         after = {h.mid: (api.state(h.mid), api.pid(h.mid)) for h in kept}
         assert after == before
         for mid, state in frozen.items():
@@ -188,12 +200,27 @@ class DevApi:
         return None
 
 
+def up(data: Path, *args: str, tries: int = 5) -> DevProcess:
+    """`souk dev` ready; started again on other ports when one of those it was given was
+    taken meanwhile (a busy host's loopback connections use them too)."""
+    for _ in range(tries - 1):
+        dev = DevProcess(data, *args)
+        try:
+            wait_until(dev.ready, 60, "souk dev up")
+            return dev
+        except RuntimeError:
+            if "address already in use" not in dev.log.read_text()[dev.begins :]:
+                raise
+    dev = DevProcess(data, *args)
+    wait_until(dev.ready, 60, "souk dev up")
+    return dev
+
+
 @contextmanager
 def souk_dev(data: Path, images: Images) -> Iterator[DevApi]:
     registries = {image.split("/")[0] for image in (images.runs, images.hangs)}
-    dev = DevProcess(data, *(f"--insecure-registry={r}" for r in sorted(registries)))
+    dev = up(data, *(f"--insecure-registry={r}" for r in sorted(registries)))
     try:
-        wait_until(dev.ready, 60, "souk dev up")
         with suppress(urllib.error.HTTPError):  # 409: made by an earlier run on this data
             dev.call("POST", "/v1/apps", {"name": "walk"})
         yield DevApi(dev)
