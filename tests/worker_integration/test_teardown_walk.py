@@ -30,7 +30,6 @@ from tests.support.machines import (
 )
 from tests.support.ports import free_port
 from tests.support.registry import registry_or_skip
-from tests.support.waiting import wait_until
 from tests.support.walk import (
     WALK,
     Held,
@@ -43,7 +42,7 @@ from tests.support.walk import (
     walk_images,
 )
 from tests.support.worker_process import WorkerProcess
-from tests.worker_integration.test_dev_cleanup import DevProcess
+from tests.worker_integration.test_dev_cleanup import DevProcess, up
 
 pytestmark = pytest.mark.integration
 
@@ -198,22 +197,6 @@ class DevApi:
 
     def pid(self, mid: str) -> int | None:
         return None
-
-
-def up(data: Path, *args: str, tries: int = 5) -> DevProcess:
-    """`souk dev` ready; started again on other ports when one of those it was given was
-    taken meanwhile (a busy host's loopback connections use them too)."""
-    for _ in range(tries - 1):
-        dev = DevProcess(data, *args)
-        try:
-            wait_until(dev.ready, 60, "souk dev up")
-            return dev
-        except RuntimeError:
-            if "address already in use" not in dev.log.read_text()[dev.begins :]:
-                raise
-    dev = DevProcess(data, *args)
-    wait_until(dev.ready, 60, "souk dev up")
-    return dev
 
 
 @contextmanager
