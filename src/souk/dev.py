@@ -17,17 +17,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import signal
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from souk import heap
-from souk.broker.runtime import BrokerOptions, broker_site, until_signalled
+from souk.broker.runtime import BrokerOptions, broker_site
 from souk.broker.tokens import mint, new_secret, read_secret
 from souk.catalog.bus import Bus, InProcessBus
 from souk.catalog.node import NodeKey, ca_trust
 from souk.catalog.replica import following
-from souk.models.machine import CpuKind, MachineState
+from souk.models.machine import CpuKind
 from souk.pki import NodeFiles, init_ca, issue_files
 from souk.pki.files import CA_CERT, CA_KEY
 from souk.proxy.server import ProxyOptions, proxy_site
@@ -43,7 +45,7 @@ from souk.worker.settings import WorkerSettings
 
 REGIONS = ("mad", "ams", "sin")
 CPU_KINDS: tuple[CpuKind, ...] = ("shared", "performance")
-STOP_GRACE = 10.0  # past a machine's own stop timeout, before it is reported left running
+END_BOUND = 15.0  # seconds a stopping `souk dev` gives its machines' forced destroys
 log = logging.getLogger("souk.dev")
 
 
@@ -56,6 +58,7 @@ class DevCluster:
     workers: dict[str, str]  # id -> URL
     ca: Path | None = None  # secure: the CA every part's certificate is checked against
     operator: NodeFiles | None = None  # secure: a certificate that may call any worker route
+    engines: tuple[Engine, ...] = field(default=(), repr=False)  # its workers', for ending
 
 
 class DevPki:
@@ -155,7 +158,7 @@ async def dev_cluster(
                 engines.append(engine)
         # after the broker and proxy have closed (nothing starts machines any more), before the
         # workers do
-        stack.push_async_callback(stop_machines, engines)
+        stack.push_async_callback(end_machines, engines)
         broker_tls = pki.issue("broker", "broker") if pki else None
         opts = BrokerOptions(
             host,
@@ -194,6 +197,7 @@ async def dev_cluster(
             workers,
             ca=pki.ca if pki else None,
             operator=pki.issue("operator", "operator") if pki else None,
+            engines=tuple(engines),
         )
 
 
@@ -210,34 +214,53 @@ def _secure_hints(dev: DevCluster) -> None:
     print(f"export SOUK_CA={ca}")
 
 
-async def stop_machines(engines: list[Engine]) -> int:
-    """Stop every machine that runs (or is on its way to) and wait until it has; returns how
-    many were asked to stop. Machines being destroyed are waited for too."""
+async def end_machines(engines: list[Engine], bound: float = END_BOUND) -> int:
+    """Destroy every machine of the cluster, forced, from whatever state it is in (suspended,
+    stopping with a long timeout, starting on an image pull...): a forced destroy supersedes
+    what the machine was doing and kills it at once. Waits `bound` seconds at most, then names
+    the machines not yet destroyed; returns how many were destroyed."""
 
-    async def settle(engine: Engine, machine_id: str) -> None:
-        target: MachineState = "stopped"
+    async def destroy(engine: Engine, machine_id: str) -> bool:
+        held = engine.lease(machine_id)  # a deploy's lease does not keep it
+        nonce = held.nonce if held is not None else None
         try:
-            machine = await engine.submit(machine_id, "stop")  # queued, or already on its way
-        except WorkerError:  # nothing to stop, or being destroyed
-            machine = engine.get(machine_id, events=False)
-            if machine.state != "destroying":
-                return
-            target = "destroyed"
-        timeout = float(machine.config.stop_config.timeout) + STOP_GRACE
-        ok, found = await engine.wait(machine_id, target, timeout, None)
-        if not ok:
-            log.warning("machine %s is still %s; it may be left running", machine_id, found.state)
+            await engine.submit(machine_id, "destroy", {"force": True}, nonce)
+        except WorkerError as exc:
+            log.warning("machine %s not destroyed: %s", machine_id, exc)
+            return False
+        ok, _ = await engine.wait(machine_id, "destroyed", bound, None)
+        return ok
 
-    live = [
-        (engine, m.id)
-        for engine in engines
-        for m in engine.machines()
-        if m.state in ("created", "starting", "started", "stopping", "destroying")
-    ]
-    if live:
-        print(f"souk dev: stopping {len(live)} machines", flush=True)
-        await asyncio.gather(*(settle(engine, mid) for engine, mid in live))
-    return len(live)
+    live = [(e, m.id) for e in engines for m in e.machines() if m.state != "destroyed"]
+    if not live:
+        return 0
+    print(f"souk dev: destroying {len(live)} machines", flush=True)
+    done = await asyncio.gather(*(destroy(e, mid) for e, mid in live))
+    left = [(e, mid) for (e, mid), ok in zip(live, done, strict=True) if not ok]
+    for engine, mid in left:
+        state = engine.get(mid, events=False).state
+        print(f"souk dev: machine {mid} still {state} after {bound:g} s", flush=True)
+    return len(live) - len(left)
+
+
+def _on_signals(engines: list[Engine]) -> asyncio.Event:
+    """Set at the first Ctrl-C (or SIGTERM), for an orderly end. A second one, whenever it
+    comes, ends `souk dev` at once: every machine's processes are killed first (their cgroups,
+    frozen ones too), so none is left running; what they held on disk stays for the next
+    `souk dev` on this data to end."""
+    first = asyncio.Event()
+
+    def on_signal() -> None:
+        if first.is_set():
+            killed = sum(engine.kill_now() for engine in engines)
+            print(f"souk dev: killed {killed} processes; exiting now", flush=True)
+            os._exit(130)
+        first.set()
+
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, on_signal)
+    return first
 
 
 def dashboard_url(dev: DevCluster) -> str:
@@ -266,6 +289,7 @@ async def run_dev(
         insecure_registries=insecure_registries,
         limits=limits,
     ) as dev:
+        signalled = _on_signals(list(dev.engines))
         heap.settle()
         print(f"souk dev: 3 regions ({', '.join(REGIONS)}) x 2 workers")
         print(f"  broker (Machines API): {dev.api}")
@@ -276,4 +300,5 @@ async def run_dev(
         print(f"export SOUK_API={dev.api}")
         print(f"export SOUK_TOKEN={dev.token}")
         print("then, in examples/hello: souk deploy", flush=True)
-        await until_signalled()
+        await signalled.wait()
+        await end_machines(list(dev.engines))  # first: the rest may take its time to close

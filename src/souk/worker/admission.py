@@ -35,7 +35,7 @@ from souk.worker.errors import (
     WorkerError,
 )
 from souk.worker.fsm import OPERATIONS, Operation
-from souk.worker.progress import enqueue
+from souk.worker.progress import enqueue, force_destroy
 from souk.worker.queries import Db
 from souk.worker.settings import WorkerSettings
 from souk.worker.store import Tx, now_iso
@@ -219,14 +219,15 @@ def accept(
     row = queries.existing_machine(tx, machine_id)
     leases.check(tx, machine_id, nonce)
     projected: MachineState = row["projected"]
+    if op.name == "destroy" and params.get("force"):
+        return force_destroy(tx, machine_id, params)
     if op.ends_in is not None and projected == op.ends_in and op.name != "restart":
         return False
     if op.name == "start" and projected == "suspended":
         op = OPERATIONS["resume"]  # a start of a suspended machine thaws it
     if op.name == "destroy" and projected in ("started", "starting", "suspended"):
-        if not params.get("force"):
-            raise InvalidState(f"machine {machine_id} is {projected}: stop it first, or force")
-    elif projected not in op.allowed_from:
+        raise InvalidState(f"machine {machine_id} is {projected}: stop it first, or force")
+    if projected not in op.allowed_from:
         raise InvalidState(f"machine {machine_id} is {projected}: cannot {op.name} it")
     enqueue(tx, machine_id, op, projected, params)
     return True

@@ -34,7 +34,7 @@ from souk.web.body import MAX_BODY_BYTES
 from souk.web.listener import DEFAULT_LIMITS, BoundedSite, Limits
 from souk.web.protocol import protocol_middleware
 from souk.worker import api, logs, schedules
-from souk.worker.cgroups import Cgroups
+from souk.worker.cgroups import Cgroups, worker_group
 from souk.worker.drivers.base import Drivers
 from souk.worker.drivers.process import ProcessDriver
 from souk.worker.drivers.runc import RuncDriver
@@ -58,7 +58,7 @@ def make_driver(name: str, settings: WorkerSettings) -> Drivers:
         return Drivers(command=sim, image=sim)
     if name != "process":
         raise ValueError(f"unknown driver {name!r}: process or sim")
-    drivers = Drivers(command=ProcessDriver(Cgroups(f"souk/{settings.name}")))
+    drivers = Drivers(command=ProcessDriver(Cgroups(worker_group(settings.name))))
     if os.geteuid() == 0 and shutil.which("runc"):
         images = ImageCache(
             settings.data_dir / "images",
@@ -72,7 +72,7 @@ def make_driver(name: str, settings: WorkerSettings) -> Drivers:
         )
         drivers.images = images
         drivers.image = RuncDriver(
-            images, settings.data_dir / "runc", cgroup_parent=f"souk/{settings.name}"
+            images, settings.data_dir / "runc", cgroup_parent=worker_group(settings.name)
         )
     return drivers
 

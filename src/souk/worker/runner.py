@@ -20,7 +20,7 @@ from souk.worker import queries
 from souk.worker.fsm import OPERATIONS
 from souk.worker.machine_tasks import MachineTasks
 from souk.worker.metrics import WorkerMetrics
-from souk.worker.progress import StepRun, fail
+from souk.worker.progress import StepRun, Superseded, fail
 from souk.worker.steps import STEPS, StepHost
 from souk.worker.storage import patiently
 from souk.worker.store import Store
@@ -38,6 +38,12 @@ class Runner:
     def kick(self, machine_id: str) -> None:
         """Make sure the machine's queue is being run."""
         self.tasks.ensure(machine_id, lambda: self._run_queue(machine_id))
+
+    def preempt(self, machine_id: str) -> None:
+        """Run the machine's queue afresh: the step running now belongs to an operation a
+        forced destroy superseded (`progress.force_destroy`), so it is cancelled where it waits
+        (a stop's timeout, an image pull), not waited for."""
+        self.tasks.replace(machine_id, lambda: self._run_queue(machine_id))
 
     async def _run_queue(self, machine_id: str) -> None:
         waits = 0  # storage faults in a row
@@ -59,6 +65,8 @@ class Runner:
                 outcomes["done"].inc()
             except asyncio.CancelledError:
                 raise
+            except Superseded:  # its work is the destroy's to undo: nothing to log
+                continue
             except Exception as exc:
                 if self.store.watch.fault_from(exc) is not None:
                     # not logged as done: the step runs again (steps are idempotent)

@@ -32,7 +32,7 @@ from souk.worker import logs, procfs
 from souk.worker.cgroups import Cgroups
 from souk.worker.drivers import execs, launcher, processes
 from souk.worker.drivers.base import ExecResult, Handle, HostUser, Launch
-from souk.worker.drivers.exits import child_exit, poll_until_gone, until_gone
+from souk.worker.drivers.exits import child_exit, poll_until_gone, thaw_to_die, until_gone
 from souk.worker.drivers.processes import SPEC_ENV
 from souk.worker.drivers.spawner import Command, Spawner, TooLarge
 from souk.worker.files import write_files
@@ -189,9 +189,26 @@ class ProcessDriver:
     async def stop(
         self, machine_id: str, handle: Handle | None, signal: str, timeout: float
     ) -> None:
+        """A SIGKILL (or no time to act on a signal) kills every process of the machine at once,
+        frozen or not; any other signal thaws it first, so that it can act on it."""
+        if signal == "SIGKILL" or timeout <= 0:
+            await self._kill_at_once(machine_id, handle)
+            return
         await self.thaw(machine_id, handle)  # a frozen process cannot act on its signal
         if handle is not None and procfs.is_alive(handle.pid, handle.pid_start):
             await self._stop_leader(machine_id, handle, signal, timeout)
+        await self._kill_remaining(machine_id, handle)
+
+    async def _kill_at_once(self, machine_id: str, handle: Handle | None) -> None:
+        """SIGKILL to each process while it may still be frozen, then the thaw: a process of a
+        frozen v1 group cannot die until thawed, and then dies before running another
+        instruction of its own."""
+        if handle is not None and procfs.is_alive(handle.pid, handle.pid_start):
+            _killpg(handle.pid, signals.SIGKILL)
+        for pid in await self.remaining(machine_id, handle):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signals.SIGKILL)
+        await thaw_to_die(self.thaw, machine_id, handle)
         await self._kill_remaining(machine_id, handle)
 
     async def remaining(self, machine_id: str, handle: Handle | None) -> list[int]:

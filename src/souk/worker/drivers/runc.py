@@ -26,7 +26,13 @@ from souk.worker import logs, procfs
 from souk.worker.cgroups import Cgroups
 from souk.worker.drivers import execs, launcher
 from souk.worker.drivers.base import ExecResult, Handle, Launch
-from souk.worker.drivers.exits import ExitCodes, child_exit, poll_until_gone, until_gone
+from souk.worker.drivers.exits import (
+    ExitCodes,
+    child_exit,
+    poll_until_gone,
+    thaw_to_die,
+    until_gone,
+)
 from souk.worker.drivers.file_appears import FileWatch
 from souk.worker.files import write_files
 from souk.worker.oci import network
@@ -237,6 +243,11 @@ class RuncDriver:
     async def stop(
         self, machine_id: str, handle: Handle | None, signal: str, timeout: float
     ) -> None:
+        """A SIGKILL (or no time to act on a signal) kills the container at once, paused or
+        not, whether or not its start was recorded; any other signal resumes it first."""
+        if signal == "SIGKILL" or timeout <= 0:
+            await self._kill_at_once(machine_id, handle)
+            return
         if handle is None or not procfs.is_alive(handle.pid, handle.pid_start):
             return
         cid = self.container_id(machine_id)
@@ -247,15 +258,30 @@ class RuncDriver:
             return
         except TimeoutError:
             pass
-        await self._runc("kill", "--all", cid, "KILL", check=False)
-        await self._gone(machine_id, handle)
+        await self._kill_at_once(machine_id, handle)
+
+    async def _kill_at_once(self, machine_id: str, handle: Handle | None) -> None:
+        """SIGKILL to every process in the container's cgroup (what `runc kill --all` does,
+        without a runc run for each), then the thaw, which lets a frozen one die; until none
+        is left."""
+        delay = POLL
+        while left := await self.remaining(machine_id, handle):
+            for pid in left:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signals.SIGKILL)
+            await thaw_to_die(self.thaw, machine_id, handle)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 0.5)
+        if handle is not None:
+            await self._exits.wait(machine_id)
 
     async def remaining(self, machine_id: str, handle: Handle | None) -> list[int]:
-        """The container's init; the rest of the container dies with it (its own pid
-        namespace)."""
-        if handle is None or not procfs.is_alive(handle.pid, handle.pid_start):
-            return []
-        return [handle.pid]
+        """The container's processes, from its cgroup: also those of a start that was cut
+        short before its pid was recorded."""
+        pids = self.freezer.pids(machine_id)
+        if handle is not None and procfs.is_alive(handle.pid, handle.pid_start):
+            pids.add(handle.pid)
+        return sorted(pid for pid in pids if procfs.start_time(pid) is not None)
 
     async def _gone(self, machine_id: str, handle: Handle) -> None:
         await self._exits.wait(machine_id)
