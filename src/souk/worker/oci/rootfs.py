@@ -33,6 +33,7 @@ NOBODY = 65534  # where ids beyond a user namespace's span end up, as the kernel
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
 _overlay_ok: dict[Path, bool] = {}
 _idmap_ok: dict[Path, bool] = {}
+_idmap_lock = threading.Lock()  # one probe at a time: two at once shared (and left) its mount
 _userns_fds: dict[tuple[int, int, int], int] = {}
 _userns_lock = threading.Lock()
 
@@ -217,11 +218,13 @@ def overlay_supported(scratch: Path) -> bool:
 
 def idmap_supported(scratch: Path) -> bool:
     """Whether overlayfs takes idmapped layers here: a real mount, once per scratch dir."""
-    if scratch in _idmap_ok:
+    with _idmap_lock:
+        if scratch not in _idmap_ok:
+            _idmap_ok[scratch] = os.geteuid() == 0 and _probe_idmap(scratch)
         return _idmap_ok[scratch]
-    if os.geteuid() != 0:
-        _idmap_ok[scratch] = False
-        return False
+
+
+def _probe_idmap(scratch: Path) -> bool:
     probe = scratch / "idmap-probe"
     user = HostUser(uid=1 << 30, gid=1 << 30, span=NOBODY + 2)  # never an app's: a probe's own
     ok = False
@@ -240,7 +243,6 @@ def idmap_supported(scratch: Path) -> bool:
     except OSError:
         ok = False
     shutil.rmtree(probe, ignore_errors=True)
-    _idmap_ok[scratch] = ok
     return ok
 
 
