@@ -1338,7 +1338,9 @@ def charts(data: dict[str, Any], into: Path) -> list[Path]:
     paths = []
     by = grouped(data["runs"])
     order = list(DESIGNS)
-    fleets = sorted({k[1] for k in by if k[0] == "fly"})
+    fleets = sorted(
+        {k[1] for k, rs in by.items() if k[0] == "fly" and any(r["util_first_refusal"] for r in rs)}
+    )
     # 1. utilization at first refusal per design, one bar group per fleet size
     fig, ax = plt.subplots(figsize=(9, 4.2))
     width = 0.8 / max(1, len(fleets))
@@ -1354,7 +1356,7 @@ def charts(data: dict[str, Any], into: Path) -> list[Path]:
         ax.bar(xs, ys, width, yerr=es, capsize=2, label=f"{n:,} workers")
     ax.set_xticks([i + width * (len(fleets) - 1) / 2 for i in range(len(order))], order)
     ax.tick_params(axis="x", rotation=30)
-    ax.set_ylim(0.5, 1.0)
+    ax.set_ylim(0.0, 1.0)
     ax.set_ylabel("region's utilization at its first refusal")
     ax.set_title("Utilization at the first refusal (fly workload; bars: ±1 sd over seeds)")
     ax.legend(fontsize=8)
