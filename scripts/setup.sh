@@ -22,6 +22,9 @@ if [ ! -x .venv/bin/python ]; then
 fi
 .venv/bin/pip install -q --upgrade pip >/dev/null
 .venv/bin/pip install -q -e '.[dev]'
+# fly-python-sdk, a Fly client the tests run (tests/clients/): its package pins an httpx older
+# than the other clients', and its code runs on either, so it comes without its dependencies.
+.venv/bin/pip install -q --no-deps 'fly-python-sdk==0.3.4'
 
 # souk-launch, with which the process driver starts machines (src/souk/worker/drivers/launch.c):
 # one static binary beside the interpreter, where the worker looks for it first.
@@ -40,5 +43,5 @@ if [ "$(id -u)" = 0 ]; then
     done
 fi
 
-# Fly's spec, fetched by scripts/fetch-fly-spec.sh
-[ -f tests/conformance/.fly-openapi.json ] || ./scripts/fetch-fly-spec.sh || true
+# Fly's spec for the conformance tests: copied from beside the checkout, else fetched
+./scripts/fetch-fly-spec.sh || true
