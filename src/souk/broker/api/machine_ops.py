@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from souk.broker.api.machines import public
+from souk.broker.api.machines import fly_reply, public
 from souk.broker.api.params import lease_nonce, machine_ids
 from souk.broker.api.state import Broker, broker_of
 from souk.models.api import OkResponse
@@ -23,7 +23,7 @@ async def _located(request: web.Request) -> tuple[Broker, str, str, str]:
 
 async def suspend_machine(request: web.Request) -> web.Response:
     b, worker, address, mid = await _located(request)
-    return reply(public(await b.client.suspend(worker, address, mid, lease_nonce(request))))
+    return fly_reply(public(await b.client.suspend(worker, address, mid, lease_nonce(request))))
 
 
 async def signal_machine(request: web.Request) -> web.Response:
