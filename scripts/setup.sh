@@ -30,14 +30,20 @@ fi
 # one static binary beside the interpreter, where the worker looks for it first.
 cc -O2 -Wall -Werror -std=c11 -static -o .venv/bin/souk-launch src/souk/worker/drivers/launch.c
 
-# A root worker runs machines as their apps' own unprivileged users, and the tests' and the
-# example's machines run this venv's Python: those users must be able to pass through (not
-# list) every directory above the interpreter, its standard library and this checkout.
-if [ "$(id -u)" = 0 ]; then
+# A root worker runs machines as their apps' own unprivileged users. The tests' and the
+# example's machines run this venv's Python and files of this checkout, so those users must pass
+# through (not list) every directory above the interpreter and the checkout. Only a directory
+# that does not let them is changed (o+x), and each one is named; SOUK_SETUP_NO_CHMOD=1 changes
+# none (then the tests' and the example's machines cannot start). A worker's own data dir needs
+# nothing from here: the worker refuses to start, naming the directory, if they cannot reach it.
+if [ "$(id -u)" = 0 ] && [ -z "${SOUK_SETUP_NO_CHMOD:-}" ]; then
     base=$(.venv/bin/python -c 'import sys; print(sys.base_prefix)')
     for dir in "$base" "$(pwd)"; do
         while [ "$dir" != / ]; do
-            chmod o+x "$dir"
+            if [ "$(( 0$(stat -c %a "$dir") & 1 ))" = 0 ]; then
+                chmod o+x "$dir"
+                echo "let apps' users pass through $dir (chmod o+x): machines run this checkout's Python"
+            fi
             dir=$(dirname "$dir")
         done
     done

@@ -9,24 +9,38 @@ import typer
 
 from souk.broker import runtime
 from souk.broker.tokens import read_secret
-from souk.cli.serving import LOG_FORMAT, LOG_LEVEL, METRICS, log_to_stderr, parse_listen
+from souk.cli.serving import (
+    LOG_FORMAT,
+    LOG_LEVEL,
+    METRICS,
+    check_homes_reachable,
+    log_to_stderr,
+    parse_listen,
+    refusals,
+)
 from souk.cli.tls import TLS_CERT, TLS_DIR_HELP, TLS_KEY, node_files, open_bus, server_cert
 
 
 def run(
     listen: str = typer.Option("127.0.0.1:4280", help="HOST:PORT of the Machines API."),
-    secret_file: Path = typer.Option(..., help="The cluster secret tokens are signed with."),
+    secret_file: Path = typer.Option(
+        ..., help="The cluster secret tokens are signed with.", resolve_path=True
+    ),
     nats: str | None = typer.Option(
         None, help="NATS server URL(s), comma-separated: place from a catalog replica."
     ),
     catalog_dir: Path | None = typer.Option(
-        None, help="Keep the catalog replica's SQLite copy here (default: in memory)."
+        None,
+        help="Keep the catalog replica's SQLite copy here (default: in memory).",
+        resolve_path=True,
     ),
     worker: list[str] = typer.Option(
         [], help="Without --nats: a worker's API URL, polled (repeat for each)."
     ),
     app_registry: Path | None = typer.Option(
-        None, help="Host the cluster's app registry, stored in this directory (one broker)."
+        None,
+        help="Host the cluster's app registry, stored in this directory (one broker).",
+        resolve_path=True,
     ),
     app_registry_url: str | None = typer.Option(
         None, help="Forward app creates and deletes to the broker hosting the registry."
@@ -42,6 +56,7 @@ def run(
         None,
         help=f"{TLS_DIR_HELP} Reach workers over mutual TLS, and only so; reach the bus with "
         "them, apply only catalog rows their owners signed, sign the app registry's.",
+        resolve_path=True,
     ),
     tls_name: str | None = typer.Option(
         None, help="This broker's name in --tls-dir (default: the one key there)."
@@ -86,11 +101,14 @@ def run(
         default_region=default_region,
         metrics=metrics,
     )
-    runtime.run(runtime.serve(opts))
+    with refusals("broker"):
+        runtime.run(runtime.serve(opts))
 
 
 def dev(
-    data_dir: Path = typer.Option(Path(".souk-dev"), help="Where every worker keeps its data."),
+    data_dir: Path = typer.Option(
+        Path(".souk-dev"), help="Where every worker keeps its data.", resolve_path=True
+    ),
     listen: str = typer.Option("127.0.0.1:4280", help="HOST:PORT of the broker."),
     proxy: str = typer.Option("127.0.0.1:4300", help="HOST:PORT of the proxy."),
     driver: str = typer.Option("process", help="process, or sim (runs nothing)."),
@@ -107,5 +125,7 @@ def dev(
     log_to_stderr("warning")
     host, port = parse_listen(listen)
     _, proxy_port = parse_listen(proxy)
+    check_homes_reachable("dev", data_dir, driver)
     registries = tuple(insecure_registry)
-    asyncio.run(run_dev(data_dir, host, port, proxy_port, driver, secure, registries))
+    with refusals("dev"):
+        asyncio.run(run_dev(data_dir, host, port, proxy_port, driver, secure, registries))

@@ -20,11 +20,12 @@ def config(
         file_okay=False,
         help="The bus's node files, as `souk certs issue --role bus --out DIR` writes them: "
         "NAME.crt, NAME.key and the cluster's ca.crt.",
+        resolve_path=True,
     ),
     tls_name: str | None = typer.Option(
         None, help="NAME of the files in --tls-dir (default: the one NAME.key there)."
     ),
-    out: Path = typer.Option(..., help="Write the configuration here."),
+    out: Path = typer.Option(..., help="Write the configuration here.", resolve_path=True),
     node: list[str] = typer.Option(
         [], help="A node allowed on the bus, ROLE:NAME or worker:NAME@REGION (repeatable)."
     ),

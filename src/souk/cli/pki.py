@@ -34,7 +34,9 @@ def _summary(cert: x509.Certificate) -> dict[str, Any]:
 
 @ca.command("init")
 def ca_init(
-    directory: Path = typer.Option(..., "--dir", help="Write ca.key and ca.crt here."),
+    directory: Path = typer.Option(
+        ..., "--dir", help="Write ca.key and ca.crt here.", resolve_path=True
+    ),
     common_name: str = typer.Option("souk cluster CA", "--name", help="The CA's common name."),
     days: int = typer.Option(CA_DAYS, min=1, help="Valid for this many days."),
     force: bool = typer.Option(False, help="Replace an existing CA (every issued cert dies)."),
@@ -52,12 +54,16 @@ def ca_init(
 
 @certs.command("issue")
 def certs_issue(
-    ca_dir: Path = typer.Option(..., help="The CA's directory (ca.key, ca.crt)."),
+    ca_dir: Path = typer.Option(
+        ..., help="The CA's directory (ca.key, ca.crt).", resolve_path=True
+    ),
     role: str = typer.Option(..., help=f"What the part is: {', '.join(ROLES)}."),
     name: str = typer.Option(..., help="Its name, unique in the cluster (a worker: its id)."),
     san: list[str] = typer.Option([], help="Another DNS name or IP address (repeatable)."),
     days: int = typer.Option(NODE_DAYS, min=1, help="Valid for this many days."),
-    out: Path = typer.Option(..., help="Write NAME.key, NAME.crt and ca.crt here."),
+    out: Path = typer.Option(
+        ..., help="Write NAME.key, NAME.crt and ca.crt here.", resolve_path=True
+    ),
     force: bool = typer.Option(False, help="Replace an existing key with a new one."),
     reuse_key: bool = typer.Option(False, help="Renew the certificate of the key in --out."),
     as_json: bool = typer.Option(False, "--json", help="Print a JSON object."),
@@ -80,8 +86,10 @@ def certs_issue(
 
 @certs.command("show")
 def certs_show(
-    cert_file: Path = typer.Argument(..., help="A certificate (PEM)."),
-    ca_cert: Path | None = typer.Option(None, "--ca", help="Also check it was issued by this CA."),
+    cert_file: Path = typer.Argument(..., help="A certificate (PEM).", resolve_path=True),
+    ca_cert: Path | None = typer.Option(
+        None, "--ca", help="Also check it was issued by this CA.", resolve_path=True
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print a JSON object."),
 ) -> None:
     """Print whom a certificate speaks for; exit 1 if it is not a valid souk identity."""

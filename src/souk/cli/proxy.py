@@ -9,7 +9,7 @@ from pathlib import Path
 import typer
 
 from souk.cli.client import CA, api_ca, api_token, api_url
-from souk.cli.serving import LOG_FORMAT, LOG_LEVEL, METRICS, log_to_stderr, parse_listen
+from souk.cli.serving import LOG_FORMAT, LOG_LEVEL, METRICS, log_to_stderr, parse_listen, refusals
 from souk.cli.tls import TLS_CERT, TLS_DIR_HELP, TLS_KEY, node_files, open_bus, server_cert
 
 
@@ -38,7 +38,9 @@ def run(
         None, help="Bearer token for the broker (default: SOUK_TOKEN, .souk-dev/token)."
     ),
     catalog_dir: Path | None = typer.Option(
-        None, help="Keep the catalog replica's SQLite copy here (default: in memory)."
+        None,
+        help="Keep the catalog replica's SQLite copy here (default: in memory).",
+        resolve_path=True,
     ),
     ca: Path | None = CA,
     tls_cert: Path | None = TLS_CERT,
@@ -47,6 +49,7 @@ def run(
         None,
         help=f"{TLS_DIR_HELP} Reach the bus with them and apply only catalog rows their "
         "owners signed.",
+        resolve_path=True,
     ),
     tls_name: str | None = typer.Option(
         None, help="This proxy's name in --tls-dir (default: the one key there)."
@@ -87,4 +90,5 @@ def run(
         tls=tls,
         metrics=metrics,
     )
-    asyncio.run(serve(opts))
+    with refusals("proxy"):
+        asyncio.run(serve(opts))

@@ -1,11 +1,19 @@
 """What every long-running command (worker, broker, proxy, catalog, dev) shares: the address
-it listens on and how it logs (`souk.logsetup`)."""
+it listens on, how it logs (`souk.logsetup`) and how it refuses to start (one line, exit 2)."""
 
 from __future__ import annotations
+
+import errno
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import NoReturn
 
 import typer
 
 from souk import logsetup
+from souk.worker.app_users import closed_above
 
 LOG_LEVEL = typer.Option("info", "--log-level", help="debug, info, warning or error.")
 LOG_FORMAT = typer.Option(
@@ -35,3 +43,40 @@ def log_to_stderr(
     if fmt not in logsetup.FORMATS:
         raise typer.BadParameter(f"one of {', '.join(logsetup.FORMATS)}", param_hint="--log-format")
     logsetup.setup(level, fmt, resource, kind)  # type: ignore[arg-type]
+
+
+def refuse(part: str, message: str) -> NoReturn:
+    """A part that cannot start says why in one line, no traceback, and exits 2: there is
+    nothing to debug, only something on the host or the command line to change."""
+    typer.echo(f"souk {part}: {message}", err=True)
+    raise typer.Exit(2)
+
+
+def check_homes_reachable(part: str, data_dir: Path, driver: str) -> None:
+    """Refuse to start a root worker whose machines' users could not reach their homes below
+    `data_dir` (each machine would fail to start instead, one at a time)."""
+    if driver == "sim" or os.geteuid() != 0:
+        return  # not root: machines run as the worker itself, which reaches its data dir
+    closed = closed_above(data_dir)
+    if closed is not None:
+        refuse(
+            part,
+            f"machines run as their apps' own users, who cannot pass through {closed} (no"
+            f" search permission for others) to reach their homes in {data_dir}: use a data dir"
+            f" they can reach (e.g. under /var/lib/souk), or run `chmod o+x {closed}`",
+        )
+
+
+_CANNOT_LISTEN = {errno.EADDRINUSE, errno.EADDRNOTAVAIL, errno.EACCES}
+
+
+@contextmanager
+def refusals(part: str) -> Iterator[None]:
+    """Around a part's run: an address it cannot listen on (in use, not this host's, a
+    privileged port) ends it with one line, exit 2, not a traceback."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.errno not in _CANNOT_LISTEN:
+            raise
+        refuse(part, f"cannot listen: {exc.strerror or exc}")

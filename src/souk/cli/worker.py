@@ -7,7 +7,15 @@ from pathlib import Path
 
 import typer
 
-from souk.cli.serving import LOG_FORMAT, LOG_LEVEL, METRICS, log_to_stderr, parse_listen
+from souk.cli.serving import (
+    LOG_FORMAT,
+    LOG_LEVEL,
+    METRICS,
+    check_homes_reachable,
+    log_to_stderr,
+    parse_listen,
+    refusals,
+)
 from souk.cli.tls import TLS_DIR_HELP, loopback, node_files, open_bus
 from souk.models.machine import CpuKind
 from souk.worker.daemon import serve
@@ -19,7 +27,9 @@ def run(
     name: str = typer.Option(..., help="This worker's id, unique in the fleet."),
     region: str = typer.Option(..., help="The region it belongs to, e.g. mad."),
     listen: str = typer.Option("127.0.0.1:7100", help="HOST:PORT of its HTTP API."),
-    data_dir: Path = typer.Option(..., help="Where its database and machines' files live."),
+    data_dir: Path = typer.Option(
+        ..., help="Where its database and machines' files live.", resolve_path=True
+    ),
     cpus: int = typer.Option(..., min=1, help="CPUs it offers to machines."),
     memory_mb: int = typer.Option(..., min=16, help="Memory it offers to machines, in MB."),
     cpu_kind: list[str] = typer.Option(
@@ -47,6 +57,7 @@ def run(
         None,
         help=f"{TLS_DIR_HELP} NAME is --name. Serve mutual TLS only; reach the bus with them "
         "and sign this worker's catalog rows with its key.",
+        resolve_path=True,
     ),
     insecure: bool = typer.Option(
         False,
@@ -60,6 +71,7 @@ def run(
     """Run a worker daemon: the source of truth for every machine on this host."""
     log_to_stderr(log_level, log_format, name, "worker")
     host, port = parse_listen(listen)
+    check_homes_reachable("worker", data_dir, driver)
     tls = node_files(tls_dir, "worker", name) if tls_dir is not None else None
     if tls is not None and insecure:
         raise typer.BadParameter("--insecure is for a worker without --tls-dir: drop one")
@@ -95,7 +107,8 @@ def run(
         metrics=metrics,
     )
     try:
-        asyncio.run(serve(settings, driver, host, port, nats, tls))
+        with refusals("worker"):
+            asyncio.run(serve(settings, driver, host, port, nats, tls))
     except DataDirUnusable as exc:  # one line, not a traceback: nothing to debug but the host
         typer.echo(f"souk worker: {exc}", err=True)
         raise typer.Exit(1) from None

@@ -33,7 +33,9 @@ from souk.cli.deploy.secrets import carried
 from souk.clients.machines import MachinesClient
 
 JSON = typer.Option(False, "--json", help="Machine-readable output.")
-CONFIG = typer.Option(Path("souk.toml"), "--config", "-c", help="The app's souk.toml.")
+CONFIG = typer.Option(
+    Path("souk.toml"), "--config", "-c", help="The app's souk.toml.", resolve_path=True
+)
 APP = typer.Option(None, "--app", "-a", help="The app (default: souk.toml's).")
 STRATEGY = typer.Option(None, "--strategy", help="rolling, immediate, canary or bluegreen.")
 
