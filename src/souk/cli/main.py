@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import typer
@@ -49,3 +50,24 @@ app.command("proxy")(proxy.run)
 app.add_typer(pki.ca, name="ca")
 app.add_typer(pki.certs, name="certs")
 deploy.register(app)  # deploy, releases, rollback, scale, status, logs
+
+
+def entry() -> None:
+    """The `souk` program: a bad flag or argument is one line naming the command and how to
+    get its help, exit 2, not a usage box (the command's own refusals say theirs the same
+    way, see `command.fail` and `serving.refuse`)."""
+    try:
+        code = app(standalone_mode=False)
+    except typer.Abort:
+        typer.echo("aborted", err=True)
+        sys.exit(1)
+    except typer.TyperException as exc:  # click's usage errors, as typer carries them
+        if type(exc).__name__ == "NoArgsIsHelpError":  # `souk` alone: its help
+            exc.show()  # type: ignore[attr-defined]
+            sys.exit(0)
+        ctx = getattr(exc, "ctx", None)
+        name = ctx.command_path if ctx is not None else "souk"
+        message = exc.format_message() if hasattr(exc, "format_message") else str(exc)
+        typer.echo(f"{name}: {message} (see {name} --help)", err=True)
+        sys.exit(getattr(exc, "exit_code", 2))
+    sys.exit(code if isinstance(code, int) else 0)
