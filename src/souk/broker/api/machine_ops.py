@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from souk.broker.api.machines import fly_reply, public
+from souk.broker.api.answers import fly_reply
+from souk.broker.api.machines import public
 from souk.broker.api.params import lease_nonce, machine_ids
 from souk.broker.api.state import Broker, broker_of
 from souk.models.api import OkResponse

@@ -4,14 +4,13 @@ machine's only writer."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
-from typing import Any, TypeVar, get_args
+from typing import TypeVar, get_args
 
-import orjson
 from aiohttp import web
 from pydantic import BaseModel
 
 from souk.broker.api import leases, volumes
+from souk.broker.api.answers import fly_reply
 from souk.broker.api.params import flag, lease_nonce, machine_ids, policy, strategy
 from souk.broker.api.secrets import machine_secrets
 from souk.broker.api.state import IDEMPOTENCY, Broker, broker_of
@@ -29,7 +28,7 @@ from souk.models.api import (
     image_ref,
 )
 from souk.models.catalog import AppRow
-from souk.models.fly_wire import omit_empty, split_unknown
+from souk.models.fly_wire import split_unknown
 from souk.models.machine import (
     CreateMachine,
     Machine,
@@ -57,17 +56,6 @@ def public(machine: Machine, nonce: str | None = None) -> PublicMachine:
     digest = fields.pop("image_digest")
     ref = image_ref(machine.config.image, digest) if machine.config.image else None
     return PublicMachine.model_construct(**fields, nonce=nonce, image_ref=ref)
-
-
-def fly_reply(value: BaseModel | Sequence[BaseModel], status: int = 200) -> web.Response:
-    """A body as Fly sends it: nulls, empty lists and empty maps left out (Go's omitempty),
-    durations as strings. Clients written in typed languages refuse a null where they expect
-    a string, and some decode a list Fly never sends empty into another type."""
-    if isinstance(value, BaseModel):
-        data: Any = omit_empty(value.model_dump(mode="json", exclude_none=True))
-    else:
-        data = [omit_empty(v.model_dump(mode="json", exclude_none=True)) for v in value]
-    return web.Response(body=orjson.dumps(data), status=status, content_type="application/json")
 
 
 async def read_fly_request(request: web.Request, model: type[M]) -> tuple[M, list[str]]:
