@@ -17,7 +17,7 @@ from souk.models.api import CreateAppRequest, CreateMachineRequest, PublicMachin
 from souk.models.machine import GuestConfig, InitConfig, MachineConfig, MachineState
 
 machines = typer.Typer(help="Run and manage machines.", no_args_is_help=True)
-apps = typer.Typer(help="Create, list and delete apps.", no_args_is_help=True)
+apps = typer.Typer(help="Create, list and destroy apps.", no_args_is_help=True)
 
 COLUMNS = ["id", "name", "state", "region", "worker", "cpus", "memory_mb", "command"]
 APP_COLUMNS = ["name", "machine_count", "created_at"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -52,12 +53,33 @@ app.add_typer(pki.certs, name="certs")
 deploy.register(app)  # deploy, releases, rollback, scale, status, logs
 
 
+def plain_help(command: Any) -> None:
+    """Help that names what a value is, not its Python type: a flag shows none (typer would
+    show `<bool>`), an option its name (`--data-dir DATA_DIR`, not `<path>` or `<list[str]>`)."""
+    for param in command.params:
+        if param.metavar is None:
+            param.metavar = "" if getattr(param, "is_flag", False) else param.name.upper()
+    made = command.get_help_option  # --help is made per run, not among the params
+
+    def help_option(ctx: Any) -> Any:
+        option = made(ctx)
+        if option is not None:
+            option.metavar = ""
+        return option
+
+    command.get_help_option = help_option
+    for sub in getattr(command, "commands", {}).values():
+        plain_help(sub)
+
+
 def entry() -> None:
     """The `souk` program: a bad flag or argument is one line naming the command and how to
     get its help, exit 2, not a usage box (the command's own refusals say theirs the same
     way, see `command.fail` and `serving.refuse`)."""
+    command = typer.main.get_command(app)
+    plain_help(command)
     try:
-        code = app(standalone_mode=False)
+        code = command.main(prog_name="souk", standalone_mode=False)
     except typer.Abort:
         typer.echo("aborted", err=True)
         sys.exit(1)

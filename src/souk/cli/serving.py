@@ -4,6 +4,7 @@ it listens on, how it logs (`souk.logsetup`) and how it refuses to start (one li
 from __future__ import annotations
 
 import errno
+import logging
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -43,6 +44,14 @@ def log_to_stderr(
     if fmt not in logsetup.FORMATS:
         raise typer.BadParameter(f"one of {', '.join(logsetup.FORMATS)}", param_hint="--log-format")
     logsetup.setup(level, fmt, resource, kind)  # type: ignore[arg-type]
+    logging.getLogger("asyncio").addFilter(_not_the_ssl_eof_notice)
+
+
+def _not_the_ssl_eof_notice(record: logging.LogRecord) -> bool:
+    """asyncio (and uvloop) warn on every TLS connection a client closes first that aiohttp's
+    protocol asks to stay half-open, which TLS cannot do: the connection closes as it should,
+    and a warning per connection says nothing an operator can act on."""
+    return not str(record.msg).startswith("returning true from eof_received()")
 
 
 def refuse(part: str, message: str) -> NoReturn:
@@ -73,9 +82,14 @@ _CANNOT_LISTEN = {errno.EADDRINUSE, errno.EADDRNOTAVAIL, errno.EACCES}
 @contextmanager
 def refusals(part: str) -> Iterator[None]:
     """Around a part's run: an address it cannot listen on (in use, not this host's, a
-    privileged port) ends it with one line, exit 2, not a traceback."""
+    privileged port) or a program it needs and cannot find ends it with one line, exit 2,
+    not a traceback."""
     try:
         yield
+    except FileNotFoundError as exc:
+        if exc.filename is None:
+            raise
+        refuse(part, f"{exc.filename}: not found; is it installed (scripts/setup.sh)?")
     except OSError as exc:
         if exc.errno not in _CANNOT_LISTEN:
             raise

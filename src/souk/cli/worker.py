@@ -48,7 +48,7 @@ def run(
         None, help="Budget of the image cache in MB (least recently used images go first)."
     ),
     no_fsync: bool = typer.Option(
-        False, help="Skip fsync on commit (survives kill -9, not power loss)."
+        False, "--no-fsync", help="Skip fsync on commit (survives kill -9, not power loss)."
     ),
     nats: str | None = typer.Option(
         None, help="NATS server URL(s), comma-separated: publish this worker's catalog rows."
