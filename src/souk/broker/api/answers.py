@@ -13,12 +13,17 @@ from pydantic import BaseModel
 from souk.models.fly_wire import omit_empty
 
 
-def fly_reply(value: BaseModel | Sequence[BaseModel], status: int = 200) -> web.Response:
+def fly_reply(
+    value: BaseModel | Sequence[BaseModel], status: int = 200, keep_empty: bool = False
+) -> web.Response:
     """A body as Fly sends it: nulls, empty lists and empty maps left out (Go's omitempty),
     durations as strings. Clients written in typed languages refuse a null where they expect
-    a string, and some decode a list Fly never sends empty into another type."""
-    if isinstance(value, BaseModel):
-        data: Any = omit_empty(value.model_dump(mode="json", exclude_none=True))
-    else:
-        data = [omit_empty(v.model_dump(mode="json", exclude_none=True)) for v in value]
+    a string, and some decode a list Fly never sends empty into another type. `keep_empty`:
+    for Fly's structs whose lists are not omitempty (a process's `listen_sockets`)."""
+
+    def shown(model: BaseModel) -> Any:
+        data = model.model_dump(mode="json", exclude_none=True)
+        return data if keep_empty else omit_empty(data)
+
+    data = shown(value) if isinstance(value, BaseModel) else [shown(v) for v in value]
     return web.Response(body=orjson.dumps(data), status=status, content_type="application/json")

@@ -44,9 +44,9 @@ async def exec_machine(request: web.Request) -> web.Response:
 async def machine_processes(request: web.Request) -> web.Response:
     b, worker, address, mid = await _located(request)
     params = {k: v for k, v in request.query.items() if k in ("sort_by", "order")}
-    return reply(await b.client.processes(worker, address, mid, params))
+    return fly_reply(await b.client.processes(worker, address, mid, params), keep_empty=True)
 
 
 async def machine_versions(request: web.Request) -> web.Response:
     b, worker, address, mid = await _located(request)
-    return reply(await b.client.versions(worker, address, mid))
+    return fly_reply(await b.client.versions(worker, address, mid))
