@@ -63,15 +63,20 @@ def _is_model(annotation: Any) -> bool:
 
 def omit_empty(value: Any) -> Any:
     """A JSON value without nulls, empty lists and empty maps inside objects, as Go's
-    `omitempty` leaves them out of Fly's answers (an object emptied by this goes too)."""
-    if isinstance(value, dict):
+    `omitempty` leaves them out of Fly's answers (an object emptied by this goes too). Scalars
+    are not recursed into: an answer has many, and every broker answer goes through here."""
+    if type(value) is dict:
         out = {}
         for key, item in value.items():
-            kept = omit_empty(item)
-            if kept is None or (isinstance(kept, list | dict) and not kept):
+            kind = type(item)
+            if kind is dict or kind is list:
+                item = omit_empty(item)
+                if not item:
+                    continue
+            elif item is None:
                 continue
-            out[key] = kept
+            out[key] = item
         return out
-    if isinstance(value, list):
-        return [omit_empty(item) for item in value]
+    if type(value) is list:
+        return [omit_empty(v) if type(v) is dict or type(v) is list else v for v in value]
     return value

@@ -22,7 +22,8 @@ def fly_reply(
     for Fly's structs whose lists are not omitempty (a process's `listen_sockets`)."""
 
     def shown(model: BaseModel) -> Any:
-        data = model.model_dump(mode="json", exclude_none=True)
+        # pydantic's JSON and orjson's parse: half the time of a JSON-mode dump to Python
+        data = orjson.loads(model.model_dump_json(exclude_none=True))
         return data if keep_empty else omit_empty(data)
 
     data = shown(value) if isinstance(value, BaseModel) else [shown(v) for v in value]
