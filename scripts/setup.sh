@@ -4,7 +4,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 debs=(nats-server runc iproute2 nftables docker-registry umoci busybox-static chromium e2fsprogs util-linux
-      gcc libc6-dev)
+      gcc libc6-dev buildah)
 missing=()
 for pkg in "${debs[@]}"; do
     dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 
 from souk.cli.deploy import preflight
+from souk.cli.deploy.build import build_and_push
 from souk.cli.deploy.config import AppConfig, StrategyName
 from souk.cli.deploy.deployer import Deployer
 from souk.cli.deploy.errors import DeployError, DeployInProgress
@@ -52,6 +53,8 @@ async def deploy(
     exists = await api.app_exists(app)
     present = {m.region for m in await views(api, app)} if exists else set()
     await preflight.check(api, cfg, desired, present)
+    if cfg.build is not None:  # a Dockerfile: built and pushed first, then deployed pinned
+        cfg = await build_and_push(cfg, progress)
     created = await api.ensure_app(app)
     if created:
         progress.step(f"created app {app}")
