@@ -158,5 +158,5 @@ def test_a_build_section_names_its_files_beside_souk_toml(tmp_path: Path) -> Non
     assert cfg.build is not None and cfg.image is None
     assert cfg.build.dockerfile == str(tmp_path / "Dockerfile")
     assert cfg.build.context == str(tmp_path)
-    with pytest.raises(ConfigError, match="build.image"):
+    with pytest.raises(ConfigError, match=r"build\.image"):
         loads('app = "a"\nregions = { mad = 1 }\n[build]\nimage = "r.example/a:1"\n')
