@@ -36,6 +36,7 @@ from souk.proxy.server import ProxyOptions, proxy_site
 from souk.secret_files import write_secret
 from souk.web import runner as web_runner
 from souk.web.tls import ServerCert
+from souk.worker import volume_disk
 from souk.worker.daemon import make_app as make_worker_app
 from souk.worker.daemon import make_driver, offering, publishing, running, tls_context
 from souk.worker.engine import Engine
@@ -122,10 +123,13 @@ async def dev_cluster(
     idle_timeout: float = 60.0,
     secure: bool = False,
     insecure_registries: tuple[str, ...] = (),
+    disk_mb: int | None = None,
 ) -> AsyncIterator[DevCluster]:
     """Every worker offers both CPU kinds (`shared` and `performance`): clients that ask for
     either, as Fly's clients do by default, are placed; `insecure_registries` (host[:port]) are
-    pulled from over plain http, as a worker's `--insecure-registry`."""
+    pulled from over plain http, as a worker's `--insecure-registry`. With `disk_mb`, each
+    worker offers that much disk to volumes; at the end every volume is unmounted and its loop
+    device let go (the files stay, mounted again by the next run on this data dir)."""
     data_dir.mkdir(parents=True, exist_ok=True)
     secret = _secret(data_dir)
     pki = DevPki(data_dir / "tls", host) if secure else None
@@ -134,6 +138,11 @@ async def dev_cluster(
         stack.push_async_callback(bus.close)
         workers: dict[str, str] = {}
         engines: list[Engine] = []
+        if disk_mb:  # after every worker has stopped
+            for region in REGIONS:
+                for n in (1, 2):
+                    folder = data_dir / "workers" / f"{region}{n}"
+                    stack.callback(volume_disk.release_all, folder)
         for region in REGIONS:
             for n in (1, 2):
                 name = f"{region}{n}"
@@ -146,6 +155,7 @@ async def dev_cluster(
                     cpu_kinds=CPU_KINDS,
                     durable=False,
                     insecure_registries=insecure_registries,
+                    disk_mb=disk_mb or None,
                 )
                 tls = pki.issue("worker", name) if pki else None
                 engine, workers[name] = await _start_worker(stack, bus, settings, driver, host, tls)
@@ -248,6 +258,7 @@ async def run_dev(
     driver: str,
     secure: bool = False,
     insecure_registries: tuple[str, ...] = (),
+    disk_mb: int | None = None,
 ) -> None:
     async with dev_cluster(
         data_dir,
@@ -257,12 +268,15 @@ async def run_dev(
         driver,
         secure=secure,
         insecure_registries=insecure_registries,
+        disk_mb=disk_mb,
     ) as dev:
         heap.settle()
         print(f"souk dev: 3 regions ({', '.join(REGIONS)}) x 2 workers")
         print(f"  broker (Machines API): {dev.api}")
         print(f"  proxy: {dev.proxy}  (apps at <app>.{dev.domain}, or header 'souk-app: <app>')")
         print(f"  dashboard: {dashboard_url(dev)}")
+        if disk_mb:
+            print(f"  volumes: {disk_mb} MB of disk per worker (souk volumes create ...)")
         if secure:
             _secure_hints(dev)
         print(f"export SOUK_API={dev.api}")

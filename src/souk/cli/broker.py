@@ -105,6 +105,9 @@ def run(
         runtime.run(runtime.serve(opts))
 
 
+DEV_DISK_MB = 1024  # a sparse file per volume: only what a volume holds takes room
+
+
 def dev(
     data_dir: Path = typer.Option(
         Path(".souk-dev"), help="Where every worker keeps its data.", resolve_path=True
@@ -118,14 +121,25 @@ def dev(
     insecure_registry: list[str] = typer.Option(
         [], help="HOST[:PORT] of a registry every worker reaches over plain http; repeatable."
     ),
+    disk_mb: int | None = typer.Option(
+        None,
+        min=0,
+        help=f"Disk each worker offers to volumes, in MB (default: {DEV_DISK_MB} as root where"
+        " loop devices work, else none; 0: none).",
+    ),
 ) -> None:
     """A whole cluster in one process: 3 regions x 2 workers, a broker and a proxy, on loopback."""
     from souk.dev import run_dev
+    from souk.worker import volume_disk
 
     log_to_stderr("warning")
     host, port = parse_listen(listen)
     _, proxy_port = parse_listen(proxy)
     check_homes_reachable("dev", data_dir, driver)
     registries = tuple(insecure_registry)
+    if disk_mb is None and driver != "sim" and volume_disk.unsupported_reason() is None:
+        disk_mb = DEV_DISK_MB  # volumes can be tried at once, as the quick start does
     with refusals("dev"):
-        asyncio.run(run_dev(data_dir, host, port, proxy_port, driver, secure, registries))
+        asyncio.run(
+            run_dev(data_dir, host, port, proxy_port, driver, secure, registries, disk_mb or None)
+        )
