@@ -118,3 +118,26 @@ def test_an_expected_failure_is_logged_in_one_line(dev: Dev, project: Path) -> N
     assert failed, lines[-20:]
     after = lines[failed[0] + 1 : failed[0] + 2]
     assert not any(line.startswith("Traceback") for line in after), lines[failed[0] :][:10]
+
+
+def test_the_bus_configuration_says_where_it_listens(tmp_path: Path) -> None:
+    bus = ["--role", "bus", "--name", "nats-1", "--san", "127.0.0.1", "--out", "tls-nats"]
+    steps = [["ca", "init", "--dir", "ca"], ["certs", "issue", "--ca-dir", "ca", *bus]]
+    for step in steps:
+        assert souk(*step, cwd=tmp_path).returncode == 0
+    config = [
+        "nats",
+        "config",
+        "--tls-dir",
+        "tls-nats",
+        "--out",
+        "nats.conf",
+        "--node",
+        "worker:w1@mad",
+    ]
+    wide = souk(*config, cwd=tmp_path)
+    assert wide.returncode == 0, wide.stderr
+    assert "0.0.0.0:4222 (every address of this host" in wide.stdout, wide.stdout
+    narrow = souk(*config, "--host", "127.0.0.1", cwd=tmp_path)
+    assert "clients connect on 127.0.0.1:4222" in narrow.stdout
+    assert "every address" not in narrow.stdout
