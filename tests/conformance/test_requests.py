@@ -171,6 +171,10 @@ async def test_unknown_config_fields_are_ignored_as_fly_does_and_named_back(
     assert "regoin" in body["error"]
     bad = {"config": {**EXEC, "auto_destroy": "soon"}}
     assert (await c.call("POST", M, json=bad)).status == 400
+    many = {"config": {**EXEC, **{f"x{i}": i for i in range(1000)}}, "region": "ams"}
+    resp = await c.call("POST", M, json=many)
+    await body_of(resp, 200)  # named back, within a header's room
+    assert resp.headers["souk-ignored-fields"].endswith("config.x30, and 969 more")
 
 
 async def test_one_process_on_an_image_machine_is_its_command(lopsided: Cluster) -> None:

@@ -44,6 +44,7 @@ MAX_WAIT = 60
 IDEMPOTENCY_HEADER = "Idempotency-Key"
 MAX_KEY = 255
 IGNORED_HEADER = "souk-ignored-fields"
+MAX_IGNORED = 32
 M = TypeVar("M", bound=BaseModel)
 
 
@@ -67,6 +68,9 @@ async def read_fly_request(request: web.Request, model: type[M]) -> tuple[M, lis
     if isinstance(data, dict) and isinstance(data.get("config"), dict):
         config, ignored = split_unknown(MachineConfig, data["config"], "config")
         request[BODY_KEY] = {**data, "config": config}
+        if len(ignored) > MAX_IGNORED:  # named back within a header's and an event's room
+            more = len(ignored) - MAX_IGNORED + 1
+            ignored = [*ignored[: MAX_IGNORED - 1], f"and {more} more"]
     return await read_model(request, model), ignored
 
 
