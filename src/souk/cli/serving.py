@@ -82,14 +82,10 @@ _CANNOT_LISTEN = {errno.EADDRINUSE, errno.EADDRNOTAVAIL, errno.EACCES}
 @contextmanager
 def refusals(part: str) -> Iterator[None]:
     """Around a part's run: an address it cannot listen on (in use, not this host's, a
-    privileged port) or a program it needs and cannot find ends it with one line, exit 2,
-    not a traceback."""
+    privileged port) ends it with one line, exit 2, not a traceback. (A program a part lacks,
+    runc or losetup, is a capability it reports, not a reason not to start.)"""
     try:
         yield
-    except FileNotFoundError as exc:
-        if exc.filename is None:
-            raise
-        refuse(part, f"{exc.filename}: not found; is it installed (scripts/setup.sh)?")
     except OSError as exc:
         if exc.errno not in _CANNOT_LISTEN:
             raise
