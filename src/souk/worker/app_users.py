@@ -180,8 +180,10 @@ def closed_above(data_dir: Path) -> Path | None:
     for folder in reversed(data_dir.absolute().parents):
         try:
             mode = os.stat(folder).st_mode
-        except FileNotFoundError:
-            return None  # made by the worker, with the modes it sets
+        except (FileNotFoundError, NotADirectoryError):
+            return None  # made by the worker, with the modes it sets (or it says why not)
+        if not stat.S_ISDIR(mode):
+            return None  # not a directory: the worker's own check of its data dir says so
         if not mode & stat.S_IXOTH:
             return folder
     return None
