@@ -32,8 +32,9 @@ from souk.catalog.replica import following
 from souk.models.machine import CpuKind, MachineState
 from souk.pki import NodeFiles, init_ca, issue_files
 from souk.pki.files import CA_CERT, CA_KEY
+from souk.pki.public import init_public_ca, issue_public
 from souk.proxy.server import ProxyOptions, proxy_site
-from souk.secret_files import write_secret
+from souk.secret_files import write_file, write_secret
 from souk.web import runner as web_runner
 from souk.web.tls import ServerCert
 from souk.worker import volume_disk
@@ -46,6 +47,7 @@ from souk.worker.settings import WorkerSettings
 REGIONS = ("mad", "ams", "sin")
 CPU_KINDS: tuple[CpuKind, ...] = ("shared", "performance")
 STOP_GRACE = 10.0  # past a machine's own stop timeout, before it is reported left running
+TRUST = "trust.crt"  # in the dev PKI's directory: the cluster CA and the public CA, for clients
 log = logging.getLogger("souk.dev")
 
 
@@ -69,15 +71,27 @@ class DevPki:
         self.sans = sorted({host, "127.0.0.1", "localhost"})
         if not (root / "ca" / CA_KEY).exists():
             init_ca(root / "ca", "souk dev CA")
+        public_ca = init_public_ca(root / "public-ca", "souk dev public CA")
+        # what a client of the broker or the proxy trusts: both CAs, one file (`--ca`)
+        bundle = (root / "ca" / CA_CERT).read_bytes() + public_ca.read_bytes()
+        write_file(self.ca, bundle, mode=0o644)
 
     @property
     def ca(self) -> Path:
-        return self.root / "ca" / CA_CERT
+        return self.root / TRUST
 
     def issue(self, role: str, name: str) -> NodeFiles:
         out = self.root / name
         files, _ = issue_files(self.root / "ca", out, role, name, self.sans, force=True)
         return files
+
+    def public(self, name: str) -> ServerCert:
+        """An ECDSA certificate for a public listener (the broker's, the proxy's), which
+        browsers take: the cluster's Ed25519 ones they refuse at the handshake."""
+        cert, key = issue_public(
+            self.root / "public-ca", self.root / f"{name}-public", name, self.sans
+        )
+        return ServerCert(cert, key)
 
 
 async def _start_worker(
@@ -171,7 +185,7 @@ async def dev_cluster(
             list(workers.values()),
             registry_dir=data_dir / "registry",
             tls=broker_tls,
-            listener=ServerCert(broker_tls.cert, broker_tls.key) if broker_tls else None,
+            listener=pki.public("broker") if pki else None,
         )
         api = await stack.enter_async_context(broker_site(opts, bus))
         token = mint(secret, operator=True)
@@ -185,7 +199,7 @@ async def dev_cluster(
             token=token,
             idle_timeout=idle_timeout,
             ca=pki.ca if pki else None,
-            listener=ServerCert(proxy_tls.cert, proxy_tls.key) if proxy_tls else None,
+            listener=pki.public("proxy") if pki else None,
         )
         _, proxy = await stack.enter_async_context(proxy_site(replica, proxy_opts))
         write_secret(data_dir / "token", token + "\n")  # an operator token: 0600

@@ -18,7 +18,7 @@ from souk.clients.machines import MachinesClient
 T = TypeVar("T")
 
 DEV_DIR = Path(".souk-dev")
-DEV_CA = Path("tls") / "ca" / "ca.crt"  # below DEV_DIR, made by `souk dev --secure`
+DEV_CA = Path("tls") / "trust.crt"  # below DEV_DIR: `souk dev --secure`'s CAs, for clients
 DEFAULT_API = "http://127.0.0.1:4280"
 TIMEOUT = 120.0  # for one answer; streams (logs --follow) have none
 
