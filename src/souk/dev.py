@@ -32,11 +32,13 @@ from souk.catalog.replica import following
 from souk.models.machine import CpuKind
 from souk.pki import NodeFiles, init_ca, issue_files
 from souk.pki.files import CA_CERT, CA_KEY
+from souk.pki.public import init_public_ca, issue_public
 from souk.proxy.server import ProxyOptions, proxy_site
-from souk.secret_files import write_secret
+from souk.secret_files import write_file, write_secret
 from souk.web import runner as web_runner
 from souk.web.listener import DEFAULT_LIMITS, BoundedSite, Limits
 from souk.web.tls import ServerCert
+from souk.worker import volume_disk
 from souk.worker.daemon import make_app as make_worker_app
 from souk.worker.daemon import make_driver, offering, publishing, running, tls_context
 from souk.worker.engine import Engine
@@ -46,6 +48,7 @@ from souk.worker.settings import WorkerSettings
 REGIONS = ("mad", "ams", "sin")
 CPU_KINDS: tuple[CpuKind, ...] = ("shared", "performance")
 END_BOUND = 15.0  # seconds a stopping `souk dev` gives its machines' forced destroys
+TRUST = "trust.crt"  # in the dev PKI's directory: the cluster CA and the public CA, for clients
 log = logging.getLogger("souk.dev")
 
 
@@ -70,15 +73,27 @@ class DevPki:
         self.sans = sorted({host, "127.0.0.1", "localhost"})
         if not (root / "ca" / CA_KEY).exists():
             init_ca(root / "ca", "souk dev CA")
+        public_ca = init_public_ca(root / "public-ca", "souk dev public CA")
+        # what a client of the broker or the proxy trusts: both CAs, one file (`--ca`)
+        bundle = (root / "ca" / CA_CERT).read_bytes() + public_ca.read_bytes()
+        write_file(self.ca, bundle, mode=0o644)
 
     @property
     def ca(self) -> Path:
-        return self.root / "ca" / CA_CERT
+        return self.root / TRUST
 
     def issue(self, role: str, name: str) -> NodeFiles:
         out = self.root / name
         files, _ = issue_files(self.root / "ca", out, role, name, self.sans, force=True)
         return files
+
+    def public(self, name: str) -> ServerCert:
+        """An ECDSA certificate for a public listener (the broker's, the proxy's), which
+        browsers take: the cluster's Ed25519 ones they refuse at the handshake."""
+        cert, key = issue_public(
+            self.root / "public-ca", self.root / f"{name}-public", name, self.sans
+        )
+        return ServerCert(cert, key)
 
 
 async def _start_worker(
@@ -125,11 +140,14 @@ async def dev_cluster(
     idle_timeout: float = 60.0,
     secure: bool = False,
     insecure_registries: tuple[str, ...] = (),
+    disk_mb: int | None = None,
     limits: Limits = DEFAULT_LIMITS,
 ) -> AsyncIterator[DevCluster]:
     """Every worker offers both CPU kinds (`shared` and `performance`): clients that ask for
     either, as Fly's clients do by default, are placed; `insecure_registries` (host[:port]) are
-    pulled from over plain http, as a worker's `--insecure-registry`."""
+    pulled from over plain http, as a worker's `--insecure-registry`. With `disk_mb`, each
+    worker offers that much disk to volumes; at the end every volume is unmounted and its loop
+    device let go (the files stay, mounted again by the next run on this data dir)."""
     data_dir.mkdir(parents=True, exist_ok=True)
     secret = _secret(data_dir)
     pki = DevPki(data_dir / "tls", host) if secure else None
@@ -138,6 +156,11 @@ async def dev_cluster(
         stack.push_async_callback(bus.close)
         workers: dict[str, str] = {}
         engines: list[Engine] = []
+        if disk_mb:  # after every worker has stopped
+            for region in REGIONS:
+                for n in (1, 2):
+                    folder = data_dir / "workers" / f"{region}{n}"
+                    stack.callback(volume_disk.release_all, folder)
         for region in REGIONS:
             for n in (1, 2):
                 name = f"{region}{n}"
@@ -150,6 +173,7 @@ async def dev_cluster(
                     cpu_kinds=CPU_KINDS,
                     durable=False,
                     insecure_registries=insecure_registries,
+                    disk_mb=disk_mb or None,
                 )
                 tls = pki.issue("worker", name) if pki else None
                 engine, workers[name] = await _start_worker(
@@ -167,7 +191,7 @@ async def dev_cluster(
             list(workers.values()),
             registry_dir=data_dir / "registry",
             tls=broker_tls,
-            listener=ServerCert(broker_tls.cert, broker_tls.key) if broker_tls else None,
+            listener=pki.public("broker") if pki else None,
             limits=limits,
         )
         api = await stack.enter_async_context(broker_site(opts, bus))
@@ -182,7 +206,7 @@ async def dev_cluster(
             token=token,
             idle_timeout=idle_timeout,
             ca=pki.ca if pki else None,
-            listener=ServerCert(proxy_tls.cert, proxy_tls.key) if proxy_tls else None,
+            listener=pki.public("proxy") if pki else None,
             tls=proxy_tls,  # asks workers whether a machine holds the socket at its address
             limits=limits,
         )
@@ -277,6 +301,7 @@ async def run_dev(
     driver: str,
     secure: bool = False,
     insecure_registries: tuple[str, ...] = (),
+    disk_mb: int | None = None,
     limits: Limits = DEFAULT_LIMITS,
 ) -> None:
     async with dev_cluster(
@@ -287,6 +312,7 @@ async def run_dev(
         driver,
         secure=secure,
         insecure_registries=insecure_registries,
+        disk_mb=disk_mb,
         limits=limits,
     ) as dev:
         signalled = _on_signals(list(dev.engines))
@@ -295,6 +321,8 @@ async def run_dev(
         print(f"  broker (Machines API): {dev.api}")
         print(f"  proxy: {dev.proxy}  (apps at <app>.{dev.domain}, or header 'souk-app: <app>')")
         print(f"  dashboard: {dashboard_url(dev)}")
+        if disk_mb:
+            print(f"  volumes: {disk_mb} MB of disk per worker (souk volumes create ...)")
         if secure:
             _secure_hints(dev)
         print(f"export SOUK_API={dev.api}")

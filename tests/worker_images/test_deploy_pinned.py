@@ -62,10 +62,11 @@ async def test_a_deploy_pins_its_tag_a_pushed_tag_updates_and_a_rollback_runs_th
                 await deploy(
                     api, parse({**toml, "image": f"{registry.host}/site:2"}), Progress(quiet=True)
                 )
+            assert not await api.app_exists("site")  # nothing made for an image not there
+            await api.ensure_app("site")
             with pytest.raises(MachinesApiError) as bad:
                 await api.pin_image("site", "Not A Reference!", "mad")
             assert (bad.value.http_status, bad.value.reason) == (400, "invalid_image")
-            assert await api.machines("site") == []  # nothing made for an image not there,
             assert releases(await api.app_metadata("site")) == []  # nor recorded
 
             await deploy(api, parse(toml), Progress(quiet=True))

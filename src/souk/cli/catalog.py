@@ -13,7 +13,6 @@ from typing import Any
 import typer
 from aiohttp import web
 from aiohttp.typedefs import Middleware
-from rich.console import Console
 from rich.table import Table
 
 from souk import __version__, heap
@@ -28,7 +27,7 @@ from souk.catalog.protocol import HELLO
 from souk.catalog.replica import Replica, following
 from souk.catalog.trust import CaTrust, Trust
 from souk.cli.client import connect
-from souk.cli.command import run
+from souk.cli.command import console, run
 from souk.cli.serving import (
     HEAD_TIMEOUT,
     KEEPALIVE_TIMEOUT,
@@ -232,14 +231,14 @@ def status(
         reachable = "[red]no[/red]" if o["unreachable"] else "yes"
         silent = "" if o["silent_for"] is None else f"{o['silent_for']:.1f}"
         table.add_row(o["owner"], o["region"], str(o["head"]), str(o["lag"]), silent, reachable)
-    console = Console()
-    console.print(table)
+    out = console()
+    out.print(table)
     if data["quarantined"]:
         bad = Table("owner", "table", "key", "seq", "error", title="quarantined rows")
         for q in data["quarantined"]:
             bad.add_row(q["owner"], q["table"], q["key"], str(q["seq"]), q["error"][:120])
-        console.print(bad)
+        out.print(bad)
     stats = ", ".join(f"{k} {v}" for k, v in sorted(data["stats"].items()))
-    console.print(f"[dim]{stats}[/dim]")
+    out.print(f"[dim]{stats}[/dim]")
     refused = ", ".join(f"{k} {v}" for k, v in sorted(data.get("refused", {}).items()))
-    console.print(f"{data.get('security', 'insecure')}; refused: {refused or 'nothing'}")
+    out.print(f"{data.get('security', 'insecure')}; refused: {refused or 'nothing'}")

@@ -21,6 +21,7 @@ from souk.cli.serving import (
     listener_limits,
     log_to_stderr,
     parse_listen,
+    refusals,
 )
 from souk.cli.tls import TLS_CERT, TLS_DIR_HELP, TLS_KEY, node_files, open_bus, server_cert
 
@@ -51,7 +52,9 @@ def run(
         None, help="Bearer token for the broker (default: SOUK_TOKEN, .souk-dev/token)."
     ),
     catalog_dir: Path | None = typer.Option(
-        None, help="Keep the catalog replica's SQLite copy here (default: in memory)."
+        None,
+        help="Keep the catalog replica's SQLite copy here (default: in memory).",
+        resolve_path=True,
     ),
     ca: Path | None = CA,
     tls_cert: Path | None = TLS_CERT,
@@ -60,6 +63,7 @@ def run(
         None,
         help=f"{TLS_DIR_HELP} Reach the bus with them and apply only catalog rows their "
         "owners signed.",
+        resolve_path=True,
     ),
     tls_name: str | None = typer.Option(
         None, help="This proxy's name in --tls-dir (default: the one key there)."
@@ -112,4 +116,5 @@ def run(
             max_connections, max_connections_per_client, head_timeout, keepalive_timeout
         ),
     )
-    asyncio.run(serve(opts))
+    with refusals("proxy"):
+        asyncio.run(serve(opts))

@@ -17,8 +17,10 @@ TLS_DIR_HELP = (
     "This part's node files, as `souk certs issue --out DIR` writes them: NAME.crt, NAME.key "
     "and the cluster's ca.crt."
 )
-TLS_CERT = typer.Option(None, "--tls-cert", help="Serve HTTPS with this certificate (PEM chain).")
-TLS_KEY = typer.Option(None, "--tls-key", help="The key of --tls-cert (PEM).")
+TLS_CERT = typer.Option(
+    None, "--tls-cert", help="Serve HTTPS with this certificate (PEM chain).", resolve_path=True
+)
+TLS_KEY = typer.Option(None, "--tls-key", help="The key of --tls-cert (PEM).", resolve_path=True)
 
 
 def node_files(directory: Path, role: str, name: str | None = None) -> NodeFiles:

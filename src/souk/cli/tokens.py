@@ -66,7 +66,9 @@ def _print(token: str, as_json: bool) -> None:
 
 @app.command("create")
 def create(
-    secret_file: Path = typer.Option(..., help="File holding the cluster secret."),
+    secret_file: Path = typer.Option(
+        ..., help="File holding the cluster secret.", resolve_path=True
+    ),
     app_name: list[str] = typer.Option([], "--app", help=APP_HELP + " Default: every app."),
     action: list[str] = typer.Option([], "--action", help=ACTION_HELP),
     machine: list[str] = typer.Option([], "--machine", help=MACHINE_HELP),
@@ -161,7 +163,9 @@ def revoke(
 
 @app.command("secret")
 def secret(
-    out: Path = typer.Option(..., help="Write a new cluster secret here (mode 0600)."),
+    out: Path = typer.Option(
+        ..., help="Write a new cluster secret here (mode 0600).", resolve_path=True
+    ),
     force: bool = typer.Option(False, help="Overwrite an existing file."),
 ) -> None:
     """Generate a cluster secret. Every broker of a cluster must read the same one."""

@@ -16,13 +16,14 @@ from souk.cli.serving import (
     MAX_CONNECTIONS,
     MAX_PER_CLIENT,
     METRICS,
+    check_homes_reachable,
     listener_limits,
     log_to_stderr,
     parse_listen,
+    refusals,
 )
 from souk.cli.tls import TLS_DIR_HELP, loopback, node_files, open_bus
 from souk.models.machine import CpuKind
-from souk.schema import SchemaTooNew
 from souk.worker.daemon import serve
 from souk.worker.settings import WorkerSettings
 from souk.worker.storage import DataDirUnusable
@@ -33,7 +34,9 @@ def run(
     name: str = typer.Option(..., help="This worker's id, unique in the fleet."),
     region: str = typer.Option(..., help="The region it belongs to, e.g. mad."),
     listen: str = typer.Option("127.0.0.1:7100", help="HOST:PORT of its HTTP API."),
-    data_dir: Path = typer.Option(..., help="Where its database and machines' files live."),
+    data_dir: Path = typer.Option(
+        ..., help="Where its database and machines' files live.", resolve_path=True
+    ),
     cpus: int = typer.Option(..., min=1, help="CPUs it offers to machines."),
     memory_mb: int = typer.Option(..., min=16, help="Memory it offers to machines, in MB."),
     cpu_kind: list[str] = typer.Option(
@@ -57,7 +60,7 @@ def run(
         None, help="Budget of the image cache in MB (least recently used images go first)."
     ),
     no_fsync: bool = typer.Option(
-        False, help="Skip fsync on commit (survives kill -9, not power loss)."
+        False, "--no-fsync", help="Skip fsync on commit (survives kill -9, not power loss)."
     ),
     nats: str | None = typer.Option(
         None, help="NATS server URL(s), comma-separated: publish this worker's catalog rows."
@@ -66,6 +69,7 @@ def run(
         None,
         help=f"{TLS_DIR_HELP} NAME is --name. Serve mutual TLS only; reach the bus with them "
         "and sign this worker's catalog rows with its key.",
+        resolve_path=True,
     ),
     insecure: bool = typer.Option(
         False,
@@ -88,6 +92,7 @@ def run(
         return
     log_to_stderr(log_level, log_format, name, "worker")
     host, port = parse_listen(listen)
+    check_homes_reachable("worker", data_dir, driver)
     tls = node_files(tls_dir, "worker", name) if tls_dir is not None else None
     if tls is not None and insecure:
         raise typer.BadParameter("--insecure is for a worker without --tls-dir: drop one")
@@ -123,14 +128,12 @@ def run(
         image_cache_mb=image_cache_mb,
         metrics=metrics,
     )
+    limits = listener_limits(
+        max_connections, max_connections_per_client, head_timeout, keepalive_timeout
+    )
     try:
-        limits = listener_limits(
-            max_connections, max_connections_per_client, head_timeout, keepalive_timeout
-        )
-        asyncio.run(serve(settings, driver, host, port, nats, tls, limits))
+        with refusals("worker"):
+            asyncio.run(serve(settings, driver, host, port, nats, tls, limits))
     except DataDirUnusable as exc:  # one line, not a traceback: nothing to debug but the host
         typer.echo(f"souk worker: {exc}", err=True)
         raise typer.Exit(1) from None
-    except SchemaTooNew as exc:  # a binary rolled back under its data: refuse, touch nothing
-        typer.echo(f"souk worker: {exc}", err=True)
-        raise typer.Exit(2) from None

@@ -285,16 +285,16 @@ class WorkerInfo(BaseModel):
 
 
 class TokenInfo(BaseModel):
-    """What the token presented allows: each list the intersection of its caveats, None for
-    no limit on that dimension."""
+    """What the token presented allows: each list the intersection of its caveats, left out
+    (None) for no limit on that dimension."""
 
     id: str = Field(description="Revoking this id revokes every token attenuated from it.")
     operator: bool
     actions: list[str]
-    apps: list[str] | None
-    machines: list[str] | None
-    regions: list[str] | None
-    expires: int | None = Field(description="Unix seconds; None: it does not expire.")
+    apps: list[str] | None = None
+    machines: list[str] | None = None
+    regions: list[str] | None = None
+    expires: int | None = Field(None, description="Unix seconds; left out: it does not expire.")
 
 
 def image_ref(image: str, runs: str | None = None) -> ImageRef:

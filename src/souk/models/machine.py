@@ -680,17 +680,38 @@ class MachineConfig(Strict):
         for name, check in self.checks.items():
             if check.port is None:
                 raise ValueError(f"checks.{name}.port: a machine check needs a port")
+        if self.processes and self.image:
+            self._one_process_as_command()
         if self.processes:
-            if self.image:
-                raise unsupported(
-                    "processes: several processes in one machine need the process driver for"
-                    " now (a machine without an image)"
-                )
             if not all(p.argv(self.init) for p in self.processes):
                 raise ValueError("processes: each process needs a command (exec or cmd)")
         elif not self.image and not self.init.exec:
             raise ValueError("a machine needs an image or init.exec (the command to run)")
         return self
+
+    def _one_process_as_command(self) -> None:
+        """An image machine's one process is its command (Fly's clients send a command so):
+        folded into `init` and `env`, so that what the config shows is what runs. Several
+        need a guest init that souk's containers do not have yet."""
+        if len(self.processes) > 1:
+            raise unsupported(
+                "processes: an image machine runs one process (its command); several in one"
+                " machine need the process driver for now (a machine without an image)"
+            )
+        (process,) = self.processes
+        if process.user or process.env_from:
+            raise unsupported(
+                "processes: an image machine's process runs as the image's user, with env only"
+                " (no user, no env_from)"
+            )
+        command: dict[str, Any] = {
+            k: getattr(process, k) for k in ("exec", "entrypoint", "cmd") if getattr(process, k)
+        }
+        if "exec" in command:
+            command.update(entrypoint=None, cmd=None)
+        self.init = self.init.model_copy(update=command)
+        self.env = {**self.env, **process.env}
+        self.processes = []
 
     def argv(self) -> list[str]:
         """What the process driver runs: init.exec, else entrypoint + cmd."""
@@ -757,6 +778,8 @@ class CreateMachine(Strict):
     # The app's secrets, opened by the broker: the machine's env at each start, and the content
     # of files that name one. Kept apart from the config, which GET shows and rows carry.
     secrets: dict[str, str] = Field(default_factory=dict, repr=False)
+    # Fields of a Fly client's config the broker ignored (as Fly does), named in the create event.
+    ignored_fields: list[str] | None = Field(None, max_length=256)
 
     @field_validator("app")
     @classmethod

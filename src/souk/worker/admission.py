@@ -201,7 +201,7 @@ def create(
         "create",
         "reserve",
         "created",
-        data={"app": req.app, "guest": guest.model_dump()},
+        data={"app": req.app, "guest": guest.model_dump(), **_ignored(req)},
     )
     reserve(tx, settings, guest.cpus, guest.memory_mb, 1, f"machine {machine_id}")
     if hold_until is not None:
@@ -209,6 +209,12 @@ def create(
         tx.log("machine", machine_id, "hold", "provisional", None, data={"until": hold_until})
     if req.start:
         enqueue(tx, machine_id, OPERATIONS["start"], "created", {})
+
+
+def _ignored(req: CreateMachine) -> dict[str, Any]:
+    """The fields of its config the broker ignored, for the create event: Fly's clients are
+    not refused for them, and the event says what was not taken."""
+    return {"ignored_fields": req.ignored_fields} if req.ignored_fields else {}
 
 
 def accept(

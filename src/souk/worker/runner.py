@@ -15,17 +15,28 @@ import json
 import logging
 import time
 
+from aiohttp import ClientError
+
 from souk.logsetup import about
 from souk.worker import queries
+from souk.worker.errors import WorkerError
 from souk.worker.fsm import OPERATIONS
 from souk.worker.machine_tasks import MachineTasks
 from souk.worker.metrics import WorkerMetrics
+from souk.worker.oci.auth import AuthError
+from souk.worker.oci.manifest import ManifestError
+from souk.worker.oci.reference import ReferenceError as BadReference
+from souk.worker.oci.registry import RegistryError
 from souk.worker.progress import StepRun, Superseded, fail
 from souk.worker.steps import STEPS, StepHost
 from souk.worker.storage import patiently
 from souk.worker.store import Store
 
 log = logging.getLogger("souk.worker")
+# Failures that are the request's or a registry's (no such image, a bad reference, a refusal, a
+# registry out of reach): one line with the reason; anything else is unforeseen and logged with
+# its traceback.
+EXPECTED = (WorkerError, RegistryError, AuthError, ManifestError, BadReference, ClientError)
 
 
 class Runner:
@@ -77,10 +88,13 @@ class Runner:
                 outcomes["failed"].inc()
                 found = queries.machine(self.store.read, machine_id)
                 state = found["state"] if found is not None else None
-                log.exception(
-                    "operation %s on %s failed",
+                log.log(
+                    logging.WARNING if isinstance(exc, EXPECTED) else logging.ERROR,
+                    "operation %s on %s failed: %s",
                     op.name,
                     machine_id,
+                    exc,
+                    exc_info=not isinstance(exc, EXPECTED),  # a traceback for the unforeseen only
                     extra=about(machine_id, state, op=op.name),
                 )
                 failed = functools.partial(fail, self.store, machine_id, row["id"], op, str(exc))

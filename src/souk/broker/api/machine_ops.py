@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
+from souk.broker.api.answers import fly_reply
 from souk.broker.api.machines import public
 from souk.broker.api.params import lease_nonce, machine_ids
 from souk.broker.api.state import Broker, broker_of
@@ -23,7 +24,7 @@ async def _located(request: web.Request) -> tuple[Broker, str, str, str]:
 
 async def suspend_machine(request: web.Request) -> web.Response:
     b, worker, address, mid = await _located(request)
-    return reply(public(await b.client.suspend(worker, address, mid, lease_nonce(request))))
+    return fly_reply(public(await b.client.suspend(worker, address, mid, lease_nonce(request))))
 
 
 async def signal_machine(request: web.Request) -> web.Response:
@@ -43,9 +44,9 @@ async def exec_machine(request: web.Request) -> web.Response:
 async def machine_processes(request: web.Request) -> web.Response:
     b, worker, address, mid = await _located(request)
     params = {k: v for k, v in request.query.items() if k in ("sort_by", "order")}
-    return reply(await b.client.processes(worker, address, mid, params))
+    return fly_reply(await b.client.processes(worker, address, mid, params), keep_empty=True)
 
 
 async def machine_versions(request: web.Request) -> web.Response:
     b, worker, address, mid = await _located(request)
-    return reply(await b.client.versions(worker, address, mid))
+    return fly_reply(await b.client.versions(worker, address, mid))

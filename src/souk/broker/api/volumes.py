@@ -14,6 +14,7 @@ from typing import Any
 
 from aiohttp import web
 
+from souk.broker.api.answers import fly_reply
 from souk.broker.api.state import Broker, broker_of
 from souk.broker.placement.reservation import TAG_LENGTH, worker_tag
 from souk.clients.workers import WorkerError
@@ -27,7 +28,7 @@ from souk.models.volume import (
     UpdateVolumeRequest,
     Volume,
 )
-from souk.web import ApiError, read_model, reply
+from souk.web import ApiError, read_model
 
 FIND_TIMEOUT = 2.0
 
@@ -138,7 +139,7 @@ async def list_volumes(request: web.Request) -> web.Response:
     b = broker_of(request)
     app = request.match_info["app"]
     b.require_app(app)
-    return reply(await app_volumes(b, app))
+    return fly_reply(await app_volumes(b, app))
 
 
 async def create_volume(request: web.Request) -> web.Response:
@@ -173,7 +174,7 @@ async def create_volume(request: web.Request) -> web.Response:
                 raise
             refusals.append({"worker": worker.id, "reason": exc.message})
             continue
-        return reply(volume)
+        return fly_reply(volume)
     raise ApiError(
         412,
         "insufficient_capacity",
@@ -229,7 +230,7 @@ async def _candidates(
 async def get_volume(request: web.Request) -> web.Response:
     b = broker_of(request)
     _, volume = await locate(b, request.match_info["app"], request.match_info["id"])
-    return reply(volume)
+    return fly_reply(volume)
 
 
 async def update_volume(request: web.Request) -> web.Response:
@@ -237,14 +238,14 @@ async def update_volume(request: web.Request) -> web.Response:
     body = await read_model(request, UpdateVolumeRequest)
     worker, _ = await locate(b, request.match_info["app"], request.match_info["id"])
     vid = request.match_info["id"]
-    return reply(await b.client.update_volume(worker.id, worker.address, vid, body))
+    return fly_reply(await b.client.update_volume(worker.id, worker.address, vid, body))
 
 
 async def destroy_volume(request: web.Request) -> web.Response:
     b = broker_of(request)
     worker, _ = await locate(b, request.match_info["app"], request.match_info["id"])
     vid = request.match_info["id"]
-    return reply(await b.client.destroy_volume(worker.id, worker.address, vid))
+    return fly_reply(await b.client.destroy_volume(worker.id, worker.address, vid))
 
 
 async def extend_volume(request: web.Request) -> web.Response:
@@ -252,17 +253,17 @@ async def extend_volume(request: web.Request) -> web.Response:
     body = await read_model(request, ExtendVolumeRequest)
     worker, _ = await locate(b, request.match_info["app"], request.match_info["id"])
     vid = request.match_info["id"]
-    return reply(await b.client.extend_volume(worker.id, worker.address, vid, body))
+    return fly_reply(await b.client.extend_volume(worker.id, worker.address, vid, body))
 
 
 async def list_snapshots(request: web.Request) -> web.Response:
     b = broker_of(request)
     worker, _ = await locate(b, request.match_info["app"], request.match_info["id"])
-    return reply(await b.client.snapshots(worker.id, worker.address, request.match_info["id"]))
+    return fly_reply(await b.client.snapshots(worker.id, worker.address, request.match_info["id"]))
 
 
 async def create_snapshot(request: web.Request) -> web.Response:
     b = broker_of(request)
     worker, _ = await locate(b, request.match_info["app"], request.match_info["id"])
     vid = request.match_info["id"]
-    return reply(await b.client.snapshot_volume(worker.id, worker.address, vid))
+    return fly_reply(await b.client.snapshot_volume(worker.id, worker.address, vid))

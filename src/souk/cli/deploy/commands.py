@@ -10,11 +10,10 @@ from pathlib import Path
 from typing import Any, cast, get_args
 
 import typer
-from rich.console import Console
-from rich.table import Table
 
 from souk.cli.client import API, TOKEN, connect
-from souk.cli.command import fail, run
+from souk.cli.command import console, fail, run
+from souk.cli.command import table as command_table
 from souk.cli.deploy import config as cfgmod
 from souk.cli.deploy.config import AppConfig, ConfigError, StrategyName
 from souk.cli.deploy.errors import DeployError
@@ -33,7 +32,9 @@ from souk.cli.deploy.secrets import carried
 from souk.clients.machines import MachinesClient
 
 JSON = typer.Option(False, "--json", help="Machine-readable output.")
-CONFIG = typer.Option(Path("souk.toml"), "--config", "-c", help="The app's souk.toml.")
+CONFIG = typer.Option(
+    Path("souk.toml"), "--config", "-c", help="The app's souk.toml.", resolve_path=True
+)
 APP = typer.Option(None, "--app", "-a", help="The app (default: souk.toml's).")
 STRATEGY = typer.Option(None, "--strategy", help="rolling, immediate, canary or bluegreen.")
 
@@ -158,20 +159,13 @@ def releases_command(
         out = [{**r.model_dump(), "current": r.version == cur} for r in rows]
         print(json.dumps(out, indent=2))
         return
-    listing = Table(
-        "version",
-        "status",
-        "strategy",
-        "image / command",
-        "created",
-        "note",
-        title=f"releases of {name}",
-    )
+    columns = ["version", "status", "strategy", "image / command", "created", "note"]
+    cells = []
     for r in rows:
         mark = " (current)" if r.version == cur else ""
         note = r.description + (f" [red]{r.error}[/red]" if r.error else "")
-        listing.add_row(f"{r.version}{mark}", r.status, r.strategy, r.what(), r.created_at, note)
-    Console().print(listing)
+        cells.append([f"{r.version}{mark}", r.status, r.strategy, r.what(), r.created_at, note])
+    console().print(command_table(columns, cells, f"releases of {name}"))
 
 
 @scale.command("count")
@@ -239,10 +233,10 @@ def status(
             )
         )
         return
-    console = Console()
-    console.print(f"[bold]{name}[/bold]: release {cur if cur is not None else '-'}")
+    out = console()
+    out.print(f"[bold]{name}[/bold]: release {cur if cur is not None else '-'}")
     for region, states in sorted(regions.items()):
-        console.print(f"  {region}: " + ", ".join(f"{n} {s}" for s, n in sorted(states.items())))
+        out.print(f"  {region}: " + ", ".join(f"{n} {s}" for s, n in sorted(states.items())))
     table(rows, f"machines of {name}")
 
 
