@@ -130,4 +130,4 @@ def refusals(part: str) -> Iterator[None]:
     except OSError as exc:
         if exc.errno not in _CANNOT_LISTEN:
             raise
-        refuse(part, f"cannot listen: {exc.strerror or exc}")
+        refuse(part, f"cannot listen: {os.strerror(exc.errno).lower()}")
