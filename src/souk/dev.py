@@ -29,6 +29,7 @@ from souk.broker.tokens import mint, new_secret, read_secret
 from souk.catalog.bus import Bus, InProcessBus
 from souk.catalog.node import NodeKey, ca_trust
 from souk.catalog.replica import following
+from souk.dev_images import REGISTRY_FILE, ensure_base_image, image_registry
 from souk.models.machine import CpuKind
 from souk.pki import NodeFiles, init_ca, issue_files
 from souk.pki.files import CA_CERT, CA_KEY
@@ -62,6 +63,7 @@ class DevCluster:
     ca: Path | None = None  # secure: the CA every part's certificate is checked against
     operator: NodeFiles | None = None  # secure: a certificate that may call any worker route
     engines: tuple[Engine, ...] = field(default=(), repr=False)  # its workers', for ending
+    image_registry: str | None = None  # HOST:PORT its workers pull from, a build pushes to
 
 
 class DevPki:
@@ -142,16 +144,28 @@ async def dev_cluster(
     insecure_registries: tuple[str, ...] = (),
     disk_mb: int | None = None,
     limits: Limits = DEFAULT_LIMITS,
+    image_registry_port: int | None = None,
 ) -> AsyncIterator[DevCluster]:
     """Every worker offers both CPU kinds (`shared` and `performance`): clients that ask for
     either, as Fly's clients do by default, are placed; `insecure_registries` (host[:port]) are
     pulled from over plain http, as a worker's `--insecure-registry`. With `disk_mb`, each
     worker offers that much disk to volumes; at the end every volume is unmounted and its loop
-    device let go (the files stay, mounted again by the next run on this data dir)."""
+    device let go (the files stay, mounted again by the next run on this data dir). With
+    `image_registry_port`, an image registry on it (0: any port), its workers' to pull from and
+    `souk deploy`'s to push a Dockerfile's build to (`souk.dev_images`)."""
     data_dir.mkdir(parents=True, exist_ok=True)
     secret = _secret(data_dir)
     pki = DevPki(data_dir / "tls", host) if secure else None
     async with contextlib.AsyncExitStack() as stack:
+        images = None
+        (data_dir / REGISTRY_FILE).unlink(missing_ok=True)
+        if image_registry_port is not None:
+            registry_at = image_registry(data_dir / "image-registry", host, image_registry_port)
+            images = await stack.enter_async_context(registry_at)
+        if images is not None:
+            insecure_registries = (*insecure_registries, images)
+            if driver != "sim" and os.geteuid() == 0:
+                await ensure_base_image()  # for FROM localhost/busybox, with no internet
         bus = InProcessBus()
         stack.push_async_callback(bus.close)
         workers: dict[str, str] = {}
@@ -213,6 +227,8 @@ async def dev_cluster(
         _, proxy = await stack.enter_async_context(proxy_site(replica, proxy_opts))
         write_secret(data_dir / "token", token + "\n")  # an operator token: 0600
         (data_dir / "api").write_text(api + "\n")
+        if images is not None:
+            (data_dir / REGISTRY_FILE).write_text(images + "\n")
         yield DevCluster(
             api,
             token,
@@ -222,6 +238,7 @@ async def dev_cluster(
             ca=pki.ca if pki else None,
             operator=pki.issue("operator", "operator") if pki else None,
             engines=tuple(engines),
+            image_registry=images,
         )
 
 
@@ -303,6 +320,7 @@ async def run_dev(
     insecure_registries: tuple[str, ...] = (),
     disk_mb: int | None = None,
     limits: Limits = DEFAULT_LIMITS,
+    image_registry_port: int | None = None,
 ) -> None:
     async with dev_cluster(
         data_dir,
@@ -314,6 +332,7 @@ async def run_dev(
         insecure_registries=insecure_registries,
         disk_mb=disk_mb,
         limits=limits,
+        image_registry_port=image_registry_port,
     ) as dev:
         signalled = _on_signals(list(dev.engines))
         heap.settle()
@@ -323,6 +342,8 @@ async def run_dev(
         print(f"  dashboard: {dashboard_url(dev)}")
         if disk_mb:
             print(f"  volumes: {disk_mb} MB of disk per worker (souk volumes create ...)")
+        if dev.image_registry:
+            print(f"  images: {dev.image_registry} (a [build] in souk.toml pushes there)")
         if secure:
             _secure_hints(dev)
         print(f"export SOUK_API={dev.api}")

@@ -146,6 +146,12 @@ def dev(
         help=f"Disk each worker offers to volumes, in MB (default: {DEV_DISK_MB} as root where"
         " loop devices work, else none; 0: none).",
     ),
+    image_registry_port: int = typer.Option(
+        4310,
+        min=0,
+        help="Port of its image registry on loopback (Debian's docker-registry): workers pull"
+        " from it, a Dockerfile's build is pushed to it (0: none).",
+    ),
     max_connections: int = MAX_CONNECTIONS,
     max_connections_per_client: int = MAX_PER_CLIENT,
     head_timeout: float = HEAD_TIMEOUT,
@@ -177,5 +183,6 @@ def dev(
                 registries,
                 disk_mb=disk_mb or None,
                 limits=limits,
+                image_registry_port=image_registry_port or None,
             )
         )

@@ -53,18 +53,18 @@ def dev_dir(start: Path | None = None) -> Path | None:
     return None
 
 
-def _dev_file(name: str) -> str | None:
+def dev_file(name: str) -> str | None:
     found = dev_dir()
     path = found / name if found is not None else None
     return path.read_text().strip() if path is not None and path.exists() else None
 
 
 def api_url(api: str | None) -> str:
-    return (api or os.environ.get("SOUK_API") or _dev_file("api") or DEFAULT_API).rstrip("/")
+    return (api or os.environ.get("SOUK_API") or dev_file("api") or DEFAULT_API).rstrip("/")
 
 
 def _find_token(token: str | None) -> str | None:
-    return token or os.environ.get("SOUK_TOKEN") or _dev_file("token")
+    return token or os.environ.get("SOUK_TOKEN") or dev_file("token")
 
 
 def api_token(token: str | None) -> str:

@@ -13,18 +13,34 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
+from souk.cli.client import dev_file
 from souk.cli.deploy.config import AppConfig, BuildSection
 from souk.cli.deploy.errors import DeployError
 from souk.cli.deploy.progress import Progress
+from souk.dev_images import REGISTRY_FILE
 
 OUTPUT_LINES = 15  # of a failed build's output, in its error
 
 
-def tag_of(build: BuildSection, now: datetime | None = None) -> str:
+def tag_of(repository: str, now: datetime | None = None) -> str:
     """A tag of its own per build (the time, to the second): a tag pushed again would move
     under machines of an earlier release."""
     stamp = (now or datetime.now(UTC)).strftime("%Y%m%dT%H%M%SZ")
-    return f"{build.image}:deploy-{stamp}"
+    return f"{repository}:deploy-{stamp}"
+
+
+def repository_of(cfg: AppConfig, build: BuildSection) -> tuple[str, bool]:
+    """Where a build is pushed, and whether over TLS: `[build].image`, or else the registry of
+    the `souk dev` this directory is below (plain http on loopback), as `<registry>/<app>`."""
+    if build.image is not None:
+        return build.image, build.tls_verify
+    registry = dev_file(REGISTRY_FILE)
+    if registry is None:
+        raise DeployError(
+            '[build] names no image: add image = "REGISTRY/NAME" (the repository each build is'
+            " pushed to), or deploy from below a `souk dev` that runs an image registry"
+        )
+    return f"{registry}/{cfg.app}", False
 
 
 async def build_and_push(cfg: AppConfig, progress: Progress) -> AppConfig:
@@ -34,7 +50,8 @@ async def build_and_push(cfg: AppConfig, progress: Progress) -> AppConfig:
     buildah = shutil.which("buildah")
     if buildah is None:
         raise DeployError("[build] needs buildah (apt-get install buildah), which is not installed")
-    tag = tag_of(build)
+    repository, tls_verify = repository_of(cfg, build)
+    tag = tag_of(repository)
     began = time.monotonic()
     await _run(
         [buildah, "bud", "--isolation", "chroot", "-f", build.dockerfile, "-t", tag, build.context],
@@ -45,7 +62,7 @@ async def build_and_push(cfg: AppConfig, progress: Progress) -> AppConfig:
         with tempfile.TemporaryDirectory(prefix="souk-build-") as scratch:
             digest_file = Path(scratch) / "digest"
             push = [buildah, "push", "--digestfile", str(digest_file)]
-            push += [f"--tls-verify={'true' if build.tls_verify else 'false'}"]
+            push += [f"--tls-verify={'true' if tls_verify else 'false'}"]
             await _run([*push, tag, f"docker://{tag}"], "push")
             digest = digest_file.read_text().strip()
     finally:

@@ -98,14 +98,16 @@ class MountsSection(Strict):
 
 class BuildSection(Strict):
     """`[build]`: the app's image is built from a Dockerfile beside souk.toml at each deploy
-    (with buildah), pushed to `image` (a repository: `registry/name`, no tag) and deployed by
-    its digest (`build.py`)."""
+    (with buildah), pushed to `image` (a repository: `registry/name`, no tag; none: `souk
+    dev`'s registry, as `<its address>/<app>`) and deployed by its digest (`build.py`)."""
 
-    image: str = Field(
+    image: str | None = Field(
+        None,
         min_length=1,
         max_length=400,
         pattern=r"^[a-z0-9][a-z0-9.:-]*(/[a-z0-9._-]+)+$",
-        description="The repository each build is pushed to, e.g. registry.example:5000/hello.",
+        description="The repository each build is pushed to, e.g. registry.example:5000/hello"
+        " (default: the registry of the souk dev this directory is below).",
     )
     dockerfile: str = "Dockerfile"
     context: str = "."
