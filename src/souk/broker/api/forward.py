@@ -1,7 +1,7 @@
 """Routes that only pass a request on to the worker holding its machine or volume, the thing's
 only writer: each is one row of the route table, `forward(where, call, answer)`: find the
 worker (`where`), make one client call, shape the answer. A new machine verb is one such row
-here, as it is one row of the worker's table."""
+here (`verb`), as it is one row of the worker's table."""
 
 from __future__ import annotations
 
@@ -92,6 +92,16 @@ def forward_body(
         return answer(await call(await where(request), sent))
 
     return handler
+
+
+def verb(op: str, body: type[BaseModel] | None = None) -> Handler:
+    """POST .../machines/{id}/<op> (a lifecycle verb), passed on to the machine's worker with
+    the caller's lease nonce, answered with the machine as Fly shows it."""
+    if body is None:
+        return forward(machine, lambda at: at.client.verb(*at.on, op, at.nonce), as_machine)
+    return forward_body(
+        machine, body, lambda at, sent: at.client.verb(*at.on, op, at.nonce, sent), as_machine
+    )
 
 
 # --- answers -------------------------------------------------------------------------------

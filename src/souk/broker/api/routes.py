@@ -23,12 +23,12 @@ from souk.broker.api import (
 )
 from souk.broker.api.answers import fly_reply
 from souk.broker.api.forward import (
-    as_machine,
     as_ok,
     forward,
     forward_body,
     machine,
     shown_machine,
+    verb,
     volume,
 )
 from souk.broker.api.params import passed
@@ -291,7 +291,7 @@ ROUTES: list[Route] = [
     Route(
         "POST",
         M + "/start",
-        forward(machine, lambda at: at.client.start(*at.on, at.nonce), as_machine),
+        verb("start"),
         "Start",
         response=PublicMachine,
         errors=(404, 409),
@@ -300,12 +300,7 @@ ROUTES: list[Route] = [
     Route(
         "POST",
         M + "/stop",
-        forward_body(
-            machine,
-            StopRequest,
-            lambda at, body: at.client.stop(*at.on, body, at.nonce),
-            as_machine,
-        ),
+        verb("stop", StopRequest),
         "Stop: signal, then kill after the timeout",
         StopRequest,
         PublicMachine,
@@ -315,7 +310,7 @@ ROUTES: list[Route] = [
     Route(
         "POST",
         M + "/restart",
-        forward(machine, lambda at: at.client.restart(*at.on, at.nonce), as_machine),
+        verb("restart"),
         "Restart",
         response=PublicMachine,
         errors=(404, 409),
@@ -451,7 +446,7 @@ ROUTES: list[Route] = [
     Route(
         "POST",
         M + "/suspend",
-        forward(machine, lambda at: at.client.suspend(*at.on, at.nonce), as_machine),
+        verb("suspend"),
         "Suspend: freeze it in memory, keep its room; a start resumes it",
         response=PublicMachine,
         errors=(404, 409),
