@@ -13,7 +13,7 @@ from souk.catalog.bus import InProcessBus
 from souk.catalog.replica import following
 from souk.cli.catalog import catalog_site
 from souk.proxy.server import ProxyOptions, proxy_site
-from souk.worker import api as worker_api
+from souk.worker import http as worker_http
 from tests.support.catalog_view import FakeView
 from tests.web.conftest import Servers, raw, request_bytes
 
@@ -83,7 +83,7 @@ def _fill(path: str) -> str:
 
 
 async def test_deep_json_is_a_400_on_every_json_endpoint(servers: Servers) -> None:
-    worker_routes = [r for r in worker_api.routes(servers.engine) if r.body is not None]
+    worker_routes = [r for r in worker_http.ROUTES if r.body is not None]
     assert len(worker_routes) >= 6
     for route in worker_routes:
         got = await raw(servers.worker, request_bytes(route.method, _fill(route.path), DEEP))

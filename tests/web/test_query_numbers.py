@@ -17,7 +17,7 @@ from souk.cli.catalog import catalog_app, catalog_site
 from souk.proxy.server import ProxyOptions, proxy_site
 from souk.web import Number, Route
 from souk.web.routes import DECLARED
-from souk.worker import api as worker_api
+from souk.worker import http as worker_http
 from tests.broker.permissions import BODY_METHODS, PARAM
 from tests.broker.test_route_permissions import BODY, two_apps
 from tests.support.broker_cluster import SECRET
@@ -112,7 +112,7 @@ async def test_every_query_parameter_of_every_part_refuses_what_is_not_its_numbe
 
         engine = c.engines["m1"]
         assert engine.get(demo["id"], events=False)  # the machine the worker's paths name
-        problems, numeric = await walk_queries(c.urls["m1"], worker_api.routes(engine), fill, None)
+        problems, numeric = await walk_queries(c.urls["m1"], worker_http.ROUTES, fill, None)
         assert problems == []
         assert "GET /v1/machines/{id}/wait ?timeout" in numeric
 

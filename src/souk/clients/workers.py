@@ -41,7 +41,6 @@ from souk.models.machine import (
     Machine,
     MachineEvent,
     MetadataChange,
-    StopRequest,
     UpdateMachine,
     WaitResult,
 )
@@ -280,22 +279,18 @@ class WorkerClient(HttpClient):
         path = _path(machine_id, "metadata")
         return await self._action(worker, base, "PATCH", path, change, nonce=nonce)
 
-    async def start(self, worker: str, base: str, machine_id: str, nonce: str | None) -> Machine:
-        return await self._action(worker, base, "POST", _path(machine_id, "start"), nonce=nonce)
-
-    async def stop(
-        self, worker: str, base: str, machine_id: str, req: StopRequest, nonce: str | None
+    async def verb(
+        self,
+        worker: str,
+        base: str,
+        machine_id: str,
+        op: str,
+        nonce: str | None,
+        body: BaseModel | None = None,
     ) -> Machine:
-        path = _path(machine_id, "stop")
-        return await self._action(worker, base, "POST", path, req, nonce=nonce)
-
-    async def restart(self, worker: str, base: str, machine_id: str, nonce: str | None) -> Machine:
-        path = _path(machine_id, "restart")
-        return await self._action(worker, base, "POST", path, nonce=nonce)
-
-    async def suspend(self, worker: str, base: str, machine_id: str, nonce: str | None) -> Machine:
-        path = _path(machine_id, "suspend")
-        return await self._action(worker, base, "POST", path, nonce=nonce)
+        """A lifecycle verb (start, stop, restart, suspend): one call for all, as each is one
+        row of the worker's route table (`souk.worker.http.lifecycle`)."""
+        return await self._action(worker, base, "POST", _path(machine_id, op), body, nonce=nonce)
 
     async def signal(
         self, worker: str, base: str, machine_id: str, req: SignalRequest, nonce: str | None

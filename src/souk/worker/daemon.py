@@ -1,10 +1,10 @@
 """Wires a worker together: its engine, its driver and its HTTP server.
 
-Given its node files, the server speaks mutual TLS only, and each route answers the roles
-`api.ACCESS` names, by the certificate the caller showed; the bus is reached with the same
-certificate, and every row the worker publishes is signed with its key. Without them, plain HTTP
-to anyone and unsigned rows on an open bus (`souk worker` allows that only on loopback, or with
---insecure)."""
+Given its node files, the server speaks mutual TLS only, and each route answers the roles it
+declares (`souk.worker.http`), by the certificate the caller showed; the bus is reached with the
+same certificate, and every row the worker publishes is signed with its key. Without them, plain
+HTTP to anyone and unsigned rows on an open bus (`souk worker` allows that only on loopback, or
+with --insecure)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from collections.abc import AsyncIterator
 
 from aiohttp import web
 
-from souk import __version__, heap
+from souk import heap
 from souk.catalog import node
 from souk.catalog.bus import Bus, Message
 from souk.catalog.connecting import ConnectingBus
@@ -28,12 +28,12 @@ from souk.catalog.owner import Owner
 from souk.catalog.signing import Signer
 from souk.models.capacity import OfferCall, offers_subject
 from souk.pki import NodeFiles, reloading_server_context, role_middleware
-from souk.web import add_routes, error_middleware
+from souk.web import error_middleware
 from souk.web import runner as web_runner
 from souk.web.body import MAX_BODY_BYTES
 from souk.web.listener import DEFAULT_LIMITS, BoundedSite, Limits
 from souk.web.protocol import protocol_middleware
-from souk.worker import api, logs, schedules
+from souk.worker import http, logs, schedules
 from souk.worker.cgroups import Cgroups, worker_group
 from souk.worker.drivers.base import Drivers
 from souk.worker.drivers.process import ProcessDriver
@@ -79,11 +79,11 @@ def make_driver(name: str, settings: WorkerSettings) -> Drivers:
 
 def make_app(engine: Engine, secure: bool = False) -> web.Application:
     """`secure`: for a TLS listener that verifies client certificates; every route then
-    answers only the roles `api.ACCESS` gives it (401 without a certificate, 403 another role)."""
-    checks = [role_middleware(api.ACCESS)] if secure else []
+    answers only the roles its route declares (401 without a certificate, 403 another role)."""
+    checks = [role_middleware()] if secure else []
     middlewares = [*checks, protocol_middleware, error_middleware]
     app = web.Application(middlewares=middlewares, client_max_size=MAX_BODY_BYTES)
-    add_routes(app, api.routes(engine), "souk worker", __version__)
+    http.serve(app, engine)
     return app
 
 

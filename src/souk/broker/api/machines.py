@@ -11,7 +11,7 @@ from pydantic import BaseModel
 
 from souk.broker.api import leases, volumes
 from souk.broker.api.answers import fly_reply
-from souk.broker.api.params import flag, lease_nonce, machine_ids, policy, strategy
+from souk.broker.api.params import flag, lease_nonce, machine_ids, passed, policy, strategy
 from souk.broker.api.secrets import machine_secrets
 from souk.broker.api.state import IDEMPOTENCY, Broker, broker_of
 from souk.broker.auth import grant_of
@@ -34,7 +34,6 @@ from souk.models.machine import (
     Machine,
     MachineConfig,
     MachineState,
-    StopRequest,
     UpdateMachine,
 )
 from souk.web import ApiError, number, read_json, read_model, reply
@@ -299,28 +298,6 @@ async def destroy_machine(request: web.Request) -> web.Response:
     return fly_reply(public(machine))
 
 
-async def start_machine(request: web.Request) -> web.Response:
-    b = broker_of(request)
-    app, mid = machine_ids(request)
-    worker, address = await b.find(app, mid)
-    return fly_reply(public(await b.client.start(worker, address, mid, lease_nonce(request))))
-
-
-async def stop_machine(request: web.Request) -> web.Response:
-    b = broker_of(request)
-    app, mid = machine_ids(request)
-    body = await read_model(request, StopRequest)
-    worker, address = await b.find(app, mid)
-    return fly_reply(public(await b.client.stop(worker, address, mid, body, lease_nonce(request))))
-
-
-async def restart_machine(request: web.Request) -> web.Response:
-    b = broker_of(request)
-    app, mid = machine_ids(request)
-    worker, address = await b.find(app, mid)
-    return fly_reply(public(await b.client.restart(worker, address, mid, lease_nonce(request))))
-
-
 async def wait_machine(request: web.Request) -> web.Response:
     b = broker_of(request)
     app, mid = machine_ids(request)
@@ -347,20 +324,12 @@ async def wait_machine(request: web.Request) -> web.Response:
     )
 
 
-async def machine_events(request: web.Request) -> web.Response:
-    b = broker_of(request)
-    app, mid = machine_ids(request)
-    await b.machine(app, mid)
-    worker, address = await b.find(app, mid)
-    return fly_reply(await b.client.events(worker, address, mid))
-
-
 async def machine_logs(request: web.Request) -> web.StreamResponse:
     b = broker_of(request)
     app, mid = machine_ids(request)
     await b.machine(app, mid)
     worker, address = await b.find(app, mid)
-    params = {k: v for k, v in request.query.items() if k in ("stream", "follow")}
+    params = passed(request, "stream", "follow")
     async with b.client.logs(worker, address, mid, params) as chunks:
         response = web.StreamResponse(headers={"Content-Type": "text/plain"})
         await response.prepare(request)

@@ -24,8 +24,6 @@ from souk.models.machine import MachineConfig
 from souk.models.volume import (
     CreateVolume,
     CreateVolumeRequest,
-    ExtendVolumeRequest,
-    UpdateVolumeRequest,
     Volume,
 )
 from souk.web import ApiError, read_model
@@ -231,39 +229,3 @@ async def get_volume(request: web.Request) -> web.Response:
     b = broker_of(request)
     _, volume = await locate(b, request.match_info["app"], request.match_info["id"])
     return fly_reply(volume)
-
-
-async def update_volume(request: web.Request) -> web.Response:
-    b = broker_of(request)
-    body = await read_model(request, UpdateVolumeRequest)
-    worker, _ = await locate(b, request.match_info["app"], request.match_info["id"])
-    vid = request.match_info["id"]
-    return fly_reply(await b.client.update_volume(worker.id, worker.address, vid, body))
-
-
-async def destroy_volume(request: web.Request) -> web.Response:
-    b = broker_of(request)
-    worker, _ = await locate(b, request.match_info["app"], request.match_info["id"])
-    vid = request.match_info["id"]
-    return fly_reply(await b.client.destroy_volume(worker.id, worker.address, vid))
-
-
-async def extend_volume(request: web.Request) -> web.Response:
-    b = broker_of(request)
-    body = await read_model(request, ExtendVolumeRequest)
-    worker, _ = await locate(b, request.match_info["app"], request.match_info["id"])
-    vid = request.match_info["id"]
-    return fly_reply(await b.client.extend_volume(worker.id, worker.address, vid, body))
-
-
-async def list_snapshots(request: web.Request) -> web.Response:
-    b = broker_of(request)
-    worker, _ = await locate(b, request.match_info["app"], request.match_info["id"])
-    return fly_reply(await b.client.snapshots(worker.id, worker.address, request.match_info["id"]))
-
-
-async def create_snapshot(request: web.Request) -> web.Response:
-    b = broker_of(request)
-    worker, _ = await locate(b, request.match_info["app"], request.match_info["id"])
-    vid = request.match_info["id"]
-    return fly_reply(await b.client.snapshot_volume(worker.id, worker.address, vid))
