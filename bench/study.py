@@ -59,7 +59,7 @@ from souk.broker.placement.pipeline import NoCapacity, Placer
 from souk.broker.placement.policies import BINPACK_CURVE, POLICIES, Policy, curve_policy
 from souk.broker.placement.stages import rank
 from souk.catalog.bus import InProcessBus
-from souk.clients.workers import WorkerClient, WorkerError
+from souk.clients.workers import WorkerCallError, WorkerClient
 from souk.models.api import ConfirmationResult, HoldAnswer, Refusal, Strategy
 from souk.models.capacity import Capacity, Offer, OfferRequest, Resources
 from souk.models.catalog import AppRow, MachineRow, WorkerRow
@@ -367,11 +367,11 @@ class SimWorker:
             memory_mb_free=self.memory_mb - self.memory_mb_reserved,
         )
 
-    def reserve(self, create: CreateMachine) -> Machine | WorkerError:
+    def reserve(self, create: CreateMachine) -> Machine | WorkerCallError:
         guest = create.config.guest
         found = self.misfit(guest)
         if found is not None:
-            return WorkerError(self.id, 412, "insufficient_capacity", found.reason)
+            return WorkerCallError(self.id, 412, "insufficient_capacity", found.reason)
         machine_id = create.id or admission.new_machine_id()
         self.machines[machine_id] = (guest.cpus, guest.memory_mb)
         self.cpus_reserved += guest.cpus
@@ -596,16 +596,16 @@ class SimClient(WorkerClient):
         timeout: float,
         hold: float | None = None,
         confirm: list[str] | None = None,
-    ) -> tuple[list[Machine | WorkerError], dict[str, HoldAnswer]]:
+    ) -> tuple[list[Machine | WorkerCallError], dict[str, HoldAnswer]]:
         began, tally = time.perf_counter(), TALLY.get()
         w = self.catalog.by_id[worker]
-        results: list[Machine | WorkerError] = []
+        results: list[Machine | WorkerCallError] = []
         for req in reqs:
             image = req.config.image
             held = image is not None and image in w.images
             result = w.reserve(req)
             results.append(result)
-            if isinstance(result, WorkerError):
+            if isinstance(result, WorkerCallError):
                 tally.conflicts += 1
                 continue
             self.catalog.publish(w, None if held else image)
@@ -1506,7 +1506,7 @@ async def drive(
     async def counted(*args: Any, **kwargs: Any) -> Any:
         nonlocal conflicts
         results, holds = await create_batch(*args, **kwargs)
-        conflicts += sum(isinstance(r, WorkerError) for r in results)
+        conflicts += sum(isinstance(r, WorkerCallError) for r in results)
         return results, holds
 
     client.create_batch = counted  # type: ignore[method-assign]

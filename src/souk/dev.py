@@ -18,26 +18,27 @@ import asyncio
 import contextlib
 import logging
 import os
-import signal
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from souk import heap
-from souk.broker.runtime import BrokerOptions, broker_site
-from souk.broker.tokens import mint, new_secret, read_secret
+from souk.broker.runtime import BrokerSettings, broker_site
+from souk.broker.tokens import mint
 from souk.catalog.bus import Bus, InProcessBus
 from souk.catalog.node import NodeKey, ca_trust
 from souk.catalog.replica import following
 from souk.dev_images import REGISTRY_FILE, ensure_base_image, image_registry
 from souk.models.machine import CpuKind
+from souk.node.cluster_secret import kept_secret
+from souk.node.signals import on_signals
+from souk.node.site import served
 from souk.pki import NodeFiles, init_ca, issue_files
 from souk.pki.files import CA_CERT, CA_KEY
 from souk.pki.public import init_public_ca, issue_public
-from souk.proxy.server import ProxyOptions, proxy_site
+from souk.proxy.server import ProxySettings, proxy_site
 from souk.secret_files import write_file, write_secret
-from souk.web import runner as web_runner
-from souk.web.listener import DEFAULT_LIMITS, BoundedSite, Limits
+from souk.web.listener import DEFAULT_LIMITS, Limits
 from souk.web.tls import ServerCert
 from souk.worker import volume_disk
 from souk.worker.daemon import make_app as make_worker_app
@@ -111,23 +112,13 @@ async def _start_worker(
     engine = await stack.enter_async_context(
         running(Engine(settings, make_driver(driver, settings)))
     )
-    runner = web_runner(make_worker_app(engine, secure=tls is not None))
-    await runner.setup()
-    stack.push_async_callback(runner.cleanup)
     ctx = tls_context(tls) if tls is not None else None
-    await BoundedSite(runner, host, 0, ssl_context=ctx, limits=limits).start()
-    url = f"{'https' if tls else 'http'}://{host}:{runner.addresses[0][1]}"
+    app = make_worker_app(engine, secure=tls is not None)
+    url = await stack.enter_async_context(served(app, host, 0, ssl_context=ctx, limits=limits))
     signer = NodeKey(tls) if tls is not None else None
     await stack.enter_async_context(publishing(engine, bus, url, signer))
     await stack.enter_async_context(offering(engine, bus))
     return engine, url
-
-
-def _secret(data_dir: Path) -> bytes:
-    path = data_dir / "secret"
-    with contextlib.suppress(FileExistsError):  # kept across runs: its tokens stay valid
-        write_secret(path, new_secret() + b"\n", replace=False)
-    return read_secret(path)
 
 
 @contextlib.asynccontextmanager
@@ -154,7 +145,7 @@ async def dev_cluster(
     `image_registry_port`, an image registry on it (0: any port), its workers' to pull from and
     `souk deploy`'s to push a Dockerfile's build to (`souk.dev_images`)."""
     data_dir.mkdir(parents=True, exist_ok=True)
-    secret = _secret(data_dir)
+    secret = kept_secret(data_dir / "secret")
     pki = DevPki(data_dir / "tls", host) if secure else None
     async with contextlib.AsyncExitStack() as stack:
         images = None
@@ -198,11 +189,11 @@ async def dev_cluster(
         # workers do
         stack.push_async_callback(end_machines, engines)
         broker_tls = pki.issue("broker", "broker") if pki else None
-        opts = BrokerOptions(
-            host,
-            port,
-            secret,
-            list(workers.values()),
+        opts = BrokerSettings(
+            host=host,
+            port=port,
+            secret=secret,
+            workers=list(workers.values()),
             registry_dir=data_dir / "registry",
             tls=broker_tls,
             listener=pki.public("broker") if pki else None,
@@ -213,7 +204,7 @@ async def dev_cluster(
         proxy_tls = pki.issue("proxy", "proxy") if pki else None
         trust = ca_trust(proxy_tls) if proxy_tls else None
         replica = await stack.enter_async_context(following(bus, bootstrap=False, trust=trust))
-        proxy_opts = ProxyOptions(
+        proxy_opts = ProxySettings(
             host=host,
             port=proxy_port,
             api=api,
@@ -298,9 +289,7 @@ def _on_signals(engines: list[Engine]) -> asyncio.Event:
             os._exit(130)
         first.set()
 
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, on_signal)
+    on_signals(on_signal)
     return first
 
 

@@ -22,8 +22,9 @@ from typing import Any
 
 import pytest
 
-from souk.broker.tokens import mint, new_secret
+from souk.broker.tokens import mint
 from souk.models.wire import PROTOCOL, PROTOCOL_HEADER
+from souk.node.cluster_secret import new_secret
 from souk.secret_files import write_secret
 from tests.support.dev import Dev
 from tests.support.machines import kill_machine_processes, recorded_ids

@@ -16,7 +16,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from souk.broker.tokens import new_secret
+from souk.node.cluster_secret import new_secret
 from souk.pki import client_context
 from tests.support.pki import Pki
 from tests.support.ports import free_port

@@ -14,7 +14,7 @@ import aiohttp
 from souk.broker import tokens as tk
 from souk.catalog.replica import following
 from souk.cli.catalog import catalog_app, catalog_site
-from souk.proxy.server import ProxyOptions, proxy_site
+from souk.proxy.server import ProxySettings, proxy_site
 from souk.web import Number, Route
 from souk.web.routes import DECLARED
 from souk.worker import http as worker_http
@@ -123,7 +123,7 @@ async def test_every_query_parameter_of_every_part_refuses_what_is_not_its_numbe
                 problems, numeric = await walk_queries(url, table, fill, operator)
                 assert problems == [] and numeric == {"GET /v1/catalog/changes ?since"}
 
-        options = ProxyOptions(port=0, api=broker, token="unused", autostop=False)
+        options = ProxySettings(port=0, api=broker, token="unused", autostop=False)
         async with proxy_site(FakeView(), options) as (proxy, proxy_url):
             routes = list(proxy.own.routes.values())
             problems, _ = await walk_queries(

@@ -32,6 +32,7 @@ from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 
+from souk.broker.errors import Refused
 from souk.catalog.protocol import GLOBAL_REGION, REGISTRY_OWNER, Change
 from souk.models.catalog import AppRow, RevocationRow
 from souk.models.secrets import MAX_SECRETS, SecretRecord
@@ -56,14 +57,8 @@ class AppNotFound(Exception):
     pass
 
 
-class MetadataRefused(Exception):
-    """A metadata patch that breaks a limit: an HTTP status, a reason code and why."""
-
-    def __init__(self, status: int, code: str, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.code = code
-        self.message = message
+class MetadataRefused(Refused):
+    """A metadata patch that breaks a limit."""
 
 
 def check_metadata_patch(set_: dict[str, str]) -> None:
@@ -71,14 +66,12 @@ def check_metadata_patch(set_: dict[str, str]) -> None:
     for key, value in set_.items():
         if not METADATA_KEY.match(key):
             raise MetadataRefused(
-                400,
                 "invalid",
                 f"set: bad metadata key {key[:140]!r}: 1 to 128 letters, digits or _.:/@+-,"
                 " not starting with punctuation other than _",
             )
         if len(value.encode()) > MAX_VALUE_BYTES:
             raise MetadataRefused(
-                413,
                 "metadata_too_large",
                 f"set: the value of {key!r} is over {MAX_VALUE_BYTES >> 10} KiB",
             )
@@ -88,12 +81,11 @@ def check_metadata(metadata: dict[str, str]) -> None:
     """Refuse a map, once patched, that is over the registry's limits."""
     if len(metadata) > MAX_KEYS:
         raise MetadataRefused(
-            413, "metadata_too_large", f"an app keeps at most {MAX_KEYS} metadata keys"
+            "metadata_too_large", f"an app keeps at most {MAX_KEYS} metadata keys"
         )
     size = sum(len(k.encode()) + len(v.encode()) for k, v in metadata.items())
     if size > MAX_METADATA_BYTES:
         raise MetadataRefused(
-            413,
             "metadata_too_large",
             f"an app's metadata is at most {MAX_METADATA_BYTES >> 20} MiB in all; delete old"
             " keys in the same patch",
@@ -279,7 +271,7 @@ class AppRegistry:
                 )
             if len(after) > MAX_SECRETS:
                 raise MetadataRefused(
-                    413, "too_many_secrets", f"an app keeps at most {MAX_SECRETS} secrets"
+                    "too_many_secrets", f"an app keeps at most {MAX_SECRETS} secrets"
                 )
             self._db.execute(
                 "UPDATE apps SET secrets = ?, secrets_version = ?, seq = ? WHERE name = ?",

@@ -8,7 +8,6 @@ from pathlib import Path
 import typer
 
 from souk.broker import runtime
-from souk.broker.tokens import read_secret
 from souk.cli.config_file import CONFIG, PRINT_CONFIG, show_config
 from souk.cli.serving import (
     HEAD_TIMEOUT,
@@ -23,8 +22,9 @@ from souk.cli.serving import (
     log_to_stderr,
     parse_listen,
     refusals,
+    secret_option,
 )
-from souk.cli.tls import TLS_CERT, TLS_DIR_HELP, TLS_KEY, node_files, open_bus, server_cert
+from souk.cli.tls import TLS_CERT, TLS_DIR_HELP, TLS_KEY, part_tls, server_cert
 
 
 def run(
@@ -89,27 +89,20 @@ def run(
         return
     log_to_stderr(log_level, log_format, "broker", "broker")
     host, port = parse_listen(listen)
-    tls = node_files(tls_dir, "broker", tls_name) if tls_dir is not None else None
-    if tls is not None and insecure:
-        raise typer.BadParameter("--insecure is for a broker without --tls-dir: drop one")
-    if tls is None:
-        open_bus(nats, insecure)
+    tls = part_tls("broker", tls_dir, tls_name, insecure, nats)
     listener = server_cert(tls_cert, tls_key)
-    try:
-        secret = read_secret(secret_file)
-    except (OSError, ValueError) as exc:
-        raise typer.BadParameter(str(exc), param_hint="--secret-file") from exc
+    secret = secret_option(secret_file)
     if not nats and not worker:
         raise typer.BadParameter("give --nats (a catalog) or at least one --worker")
-    opts = runtime.BrokerOptions(
-        host,
-        port,
-        secret,
-        worker,
-        app_registry,
-        app_registry_url,
-        deadline,
-        policy,
+    opts = runtime.BrokerSettings(
+        host=host,
+        port=port,
+        secret=secret,
+        workers=worker,
+        registry_dir=app_registry,
+        registry_url=app_registry_url,
+        deadline=deadline,
+        policy=policy,
         nats=nats,
         catalog_dir=catalog_dir,
         tls=tls,

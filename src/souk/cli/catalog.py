@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import signal
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -17,7 +16,6 @@ from rich.table import Table
 
 from souk import __version__, heap
 from souk.broker.auth import make_auth
-from souk.broker.tokens import read_secret
 from souk.catalog import http as catalog_http
 from souk.catalog.bus import NatsBus
 from souk.catalog.certs import bus_options
@@ -38,11 +36,13 @@ from souk.cli.serving import (
     listener_limits,
     log_to_stderr,
     parse_listen,
+    secret_option,
 )
+from souk.node.signals import until_signalled
+from souk.node.site import served
 from souk.pki import NodeFiles, PkiError, load_cas
 from souk.web import Permission, Route, add_routes, error_middleware, open_access
-from souk.web import runner as web_runner
-from souk.web.listener import DEFAULT_LIMITS, BoundedSite, Limits
+from souk.web.listener import DEFAULT_LIMITS, Limits
 from souk.web.metrics import METRICS_PATH, Metrics, serve_metrics
 
 app = typer.Typer(help="The catalog: every worker's rows, replicated.", no_args_is_help=True)
@@ -84,12 +84,7 @@ def serve(
     no tokens: bind it to a private address."""
     log_to_stderr(log_level, log_format, "catalog", "catalog")
     host, port = parse_listen(listen)
-    secret = None
-    if secret_file is not None:
-        try:
-            secret = read_secret(secret_file)
-        except (OSError, ValueError) as exc:
-            raise typer.BadParameter(str(exc), param_hint="--secret-file") from exc
+    secret = secret_option(secret_file) if secret_file is not None else None
     if [tls_dir is not None, ca is not None, insecure].count(True) != 1:
         raise typer.BadParameter("give one of --tls-dir, --ca (signed) or --insecure")
     trust: Trust | None = None
@@ -152,13 +147,8 @@ async def catalog_site(
     replica: Replica, host: str, port: int, secret: bytes | None, limits: Limits = DEFAULT_LIMITS
 ) -> AsyncIterator[str]:
     """`catalog_app` served as souk serves everything; yields its base URL."""
-    runner = web_runner(catalog_app(replica, secret))
-    await runner.setup()
-    try:
-        await BoundedSite(runner, host, port, limits=limits).start()
-        yield f"http://{host}:{runner.addresses[0][1]}"
-    finally:
-        await runner.cleanup()
+    async with served(catalog_app(replica, secret), host, port, limits=limits) as url:
+        yield url
 
 
 async def _serve(
@@ -193,11 +183,7 @@ async def _serve(
         url = await stack.enter_async_context(catalog_site(replica, host, port, secret, limits))
         heap.settle()
         print(f"souk catalog ready on {url}", flush=True)
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
-        await stop.wait()
+        await until_signalled()
 
 
 @app.command()

@@ -23,7 +23,7 @@ from souk.cli.serving import (
     parse_listen,
     refusals,
 )
-from souk.cli.tls import TLS_CERT, TLS_DIR_HELP, TLS_KEY, node_files, open_bus, server_cert
+from souk.cli.tls import TLS_CERT, TLS_DIR_HELP, TLS_KEY, part_tls, server_cert
 
 
 def run(
@@ -85,18 +85,14 @@ def run(
     if print_config:
         show_config(ctx)
         return
-    from souk.proxy.server import ProxyOptions, serve
+    from souk.proxy.server import ProxySettings, serve
 
     log_to_stderr(log_level, log_format, "proxy", "proxy")
     host, port = parse_listen(listen)
-    tls = node_files(tls_dir, "proxy", tls_name) if tls_dir is not None else None
-    if tls is not None and insecure:
-        raise typer.BadParameter("--insecure is for a proxy without --tls-dir: drop one")
-    if tls is None:
-        open_bus(nats, insecure)
+    tls = part_tls("proxy", tls_dir, tls_name, insecure, nats)
     listener = server_cert(tls_cert, tls_key)
     url = api_url(api)
-    opts = ProxyOptions(
+    opts = ProxySettings(
         host=host,
         port=port,
         api=url,

@@ -15,6 +15,7 @@ from typing import NoReturn
 import typer
 
 from souk import logsetup
+from souk.node.cluster_secret import read_secret
 from souk.schema import SchemaTooNew
 from souk.web.listener import DEFAULT_LIMITS as _LIMITS
 from souk.web.listener import Limits
@@ -131,3 +132,12 @@ def refusals(part: str) -> Iterator[None]:
         if exc.errno not in _CANNOT_LISTEN:
             raise
         refuse(part, f"cannot listen: {os.strerror(exc.errno).lower()}")
+
+
+def secret_option(path: Path) -> bytes:
+    """The cluster secret `--secret-file` names, or the reason it cannot be used, as a usage
+    error on that option."""
+    try:
+        return read_secret(path)
+    except (OSError, ValueError) as exc:
+        raise typer.BadParameter(str(exc), param_hint="--secret-file") from exc

@@ -22,7 +22,7 @@ from souk.cli.serving import (
     parse_listen,
     refusals,
 )
-from souk.cli.tls import TLS_DIR_HELP, loopback, node_files, open_bus
+from souk.cli.tls import TLS_DIR_HELP, loopback, part_tls
 from souk.models.machine import CpuKind
 from souk.worker.daemon import serve
 from souk.worker.settings import WorkerSettings
@@ -93,9 +93,7 @@ def run(
     log_to_stderr(log_level, log_format, name, "worker")
     host, port = parse_listen(listen)
     check_homes_reachable("worker", data_dir, driver)
-    tls = node_files(tls_dir, "worker", name) if tls_dir is not None else None
-    if tls is not None and insecure:
-        raise typer.BadParameter("--insecure is for a worker without --tls-dir: drop one")
+    tls = part_tls("worker", tls_dir, name, insecure, nats)
     if tls is not None and advertise is not None and not advertise.startswith("https://"):
         raise typer.BadParameter("with --tls-dir, an https:// URL", param_hint="--advertise")
     if tls is None and not insecure and not loopback(host):
@@ -104,8 +102,6 @@ def run(
             "plain HTTP to anyone who can reach it",
             param_hint="--listen",
         )
-    if tls is None:
-        open_bus(nats, insecure)
     kinds: list[CpuKind] = []
     for kind in cpu_kind:
         if kind not in ("shared", "performance"):

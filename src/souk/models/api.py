@@ -10,11 +10,11 @@ from __future__ import annotations
 import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 
+from souk.models.base import AppName, Strict
 from souk.models.errors import ErrorBody
 from souk.models.machine import (
-    APP_NAME,
     CreateMachine,
     Machine,
     MachineConfig,
@@ -28,10 +28,6 @@ HOLD_HEADER = "souk-provisional-hold"
 
 REGION_NAME = re.compile(r"^[a-z][a-z0-9-]{1,31}\Z")
 Strategy = Literal["auto", "offers", "p2c", "catalog"]
-
-
-class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
 
 
 def _check_region(value: str) -> str:
@@ -84,7 +80,7 @@ class UpdateMachineRequest(_FlyIgnored):
 class CreateAppRequest(Strict):
     """`name`, or `app_name` as Fly's older documentation and clients send it."""
 
-    name: str = Field(max_length=63)
+    name: AppName = Field(max_length=63)
     org_slug: str = "personal"
     network: str | None = None
     enable_subdomains: bool | None = None
@@ -98,13 +94,6 @@ class CreateAppRequest(Strict):
         if rest.get("name") not in (None, data["app_name"]):
             raise ValueError("name and app_name differ: send one of them")
         return {**rest, "name": data["app_name"]}
-
-    @field_validator("name")
-    @classmethod
-    def _app_name(cls, name: str) -> str:
-        if not APP_NAME.match(name):
-            raise ValueError("app names are lower-case letters, digits and '-', at most 63")
-        return name
 
 
 class AppOrganization(BaseModel):

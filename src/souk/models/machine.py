@@ -10,7 +10,6 @@ from typing import Any, Literal
 
 from pydantic import (
     BaseModel,
-    ConfigDict,
     Field,
     ValidationInfo,
     field_validator,
@@ -19,6 +18,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from souk.models import limits
+from souk.models.base import AppName, Strict
 from souk.models.duration import Duration
 from souk.models.limits import at_most, in_range, incoming
 from souk.models.volume import VOLUME_ID
@@ -37,7 +37,6 @@ MachineState = Literal[
 CpuKind = Literal["shared", "performance"]
 RestartPolicy = Literal["no", "always", "on-failure"]
 
-APP_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}\Z")
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
 MACHINE_ID = re.compile(r"^[0-9a-z]{6,32}\Z")
 MAX_METADATA_BYTES = 64 << 10  # a machine's metadata, keys and values: it travels in every row
@@ -107,12 +106,6 @@ def check_metadata_size_in_model(metadata: Mapping[str, str | None]) -> None:
         check_metadata_size(metadata)
     except MetadataTooLarge as exc:
         raise PydanticCustomError(MetadataTooLarge.reason, str(exc)) from None
-
-
-class Strict(BaseModel):
-    """Unknown fields are an error: a typo must not silently become a default."""
-
-    model_config = ConfigDict(extra="forbid")
 
 
 def unsupported(why: str) -> PydanticCustomError:
@@ -770,7 +763,7 @@ class Machine(BaseModel):
 class CreateMachine(Strict):
     """What the worker's POST /v1/machines takes."""
 
-    app: str
+    app: AppName
     config: MachineConfig
     name: str | None = Field(None, max_length=63)
     id: str | None = Field(None, pattern=r"^[0-9a-z]{6,32}$")
@@ -780,13 +773,6 @@ class CreateMachine(Strict):
     secrets: dict[str, str] = Field(default_factory=dict, repr=False)
     # Fields of a Fly client's config the broker ignored (as Fly does), named in the create event.
     ignored_fields: list[str] | None = Field(None, max_length=256)
-
-    @field_validator("app")
-    @classmethod
-    def _app_name(cls, app: str) -> str:
-        if not APP_NAME.match(app):
-            raise ValueError("app names are lower-case letters, digits and '-', at most 63")
-        return app
 
 
 class UpdateMachine(Strict):

@@ -34,7 +34,7 @@ import stat
 from dataclasses import replace
 from pathlib import Path
 
-from souk.models.machine import APP_NAME
+from souk.models.base import APP_NAME
 from souk.worker import queries
 from souk.worker.drivers.base import HostUser, Launch
 from souk.worker.store import Store, Tx, now_iso

@@ -13,7 +13,6 @@ import contextlib
 import logging
 import os
 import shutil
-import signal
 import sqlite3
 import ssl
 from collections.abc import AsyncIterator
@@ -27,11 +26,12 @@ from souk.catalog.connecting import ConnectingBus
 from souk.catalog.owner import Owner
 from souk.catalog.signing import Signer
 from souk.models.capacity import OfferCall, offers_subject
+from souk.node.signals import until_signalled
+from souk.node.site import served
 from souk.pki import NodeFiles, reloading_server_context, role_middleware
 from souk.web import error_middleware
-from souk.web import runner as web_runner
 from souk.web.body import MAX_BODY_BYTES
-from souk.web.listener import DEFAULT_LIMITS, BoundedSite, Limits
+from souk.web.listener import DEFAULT_LIMITS, Limits
 from souk.web.protocol import protocol_middleware
 from souk.worker import http, logs, schedules
 from souk.worker.cgroups import Cgroups, worker_group
@@ -188,18 +188,10 @@ async def serve(
             bus.on_connect(owner.heartbeat)
             engine.bus_link = bus
             bus.start()
-        runner = web_runner(make_app(engine, secure=tls is not None))
-        await runner.setup()
         ctx = tls_context(tls) if tls is not None else None
-        site = BoundedSite(runner, host, port, ssl_context=ctx, limits=limits)
-        await site.start()
-        scheme = "https" if tls is not None else "http"
-        log.info("worker %s (%s) listening on %s:%d", settings.name, settings.region, host, port)
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
-        heap.settle()
-        print(f"souk worker {settings.name} ready on {scheme}://{host}:{port}", flush=True)
-        await stop.wait()
-        await runner.cleanup()
+        app = make_app(engine, secure=tls is not None)
+        async with served(app, host, port, ssl_context=ctx, limits=limits) as url:
+            log.info("worker %s (%s) listening on %s", settings.name, settings.region, url)
+            heap.settle()
+            print(f"souk worker {settings.name} ready on {url}", flush=True)
+            await until_signalled()

@@ -8,7 +8,7 @@ from pathlib import Path
 from souk.models.machine import CpuKind
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class WorkerSettings:
     name: str
     region: str

@@ -11,6 +11,7 @@ from pydantic import BaseModel
 
 from souk.broker.api import leases, volumes
 from souk.broker.api.answers import fly_reply
+from souk.broker.api.errors import refusal
 from souk.broker.api.params import flag, lease_nonce, machine_ids, passed, policy, strategy
 from souk.broker.api.secrets import machine_secrets
 from souk.broker.api.state import IDEMPOTENCY, Broker, broker_of
@@ -18,7 +19,7 @@ from souk.broker.auth import grant_of
 from souk.broker.placement.pipeline import NoCapacity
 from souk.broker.placement.reservation import keyed_prefix
 from souk.broker.secrets import SecretRefused, check_files
-from souk.clients.workers import WorkerError
+from souk.clients.workers import WorkerCallError
 from souk.models.api import (
     CreateMachineRequest,
     OkResponse,
@@ -224,7 +225,7 @@ def with_secrets(
     try:
         check_files(config, secrets)
     except SecretRefused as exc:
-        raise ApiError(exc.status, exc.code, exc.message) from None
+        raise refusal(exc) from None
     return secrets
 
 
@@ -264,7 +265,7 @@ async def update_machine(request: web.Request) -> web.Response:
     try:
         worker, address = await b.find(app, mid)
         machine = await b.client.update(worker, address, mid, update, lease_nonce(request))
-    except WorkerError as exc:
+    except WorkerCallError as exc:
         if exc.http_status != 412:
             raise
         details = {**exc.details, "region": current.region, "worker": current.worker}
@@ -284,7 +285,7 @@ async def destroy_machine(request: web.Request) -> web.Response:
     worker, address = await b.find(app, mid)
     try:
         machine = await b.client.destroy(worker, address, mid, force, lease_nonce(request))
-    except WorkerError as exc:
+    except WorkerCallError as exc:
         if force or exc.reason != "invalid_state":
             raise
         # Fly refuses to destroy a running machine without force with a 412
@@ -336,7 +337,7 @@ async def machine_logs(request: web.Request) -> web.StreamResponse:
         try:
             async for chunk in while_allowed(request, chunks):
                 await response.write(chunk)
-        except WorkerError:
+        except WorkerCallError:
             pass  # the worker went away mid-stream: the answer has started, so it just ends
         except ApiError:
             pass  # the caller's token was revoked or has expired: the stream ends there

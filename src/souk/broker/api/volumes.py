@@ -17,7 +17,7 @@ from aiohttp import web
 from souk.broker.api.answers import fly_reply
 from souk.broker.api.state import Broker, broker_of
 from souk.broker.placement.reservation import TAG_LENGTH, worker_tag
-from souk.clients.workers import WorkerError
+from souk.clients.workers import WorkerCallError
 from souk.models.catalog import WorkerRow
 from souk.models.fit import disk_misfit
 from souk.models.machine import MachineConfig
@@ -68,7 +68,7 @@ async def locate(b: Broker, app: str, volume_id: str) -> tuple[WorkerRow, Volume
 
 
 def _unreachable(result: object) -> bool:
-    return isinstance(result, WorkerError) and result.http_status == 0
+    return isinstance(result, WorkerCallError) and result.http_status == 0
 
 
 async def app_volumes(b: Broker, app: str) -> list[Volume]:
@@ -167,7 +167,7 @@ async def create_volume(request: web.Request) -> web.Response:
         )
         try:
             volume = await b.client.create_volume(worker.id, worker.address, req)
-        except WorkerError as exc:
+        except WorkerCallError as exc:
             if exc.http_status not in (0, 412, 409, 503, 507) or body.snapshot_id is not None:
                 raise
             refusals.append({"worker": worker.id, "reason": exc.message})

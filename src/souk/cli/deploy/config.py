@@ -12,13 +12,13 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from souk.cli.command import CommandError, problems
 from souk.models.api import REGION_NAME
+from souk.models.base import AppName, Strict
 from souk.models.duration import Duration
 from souk.models.machine import (
-    APP_NAME,
     ENV_NAME,
     Check,
     GuestConfig,
@@ -41,10 +41,6 @@ class ConfigError(CommandError):
     """souk.toml is unreadable or invalid; the message names every bad field."""
 
     code = 2
-
-
-class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
 
 
 class DeploySection(Strict):
@@ -117,7 +113,7 @@ class BuildSection(Strict):
 class AppConfig(Strict):
     """The whole of souk.toml."""
 
-    app: str
+    app: AppName
     image: str | None = Field(None, max_length=512)
     command: list[str] | None = None
     regions: dict[str, int] = Field(description="region -> machines (instances) there")
@@ -130,13 +126,6 @@ class AppConfig(Strict):
     deploy: DeploySection = Field(default_factory=DeploySection)
     mounts: MountsSection | None = None
     build: BuildSection | None = None
-
-    @field_validator("app")
-    @classmethod
-    def _app_name(cls, app: str) -> str:
-        if not APP_NAME.match(app):
-            raise ValueError("app names are lower-case letters, digits and '-', at most 63")
-        return app
 
     @field_validator("command")
     @classmethod

@@ -19,7 +19,7 @@ from souk.worker.drivers.base import HostUser
 from souk.worker.oci.config import ImageConfig
 from souk.worker.oci.manifest import Descriptor
 from souk.worker.oci.reference import ImageRef
-from souk.worker.oci.registry import Progress, RegistryClient, Resolved, Restarted, fetching
+from souk.worker.oci.registry import FetchProgress, RegistryClient, Resolved, Restarted, fetching
 from souk.worker.oci.rootfs import (
     idmap_supported,
     is_mounted,
@@ -178,7 +178,7 @@ class ImageCache:
         return ImageRecord(resolved.digest, manifest.config.digest, layers)
 
     async def _blob(
-        self, ref: ImageRef, blob: Descriptor, progress: Progress | None = None
+        self, ref: ImageRef, blob: Descriptor, progress: FetchProgress | None = None
     ) -> Path:
         path = self.store.blob_path(blob.digest)
 
