@@ -71,7 +71,6 @@ from _harness import GcPauses, Pki, Series, chart, machine_info, pct
 
 from souk import heap
 from souk.catalog import owner as owner_module
-from souk.catalog import replica as replica_module
 from souk.catalog.bus import InProcessBus, Message, NatsBus
 from souk.catalog.certs import bus_options
 from souk.catalog.owner import Owner
@@ -79,6 +78,7 @@ from souk.catalog.permissions import Node
 from souk.catalog.protocol import PREFIX, Batch, encode
 from souk.catalog.replica import Replica, following
 from souk.catalog.sim import SimRows
+from souk.catalog.sync import batches as batches_module
 from souk.catalog.trust import CaTrust
 from souk.pki import NodeFiles, load_cas
 from tests.support.ports import free_port
@@ -111,8 +111,9 @@ class Stamps:
 
 def stamp_batches(module: Any, name: str, into: Stamps) -> None:
     """Wraps `module.<name>` (the catalog's `encode` as the owner module uses it, or its
-    `decode_batch` as the replica module does) to note (commit time, now) for each machine row
-    of each batch: the intermediate stages of the latency, without touching the catalog."""
+    `decode_batch` as the replica's batches module does) to note (commit time, now) for each
+    machine row of each batch: the intermediate stages of the latency, without touching the
+    catalog."""
     inner = getattr(module, name)
 
     def traced(arg: Any) -> Any:
@@ -344,7 +345,7 @@ async def replica_process(
     samples = Stamps()  # (commit, visible) wall-clock times
     received = Stamps()  # (commit, decoded here)
     counters: list[tuple[float, int, int, int, int]] = []  # (wall, gaps, pulls, refused, batches)
-    stamp_batches(replica_module, "decode_batch", received)
+    stamp_batches(batches_module, "decode_batch", received)
     pauses = GcPauses()
     profiler = cProfile.Profile() if profile else None
     ca, tls = (None if v == "-" else Path(v) for v in security)
@@ -1173,9 +1174,9 @@ async def replay(
     async def one(msg: Message) -> float:
         began = time.perf_counter()
         if msg.subject.startswith(f"{PREFIX}.ch."):
-            await replica._on_batch(msg)
+            await replica.batches.on_batch(msg)
         else:
-            await replica._on_beat(msg)
+            await replica.heartbeats.on_beat(msg)
         replica._flush()
         return time.perf_counter() - began
 
@@ -1258,8 +1259,8 @@ def per_message(stats: pstats.Stats) -> str:
     """What one batch and one heartbeat cost the replica, and how much of a batch the signature
     checks are (theirs per batch: the few of heartbeats included)."""
     wanted = {
-        (os.path.join("catalog", "replica.py"), "_on_batch"),
-        (os.path.join("catalog", "replica.py"), "_on_beat"),
+        (os.path.join("catalog", "sync", "batches.py"), "on_batch"),
+        (os.path.join("catalog", "sync", "heartbeats.py"), "on_beat"),
         (os.path.join("catalog", "signing.py"), "verify"),
     }
     found: dict[str, tuple[int, float]] = {}
@@ -1267,8 +1268,8 @@ def per_message(stats: pstats.Stats) -> str:
     for (file, _, func), (_, calls, _, cumulative, _) in entries:
         if any(file.endswith(where) and func == name for where, name in wanted):
             found[func] = (calls, cumulative)
-    batches, batch_s = found.get("_on_batch", (0, 0.0))
-    beats, beat_s = found.get("_on_beat", (0, 0.0))
+    batches, batch_s = found.get("on_batch", (0, 0.0))
+    beats, beat_s = found.get("on_beat", (0, 0.0))
     if not batches:
         return "no batches"
     verify_us = 1e6 * found.get("verify", (0, 0.0))[1] / batches

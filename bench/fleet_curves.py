@@ -48,6 +48,8 @@ from souk.broker.fleet import CatalogFleet
 from souk.broker.placement.pipeline import Placer
 from souk.broker.placement.stages import candidates, rank, with_cached_image
 from souk.catalog.bus import InProcessBus, Message
+from souk.catalog.index.images import ImageIndex
+from souk.catalog.index.workers import WorkerIndex
 from souk.catalog.owner import Owner
 from souk.catalog.replica import Replica
 from souk.catalog.sim import SimRows
@@ -151,14 +153,15 @@ async def one_size(n: int, signed: bool, workdir: Path, rounds: int) -> Size:
     )
     await replica.start(bootstrap=False)
     for msg in rec.start:
-        await (replica._on_batch if ".ch." in msg.subject else replica._on_beat)(msg)
+        on_batch, on_beat = replica.batches.on_batch, replica.heartbeats.on_beat
+        await (on_batch if ".ch." in msg.subject else on_beat)(msg)
     replica._flush()
 
     statements: list[str] = []
     replica.store.conn.set_trace_callback(statements.append)
     c0 = time.process_time()
     for msg in rec.beats:
-        await replica._on_beat(msg)
+        await replica.heartbeats.on_beat(msg)
         replica._flush()
     beat_us = 1e6 * (time.process_time() - c0) / len(rec.beats)
     sqlite_per_beat = len(statements) / len(rec.beats)
@@ -166,7 +169,7 @@ async def one_size(n: int, signed: bool, workdir: Path, rounds: int) -> Size:
 
     c0 = time.process_time()
     for msg in rec.batches:
-        await replica._on_batch(msg)
+        await replica.batches.on_batch(msg)
         replica._flush()  # one commit per batch: the most a replica pays
     batch_us = 1e6 * (time.process_time() - c0) / len(rec.batches)
     if sum(replica.guard.refused.values()) or replica.stats["gaps"]:
@@ -192,7 +195,7 @@ def decide(size: Size, replica: Replica, rounds: int) -> None:
     every = [0]
 
     def before() -> None:  # the same, reading the region as it was read before
-        held = replica._in_region[REGION].values()
+        held = replica.indexes.of(WorkerIndex).in_region[REGION].values()
         reachable = [w for w in held if replica.reachable(w.id)]
         every[0] += 1
         if every[0] % 200 == 0:  # the copy of every row, once a second at 200 creates/s
@@ -221,7 +224,7 @@ def decide(size: Size, replica: Replica, rounds: int) -> None:
     def image_before() -> None:  # as it was: the whole region, each worker's images asked
         reachable, _ = placer.usable(REGION)
         cands = placer.eligible(reachable, GUEST).candidates
-        images = replica._images
+        images = replica.indexes.of(ImageIndex).rows
         cached = [
             replace(c, image_cached=True)
             if any(row.ref == IMAGE for row in images.get(c.worker, {}).values())
