@@ -29,9 +29,10 @@ certificates, permissions; the owners share one connection and one certificate, 
 table gives each secured phase's p50, p99 and CPU over the plain one's.
 
 With `--replay`, no NATS and no other process: the owners' messages are recorded in process, then
-handed one at a time to a fresh replica, plain and signed; it reports the replica's CPU time and
-wall-clock time per batch and per heartbeat, which a busy shared host blurs far less than the
-end-to-end runs.
+handed one at a time to a fresh replica, plain, signed, and signed on a bus that vouches for who
+published on an owner's subject (as the authenticated bus does: "signed+tls"); it reports the
+replica's CPU time and wall-clock time per batch and per heartbeat, which a busy shared host
+blurs far less than the end-to-end runs.
 
 Usage: .venv/bin/python bench/catalog_propagation.py [--owners 100,1000] [--rates 500,2000]
        [--seconds 20] [--quick] [--json] [--profile-replica FILE] [--keep DIR] [--secure]
@@ -1163,12 +1164,14 @@ async def replay(
     trust: CaTrust | None,
     workdir: Path,
     profile: Path | None,
+    authenticated: bool = False,
 ) -> Replayed:
     """A fresh replica (SQLite in a file, as in production) is handed the recorded messages
-    directly, one at a time, each committed at once."""
+    directly, one at a time, each committed at once. `authenticated`: its bus vouches for who
+    published on an owner's subject, as the authenticated bus does (live batches audited)."""
     path = workdir / f"replay-{owners}-{mode}.db"
     path.unlink(missing_ok=True)
-    replica = Replica(InProcessBus(), path, trust=trust)
+    replica = Replica(InProcessBus(authenticated=authenticated), path, trust=trust)
     await replica.start(bootstrap=False)
 
     async def one(msg: Message) -> float:
@@ -1216,11 +1219,15 @@ async def measure_replay(args: argparse.Namespace) -> list[Replayed]:
         pki = Pki(workdir)
         results = []
         for owners in args.owners:
-            for mode in (PLAIN, SIGNED):
-                rec = await record(owners, args.replay_changes, pki if mode.signed else None)
+            plain = await record(owners, args.replay_changes, None)
+            signed = await record(owners, args.replay_changes, pki)
+            for mode in (PLAIN, SIGNED, SIGNED_TLS):
+                rec = signed if mode.signed else plain
                 trust = CaTrust([pki.ca.cert]) if mode.signed else None
                 profile = args.profile_replica if mode.signed else None
-                results.append(await replay(mode.name, rec, owners, trust, workdir, profile))
+                results.append(
+                    await replay(mode.name, rec, owners, trust, workdir, profile, mode.tls)
+                )
     return results
 
 

@@ -7,10 +7,11 @@ signature: that check was most of what a signed batch cost a replica (58 µs of 
 plain one costs 73). The signature is still kept with the rows, so anything relayed later is
 checked by its recipient. The bus is not simply trusted: a replica checks a random sample of
 live batches (`rate`, `AUDIT_RATE` by default: about 4% of a plain batch's cost), and every
-batch that brings news a forger would want (an owner not known yet, a newer epoch) or comes from
-an owner whose rows are suspect. A check that fails on such a bus means the bus (or whoever
-runs it) forged it: counted, logged at error, and the owner's rows are pulled again from the
-owner with every answer checked (`Puller.again`). On any other bus every batch is checked."""
+batch of an owner it holds nothing of yet, of a newer epoch (which would replace all the
+owner's rows), or of an owner whose rows are suspect. A check that fails on such a bus means
+the bus (or whoever runs it) forged it: counted, logged at error, and the owner's rows are
+pulled again from the owner with every answer checked (`Puller.again`). On any other bus every
+batch is checked."""
 
 from __future__ import annotations
 
@@ -48,7 +49,9 @@ class Audit:
 
     def check(self, batch: Batch, st: OwnerState | None) -> bool:
         """Whether this live batch's signature is checked before it is applied."""
-        if not authenticated(self.bus) or st is None or st.suspect or batch.epoch > st.epoch:
+        if not authenticated(self.bus) or st is None or st.head == 0 or st.suspect:
+            return True  # an owner of which nothing is held yet, or whose rows are suspect
+        if batch.epoch > st.epoch:  # a newer epoch replaces every row of the owner's
             return True
         if self._random() < self.rate:
             self.stats["audited"] += 1
