@@ -18,6 +18,11 @@ broker's work:
 - request + response: a create's body parsed and validated, and the machine it answers
   serialized.
 
+From these, the broker's idle CPU (its heartbeats: % of one core per 1,000 workers) and the
+marginal CPU of a placement (decision, request and answer, a row change) are modelled; with
+`--placement FILE` (`bench/placement.py --json`), the idle and marginal CPU that benchmark
+measured end to end, plain and secured, are drawn beside them, up to 10,000 workers.
+
 Signed (each owner with its own Ed25519 key and certificate, the replica checking against the
 CA), heartbeats and batches are measured again, up to `--signed-up-to` owners (issuing a
 certificate per owner is what limits it). The decision's wall-clock p99 is reported too.
@@ -59,6 +64,8 @@ from souk.models.machine import CreateMachine, GuestConfig, Machine
 from tests.catalog.pki import Ca
 
 REGION = "bench"
+GOAL_MARGINAL_MS = 0.3  # as bench/placement.py's goals
+GOAL_IDLE_PER_1000 = 3.0
 BODY = json.dumps(
     {
         "region": REGION,
@@ -130,6 +137,21 @@ class Size:
     sqlite_per_beat: float = 0.0  # statements a heartbeat without news runs
     image_decision_us: float | None = None  # a create naming an image 1% of workers hold
     image_decision_before_us: float | None = None  # the same, ranking the whole region
+
+    @property
+    def idle_per_1000(self) -> float:
+        """The broker's CPU with no creates, as modelled here: one heartbeat a second from each
+        worker, in % of one core per 1,000 workers."""
+        return self.heartbeat_us * 1000 / 1e6 * 100
+
+    @property
+    def marginal_ms(self) -> float | None:
+        """What a placement adds to the broker's CPU, as modelled here: its decision, its
+        request and answer, and one worker row change applied (no HTTP, no TLS, no reservation
+        round trip: `bench/placement.py` measures the whole of it)."""
+        if self.decision_us is None or self.request_us is None:
+            return None
+        return (self.decision_us + self.request_us + self.batch_us) / 1000
 
 
 def cpu_per(fn: Callable[[], Any], rounds: int) -> tuple[float, list[float]]:
@@ -285,7 +307,7 @@ def table(report: Report) -> Table:
     for col in (
         "workers", "mode", "heartbeat", "SQLite stmts / beat", "batch",
         "decision", "decision before", "decision p99 ms (before)", "image decision (before)",
-        "request + response",
+        "request + response", "idle %/1,000 workers", "marginal ms",
     ):  # fmt: skip
         t.add_column(col, justify="right")
     plain = {s.workers: s for s in report.sizes if s.mode == "plain"}
@@ -308,11 +330,63 @@ def table(report: Report) -> Table:
             "" if s.image_decision_us is None
             else f"{s.image_decision_us:.1f} ({s.image_decision_before_us:.1f})",
             "" if s.request_us is None else f"{s.request_us:.1f}",
+            f"{s.idle_per_1000:.2f}",
+            "" if s.marginal_ms is None else f"{s.marginal_ms:.3f}",
         )  # fmt: skip
     return t
 
 
-def plot(report: Report, into: Path) -> list[Path]:
+def measured(placement: Path | None) -> dict[str, list[tuple[int, float, float]]]:
+    """From `bench/placement.py --json` (catalog strategy): per mode, (workers, idle % of a core
+    per 1,000 workers, marginal ms per placement), by fleet size."""
+    if placement is None:
+        return {}
+    rows = json.loads(placement.read_text())["rows"]
+    out: dict[str, list[tuple[int, float, float]]] = {}
+    for r in sorted(rows, key=lambda r: r["workers"]):
+        if r["strategy"] == "catalog" and r.get("broker_idle_pct"):
+            idle = r["broker_idle_pct"] * 1000 / r["workers"]
+            out.setdefault(r["mode"], []).append((r["workers"], idle, r["marginal_ms"]))
+    return out
+
+
+def broker_charts(report: Report, into: Path, placement: Path | None) -> list[Path]:
+    """The broker's idle CPU per 1,000 workers and its marginal CPU per placement by fleet
+    size: modelled here (the catalog's and the decision's parts), and as `bench/placement.py`
+    measured them end to end (plain and secured), against their goals."""
+    plain = [s for s in report.sizes if s.mode == "plain"]
+    xs = [s.workers for s in plain]
+    idle: Series = [("modelled: heartbeats", xs, [s.idle_per_1000 for s in plain], "^--")]
+    marginal: Series = [
+        ("modelled: decision + request + a row change", xs, [s.marginal_ms or 0.0 for s in plain],
+         "o--"),
+    ]  # fmt: skip
+    for mode, points in measured(placement).items():
+        px = [p[0] for p in points]
+        idle.append((f"measured, {mode}", px, [p[1] for p in points], "s-"))
+        marginal.append((f"measured, {mode}", px, [p[2] for p in points], "s-"))
+    span = [min(xs), max(xs)]
+    idle.append(("goal", span, [GOAL_IDLE_PER_1000] * 2, "k:"))
+    marginal.append(("goal", span, [GOAL_MARGINAL_MS] * 2, "k:"))
+    return [
+        chart(
+            idle,
+            "workers in the region",
+            "% of one core per 1,000 workers",
+            "Broker CPU with no creates",
+            into / "broker-idle-cpu.png",
+        ),
+        chart(
+            marginal,
+            "workers in the region",
+            "ms of CPU per placement",
+            "Broker CPU a placement adds",
+            into / "broker-marginal-cpu.png",
+        ),
+    ]
+
+
+def plot(report: Report, into: Path, placement: Path | None = None) -> list[Path]:
     into.mkdir(parents=True, exist_ok=True)
     plain = [s for s in report.sizes if s.mode == "plain"]
     signed = [s for s in report.sizes if s.mode == "signed"]
@@ -364,6 +438,7 @@ def plot(report: Report, into: Path) -> list[Path]:
             "Catalog replica: plain against signed",
             into / "catalog-cpu-signed.png",
         ),
+        *broker_charts(report, into, placement),
     ]
 
 
@@ -375,6 +450,12 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2000, help="operations per part")
     parser.add_argument("--signed-up-to", type=int, default=1000)
     parser.add_argument("--plot", type=Path, help="write the PNG charts into this directory")
+    parser.add_argument(
+        "--placement",
+        type=Path,
+        help="`bench/placement.py --json` output: its measured idle and marginal broker CPU, plain"
+        " and secured, drawn with the modelled ones",
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     args.sizes = [int(s) for s in args.sizes.split(",")]
@@ -387,7 +468,7 @@ def main() -> None:
         out.print(f"machine: {report.machine}")
         out.print(table(report))
     if args.plot is not None:
-        for path in plot(report, args.plot):
+        for path in plot(report, args.plot, args.placement):
             err.print(f"wrote {path}")
 
 
