@@ -750,6 +750,7 @@ async def measure_fleet(
 ) -> list[Row]:
     """One fleet of `owners`, then each (rate, replicas) phase in turn while heartbeats flow."""
     machines = owners * MACHINES_PER_OWNER
+    converge_s = max(120.0, owners / 25)  # a crowded host starts 10,000 signing owners slowly
     replicas: list[Child] = []
     windows: list[Window] = []
 
@@ -774,7 +775,7 @@ async def measure_fleet(
             fleet(server.url, owners, lambda: progress.advance(task), freeze, mode, pki) as f,
             aiohttp.ClientSession() as http,
         ):
-            await replicas[0].expect("converged", 120)
+            await replicas[0].expect("converged", converge_s)
             progress.update(task, description=f"{owners} owners: started, replica converged")
             for rate, want in phases:
                 while len(replicas) < want:
@@ -784,7 +785,7 @@ async def measure_fleet(
                             server.url, owners, machines, out(n), False, security(n), souk_gc
                         )
                     )
-                    await replicas[-1].expect("converged", 120)
+                    await replicas[-1].expect("converged", converge_s)
                 plural = "s" if want > 1 else ""
                 label = f"{owners} owners, {mode.name}, {rate}/s, {want} replica{plural}"
                 bar = progress.add_task(label, total=warmup + seconds)
