@@ -126,7 +126,7 @@ async def record(n: int, changes: int, beats: int, ca: Ca | None) -> Recorded:
 @dataclass
 class Size:
     workers: int
-    mode: str  # plain or signed
+    mode: str  # plain, signed, or audited (signed, on a bus that vouches for subjects)
     heartbeat_us: float
     batch_us: float
     decision_us: float | None = None
@@ -165,13 +165,19 @@ def cpu_per(fn: Callable[[], Any], rounds: int) -> tuple[float, list[float]]:
     return 1e6 * (time.process_time() - c0) / rounds, walls
 
 
-async def one_size(n: int, signed: bool, workdir: Path, rounds: int) -> Size:
+async def one_size(n: int, mode: str, workdir: Path, rounds: int) -> Size:
+    """`mode`: plain, signed (every batch checked), or audited (signed, on a bus that vouches
+    for who published on an owner's subject, as the authenticated bus does)."""
+    signed = mode != "plain"
     ca = Ca() if signed else None
     rec = await record(n, rounds, max(rounds, n), ca)
-    path = workdir / f"replica-{n}-{signed}.db"
+    path = workdir / f"replica-{n}-{mode}.db"
     # every owner stays reachable however long the recording and replay take on a busy host
     replica = Replica(
-        InProcessBus(), path, unreachable_after=3600, trust=ca.trust() if ca else None
+        InProcessBus(authenticated=mode == "audited"),
+        path,
+        unreachable_after=3600,
+        trust=ca.trust() if ca else None,
     )
     await replica.start(bootstrap=False)
     for msg in rec.start:
@@ -196,7 +202,7 @@ async def one_size(n: int, signed: bool, workdir: Path, rounds: int) -> Size:
     batch_us = 1e6 * (time.process_time() - c0) / len(rec.batches)
     if sum(replica.guard.refused.values()) or replica.stats["gaps"]:
         raise SystemExit(f"the replay went wrong: {dict(replica.guard.refused)}")
-    size = Size(n, "signed" if signed else "plain", beat_us, batch_us)
+    size = Size(n, mode, beat_us, batch_us)
     size.sqlite_per_beat = sqlite_per_beat
     if not signed:
         decide(size, replica, rounds)
@@ -294,11 +300,11 @@ async def measure(args: argparse.Namespace, console: Console) -> Report:
     report = Report(machine_info())
     with tempfile.TemporaryDirectory(prefix="souk-bench-") as tmp:
         for n in args.sizes:
-            for signed in (False, True):
-                if signed and n > args.signed_up_to:
+            for mode in ("plain", "signed", "audited"):
+                if mode != "plain" and n > args.signed_up_to:
                     continue
-                console.print(f"{n:>6} workers, {'signed' if signed else 'plain'}", style="dim")
-                report.sizes.append(await one_size(n, signed, Path(tmp), args.rounds))
+                console.print(f"{n:>6} workers, {mode}", style="dim")
+                report.sizes.append(await one_size(n, mode, Path(tmp), args.rounds))
     return report
 
 
@@ -317,7 +323,7 @@ def table(report: Report) -> Table:
 
     for s in report.sizes:
         base = plain[s.workers]
-        signed = s.mode == "signed"
+        signed = s.mode != "plain"
         t.add_row(
             f"{s.workers:,}", s.mode,
             vs(s.heartbeat_us, base.heartbeat_us) if signed else f"{s.heartbeat_us:.1f}",
@@ -416,12 +422,15 @@ def plot(report: Report, into: Path, placement: Path | None = None) -> list[Path
         ("create request parsed + answer", xs, [s.request_us or 0.0 for s in plain], "d-"),
     ]
     sx = [s.workers for s in signed]
+    audited = [s for s in report.sizes if s.mode == "audited"]
+    ax = [s.workers for s in audited]
     by = {s.workers: s for s in plain}
     catalog: Series = [
         ("batch, plain", sx, [by[s.workers].batch_us for s in signed], "s-"),
         ("batch, signed", sx, [s.batch_us for s in signed], "s--"),
         ("heartbeat, plain", sx, [by[s.workers].heartbeat_us for s in signed], "^-"),
         ("heartbeat, signed", sx, [s.heartbeat_us for s in signed], "^--"),
+        ("batch, signed, on the bus's word (audited)", ax, [s.batch_us for s in audited], "s:"),
     ]
     return [
         chart(
@@ -457,10 +466,17 @@ def main() -> None:
         " and secured, drawn with the modelled ones",
     )
     parser.add_argument("--json", action="store_true")
+    parser.add_argument(
+        "--from", dest="source", type=Path, help="plot a report this script wrote with --json"
+    )
     args = parser.parse_args()
     args.sizes = [int(s) for s in args.sizes.split(",")]
     err = Console(stderr=True)
-    report = asyncio.run(measure(args, err))
+    if args.source is not None:
+        loaded = json.loads(args.source.read_text())
+        report = Report(loaded["machine"], [Size(**s) for s in loaded["sizes"]])
+    else:
+        report = asyncio.run(measure(args, err))
     if args.json:
         print(json.dumps(asdict(report), indent=2))
     else:
