@@ -878,7 +878,7 @@ async def measure_size(
         )
         progress.update(task, description=f"{size:>5} workers: broker catching up", completed=0)
         async with broker_cm as b:
-            deadline = time.monotonic() + 120
+            deadline = time.monotonic() + max(120, size / 20)  # a crowded host is slow
             while (known := b.known()) < size:
                 if time.monotonic() > deadline:
                     raise SystemExit(f"the broker's catalog knows {known} of {size} workers")
@@ -965,6 +965,8 @@ async def measure(args: argparse.Namespace, progress: Progress) -> Report:
                     {SECURE: args.secure, METRICS_OFF: args.metrics_cost, DEFAULT_GC: args.gc_cost}
                 ):
                     await one_size(size, args, workdir, nats, progress, report, mode, round_)
+                    if args.save is not None:  # as it goes: a later size may not finish
+                        args.save.write_text(json.dumps(asdict(report), indent=2))
     return report
 
 
