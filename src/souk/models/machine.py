@@ -569,12 +569,9 @@ class MachineConfig(Strict):
             if check.port is None:
                 raise ValueError(f"checks.{name}.port: a machine check needs a port")
         if self.processes:
-            if self.image:
-                raise unsupported(
-                    "processes: several processes in one machine need the process driver for"
-                    " now (a machine without an image)"
-                )
-            if not all(p.argv(self.init) for p in self.processes):
+            # an image machine's process may take the image's command (which workers running
+            # processes of images, the vm driver's, check)
+            if not self.image and not all(p.argv(self.init) for p in self.processes):
                 raise ValueError("processes: each process needs a command (exec or cmd)")
         elif not self.image and not self.init.exec:
             raise ValueError("a machine needs an image or init.exec (the command to run)")
