@@ -48,7 +48,7 @@ from souk.worker.oci.images import Image, ImageCache
 from souk.worker.oci.spec import resolve_user
 
 POLL = 0.05
-BOOT_SECONDS = 180.0  # to the guest init's `started`: emulation on a busy host is slow
+BOOT_SECONDS = 300.0  # to the guest init's `started`: emulation on a busy host is slow
 OVERHEAD_MB = 160  # qemu's own memory beside the guest's, in the machine's cgroup
 TCG_CACHE_MB = 64  # TCG's translation cache (its default is a gigabyte)
 DEBUG_EXIT = "isa-debug-exit,iobase=0xf4,iosize=0x04"
@@ -175,7 +175,7 @@ class VmDriver:
         rundir = launch.rundir
         if not await self._files.appears(rundir / "qemu.pid", exited):
             raise VmError(f"qemu did not start: see {rundir.name}/stderr.log")
-        for _ in range(100):  # the file is made before its pid is written in it
+        for _ in range(500):  # the file is made before its pid is written in it
             if (pid := _pid(rundir)) is not None:
                 break
             await asyncio.sleep(0.01)

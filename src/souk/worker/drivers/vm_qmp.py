@@ -3,15 +3,14 @@ guest, and save its memory to a file (suspend).
 
 Each call is a short connection of its own, run in a thread: qemu takes one monitor client at a
 time, and a worker restarted after a crash finds the socket again by its path in the machine's
-directory. The memory is written through a descriptor passed to qemu (`getfd`, then migration to
-`fd:`): qemu's sandbox forbids it to run a program, and qemu 7 has no `file:` migration."""
+directory. The memory is written through a descriptor passed to qemu (`getfd`): qemu runs as the
+app's user by then, and the file is the worker's (0600)."""
 
 from __future__ import annotations
 
 import json
 import os
 import socket
-import time
 from pathlib import Path
 from typing import Any
 
@@ -76,21 +75,16 @@ def _status(path: Path) -> str:
 
 
 def _save(path: Path, memory: Path) -> None:
-    """Pause the guest and write its state to `memory` (0600, replaced whole)."""
+    """Pause the guest and write its memory to `memory` (an ELF core, 0600, replaced whole).
+    A migration's stream would also restore into a new qemu, but qemu 7 ends one by giving up
+    its disks (`bdrv_inactivate_all`), which fails on a qcow2 layer over a read-only base."""
     monitor = _Monitor(path)
     tmp = memory.with_name(memory.name + ".tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
     try:
         monitor.call("stop")
         monitor.call("getfd", fds=[fd], fdname="souk-memory")
-        monitor.call("migrate", uri="fd:souk-memory")
-        while True:
-            state = monitor.call("query-migrate").get("status")
-            if state == "completed":
-                break
-            if state in ("failed", "cancelled"):
-                raise QmpError(f"saving the guest's memory: {state}")
-            time.sleep(0.02)
+        monitor.call("dump-guest-memory", paging=False, protocol="fd:souk-memory")
         os.replace(tmp, memory)
     finally:
         os.close(fd)
