@@ -183,15 +183,12 @@ class VmDriver:
             raise VmError("qemu wrote no pid")
         handle = Handle(pid, procfs.start_time(pid) or "0")
         channel = await self._connect(launch.machine_id, rundir)
+        deadline = asyncio.get_running_loop().time() + BOOT_SECONDS
+        # The config once the guest init says hello: sent before its port is open, it could
+        # wait unread in qemu.
+        await _first(channel.hello, exited, deadline, rundir)
         await channel.send(b"C", config)
-        booted = asyncio.ensure_future(asyncio.shield(channel.ready))
-        racing: list[asyncio.Future[Any]] = [booted, exited]
-        done, _ = await asyncio.wait(racing, timeout=BOOT_SECONDS)
-        if booted not in done:
-            booted.cancel()
-            why = "qemu exited" if exited.done() else f"not started in {BOOT_SECONDS:.0f}s"
-            raise VmError(f"the guest did not start ({why}): see {rundir.name}/console.log")
-        failed = booted.result()
+        failed = await _first(channel.ready, exited, deadline, rundir)
         if failed is not None:
             raise VmError(f"the guest did not start: {failed}")
         return handle
@@ -468,6 +465,21 @@ def _mac(machine_id: str) -> str:
     """A locally administered address of the machine's own."""
     digits = hashlib.sha256(machine_id.encode()).digest()[:4]
     return "52:54:" + ":".join(f"{b:02x}" for b in digits)
+
+
+async def _first(
+    wanted: asyncio.Future[Any], exited: asyncio.Future[int], deadline: float, rundir: Path
+) -> Any:
+    """`wanted`'s result, unless qemu exits first or the deadline passes."""
+    waiting = asyncio.ensure_future(asyncio.shield(wanted))
+    racing: list[asyncio.Future[Any]] = [waiting, exited]
+    timeout = max(0.0, deadline - asyncio.get_running_loop().time())
+    done, _ = await asyncio.wait(racing, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    if waiting not in done:
+        waiting.cancel()
+        why = "qemu exited" if exited.done() else f"not started in {BOOT_SECONDS:.0f}s"
+        raise VmError(f"the guest did not start ({why}): see {rundir.name}/console.log")
+    return waiting.result()
 
 
 async def _record_exit(channel: Channel, rundir: Path) -> None:

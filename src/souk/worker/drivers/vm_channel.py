@@ -48,6 +48,7 @@ class Channel:
         self._reader, self._writer = reader, writer
         self._ids = itertools.count(1)
         self._waiting: dict[int, asyncio.Future[list[bytes]]] = {}
+        self.hello: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.ready: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
         self.exit_code: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         self._task = asyncio.ensure_future(self._read())
@@ -82,7 +83,7 @@ class Channel:
             pass
         finally:
             gone = ChannelClosed("the guest's channel closed")
-            pending: list[asyncio.Future[Any]] = [*self._waiting.values(), self.ready]
+            pending: list[asyncio.Future[Any]] = [*self._waiting.values(), self.hello, self.ready]
             for future in pending:
                 if not future.done():
                     future.set_exception(gone)
@@ -90,7 +91,9 @@ class Channel:
             self._waiting.clear()
 
     def _dispatch(self, kind: bytes, request: int, fields: list[bytes]) -> None:
-        if kind == b"R" and not self.ready.done():
+        if kind == b"H" and not self.hello.done():
+            self.hello.set_result(None)
+        elif kind == b"R" and not self.ready.done():
             self.ready.set_result(None)
         elif kind == b"F" and not self.ready.done():
             self.ready.set_result(fields[0].decode(errors="replace") if fields else "failed")

@@ -720,15 +720,18 @@ int main(void) {
     sigprocmask(SIG_BLOCK, &mask, NULL);
     int sigfd = signalfd(-1, &mask, SFD_CLOEXEC);
 
-    send_text('H', 0, "");
     char type;
     uint32_t id;
     static struct field fields[MAX_FIELDS];
     int n;
     char *storage;
+    /* Hello, again each half second until the config comes: the worker sends it only once it
+     * hears one (what it sent before the port was open could wait in qemu unread), and a hello
+     * sent with no worker at the other end is lost. */
     struct pollfd first = {.fd = chan, .events = POLLIN};
-    while (poll(&first, 1, 100) >= 0 && !(first.revents & POLLIN))
-        usleep(10000); /* no worker at the other end yet */
+    do {
+        send_text('H', 0, "");
+    } while (poll(&first, 1, 500) >= 0 && !(first.revents & POLLIN) && usleep(10000) == 0);
     if (read_frame(&type, &id, fields, &n, &storage) < 0 || type != 'C') {
         say("no config from the worker");
         power_off(125);
