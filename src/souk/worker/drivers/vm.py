@@ -91,6 +91,7 @@ class VmDriver:
         self._files = FileWatch()
         self._channels: dict[str, Channel] = {}
         self._recorders: dict[str, asyncio.Future[None]] = {}
+        self._connecting: dict[str, asyncio.Lock] = {}
 
     # -- preparing -------------------------------------------------------------------------
 
@@ -259,17 +260,21 @@ class VmDriver:
     # -- the channel -----------------------------------------------------------------------
 
     async def _connect(self, machine_id: str, rundir: Path) -> Channel:
-        channel = self._channels.get(machine_id)
-        if channel is not None and not channel.closed:
+        """The guest's channel, connected once: qemu serves one client at a time, and a second
+        connection would wait unserved while it is kept as the one to use."""
+        async with self._connecting.setdefault(machine_id, asyncio.Lock()):
+            channel = self._channels.get(machine_id)
+            if channel is not None and not channel.closed:
+                return channel
+            channel = await Channel.connect_in(rundir, "ctl.sock")
+            self._channels[machine_id] = channel
+            self._recorders[machine_id] = asyncio.ensure_future(_record_exit(channel, rundir))
             return channel
-        channel = await Channel.connect_in(rundir, "ctl.sock")
-        self._channels[machine_id] = channel
-        self._recorders[machine_id] = asyncio.ensure_future(_record_exit(channel, rundir))
-        return channel
 
     async def _drop_channel(self, machine_id: str) -> None:
         channel = self._channels.pop(machine_id, None)
         self._recorders.pop(machine_id, None)
+        self._connecting.pop(machine_id, None)
         if channel is not None:
             await channel.close()
 
