@@ -103,6 +103,10 @@ async def test_the_machine_runs_on_a_kernel_of_its_own(guest: Guest) -> None:
     assert guest.engine.capacity().vm in ("kvm", "tcg")
     qemu = procfs.program(guest.pid()) or ""
     assert qemu.endswith(vm_boot.QEMU)
+    status = Path(f"/proc/{guest.pid()}/status").read_text()
+    uid = int(status.split("\nUid:")[1].split()[0])
+    assert uid != 0  # qemu runs as the app's host user...
+    assert "\nSeccomp:\t2" in status  # ...inside its own sandbox
 
 
 async def test_two_processes_run_in_one_guest_on_the_machines_address(guest: Guest) -> None:
