@@ -408,6 +408,7 @@ class VmDriver:
         for name in ("root.qcow2", "root.qcow2.base", "memory.snap", STATE):
             (launch.rundir / name).unlink(missing_ok=True)
         self.images.store.unpin(_pin(launch))
+        await asyncio.to_thread(vm_rootfs.collect, self.images)
         if launch.home is not None:
             await asyncio.to_thread(shutil.rmtree, launch.home, True)
 

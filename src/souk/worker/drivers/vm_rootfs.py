@@ -97,6 +97,20 @@ def _usage(tree: Path) -> tuple[int, int]:
     return size, files
 
 
+def collect(images: ImageCache) -> list[str]:
+    """Drop the ext4 files (and their /etc copies) of images the cache no longer holds: the
+    cache's GC evicts an image's blobs and layers, not what this driver made of them. An image
+    a machine uses is pinned, so the cache keeps it, and its ext4 file stays."""
+    dropped = []
+    for disk in disks_dir(images).glob("sha256-*.ext4"):
+        digest = disk.stem.replace("-", ":", 1)
+        if images.store.image(digest) is None:
+            disk.unlink(missing_ok=True)
+            shutil.rmtree(base_paths(images, digest)[1], ignore_errors=True)
+            dropped.append(digest)
+    return dropped
+
+
 async def overlay(base: Path, path: Path, owner: tuple[int, int] | None) -> None:
     """The machine's writable layer over `base`, kept while it names the same base (beside it,
     `<path>.base` says which), made anew over another (the machine's image changed)."""
