@@ -21,6 +21,7 @@ from souk.worker import procfs
 from souk.worker.cgroups import Cgroups
 from souk.worker.daemon import make_driver, running
 from souk.worker.drivers import vm_boot
+from souk.worker.drivers.vm import VmDriver
 from souk.worker.engine import Engine
 from souk.worker.oci import network
 from souk.worker.settings import WorkerSettings
@@ -110,6 +111,12 @@ async def test_the_machine_runs_on_a_kernel_of_its_own(guest: Guest) -> None:
 
 
 async def test_two_processes_run_in_one_guest_on_the_machines_address(guest: Guest) -> None:
+    driver = guest.engine.drivers.image
+    assert isinstance(driver, VmDriver)
+    handle = guest.engine.supervisor.handle(guest.machine.id)
+    names = [line.split()[1] for line in await driver.guest_processes(guest.machine.id, handle)]
+    assert names[0] == "init" and {"sh", "httpd"} <= set(names)
+    assert "kthreadd" not in names  # the machine's processes, not the kernel's threads
     first = await guest.count()
     await asyncio.sleep(0.5)
     assert await guest.count() > first  # the counter runs...

@@ -557,9 +557,17 @@ static void ps(uint32_t id) {
     while (dir && (d = readdir(dir)) && n < MAX_FIELDS) {
         if (d->d_name[0] < '0' || d->d_name[0] > '9')
             continue;
-        char path[300], comm[32] = {0};
-        snprintf(path, sizeof path, "/proc/%s/comm", d->d_name);
+        char path[300], comm[32] = {0}, arg;
+        snprintf(path, sizeof path, "/proc/%s/cmdline", d->d_name);
         int fd = open(path, O_RDONLY);
+        if (fd < 0)
+            continue;
+        ssize_t has = read(fd, &arg, 1); /* none: a kernel thread, not the machine's */
+        close(fd);
+        if (has != 1)
+            continue;
+        snprintf(path, sizeof path, "/proc/%s/comm", d->d_name);
+        fd = open(path, O_RDONLY);
         if (fd < 0)
             continue;
         ssize_t len = read(fd, comm, sizeof comm - 1);
