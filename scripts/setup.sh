@@ -4,7 +4,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 debs=(nats-server runc iproute2 nftables docker-registry umoci busybox-static chromium e2fsprogs util-linux
-      gcc libc6-dev buildah)
+      gcc libc6-dev buildah qemu-system-x86 qemu-utils linux-image-cloud-amd64)
 missing=()
 for pkg in "${debs[@]}"; do
     dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
@@ -14,7 +14,10 @@ if [ ${#missing[@]} -gt 0 ]; then
     SUDO=""
     [ "$(id -u)" = 0 ] || SUDO="sudo"
     $SUDO apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
+    # No recommends: the kernel package is only what the vm driver's guests boot (the worker
+    # builds their initramfs itself), so no initramfs generator comes with it.
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends \
+        "${missing[@]}" >/dev/null
 fi
 
 if [ ! -x .venv/bin/python ]; then
@@ -29,6 +32,8 @@ fi
 # souk-launch, with which the process driver starts machines (src/souk/worker/drivers/launch.c):
 # one static binary beside the interpreter, where the worker looks for it first.
 cc -O2 -Wall -Werror -std=c11 -static -o .venv/bin/souk-launch src/souk/worker/drivers/launch.c
+# souk-init, PID 1 of the vm driver's guests (src/souk/worker/drivers/vm_init.c), beside it.
+cc -O2 -Wall -Werror -std=c11 -static -o .venv/bin/souk-init src/souk/worker/drivers/vm_init.c
 
 # A root worker runs machines as their apps' own unprivileged users. The tests' and the
 # example's machines run this venv's Python and files of this checkout, so those users must pass

@@ -89,8 +89,6 @@ UNSUPPORTED: list[tuple[dict[str, Any], str]] = [
     ({"rootfs": {"size_gb": 10}}, "config.rootfs"),
     ({"statics": [{"guest_path": "/s", "url_prefix": "/s"}]}, "config.statics"),
     ({"dns": {"nameservers": ["1.1.1.1"]}}, "config.dns"),
-    ({"image": "r.example/a:1", "processes": [{"cmd": ["a"]}, {"cmd": ["b"]}]}, "config"),
-    ({"image": "r.example/a:1", "processes": [{"cmd": ["a"], "user": "3"}]}, "config"),
     ({"processes": [{"cmd": ["a"], "user": "www-data"}]}, "config.processes.0.user"),
     (
         {"services": [{"internal_port": 80, "ports": [{"start_port": 1, "end_port": 9}]}]},

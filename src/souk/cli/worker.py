@@ -46,7 +46,9 @@ def run(
         None, help="Disk it offers to volumes, in MB (none without it; volumes need root)."
     ),
     label: list[str] = typer.Option([], help="KEY=VALUE labels reported with its capacity."),
-    driver: str = typer.Option("process", help="How machines run: process, or sim (runs nothing)."),
+    driver: str = typer.Option(
+        "process", help="How machines run: process, vm (images as qemu guests), or sim."
+    ),
     advertise: str | None = typer.Option(None, help="URL others reach it at (default: listen)."),
     insecure_registry: list[str] = typer.Option(
         [], help="HOST[:PORT] of a registry reached over plain http; repeatable."

@@ -29,6 +29,7 @@ class Capacity(BaseModel):
     disk_mb_reserved: int = 0
     disk_mb_free: int = 0
     volumes_refused: str | None = None  # why this worker makes no volumes; None: it does
+    vm: str | None = None  # the vm driver's accelerator (kvm, tcg, none); None: no vm driver
 
 
 class OfferRequest(Strict):

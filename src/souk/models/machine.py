@@ -673,30 +673,29 @@ class MachineConfig(Strict):
         for name, check in self.checks.items():
             if check.port is None:
                 raise ValueError(f"checks.{name}.port: a machine check needs a port")
-        if self.processes and self.image:
+        if self.processes and self.image and self._one_plain_process():
             self._one_process_as_command()
         if self.processes:
-            if not all(p.argv(self.init) for p in self.processes):
+            # an image machine's process may take the image's command (which workers running
+            # processes of images, the vm driver's, check)
+            if not self.image and not all(p.argv(self.init) for p in self.processes):
                 raise ValueError("processes: each process needs a command (exec or cmd)")
         elif not self.image and not self.init.exec:
             raise ValueError("a machine needs an image or init.exec (the command to run)")
         return self
 
+    def _one_plain_process(self) -> bool:
+        """One process with no user or env_from of its own: any image driver runs it as the
+        image's command. Several (or one with its own user) need a guest init, which the vm
+        driver's machines have: workers that cannot run them refuse them at admission."""
+        return len(self.processes) == 1 and not (
+            self.processes[0].user or self.processes[0].env_from
+        )
+
     def _one_process_as_command(self) -> None:
         """An image machine's one process is its command (Fly's clients send a command so):
-        folded into `init` and `env`, so that what the config shows is what runs. Several
-        need a guest init that souk's containers do not have yet."""
-        if len(self.processes) > 1:
-            raise unsupported(
-                "processes: an image machine runs one process (its command); several in one"
-                " machine need the process driver for now (a machine without an image)"
-            )
+        folded into `init` and `env`, so that what the config shows is what runs."""
         (process,) = self.processes
-        if process.user or process.env_from:
-            raise unsupported(
-                "processes: an image machine's process runs as the image's user, with env only"
-                " (no user, no env_from)"
-            )
         command: dict[str, Any] = {
             k: getattr(process, k) for k in ("exec", "entrypoint", "cmd") if getattr(process, k)
         }

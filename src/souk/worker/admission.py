@@ -124,6 +124,11 @@ def check_runnable(drivers: Drivers, settings: WorkerSettings, config: MachineCo
             f"worker {settings.name} does not run images (it needs root and runc)",
             {"image": config.image},
         )
+    if config.image and config.processes and not getattr(drivers.image, "runs_processes", False):
+        raise NoRoom(
+            f"worker {settings.name} runs no processes of images (the vm driver does)",
+            {"image": config.image},
+        )
 
 
 # --- fences ------------------------------------------------------------------------------------

@@ -35,10 +35,12 @@ from souk.web.listener import DEFAULT_LIMITS, Limits
 from souk.web.protocol import protocol_middleware
 from souk.worker import http, logs, schedules
 from souk.worker.cgroups import Cgroups, worker_group
+from souk.worker.drivers import vm_boot
 from souk.worker.drivers.base import Drivers
 from souk.worker.drivers.process import ProcessDriver
 from souk.worker.drivers.runc import RuncDriver
 from souk.worker.drivers.sim import SimDriver
+from souk.worker.drivers.vm import VmDriver, VmError
 from souk.worker.engine import Engine
 from souk.worker.inherited_signals import catch_ignored
 from souk.worker.oci.images import ImageCache
@@ -52,28 +54,46 @@ log = logging.getLogger("souk.worker")
 
 def make_driver(name: str, settings: WorkerSettings) -> Drivers:
     """`process`: host commands, and images through runc where the host can run it (root and
-    runc present); `sim`: runs nothing, for benchmarks."""
+    runc present); `vm`: host commands, and images as qemu guests (root and qemu present);
+    `sim`: runs nothing, for benchmarks."""
     if name == "sim":
         sim = SimDriver()
         return Drivers(command=sim, image=sim)
-    if name != "process":
-        raise ValueError(f"unknown driver {name!r}: process or sim")
+    if name not in ("process", "vm"):
+        raise ValueError(f"unknown driver {name!r}: process, vm or sim")
     drivers = Drivers(command=ProcessDriver(Cgroups(worker_group(settings.name))))
+    if name == "vm":
+        return _with_vms(drivers, settings)
     if os.geteuid() == 0 and shutil.which("runc"):
-        images = ImageCache(
-            settings.data_dir / "images",
-            RegistryClient(
-                RegistryConfig(
-                    insecure=frozenset(settings.insecure_registries),
-                    private=frozenset(settings.private_registries),
-                )
-            ),
-            budget=settings.image_cache_mb << 20 if settings.image_cache_mb else None,
-        )
+        images = _image_cache(settings)
         drivers.images = images
         drivers.image = RuncDriver(
             images, settings.data_dir / "runc", cgroup_parent=worker_group(settings.name)
         )
+    return drivers
+
+
+def _image_cache(settings: WorkerSettings) -> ImageCache:
+    return ImageCache(
+        settings.data_dir / "images",
+        RegistryClient(
+            RegistryConfig(
+                insecure=frozenset(settings.insecure_registries),
+                private=frozenset(settings.private_registries),
+            )
+        ),
+        budget=settings.image_cache_mb << 20 if settings.image_cache_mb else None,
+    )
+
+
+def _with_vms(drivers: Drivers, settings: WorkerSettings) -> Drivers:
+    """Image machines as guests: what accelerates them is probed once, at start, and shown in
+    the worker's capacity (`vm`)."""
+    drivers.vm = vm_boot.probe_accel()
+    if os.geteuid() != 0:
+        raise VmError("the vm driver runs as root (it makes network namespaces and cgroups)")
+    drivers.images = _image_cache(settings)
+    drivers.image = VmDriver(drivers.images, Cgroups(worker_group(settings.name)), drivers.vm)
     return drivers
 
 

@@ -458,7 +458,9 @@ class Engine:
         )
 
     def capacity(self) -> Capacity:
-        return admission.capacity(self.store.read, self.settings, self.volumes_refused)
+        cap = admission.capacity(self.store.read, self.settings, self.volumes_refused)
+        cap.vm = self.drivers.vm
+        return cap
 
     # --- volumes -----------------------------------------------------------------------------
 
