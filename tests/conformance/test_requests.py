@@ -177,7 +177,8 @@ async def test_unknown_config_fields_are_ignored_as_fly_does_and_named_back(
 
 async def test_one_process_on_an_image_machine_is_its_command(lopsided: Cluster) -> None:
     """As simt-fly-machines sends it: the process's command and env run in the image; several
-    processes are a 400 until souk's containers have a guest init."""
+    processes need a guest init (the vm driver's): a region with no worker running them has no
+    room for them, and says why."""
     c = lopsided
     process = {"cmd": ["serve", "--port", "8080"], "env": {"MODE": "web"}}
     config = {"image": "r.example/app:1", "env": {"A": "1"}, "processes": [process]}
@@ -185,5 +186,6 @@ async def test_one_process_on_an_image_machine_is_its_command(lopsided: Cluster)
     assert m["config"]["init"]["cmd"] == ["serve", "--port", "8080"]
     assert m["config"]["env"] == {"A": "1", "MODE": "web"} and "processes" not in m["config"]
     config["processes"] = [process, {"exec": ["worker"]}]
-    body = await body_of(await c.call("POST", M, json={"region": "ams", "config": config}), 400)
-    assert body["code"] == "unsupported" and "one process" in body["error"]
+    body = await body_of(await c.call("POST", M, json={"region": "ams", "config": config}), 412)
+    assert body["code"] == "insufficient_capacity"
+    assert "runs no processes of images" in str(body["details"])
