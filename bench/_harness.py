@@ -18,9 +18,10 @@ import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from types import FrameType
@@ -223,6 +224,15 @@ def launch_servers(parent: int) -> list[int]:
 class WorkerProcess:
     url: str
     pid: int
+
+
+@contextlib.contextmanager
+def workdir(where: Path | str | None = None) -> Iterator[Path]:
+    """A temporary directory for workers' data, 0711 rather than the 0700 `tempfile` makes: a
+    root worker refuses a data dir its machines' users cannot pass through to their homes."""
+    with tempfile.TemporaryDirectory(prefix="souk-bench-", dir=where) as tmp:
+        os.chmod(tmp, 0o711)
+        yield Path(tmp)
 
 
 @contextlib.asynccontextmanager

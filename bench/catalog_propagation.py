@@ -29,9 +29,10 @@ certificates, permissions; the owners share one connection and one certificate, 
 table gives each secured phase's p50, p99 and CPU over the plain one's.
 
 With `--replay`, no NATS and no other process: the owners' messages are recorded in process, then
-handed one at a time to a fresh replica, plain and signed; it reports the replica's CPU time and
-wall-clock time per batch and per heartbeat, which a busy shared host blurs far less than the
-end-to-end runs.
+handed one at a time to a fresh replica, plain, signed, and signed on a bus that vouches for who
+published on an owner's subject (as the authenticated bus does: "signed+tls"); it reports the
+replica's CPU time and wall-clock time per batch and per heartbeat, which a busy shared host
+blurs far less than the end-to-end runs.
 
 Usage: .venv/bin/python bench/catalog_propagation.py [--owners 100,1000] [--rates 500,2000]
        [--seconds 20] [--quick] [--json] [--profile-replica FILE] [--keep DIR] [--secure]
@@ -71,7 +72,6 @@ from _harness import GcPauses, Pki, Series, chart, machine_info, pct
 
 from souk import heap
 from souk.catalog import owner as owner_module
-from souk.catalog import replica as replica_module
 from souk.catalog.bus import InProcessBus, Message, NatsBus
 from souk.catalog.certs import bus_options
 from souk.catalog.owner import Owner
@@ -79,6 +79,7 @@ from souk.catalog.permissions import Node
 from souk.catalog.protocol import PREFIX, Batch, encode
 from souk.catalog.replica import Replica, following
 from souk.catalog.sim import SimRows
+from souk.catalog.sync import batches as batches_module
 from souk.catalog.trust import CaTrust
 from souk.pki import NodeFiles, load_cas
 from tests.support.ports import free_port
@@ -111,8 +112,9 @@ class Stamps:
 
 def stamp_batches(module: Any, name: str, into: Stamps) -> None:
     """Wraps `module.<name>` (the catalog's `encode` as the owner module uses it, or its
-    `decode_batch` as the replica module does) to note (commit time, now) for each machine row
-    of each batch: the intermediate stages of the latency, without touching the catalog."""
+    `decode_batch` as the replica's batches module does) to note (commit time, now) for each
+    machine row of each batch: the intermediate stages of the latency, without touching the
+    catalog."""
     inner = getattr(module, name)
 
     def traced(arg: Any) -> Any:
@@ -344,7 +346,7 @@ async def replica_process(
     samples = Stamps()  # (commit, visible) wall-clock times
     received = Stamps()  # (commit, decoded here)
     counters: list[tuple[float, int, int, int, int]] = []  # (wall, gaps, pulls, refused, batches)
-    stamp_batches(replica_module, "decode_batch", received)
+    stamp_batches(batches_module, "decode_batch", received)
     pauses = GcPauses()
     profiler = cProfile.Profile() if profile else None
     ca, tls = (None if v == "-" else Path(v) for v in security)
@@ -748,6 +750,7 @@ async def measure_fleet(
 ) -> list[Row]:
     """One fleet of `owners`, then each (rate, replicas) phase in turn while heartbeats flow."""
     machines = owners * MACHINES_PER_OWNER
+    converge_s = max(120.0, owners / 25)  # a crowded host starts 10,000 signing owners slowly
     replicas: list[Child] = []
     windows: list[Window] = []
 
@@ -772,7 +775,7 @@ async def measure_fleet(
             fleet(server.url, owners, lambda: progress.advance(task), freeze, mode, pki) as f,
             aiohttp.ClientSession() as http,
         ):
-            await replicas[0].expect("converged", 120)
+            await replicas[0].expect("converged", converge_s)
             progress.update(task, description=f"{owners} owners: started, replica converged")
             for rate, want in phases:
                 while len(replicas) < want:
@@ -782,7 +785,7 @@ async def measure_fleet(
                             server.url, owners, machines, out(n), False, security(n), souk_gc
                         )
                     )
-                    await replicas[-1].expect("converged", 120)
+                    await replicas[-1].expect("converged", converge_s)
                 plural = "s" if want > 1 else ""
                 label = f"{owners} owners, {mode.name}, {rate}/s, {want} replica{plural}"
                 bar = progress.add_task(label, total=warmup + seconds)
@@ -1162,20 +1165,22 @@ async def replay(
     trust: CaTrust | None,
     workdir: Path,
     profile: Path | None,
+    authenticated: bool = False,
 ) -> Replayed:
     """A fresh replica (SQLite in a file, as in production) is handed the recorded messages
-    directly, one at a time, each committed at once."""
+    directly, one at a time, each committed at once. `authenticated`: its bus vouches for who
+    published on an owner's subject, as the authenticated bus does (live batches audited)."""
     path = workdir / f"replay-{owners}-{mode}.db"
     path.unlink(missing_ok=True)
-    replica = Replica(InProcessBus(), path, trust=trust)
+    replica = Replica(InProcessBus(authenticated=authenticated), path, trust=trust)
     await replica.start(bootstrap=False)
 
     async def one(msg: Message) -> float:
         began = time.perf_counter()
         if msg.subject.startswith(f"{PREFIX}.ch."):
-            await replica._on_batch(msg)
+            await replica.batches.on_batch(msg)
         else:
-            await replica._on_beat(msg)
+            await replica.heartbeats.on_beat(msg)
         replica._flush()
         return time.perf_counter() - began
 
@@ -1215,11 +1220,15 @@ async def measure_replay(args: argparse.Namespace) -> list[Replayed]:
         pki = Pki(workdir)
         results = []
         for owners in args.owners:
-            for mode in (PLAIN, SIGNED):
-                rec = await record(owners, args.replay_changes, pki if mode.signed else None)
+            plain = await record(owners, args.replay_changes, None)
+            signed = await record(owners, args.replay_changes, pki)
+            for mode in (PLAIN, SIGNED, SIGNED_TLS):
+                rec = signed if mode.signed else plain
                 trust = CaTrust([pki.ca.cert]) if mode.signed else None
                 profile = args.profile_replica if mode.signed else None
-                results.append(await replay(mode.name, rec, owners, trust, workdir, profile))
+                results.append(
+                    await replay(mode.name, rec, owners, trust, workdir, profile, mode.tls)
+                )
     return results
 
 
@@ -1258,8 +1267,8 @@ def per_message(stats: pstats.Stats) -> str:
     """What one batch and one heartbeat cost the replica, and how much of a batch the signature
     checks are (theirs per batch: the few of heartbeats included)."""
     wanted = {
-        (os.path.join("catalog", "replica.py"), "_on_batch"),
-        (os.path.join("catalog", "replica.py"), "_on_beat"),
+        (os.path.join("catalog", "sync", "batches.py"), "on_batch"),
+        (os.path.join("catalog", "sync", "heartbeats.py"), "on_beat"),
         (os.path.join("catalog", "signing.py"), "verify"),
     }
     found: dict[str, tuple[int, float]] = {}
@@ -1267,8 +1276,8 @@ def per_message(stats: pstats.Stats) -> str:
     for (file, _, func), (_, calls, _, cumulative, _) in entries:
         if any(file.endswith(where) and func == name for where, name in wanted):
             found[func] = (calls, cumulative)
-    batches, batch_s = found.get("_on_batch", (0, 0.0))
-    beats, beat_s = found.get("_on_beat", (0, 0.0))
+    batches, batch_s = found.get("on_batch", (0, 0.0))
+    beats, beat_s = found.get("on_beat", (0, 0.0))
     if not batches:
         return "no batches"
     verify_us = 1e6 * found.get("verify", (0, 0.0))[1] / batches

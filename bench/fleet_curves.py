@@ -18,6 +18,11 @@ broker's work:
 - request + response: a create's body parsed and validated, and the machine it answers
   serialized.
 
+From these, the broker's idle CPU (its heartbeats: % of one core per 1,000 workers) and the
+marginal CPU of a placement (decision, request and answer, a row change) are modelled; with
+`--placement FILE` (`bench/placement.py --json`), the idle and marginal CPU that benchmark
+measured end to end, plain and secured, are drawn beside them, up to 10,000 workers.
+
 Signed (each owner with its own Ed25519 key and certificate, the replica checking against the
 CA), heartbeats and batches are measured again, up to `--signed-up-to` owners (issuing a
 certificate per owner is what limits it). The decision's wall-clock p99 is reported too.
@@ -48,6 +53,8 @@ from souk.broker.fleet import CatalogFleet
 from souk.broker.placement.pipeline import Placer
 from souk.broker.placement.stages import candidates, rank, with_cached_image
 from souk.catalog.bus import InProcessBus, Message
+from souk.catalog.index.images import ImageIndex
+from souk.catalog.index.workers import WorkerIndex
 from souk.catalog.owner import Owner
 from souk.catalog.replica import Replica
 from souk.catalog.sim import SimRows
@@ -57,6 +64,8 @@ from souk.models.machine import CreateMachine, GuestConfig, Machine
 from tests.catalog.pki import Ca
 
 REGION = "bench"
+GOAL_MARGINAL_MS = 0.3  # as bench/placement.py's goals
+GOAL_IDLE_PER_1000 = 3.0
 BODY = json.dumps(
     {
         "region": REGION,
@@ -117,7 +126,7 @@ async def record(n: int, changes: int, beats: int, ca: Ca | None) -> Recorded:
 @dataclass
 class Size:
     workers: int
-    mode: str  # plain or signed
+    mode: str  # plain, signed, or audited (signed, on a bus that vouches for subjects)
     heartbeat_us: float
     batch_us: float
     decision_us: float | None = None
@@ -128,6 +137,21 @@ class Size:
     sqlite_per_beat: float = 0.0  # statements a heartbeat without news runs
     image_decision_us: float | None = None  # a create naming an image 1% of workers hold
     image_decision_before_us: float | None = None  # the same, ranking the whole region
+
+    @property
+    def idle_per_1000(self) -> float:
+        """The broker's CPU with no creates, as modelled here: one heartbeat a second from each
+        worker, in % of one core per 1,000 workers."""
+        return self.heartbeat_us * 1000 / 1e6 * 100
+
+    @property
+    def marginal_ms(self) -> float | None:
+        """What a placement adds to the broker's CPU, as modelled here: its decision, its
+        request and answer, and one worker row change applied (no HTTP, no TLS, no reservation
+        round trip: `bench/placement.py` measures the whole of it)."""
+        if self.decision_us is None or self.request_us is None:
+            return None
+        return (self.decision_us + self.request_us + self.batch_us) / 1000
 
 
 def cpu_per(fn: Callable[[], Any], rounds: int) -> tuple[float, list[float]]:
@@ -141,24 +165,31 @@ def cpu_per(fn: Callable[[], Any], rounds: int) -> tuple[float, list[float]]:
     return 1e6 * (time.process_time() - c0) / rounds, walls
 
 
-async def one_size(n: int, signed: bool, workdir: Path, rounds: int) -> Size:
+async def one_size(n: int, mode: str, workdir: Path, rounds: int) -> Size:
+    """`mode`: plain, signed (every batch checked), or audited (signed, on a bus that vouches
+    for who published on an owner's subject, as the authenticated bus does)."""
+    signed = mode != "plain"
     ca = Ca() if signed else None
     rec = await record(n, rounds, max(rounds, n), ca)
-    path = workdir / f"replica-{n}-{signed}.db"
+    path = workdir / f"replica-{n}-{mode}.db"
     # every owner stays reachable however long the recording and replay take on a busy host
     replica = Replica(
-        InProcessBus(), path, unreachable_after=3600, trust=ca.trust() if ca else None
+        InProcessBus(authenticated=mode == "audited"),
+        path,
+        unreachable_after=3600,
+        trust=ca.trust() if ca else None,
     )
     await replica.start(bootstrap=False)
     for msg in rec.start:
-        await (replica._on_batch if ".ch." in msg.subject else replica._on_beat)(msg)
+        on_batch, on_beat = replica.batches.on_batch, replica.heartbeats.on_beat
+        await (on_batch if ".ch." in msg.subject else on_beat)(msg)
     replica._flush()
 
     statements: list[str] = []
     replica.store.conn.set_trace_callback(statements.append)
     c0 = time.process_time()
     for msg in rec.beats:
-        await replica._on_beat(msg)
+        await replica.heartbeats.on_beat(msg)
         replica._flush()
     beat_us = 1e6 * (time.process_time() - c0) / len(rec.beats)
     sqlite_per_beat = len(statements) / len(rec.beats)
@@ -166,12 +197,12 @@ async def one_size(n: int, signed: bool, workdir: Path, rounds: int) -> Size:
 
     c0 = time.process_time()
     for msg in rec.batches:
-        await replica._on_batch(msg)
+        await replica.batches.on_batch(msg)
         replica._flush()  # one commit per batch: the most a replica pays
     batch_us = 1e6 * (time.process_time() - c0) / len(rec.batches)
     if sum(replica.guard.refused.values()) or replica.stats["gaps"]:
         raise SystemExit(f"the replay went wrong: {dict(replica.guard.refused)}")
-    size = Size(n, "signed" if signed else "plain", beat_us, batch_us)
+    size = Size(n, mode, beat_us, batch_us)
     size.sqlite_per_beat = sqlite_per_beat
     if not signed:
         decide(size, replica, rounds)
@@ -192,7 +223,7 @@ def decide(size: Size, replica: Replica, rounds: int) -> None:
     every = [0]
 
     def before() -> None:  # the same, reading the region as it was read before
-        held = replica._in_region[REGION].values()
+        held = replica.indexes.of(WorkerIndex).in_region[REGION].values()
         reachable = [w for w in held if replica.reachable(w.id)]
         every[0] += 1
         if every[0] % 200 == 0:  # the copy of every row, once a second at 200 creates/s
@@ -221,7 +252,7 @@ def decide(size: Size, replica: Replica, rounds: int) -> None:
     def image_before() -> None:  # as it was: the whole region, each worker's images asked
         reachable, _ = placer.usable(REGION)
         cands = placer.eligible(reachable, GUEST).candidates
-        images = replica._images
+        images = replica.indexes.of(ImageIndex).rows
         cached = [
             replace(c, image_cached=True)
             if any(row.ref == IMAGE for row in images.get(c.worker, {}).values())
@@ -269,11 +300,11 @@ async def measure(args: argparse.Namespace, console: Console) -> Report:
     report = Report(machine_info())
     with tempfile.TemporaryDirectory(prefix="souk-bench-") as tmp:
         for n in args.sizes:
-            for signed in (False, True):
-                if signed and n > args.signed_up_to:
+            for mode in ("plain", "signed", "audited"):
+                if mode != "plain" and n > args.signed_up_to:
                     continue
-                console.print(f"{n:>6} workers, {'signed' if signed else 'plain'}", style="dim")
-                report.sizes.append(await one_size(n, signed, Path(tmp), args.rounds))
+                console.print(f"{n:>6} workers, {mode}", style="dim")
+                report.sizes.append(await one_size(n, mode, Path(tmp), args.rounds))
     return report
 
 
@@ -282,7 +313,7 @@ def table(report: Report) -> Table:
     for col in (
         "workers", "mode", "heartbeat", "SQLite stmts / beat", "batch",
         "decision", "decision before", "decision p99 ms (before)", "image decision (before)",
-        "request + response",
+        "request + response", "idle %/1,000 workers", "marginal ms",
     ):  # fmt: skip
         t.add_column(col, justify="right")
     plain = {s.workers: s for s in report.sizes if s.mode == "plain"}
@@ -292,7 +323,7 @@ def table(report: Report) -> Table:
 
     for s in report.sizes:
         base = plain[s.workers]
-        signed = s.mode == "signed"
+        signed = s.mode != "plain"
         t.add_row(
             f"{s.workers:,}", s.mode,
             vs(s.heartbeat_us, base.heartbeat_us) if signed else f"{s.heartbeat_us:.1f}",
@@ -305,11 +336,63 @@ def table(report: Report) -> Table:
             "" if s.image_decision_us is None
             else f"{s.image_decision_us:.1f} ({s.image_decision_before_us:.1f})",
             "" if s.request_us is None else f"{s.request_us:.1f}",
+            f"{s.idle_per_1000:.2f}",
+            "" if s.marginal_ms is None else f"{s.marginal_ms:.3f}",
         )  # fmt: skip
     return t
 
 
-def plot(report: Report, into: Path) -> list[Path]:
+def measured(placement: Path | None) -> dict[str, list[tuple[int, float, float]]]:
+    """From `bench/placement.py --json` (catalog strategy): per mode, (workers, idle % of a core
+    per 1,000 workers, marginal ms per placement), by fleet size."""
+    if placement is None:
+        return {}
+    rows = json.loads(placement.read_text())["rows"]
+    out: dict[str, list[tuple[int, float, float]]] = {}
+    for r in sorted(rows, key=lambda r: r["workers"]):
+        if r["strategy"] == "catalog" and r.get("broker_idle_pct"):
+            idle = r["broker_idle_pct"] * 1000 / r["workers"]
+            out.setdefault(r["mode"], []).append((r["workers"], idle, r["marginal_ms"]))
+    return out
+
+
+def broker_charts(report: Report, into: Path, placement: Path | None) -> list[Path]:
+    """The broker's idle CPU per 1,000 workers and its marginal CPU per placement by fleet
+    size: modelled here (the catalog's and the decision's parts), and as `bench/placement.py`
+    measured them end to end (plain and secured), against their goals."""
+    plain = [s for s in report.sizes if s.mode == "plain"]
+    xs = [s.workers for s in plain]
+    idle: Series = [("modelled: heartbeats", xs, [s.idle_per_1000 for s in plain], "^--")]
+    marginal: Series = [
+        ("modelled: decision + request + a row change", xs, [s.marginal_ms or 0.0 for s in plain],
+         "o--"),
+    ]  # fmt: skip
+    for mode, points in measured(placement).items():
+        px = [p[0] for p in points]
+        idle.append((f"measured, {mode}", px, [p[1] for p in points], "s-"))
+        marginal.append((f"measured, {mode}", px, [p[2] for p in points], "s-"))
+    span = [min(xs), max(xs)]
+    idle.append(("goal", span, [GOAL_IDLE_PER_1000] * 2, "k:"))
+    marginal.append(("goal", span, [GOAL_MARGINAL_MS] * 2, "k:"))
+    return [
+        chart(
+            idle,
+            "workers in the region",
+            "% of one core per 1,000 workers",
+            "Broker CPU with no creates",
+            into / "broker-idle-cpu.png",
+        ),
+        chart(
+            marginal,
+            "workers in the region",
+            "ms of CPU per placement",
+            "Broker CPU a placement adds",
+            into / "broker-marginal-cpu.png",
+        ),
+    ]
+
+
+def plot(report: Report, into: Path, placement: Path | None = None) -> list[Path]:
     into.mkdir(parents=True, exist_ok=True)
     plain = [s for s in report.sizes if s.mode == "plain"]
     signed = [s for s in report.sizes if s.mode == "signed"]
@@ -339,12 +422,15 @@ def plot(report: Report, into: Path) -> list[Path]:
         ("create request parsed + answer", xs, [s.request_us or 0.0 for s in plain], "d-"),
     ]
     sx = [s.workers for s in signed]
+    audited = [s for s in report.sizes if s.mode == "audited"]
+    ax = [s.workers for s in audited]
     by = {s.workers: s for s in plain}
     catalog: Series = [
         ("batch, plain", sx, [by[s.workers].batch_us for s in signed], "s-"),
         ("batch, signed", sx, [s.batch_us for s in signed], "s--"),
         ("heartbeat, plain", sx, [by[s.workers].heartbeat_us for s in signed], "^-"),
         ("heartbeat, signed", sx, [s.heartbeat_us for s in signed], "^--"),
+        ("batch, signed, on the bus's word (audited)", ax, [s.batch_us for s in audited], "s:"),
     ]
     return [
         chart(
@@ -361,6 +447,7 @@ def plot(report: Report, into: Path) -> list[Path]:
             "Catalog replica: plain against signed",
             into / "catalog-cpu-signed.png",
         ),
+        *broker_charts(report, into, placement),
     ]
 
 
@@ -372,11 +459,24 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2000, help="operations per part")
     parser.add_argument("--signed-up-to", type=int, default=1000)
     parser.add_argument("--plot", type=Path, help="write the PNG charts into this directory")
+    parser.add_argument(
+        "--placement",
+        type=Path,
+        help="`bench/placement.py --json` output: its measured idle and marginal broker CPU, plain"
+        " and secured, drawn with the modelled ones",
+    )
     parser.add_argument("--json", action="store_true")
+    parser.add_argument(
+        "--from", dest="source", type=Path, help="plot a report this script wrote with --json"
+    )
     args = parser.parse_args()
     args.sizes = [int(s) for s in args.sizes.split(",")]
     err = Console(stderr=True)
-    report = asyncio.run(measure(args, err))
+    if args.source is not None:
+        loaded = json.loads(args.source.read_text())
+        report = Report(loaded["machine"], [Size(**s) for s in loaded["sizes"]])
+    else:
+        report = asyncio.run(measure(args, err))
     if args.json:
         print(json.dumps(asdict(report), indent=2))
     else:
@@ -384,7 +484,7 @@ def main() -> None:
         out.print(f"machine: {report.machine}")
         out.print(table(report))
     if args.plot is not None:
-        for path in plot(report, args.plot):
+        for path in plot(report, args.plot, args.placement):
             err.print(f"wrote {path}")
 
 

@@ -31,7 +31,6 @@ import contextlib
 import os
 import statistics
 import sys
-import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -40,7 +39,7 @@ from pathlib import Path
 import aiohttp
 from rich.table import Table
 
-from _harness import progress_bar, report, worker_process
+from _harness import progress_bar, report, workdir, worker_process
 
 from souk.worker.drivers import launcher
 from worker_ops import COMMAND, CONFIG
@@ -94,7 +93,7 @@ async def bare(workdir: Path) -> float:
 
 async def measure(rounds: int, advance: Callable[[], None], where: Path | None) -> list[Row]:
     async with contextlib.AsyncExitStack() as stack:
-        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(dir=where)))
+        tmp = stack.enter_context(workdir(where))
         tmp.chmod(0o711)  # the app's user passes through to its home
         ways: dict[str, Callable[[], Awaitable[float]]] = {"bare": lambda: bare(tmp)}
         session = await stack.enter_async_context(aiohttp.ClientSession())

@@ -16,6 +16,10 @@ For each fleet size, once the broker's replica knows every worker, in one run:
   time, then placements/s and latency with CONCURRENCY in flight, with the broker's decision time
   (from the start of `Placer.place` to the reservation request: offers gathered and ranked)
   measured inside the broker both ways.
+Before the phases of each size and mode, the broker is left alone for `--idle-seconds` (no
+creates): its idle CPU, in % of one core and per 1,000 workers (its replica's heartbeats, its
+liveness checks). Each loaded phase then gives the marginal CPU of a placement: the broker's CPU
+over the phase, less its idle CPU over the same seconds, divided by the placements.
 `--http` runs the older mode instead: a `StaticFleet` read once over HTTP, offers as one HTTP
 request per worker, no NATS. `--secure [ROUNDS]` measures each size plain and secured as a cluster
 across hosts runs (a bench CA certifies every node): every worker signs its rows with its own key
@@ -123,6 +127,8 @@ RESULT_LINE = 1 << 24  # the load's result line, every latency in it: asyncio's 
 STRATEGIES: tuple[Strategy, ...] = ("offers", "p2c", "catalog")
 GOAL_RATE = 3750.0  # placements/s: Nomad's million-container run on 5 servers
 GOAL_DECISION_P99_MS = 2.0  # at 10,000 workers in a region
+GOAL_MARGINAL_MS = 0.3  # the broker's CPU a placement adds, at 1,000 and 10,000 workers
+GOAL_IDLE_PER_1000 = 3.0  # the broker's CPU with no creates, % of one core per 1,000 workers
 # Modes measured next to "plain" (the broker as it runs) when asked, each set against it in a
 # table of ratios: its title, and whether the mode is the costlier of the pair.
 SECURE, METRICS_OFF, DEFAULT_GC = "secure", "metrics off", "default gc"
@@ -155,9 +161,11 @@ class CpuWindow:
 
     groups: dict[str, list[int]]
     start: tuple[tuple[int, int, int], dict[str, int]] = ((0, 0, 0), {})
+    began: float = 0.0
 
     def __post_init__(self) -> None:
         self.start = (host_ticks(), self._ticks())
+        self.began = time.monotonic()
 
     def _ticks(self) -> dict[str, int]:
         return {name: proc_ticks(pids) for name, pids in self.groups.items()}
@@ -172,6 +180,7 @@ class CpuWindow:
         ours = sum(used.values()) * hz / span * 100
         return {
             **{f"{name}_s": round(v, 2) for name, v in used.items()},
+            "wall_s": round(time.monotonic() - self.began, 3),
             "ours_pct": round(ours, 1),
             "others_pct": round(max(0.0, (busy1 - busy0) / span * 100 - ours), 1),
             "steal_pct": round((steal1 - steal0) / span * 100, 1),
@@ -724,6 +733,20 @@ class Row:
     # METRICS_OFF (the broker and its workers record no metrics), or DEFAULT_GC (the broker and
     # its workers keep Python's default collector instead of `heap.settle`'s)
     round: int = 0  # --secure, --metrics-cost, --gc-cost: which pair of plain and the other
+    broker_idle_pct: float = 0.0  # the broker's CPU with no creates, % of one core
+    marginal_ms: float = 0.0  # loaded: (its CPU - idle CPU over the same seconds) / placements
+
+    def marginal(self, loaded: LoadResult, requests: int, idle_pct: float) -> None:
+        """What a placement adds to the broker's CPU: its loaded CPU, less what it spends idle
+        (heartbeats, liveness) over the same seconds, per placement."""
+        self.broker_idle_pct = idle_pct
+        idle_s = idle_pct / 100 * loaded.cpu["wall_s"]
+        self.marginal_ms = round((loaded.cpu["broker_s"] - idle_s) * 1000 / requests, 3)
+
+    @property
+    def idle_per_1000(self) -> float:
+        """The broker's idle CPU per 1,000 workers, % of one core."""
+        return self.broker_idle_pct * 1000 / self.workers
 
     @classmethod
     def of(
@@ -855,7 +878,7 @@ async def measure_size(
         )
         progress.update(task, description=f"{size:>5} workers: broker catching up", completed=0)
         async with broker_cm as b:
-            deadline = time.monotonic() + 120
+            deadline = time.monotonic() + max(120, size / 20)  # a crowded host is slow
             while (known := b.known()) < size:
                 if time.monotonic() > deadline:
                     raise SystemExit(f"the broker's catalog knows {known} of {size} workers")
@@ -869,6 +892,9 @@ async def measure_size(
                 gc.set_threshold(*PYTHON_GC)
                 gc.collect()
             idle = await cpu_pct(hosts.pids, 1.0)
+            await settle(hosts.pids, idle)
+            progress.update(task, description=f"{size:>5} workers: the broker idle")
+            broker_idle = await cpu_pct([os.getpid()], args.idle_seconds)
 
             async def phase(name: str, url: str, n: int, c: int, body: Any, hdr: Any) -> LoadResult:
                 progress.update(task, description=f"{size:>5} workers: settling before {name}")
@@ -912,6 +938,7 @@ async def measure_size(
                     )
                 )
                 report.rows[-1].mode, report.rows[-1].round = mode, round_
+                report.rows[-1].marginal(loaded, args.requests, broker_idle)
             report.parts.append(decision_parts(size, b.placer))
 
 
@@ -938,6 +965,8 @@ async def measure(args: argparse.Namespace, progress: Progress) -> Report:
                     {SECURE: args.secure, METRICS_OFF: args.metrics_cost, DEFAULT_GC: args.gc_cost}
                 ):
                     await one_size(size, args, workdir, nats, progress, report, mode, round_)
+                    if args.save is not None:  # as it goes: a later size may not finish
+                        args.save.write_text(json.dumps(asdict(report), indent=2))
     return report
 
 
@@ -1002,7 +1031,7 @@ def tables(report: Report) -> list[Table]:
             f"{p['workers']:,.0f}", f"{p['read_rows_ms']:.2f}", f"{p['candidates_ms']:.2f}",
             f"{p['rank_ms']:.2f}",
         )  # fmt: skip
-    out = [speed, inside, parts]
+    out = [speed, inside, parts, broker_cpu(report)]
     plain = {(r.workers, r.strategy, r.round): r for r in report.rows if r.mode == "plain"}
     for mode, (title, costlier) in COSTS.items():
         twins = [r for r in report.rows if r.mode == mode and key(r) in plain]
@@ -1010,6 +1039,30 @@ def tables(report: Report) -> list[Table]:
             pairs = [(plain[key(r)], r) for r in twins]
             out.append(cost_table(title, [(b, a) if costlier else (a, b) for a, b in pairs]))
     return out
+
+
+def broker_cpu(report: Report) -> Table:
+    """The broker's CPU apart: what it spends with no creates (its replica's heartbeats, its
+    liveness checks), and what each placement adds to it."""
+    t = Table(
+        title="the broker's CPU: idle (no creates) and marginal per placement (loaded CPU less"
+        f" idle CPU over the same seconds); goals: idle ≤ {GOAL_IDLE_PER_1000:g}% of a core per"
+        f" 1,000 workers, marginal ≤ {GOAL_MARGINAL_MS:g} ms"
+    )
+    for col in (
+        "workers", "strategy", "idle, % of a core", "idle per 1,000 workers", "loaded ms/create",
+        "marginal ms/placement",
+    ):  # fmt: skip
+        t.add_column(col, justify="left" if col == "strategy" else "right")
+    for r in report.rows:
+        if r.strategy == "raw":
+            continue
+        name = r.strategy if r.mode == "plain" else f"{r.strategy} ({r.mode})"
+        t.add_row(
+            f"{r.workers:,}", name, f"{r.broker_idle_pct:.1f}", f"{r.idle_per_1000:.2f}%",
+            f"{r.cpu_ms_per_create['broker']:.3f}", f"{r.marginal_ms:.3f}",
+        )  # fmt: skip
+    return t
 
 
 def decision_cpu(r: Row) -> str:
@@ -1028,7 +1081,8 @@ def cost_table(title: str, pairs: list[tuple[Row, Row]]) -> Table:
     cost = Table(title=title)
     for col in (
         "workers", "strategy", "round", "placements/s", "decision p99 (loaded)",
-        "broker CPU/create", "broker GC ms/create, costlier / cheaper", "workers CPU/create",
+        "broker CPU/create", "marginal", "idle", "broker GC ms/create, costlier / cheaper",
+        "workers CPU/create",
     ):  # fmt: skip
         cost.add_column(col, justify="left" if col == "strategy" else "right")
 
@@ -1042,6 +1096,8 @@ def cost_table(title: str, pairs: list[tuple[Row, Row]]) -> Table:
             ratio(cheap.rate, costly.rate),
             ratio(costly.decision_p99_ms, cheap.decision_p99_ms),
             ratio(cpu["broker"], base["broker"]),
+            ratio(costly.marginal_ms, cheap.marginal_ms),
+            ratio(costly.broker_idle_pct, cheap.broker_idle_pct),
             f"{costly.gc_ms_per_create:.3f} / {cheap.gc_ms_per_create:.3f}",
             ratio(cpu["workers"], base["workers"]),
         )  # fmt: skip
@@ -1092,7 +1148,16 @@ def main() -> None:
         "workers' processes instead of heap.settle's; ROUNDS pairs (default 1), the first of a "
         "pair alternating",
     )
+    parser.add_argument(
+        "--idle-seconds",
+        type=float,
+        default=10.0,
+        help="how long the broker's idle CPU is measured (no creates), per size and mode",
+    )
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.add_argument(
+        "--save", type=Path, help="also write the report as JSON here (for fleet_curves.py)"
+    )
     parser.add_argument("--profile", type=Path, help="write cProfile stats of the broker here")
     parser.add_argument(
         "--cpu-sample",
@@ -1114,6 +1179,8 @@ def main() -> None:
     )
     with Progress(*columns, console=err, transient=args.json) as progress:
         report = run(measure(args, progress))  # the broker runs here, on its own loop
+    if args.save is not None:
+        args.save.write_text(json.dumps(asdict(report), indent=2))
     if args.json:
         print(json.dumps(asdict(report), indent=2))
         return

@@ -21,7 +21,6 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -31,7 +30,7 @@ import aiohttp
 from rich.progress import Progress
 from rich.table import Table
 
-from _harness import pct, progress_bar, report, worker
+from _harness import pct, progress_bar, report, workdir, worker
 
 SUPERVISORD = Path(sys.executable).parent / "supervisord"
 POLL = 0.005
@@ -163,7 +162,7 @@ SUPERVISORS: dict[str, Run] = {"bare loop": bare, "supervisord": supervisord, "s
 
 async def measure(crashes: int, progress: Progress) -> list[Row]:
     rows = []
-    with tempfile.TemporaryDirectory(prefix="souk-bench-") as tmp:
+    with workdir() as tmp:
         Path(tmp).chmod(0o711)  # a root worker runs its machines as the app's own user
         for name, run in SUPERVISORS.items():
             work = Path(tmp, name.replace(" ", "-"))

@@ -23,7 +23,6 @@ import argparse
 import asyncio
 import os
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,7 +30,7 @@ from pathlib import Path
 import aiohttp
 from rich.table import Table
 
-from _harness import pct, report, worker
+from _harness import pct, report, workdir, worker
 
 PORT = 18080
 SERVER = f"""
@@ -93,7 +92,7 @@ async def measure(rounds: int, fsync: bool = True, with_runc: bool = True) -> li
         "cold": ([], [], []),
         "resume": ([], [], []),
     }
-    with tempfile.TemporaryDirectory(prefix="souk-bench-") as tmp:
+    with workdir() as tmp:
         async with (
             worker("process", Path(tmp) / "worker", fsync=fsync) as url,
             aiohttp.ClientSession() as http,

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +23,7 @@ import aiohttp
 from rich.progress import Progress
 from rich.table import Table
 
-from _harness import cpu_ms, pct, progress_bar, report, worker_process
+from _harness import cpu_ms, pct, progress_bar, report, workdir, worker_process
 
 CONFIG = {
     "init": {"exec": ["sleep", "60"]},
@@ -116,7 +115,7 @@ async def one_size(running: int, stops: int, work: Path, progress: Progress) -> 
 
 
 async def measure(sizes: list[int], stops: int, progress: Progress) -> list[Row]:
-    with tempfile.TemporaryDirectory(prefix="souk-bench-") as tmp:
+    with workdir() as tmp:
         return [await one_size(n, min(stops, n), Path(tmp), progress) for n in sizes]
 
 

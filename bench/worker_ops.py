@@ -26,7 +26,6 @@ import json
 import os
 import statistics
 import sys
-import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
@@ -45,7 +44,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from _harness import cpu_ms, machine_info, pct, worker_process
+from _harness import cpu_ms, machine_info, pct, workdir, worker_process
 
 COMMAND = ["sleep", "60"]
 OFF = " (metrics off)"
@@ -170,7 +169,7 @@ async def measure(
     their data in (the system's temporary directory by default)."""
     rows: list[Row] = []
     levels = [1, concurrency]
-    with tempfile.TemporaryDirectory(prefix="souk-bench-", dir=where) as tmp:
+    with workdir(where) as tmp:
         work = Path(tmp)
         for c in levels:  # each level's rows back to back, so that their ratios share a moment
             task = progress.add_task(f"bare spawn, {c} in flight", total=n)

@@ -1,3 +1,3 @@
-from souk.cli.main import app
+from souk.cli.main import entry
 
-app()
+entry()

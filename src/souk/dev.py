@@ -17,26 +17,30 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from aiohttp import web
-
 from souk import heap
-from souk.broker.runtime import BrokerOptions, broker_site, until_signalled
-from souk.broker.tokens import mint, new_secret, read_secret
+from souk.broker.runtime import BrokerSettings, broker_site
+from souk.broker.tokens import mint
 from souk.catalog.bus import Bus, InProcessBus
 from souk.catalog.node import NodeKey, ca_trust
 from souk.catalog.replica import following
-from souk.models.machine import CpuKind, MachineState
+from souk.dev_images import REGISTRY_FILE, ensure_base_image, image_registry
+from souk.models.machine import CpuKind
+from souk.node.cluster_secret import kept_secret
+from souk.node.signals import on_signals
+from souk.node.site import served
 from souk.pki import NodeFiles, init_ca, issue_files
 from souk.pki.files import CA_CERT, CA_KEY
-from souk.proxy.server import ProxyOptions, proxy_site
-from souk.secret_files import write_secret
-from souk.web import runner as web_runner
+from souk.pki.public import init_public_ca, issue_public
+from souk.proxy.server import ProxySettings, proxy_site
+from souk.secret_files import write_file, write_secret
+from souk.web.listener import DEFAULT_LIMITS, Limits
 from souk.web.tls import ServerCert
-from souk.worker import names
+from souk.worker import names, volume_disk
 from souk.worker.daemon import make_app as make_worker_app
 from souk.worker.daemon import make_driver, offering, publishing, running, tls_context
 from souk.worker.engine import Engine
@@ -45,7 +49,8 @@ from souk.worker.settings import WorkerSettings
 
 REGIONS = ("mad", "ams", "sin")
 CPU_KINDS: tuple[CpuKind, ...] = ("shared", "performance")
-STOP_GRACE = 10.0  # past a machine's own stop timeout, before it is reported left running
+END_BOUND = 15.0  # seconds a stopping `souk dev` gives its machines' forced destroys
+TRUST = "trust.crt"  # in the dev PKI's directory: the cluster CA and the public CA, for clients
 log = logging.getLogger("souk.dev")
 
 
@@ -58,6 +63,8 @@ class DevCluster:
     workers: dict[str, str]  # id -> URL
     ca: Path | None = None  # secure: the CA every part's certificate is checked against
     operator: NodeFiles | None = None  # secure: a certificate that may call any worker route
+    engines: tuple[Engine, ...] = field(default=(), repr=False)  # its workers', for ending
+    image_registry: str | None = None  # HOST:PORT its workers pull from, a build pushes to
 
 
 class DevPki:
@@ -69,15 +76,27 @@ class DevPki:
         self.sans = sorted({host, "127.0.0.1", "localhost"})
         if not (root / "ca" / CA_KEY).exists():
             init_ca(root / "ca", "souk dev CA")
+        public_ca = init_public_ca(root / "public-ca", "souk dev public CA")
+        # what a client of the broker or the proxy trusts: both CAs, one file (`--ca`)
+        bundle = (root / "ca" / CA_CERT).read_bytes() + public_ca.read_bytes()
+        write_file(self.ca, bundle, mode=0o644)
 
     @property
     def ca(self) -> Path:
-        return self.root / "ca" / CA_CERT
+        return self.root / TRUST
 
     def issue(self, role: str, name: str) -> NodeFiles:
         out = self.root / name
         files, _ = issue_files(self.root / "ca", out, role, name, self.sans, force=True)
         return files
+
+    def public(self, name: str) -> ServerCert:
+        """An ECDSA certificate for a public listener (the broker's, the proxy's), which
+        browsers take: the cluster's Ed25519 ones they refuse at the handshake."""
+        cert, key = issue_public(
+            self.root / "public-ca", self.root / f"{name}-public", name, self.sans
+        )
+        return ServerCert(cert, key)
 
 
 async def _start_worker(
@@ -87,28 +106,19 @@ async def _start_worker(
     driver: str,
     host: str,
     tls: NodeFiles | None,
+    limits: Limits,
 ) -> tuple[Engine, str]:
     """A worker served on a free port, on `stack`; its engine and URL."""
     engine = await stack.enter_async_context(
         running(Engine(settings, make_driver(driver, settings)))
     )
-    runner = web_runner(make_worker_app(engine, secure=tls is not None))
-    await runner.setup()
-    stack.push_async_callback(runner.cleanup)
     ctx = tls_context(tls) if tls is not None else None
-    await web.TCPSite(runner, host, 0, ssl_context=ctx).start()
-    url = f"{'https' if tls else 'http'}://{host}:{runner.addresses[0][1]}"
+    app = make_worker_app(engine, secure=tls is not None)
+    url = await stack.enter_async_context(served(app, host, 0, ssl_context=ctx, limits=limits))
     signer = NodeKey(tls) if tls is not None else None
     await stack.enter_async_context(publishing(engine, bus, url, signer))
     await stack.enter_async_context(offering(engine, bus))
     return engine, url
-
-
-def _secret(data_dir: Path) -> bytes:
-    path = data_dir / "secret"
-    with contextlib.suppress(FileExistsError):  # kept across runs: its tokens stay valid
-        write_secret(path, new_secret() + b"\n", replace=False)
-    return read_secret(path)
 
 
 @contextlib.asynccontextmanager
@@ -123,18 +133,39 @@ async def dev_cluster(
     idle_timeout: float = 60.0,
     secure: bool = False,
     insecure_registries: tuple[str, ...] = (),
+    disk_mb: int | None = None,
+    limits: Limits = DEFAULT_LIMITS,
+    image_registry_port: int | None = None,
 ) -> AsyncIterator[DevCluster]:
     """Every worker offers both CPU kinds (`shared` and `performance`): clients that ask for
     either, as Fly's clients do by default, are placed; `insecure_registries` (host[:port]) are
-    pulled from over plain http, as a worker's `--insecure-registry`."""
+    pulled from over plain http, as a worker's `--insecure-registry`. With `disk_mb`, each
+    worker offers that much disk to volumes; at the end every volume is unmounted and its loop
+    device let go (the files stay, mounted again by the next run on this data dir). With
+    `image_registry_port`, an image registry on it (0: any port), its workers' to pull from and
+    `souk deploy`'s to push a Dockerfile's build to (`souk.dev_images`)."""
     data_dir.mkdir(parents=True, exist_ok=True)
-    secret = _secret(data_dir)
+    secret = kept_secret(data_dir / "secret")
     pki = DevPki(data_dir / "tls", host) if secure else None
     async with contextlib.AsyncExitStack() as stack:
+        images = None
+        (data_dir / REGISTRY_FILE).unlink(missing_ok=True)
+        if image_registry_port is not None:
+            registry_at = image_registry(data_dir / "image-registry", host, image_registry_port)
+            images = await stack.enter_async_context(registry_at)
+        if images is not None:
+            insecure_registries = (*insecure_registries, images)
+            if driver != "sim" and os.geteuid() == 0:
+                await ensure_base_image()  # for FROM localhost/busybox, with no internet
         bus = InProcessBus()
         stack.push_async_callback(bus.close)
         workers: dict[str, str] = {}
         engines: list[Engine] = []
+        if disk_mb:  # after every worker has stopped
+            for region in REGIONS:
+                for n in (1, 2):
+                    folder = data_dir / "workers" / f"{region}{n}"
+                    stack.callback(volume_disk.release_all, folder)
         for region in REGIONS:
             for n in (1, 2):
                 name = f"{region}{n}"
@@ -147,43 +178,50 @@ async def dev_cluster(
                     cpu_kinds=CPU_KINDS,
                     durable=False,
                     insecure_registries=insecure_registries,
+                    disk_mb=disk_mb or None,
                 )
                 tls = pki.issue("worker", name) if pki else None
-                engine, workers[name] = await _start_worker(stack, bus, settings, driver, host, tls)
+                engine, workers[name] = await _start_worker(
+                    stack, bus, settings, driver, host, tls, limits
+                )
                 engines.append(engine)
         # One host: its first worker answers the machines' names for all (docs/network.md).
         await stack.enter_async_context(names.answering(engines[0].settings, bus))
         # after the broker and proxy have closed (nothing starts machines any more), before the
         # workers do
-        stack.push_async_callback(stop_machines, engines)
+        stack.push_async_callback(end_machines, engines)
         broker_tls = pki.issue("broker", "broker") if pki else None
-        opts = BrokerOptions(
-            host,
-            port,
-            secret,
-            list(workers.values()),
+        opts = BrokerSettings(
+            host=host,
+            port=port,
+            secret=secret,
+            workers=list(workers.values()),
             registry_dir=data_dir / "registry",
             tls=broker_tls,
-            listener=ServerCert(broker_tls.cert, broker_tls.key) if broker_tls else None,
+            listener=pki.public("broker") if pki else None,
+            limits=limits,
         )
         api = await stack.enter_async_context(broker_site(opts, bus))
         token = mint(secret, operator=True)
         proxy_tls = pki.issue("proxy", "proxy") if pki else None
         trust = ca_trust(proxy_tls) if proxy_tls else None
         replica = await stack.enter_async_context(following(bus, bootstrap=False, trust=trust))
-        proxy_opts = ProxyOptions(
+        proxy_opts = ProxySettings(
             host=host,
             port=proxy_port,
             api=api,
             token=token,
             idle_timeout=idle_timeout,
             ca=pki.ca if pki else None,
-            listener=ServerCert(proxy_tls.cert, proxy_tls.key) if proxy_tls else None,
+            listener=pki.public("proxy") if pki else None,
             tls=proxy_tls,  # asks workers whether a machine holds the socket at its address
+            limits=limits,
         )
         _, proxy = await stack.enter_async_context(proxy_site(replica, proxy_opts))
         write_secret(data_dir / "token", token + "\n")  # an operator token: 0600
         (data_dir / "api").write_text(api + "\n")
+        if images is not None:
+            (data_dir / REGISTRY_FILE).write_text(images + "\n")
         yield DevCluster(
             api,
             token,
@@ -192,6 +230,8 @@ async def dev_cluster(
             workers,
             ca=pki.ca if pki else None,
             operator=pki.issue("operator", "operator") if pki else None,
+            engines=tuple(engines),
+            image_registry=images,
         )
 
 
@@ -208,34 +248,51 @@ def _secure_hints(dev: DevCluster) -> None:
     print(f"export SOUK_CA={ca}")
 
 
-async def stop_machines(engines: list[Engine]) -> int:
-    """Stop every machine that runs (or is on its way to) and wait until it has; returns how
-    many were asked to stop. Machines being destroyed are waited for too."""
+async def end_machines(engines: list[Engine], bound: float = END_BOUND) -> int:
+    """Destroy every machine of the cluster, forced, from whatever state it is in (suspended,
+    stopping with a long timeout, starting on an image pull...): a forced destroy supersedes
+    what the machine was doing and kills it at once. Waits `bound` seconds at most, then names
+    the machines not yet destroyed; returns how many were destroyed."""
 
-    async def settle(engine: Engine, machine_id: str) -> None:
-        target: MachineState = "stopped"
+    async def destroy(engine: Engine, machine_id: str) -> bool:
+        held = engine.lease(machine_id)  # a deploy's lease does not keep it
+        nonce = held.nonce if held is not None else None
         try:
-            machine = await engine.submit(machine_id, "stop")  # queued, or already on its way
-        except WorkerError:  # nothing to stop, or being destroyed
-            machine = engine.get(machine_id, events=False)
-            if machine.state != "destroying":
-                return
-            target = "destroyed"
-        timeout = float(machine.config.stop_config.timeout) + STOP_GRACE
-        ok, found = await engine.wait(machine_id, target, timeout, None)
-        if not ok:
-            log.warning("machine %s is still %s; it may be left running", machine_id, found.state)
+            await engine.submit(machine_id, "destroy", {"force": True}, nonce)
+        except WorkerError as exc:
+            log.warning("machine %s not destroyed: %s", machine_id, exc)
+            return False
+        ok, _ = await engine.wait(machine_id, "destroyed", bound, None)
+        return ok
 
-    live = [
-        (engine, m.id)
-        for engine in engines
-        for m in engine.machines()
-        if m.state in ("created", "starting", "started", "stopping", "destroying")
-    ]
-    if live:
-        print(f"souk dev: stopping {len(live)} machines", flush=True)
-        await asyncio.gather(*(settle(engine, mid) for engine, mid in live))
-    return len(live)
+    live = [(e, m.id) for e in engines for m in e.machines() if m.state != "destroyed"]
+    if not live:
+        return 0
+    print(f"souk dev: destroying {len(live)} machines", flush=True)
+    done = await asyncio.gather(*(destroy(e, mid) for e, mid in live))
+    left = [(e, mid) for (e, mid), ok in zip(live, done, strict=True) if not ok]
+    for engine, mid in left:
+        state = engine.get(mid, events=False).state
+        print(f"souk dev: machine {mid} still {state} after {bound:g} s", flush=True)
+    return len(live) - len(left)
+
+
+def _on_signals(engines: list[Engine]) -> asyncio.Event:
+    """Set at the first Ctrl-C (or SIGTERM), for an orderly end. A second one, whenever it
+    comes, ends `souk dev` at once: every machine's processes are killed first (their cgroups,
+    frozen ones too), so none is left running; what they held on disk stays for the next
+    `souk dev` on this data to end."""
+    first = asyncio.Event()
+
+    def on_signal() -> None:
+        if first.is_set():
+            killed = sum(engine.kill_now() for engine in engines)
+            print(f"souk dev: killed {killed} processes; exiting now", flush=True)
+            os._exit(130)
+        first.set()
+
+    on_signals(on_signal)
+    return first
 
 
 def dashboard_url(dev: DevCluster) -> str:
@@ -252,6 +309,9 @@ async def run_dev(
     driver: str,
     secure: bool = False,
     insecure_registries: tuple[str, ...] = (),
+    disk_mb: int | None = None,
+    limits: Limits = DEFAULT_LIMITS,
+    image_registry_port: int | None = None,
 ) -> None:
     async with dev_cluster(
         data_dir,
@@ -261,15 +321,24 @@ async def run_dev(
         driver,
         secure=secure,
         insecure_registries=insecure_registries,
+        disk_mb=disk_mb,
+        limits=limits,
+        image_registry_port=image_registry_port,
     ) as dev:
+        signalled = _on_signals(list(dev.engines))
         heap.settle()
         print(f"souk dev: 3 regions ({', '.join(REGIONS)}) x 2 workers")
         print(f"  broker (Machines API): {dev.api}")
         print(f"  proxy: {dev.proxy}  (apps at <app>.{dev.domain}, or header 'souk-app: <app>')")
         print(f"  dashboard: {dashboard_url(dev)}")
+        if disk_mb:
+            print(f"  volumes: {disk_mb} MB of disk per worker (souk volumes create ...)")
+        if dev.image_registry:
+            print(f"  images: {dev.image_registry} (a [build] in souk.toml pushes there)")
         if secure:
             _secure_hints(dev)
         print(f"export SOUK_API={dev.api}")
         print(f"export SOUK_TOKEN={dev.token}")
         print("then, in examples/hello: souk deploy", flush=True)
-        await until_signalled()
+        await signalled.wait()
+        await end_machines(list(dev.engines))  # first: the rest may take its time to close

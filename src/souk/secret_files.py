@@ -1,6 +1,8 @@
 """Files that hold secrets (the cluster secret, tokens, keys) are written one way: mode 0600 from
 the moment they exist, and atomically, so no reader ever sees one world-readable or half-written.
-Other files written the same careful way (certificates) only choose another mode."""
+Other files written the same careful way (certificates) only choose another mode. A database of
+an app's data (the worker's, the app registry's) is made 0600 before SQLite opens it
+(`private_database`), whatever the umask: SQLite gives its side files the database's mode."""
 
 from __future__ import annotations
 
@@ -39,6 +41,29 @@ def write_file(path: Path, data: bytes | str, *, mode: int, replace: bool = True
             tmp.unlink()
         raise
     _sync_dir(path.parent)
+
+
+SQLITE_SIDE_FILES = ("-wal", "-shm", "-journal")
+
+
+def private_database(path: Path) -> None:
+    """Make `path` (an SQLite database, made empty if missing) and the side files SQLite keeps
+    beside it 0600, and its directory, when made here, 0700: before the database is opened,
+    which would create it with the umask's leave (0644 by default) and its side files alike."""
+    if not path.parent.exists():
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    _make_private(path, os.O_CREAT)  # also one made before, with the umask's mode
+    for suffix in SQLITE_SIDE_FILES:
+        with contextlib.suppress(FileNotFoundError):
+            _make_private(path.with_name(path.name + suffix), 0)
+
+
+def _make_private(path: Path, flags: int) -> None:
+    fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC | flags, SECRET_MODE)
+    try:
+        os.fchmod(fd, SECRET_MODE)
+    finally:
+        os.close(fd)
 
 
 def _sync_dir(directory: Path) -> None:

@@ -14,7 +14,7 @@ from aiohttp.test_utils import TestServer
 
 from souk.broker.placement.candidates import Candidate
 from souk.broker.placement.reservation import Reserver
-from souk.clients.workers import WorkerClient, WorkerError
+from souk.clients.workers import WorkerCallError, WorkerClient
 from souk.models.machine import CreateMachine, MachineConfig
 from souk.worker.daemon import make_app, make_driver, running
 from souk.worker.engine import Engine
@@ -72,17 +72,17 @@ async def test_a_create_arriving_after_its_fenced_destroy_is_refused(engine: Eng
     try:
         async with TestServer(make_app(engine), host="127.0.0.1") as server:
             url = str(server.make_url("")).rstrip("/")
-            with pytest.raises(WorkerError) as lost:
+            with pytest.raises(WorkerCallError) as lost:
                 await client.destroy("w1", url, "late0000a1", force=True, fence=True)
             assert lost.value.http_status == 404
             late = CreateMachine(app="demo", id="late0000a1", config=CONFIG)
-            with pytest.raises(WorkerError) as refused:
+            with pytest.raises(WorkerCallError) as refused:
                 await client.create("w1", url, late, timeout=5)
             assert refused.value.http_status == 409
             assert "too late" in refused.value.message
             assert all(m.id != "late0000a1" for m in engine.machines(None))
             # an unfenced destroy of an unknown id leaves its create alone
-            with pytest.raises(WorkerError):
+            with pytest.raises(WorkerCallError):
                 await client.destroy("w1", url, "free0000a1", force=True)
             ok = await client.create(
                 "w1", url, CreateMachine(app="demo", id="free0000a1", config=CONFIG), timeout=5

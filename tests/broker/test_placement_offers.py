@@ -4,7 +4,7 @@ rule as the catalog's for each other one."""
 from __future__ import annotations
 
 from souk.broker.placement.offers import DECLINED, offered
-from souk.clients.workers import WorkerError
+from souk.clients.workers import WorkerCallError
 from souk.models.api import Refusal
 from souk.models.capacity import Capacity, Offer, Resources
 from souk.models.machine import GuestConfig
@@ -44,7 +44,7 @@ def test_each_worker_that_does_not_offer_says_why() -> None:
         offer(False, free_cpus=0),
         offer(False),  # asked for a performance cpu below
         offer(False),  # fits by the numbers, yet the worker says no
-        WorkerError("down", 0, "timeout", "no offer within 0.50s"),
+        WorkerCallError("down", 0, "timeout", "no offer within 0.50s"),
         ValueError("bad answer"),
     ]
     refusals: list[Refusal] = []

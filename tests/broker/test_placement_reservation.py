@@ -15,7 +15,7 @@ import pytest
 from souk.broker.metrics import BrokerMetrics
 from souk.broker.placement.candidates import Candidate
 from souk.broker.placement.reservation import CREATES_IN_FLIGHT, Reserver, placing_client
-from souk.clients.workers import WorkerClient, WorkerError
+from souk.clients.workers import WorkerCallError, WorkerClient
 from souk.models.api import ConfirmationResult, Refusal
 from souk.models.machine import CreateMachine, Machine
 from tests.support.broker_cluster import Cluster, ClusterFactory, WorkerSpec
@@ -70,7 +70,7 @@ async def test_a_taken_id_of_the_callers_own_is_raised(make_cluster: ClusterFact
         named = CREATE.model_copy(update={"id": "mine0001"})
         refusals: list[Refusal] = []
         assert await reserver.reserve(candidate(c, "one"), named, 5, refusals) is not None
-        with pytest.raises(WorkerError) as raised:
+        with pytest.raises(WorkerCallError) as raised:
             await reserver.reserve(candidate(c, "one"), named, 5, refusals)
         assert (raised.value.http_status, raised.value.reason) == (409, "already_exists")
         await reserver.client.close()
@@ -182,7 +182,7 @@ async def test_each_create_of_a_batch_keeps_its_own_deadline(make_cluster: Clust
         engine, cand = c.engines["one"], candidate(c, "one")
         reserver = Reserver(placing_client())
         for fenced in ("fenced01", "fenced02"):  # creates of these are refused at once
-            with pytest.raises(WorkerError):
+            with pytest.raises(WorkerCallError):
                 await reserver.client.destroy("one", c.urls["one"], fenced, fence=True)
         # a slow disk: the worker's next commits wait behind a long one
         slow = asyncio.create_task(engine.store.write(lambda tx: time.sleep(1.2)))
@@ -198,7 +198,7 @@ async def test_each_create_of_a_batch_keeps_its_own_deadline(make_cluster: Clust
             return_exceptions=True,
         )
         await slow
-        assert all(isinstance(p, WorkerError) and p.http_status == 409 for p in placed[:2])
+        assert all(isinstance(p, WorkerCallError) and p.http_status == 409 for p in placed[:2])
         patient, hurried = placed[2:]
         assert isinstance(patient, Machine) and hurried is None
         timed_out = [r for r in refusals if "no answer" in r.reason]  # the rest: the fenced ids

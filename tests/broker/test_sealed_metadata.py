@@ -17,12 +17,10 @@ from souk.broker.server import make_app as make_broker_app
 from souk.broker.tokens import attenuate
 from souk.cli.deploy.config import AppConfig
 from souk.cli.deploy.releases import (
+    AppRecord,
     Release,
     RollbackError,
-    deployable,
     recorded,
-    releases,
-    stale_releases,
 )
 from souk.clients.workers import WorkerClient
 from souk.sealing import ENVELOPE, Sealer, Unsealable
@@ -75,15 +73,16 @@ async def test_a_read_only_token_listing_app_metadata_sees_no_env_value(
         assert resp.status == 200, text
         assert PASSWORD not in text and "prod" not in text
         assert set(json.loads(text)) == {"release.1"}
-        (record,) = releases(json.loads(text))
+        known = AppRecord.of(json.loads(text))
+        (record,) = known.releases
         assert record.env == ["DB_PASSWORD", "MODE"] and "env" not in record.config
         with pytest.raises(RollbackError, match="sealed"):
-            deployable(json.loads(text), record)
+            known.deployable(record)
 
     for token in (one.tokens["demo"], one.tokens["operator"], one.tokens["admin"]):
         shown = await ok(await one.call("GET", META, token))
-        (record,) = releases(shown)
-        assert deployable(shown, record)["env"] == cfg.env
+        (record,) = AppRecord.of(shown).releases
+        assert AppRecord.of(shown).deployable(record)["env"] == cfg.env
 
     # Never in plain text where it is kept: the registry's row (what the catalog carries to
     # every replica) holds the sealed form.
@@ -124,7 +123,7 @@ async def test_a_forwarding_broker_leaves_the_sealing_to_the_registry(one: Clust
 
 def test_pruned_releases_take_their_env_along() -> None:
     meta = {"release.1": "{}", "sealed.release.1.env": "x", "release.2": "{}", "release.150": "{}"}
-    assert sorted(stale_releases(meta, 150)) == [
+    assert sorted(AppRecord.of(meta).stale(150)) == [
         "release.1",
         "release.2",
         "sealed.release.1.env",

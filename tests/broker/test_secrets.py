@@ -21,8 +21,8 @@ from aiohttp.test_utils import TestClient, TestServer
 from souk.broker.api.state import Broker
 from souk.broker.fleet import StaticFleet
 from souk.broker.server import make_app as make_broker_app
-from souk.cli.deploy.releases import Release
-from souk.cli.deploy.secrets import current_digest, managed_names, sync_env
+from souk.cli.deploy.releases import AppRecord, Release
+from souk.cli.deploy.secrets import current_digest, sync_env
 from souk.clients.machines import MachinesClient
 from souk.clients.workers import WorkerClient
 from souk.models.machine import MachineFile
@@ -228,13 +228,13 @@ async def test_a_deploy_sets_its_env_as_secrets_and_unsets_what_it_dropped(one: 
     url = str(one.broker.make_url("")).rstrip("/")
     async with MachinesClient(url, one.tokens["demo"]) as api:
         await api.update_secrets("demo", {"MANUAL": "kept"})  # set with `souk secrets`
-        first = await sync_env(api, "demo", {"A": "1", "B": "2"}, {})
+        first = await sync_env(api, "demo", {"A": "1", "B": "2"}, AppRecord.of({}))
         release = Release(
             version=1, status="complete", strategy="rolling", config={}, created_at=""
         )
         release = release.model_copy(update={"env": ["A", "B"], "env_as_secrets": True})
-        meta = {release.key(): release.encode(), "release.current": "1"}
-        assert managed_names(meta) == {"A", "B"}
+        meta = AppRecord.of({release.key(): release.encode(), "release.current": "1"})
+        assert meta.managed_names() == {"A", "B"}
         second = await sync_env(api, "demo", {"A": "1"}, meta)
         assert [s.name for s in (await api.secrets("demo")).secrets] == ["A", "MANUAL"]
         assert second != first and second == await current_digest(api, "demo")

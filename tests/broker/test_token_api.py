@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 
 from souk.broker import tokens as tk
 from souk.broker.registry import AppRegistry
-from souk.broker.runtime import BrokerOptions, broker_site
+from souk.broker.runtime import BrokerSettings, broker_site
 from souk.broker.tokens import attenuate, mint
 from souk.catalog.bus import InProcessBus
 from souk.cli.main import app as cli
@@ -59,9 +59,7 @@ async def test_introspection_shows_what_the_token_allows(small: Cluster) -> None
         "id": tk.inspect(token)[0],
         "operator": False,
         "actions": ["read", "write"],
-        "apps": ["demo"],
-        "machines": None,
-        "regions": None,
+        "apps": ["demo"],  # no limit on machines nor regions: left out, never null
         "expires": 99999999999,
         # and Fly's shape beside souk's
         "tokens": [{"token_id": tk.inspect(token)[0], "apps": ["demo"], "org_slug": "personal"}],
@@ -169,9 +167,13 @@ async def two_brokers(tmp_path: Path) -> AsyncIterator[tuple[str, str]]:
     """A broker hosting the app registry and one forwarding to it, both on one catalog."""
     bus = InProcessBus()
     try:
-        home = BrokerOptions("127.0.0.1", 0, SECRET, [], registry_dir=tmp_path / "registry")
+        home = BrokerSettings(
+            host="127.0.0.1", port=0, secret=SECRET, workers=[], registry_dir=tmp_path / "registry"
+        )
         async with broker_site(home, bus) as home_url:
-            other = BrokerOptions("127.0.0.1", 0, SECRET, [], registry_url=home_url)
+            other = BrokerSettings(
+                host="127.0.0.1", port=0, secret=SECRET, workers=[], registry_url=home_url
+            )
             async with broker_site(other, bus) as other_url:
                 yield home_url, other_url
     finally:

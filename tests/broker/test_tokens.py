@@ -16,8 +16,9 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from souk.broker import tokens as tk
-from souk.broker.tokens import Scope, TokenError, attenuate, mint, new_secret, verify
+from souk.broker.tokens import Scope, TokenError, attenuate, mint, verify
 from souk.cli.main import app as cli
+from souk.node.cluster_secret import new_secret
 
 SECRET = b"s" * 32
 NOW = 1_700_000_000.0

@@ -309,39 +309,3 @@ async def test_a_burst_bigger_than_a_bus_message_is_split_into_batches_that_conv
     assert len(sizes) >= 4 and max(sizes) < BATCH_BYTES + 70_000
     await owner.stop()
     await replica.stop()
-
-
-async def test_the_replica_finds_the_workers_holding_an_image_by_digest_or_reference() -> None:
-    bus = InProcessBus()
-    replica = Replica(bus)
-    await replica.start(bootstrap=False)
-    w1, w2, w3 = SimRows("w1", "mad"), SimRows("w2", "mad"), SimRows("w3", "ams")
-    owners = [await start_owner(bus, src) for src in (w1, w2, w3)]
-    ref, first, second = "registry.example/app:1", "sha256:" + "1" * 64, "sha256:" + "2" * 64
-
-    def image(src: SimRows, digest: str, present: bool = True) -> None:
-        row = {"worker_id": src.owner, "digest": digest, "ref": ref, "size": 1}
-        src.put("images", digest, row if present else None)
-
-    def holding(region: str, name: str) -> list[str]:
-        rows = replica.placeable_holding(region, name)
-        placeable = replica.placeable(region)
-        assert all(any(row is p for p in placeable) for row in rows)  # the rows placement holds
-        return sorted(w.id for w in rows)
-
-    for src in (w1, w2, w3):
-        image(src, first)
-    await eventually(lambda: converged(replica, [w1, w2, w3]))
-    assert holding("mad", ref) == holding("mad", first) == ["w1", "w2"]
-    assert holding("ams", ref) == ["w3"] and holding("mad", "other:1") == []
-    image(w1, second)  # the tag moved: w1 pulled it again, then let the first digest go
-    image(w1, first, present=False)
-    await eventually(lambda: converged(replica, [w1]))
-    assert holding("mad", ref) == ["w1", "w2"]  # w1 still holds what the tag names
-    assert holding("mad", first) == ["w2"] and holding("mad", second) == ["w1"]
-    image(w1, second, present=False)
-    await eventually(lambda: converged(replica, [w1]))
-    assert holding("mad", ref) == ["w2"] and holding("mad", second) == []
-    for owner in owners:
-        await owner.stop()
-    await replica.stop()

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import orjson
+import pytest
 
 from souk.catalog.bus import InProcessBus, Message
 from souk.catalog.owner import Owner
@@ -243,8 +244,14 @@ async def test_a_tampered_batch_is_refused_whole() -> None:
     await stop(owner, replica)
 
 
-async def test_forged_pull_answers_change_nothing() -> None:
-    bus, ca = InProcessBus(), Ca()
+# On an authenticated bus too: what did not come straight from its owner on its own subject is
+# checked before it is applied, whatever the bus vouches for.
+ON_ANY_BUS = pytest.mark.parametrize("authenticated", [False, True], ids=["open", "authenticated"])
+
+
+@ON_ANY_BUS
+async def test_forged_pull_answers_change_nothing(authenticated: bool) -> None:
+    bus, ca = InProcessBus(authenticated=authenticated), Ca()
     replica = await secure_replica(bus, ca, pull_timeout=0.5)
     src, other = SimRows("w1", "mad"), SimRows("w2", "mad")
     w1_key, w2_key = ca.node("worker", "w1").signer(), ca.node("worker", "w2").signer()
@@ -335,8 +342,9 @@ async def test_a_relayed_snapshot_carries_the_owners_proofs(tmp_path: Path) -> N
     await stop(*owners, again, fresh)
 
 
-async def test_a_forged_snapshot_is_refused_and_its_owners_pulled() -> None:
-    bus, ca = InProcessBus(), Ca()
+@ON_ANY_BUS
+async def test_a_forged_snapshot_is_refused_and_its_owners_pulled(authenticated: bool) -> None:
+    bus, ca = InProcessBus(authenticated=authenticated), Ca()
     first = await secure_replica(bus, ca)
     sources = [SimRows("w1", "mad"), SimRows("w2", "mad")]
     owners = [

@@ -22,9 +22,11 @@ from typing import Any
 
 import pytest
 
-from souk.broker.tokens import mint, new_secret
+from souk.broker.tokens import mint
 from souk.models.wire import PROTOCOL, PROTOCOL_HEADER
+from souk.node.cluster_secret import new_secret
 from souk.secret_files import write_secret
+from tests.support.dev import Dev
 from tests.support.machines import kill_machine_processes, recorded_ids
 from tests.support.nats import NatsServer, needs_nats
 from tests.support.ports import free_port
@@ -136,21 +138,9 @@ class _NatsPart(Part):
         self.server.stop()
 
 
-def call(api: str, token: str, method: str, path: str, body: Any = None) -> Any:
-    req = urllib.request.Request(
-        api + path,
-        data=json.dumps(body).encode() if body is not None else None,
-        method=method,
-        headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
-    )
-    with urllib.request.urlopen(req, timeout=30) as resp:
-        raw = resp.read()
-    return json.loads(raw) if raw else None
-
-
-def ready(api: str, token: str) -> bool:
+def ready(broker: Dev) -> bool:
     try:
-        return len(call(api, token, "GET", "/v1/workers")) == 1
+        return len(broker.call("GET", "/v1/workers")) == 1
     except (OSError, urllib.error.URLError):
         return False
 
@@ -159,35 +149,36 @@ def ready(api: str, token: str) -> bool:
 def test_a_machine_lives_its_whole_life_across_the_version_line(
     cluster_of: Any, previous: str
 ) -> None:
-    api, token = cluster_of(previous)
-    wait_until(lambda: ready(api, token), 30, "the broker sees the worker")
-    call(api, token, "POST", "/v1/apps", {"app_name": "mixed", "org_slug": "personal"})
+    broker = Dev(*cluster_of(previous))
+    call = broker.call
+    wait_until(lambda: ready(broker), 30, "the broker sees the worker")
+    call("POST", "/v1/apps", {"app_name": "mixed", "org_slug": "personal"})
     base = "/v1/apps/mixed/machines"
     config = {"init": {"exec": ["sleep", "600"]}, "guest": {"cpus": 1, "memory_mb": 128}}
-    machine = call(api, token, "POST", base, {"region": "mad", "config": config})
+    machine = call("POST", base, {"region": "mad", "config": config})
     mid = machine["id"]
-    call(api, token, "GET", f"{base}/{mid}/wait?state=started&timeout=20")
+    call("GET", f"{base}/{mid}/wait?state=started&timeout=20")
     # The catalog carries it across too: the broker lists it from its replica.
     wait_until(
-        lambda: [m["state"] for m in call(api, token, "GET", base)] == ["started"],
+        lambda: [m["state"] for m in call("GET", base)] == ["started"],
         10,
         "the machine in the broker's list",
     )
-    call(api, token, "POST", f"{base}/{mid}/stop")
-    call(api, token, "GET", f"{base}/{mid}/wait?state=stopped&timeout=20")
-    call(api, token, "POST", f"{base}/{mid}/start")
-    call(api, token, "GET", f"{base}/{mid}/wait?state=started&timeout=20")
-    call(api, token, "DELETE", f"{base}/{mid}?force=true")
+    call("POST", f"{base}/{mid}/stop")
+    call("GET", f"{base}/{mid}/wait?state=stopped&timeout=20")
+    call("POST", f"{base}/{mid}/start")
+    call("GET", f"{base}/{mid}/wait?state=started&timeout=20")
+    call("DELETE", f"{base}/{mid}?force=true")
     deadline = time.monotonic() + 20
-    while call(api, token, "GET", base) and time.monotonic() < deadline:
+    while call("GET", base) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert call(api, token, "GET", base) == []
+    assert call("GET", base) == []
 
 
 def test_a_worker_refuses_a_caller_two_versions_away(cluster_of: Any) -> None:
-    api, token = cluster_of("none")
-    wait_until(lambda: ready(api, token), 30, "the broker sees the worker")
-    worker = call(api, token, "GET", "/v1/workers")[0]["address"]
+    broker = Dev(*cluster_of("none"))
+    wait_until(lambda: ready(broker), 30, "the broker sees the worker")
+    worker = broker.call("GET", "/v1/workers")[0]["address"]
     far = urllib.request.Request(worker + "/v1/capacity", headers={PROTOCOL_HEADER: "99"})
     with pytest.raises(urllib.error.HTTPError) as refused:
         urllib.request.urlopen(far, timeout=10)

@@ -10,9 +10,10 @@ import urllib.error
 import urllib.request
 from typing import Any
 
-from souk.broker.tokens import mint, new_secret, read_secret
+from souk.broker.tokens import mint
 from souk.catalog.bus import NatsBus
 from souk.catalog.protocol import Batch, Change, changes_subject, encode
+from souk.node.cluster_secret import new_secret, read_secret
 from tests.support.catalog_cluster import Cluster, ReplicaProcess
 from tests.support.nats import flushed
 from tests.support.ports import free_port

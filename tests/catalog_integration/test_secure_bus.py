@@ -17,8 +17,9 @@ import nats
 import orjson
 import pytest
 
-from souk.catalog.bus import Message, NatsBus
+from souk.catalog.bus import Message, NatsBus, authenticated
 from souk.catalog.certs import bus_options, load_signer
+from souk.catalog.node import ca_trust
 from souk.catalog.owner import Owner
 from souk.catalog.protocol import (
     SNAPSHOT,
@@ -29,12 +30,16 @@ from souk.catalog.protocol import (
     heartbeat_subject,
     pull_subject,
 )
+from souk.catalog.replica import Replica
+from souk.catalog.signing import b64
 from souk.catalog.sim import SimRows
 from souk.pki import NodeFiles
 from tests.catalog.pki import Ca, NodeCert
+from tests.support.catalog import converged
 from tests.support.catalog_cluster import ReplicaProcess
 from tests.support.nats import NATS, NatsServer, flushed
 from tests.support.ports import free_port
+from tests.support.waiting import eventually as on_the_loop
 from tests.support.worker_process import SOUK
 
 pytestmark = pytest.mark.skipif(NATS is None, reason="nats-server is not installed")
@@ -303,6 +308,44 @@ async def test_a_signed_catalog_over_the_bus_refuses_every_forgery(secure: Secur
             await owner.stop()
         for bus in [*buses, b1]:
             await bus.close()
+
+
+async def test_a_forged_batch_on_an_owners_own_subject_fails_its_audit_and_is_pulled_again(
+    secure: SecureBus,
+) -> None:
+    """What a compromised nats-server would deliver, published here by the owner's own
+    connection (the bus lets it): a batch on w1's subject whose signature does not fit."""
+    src = SimRows("w1", "mad")
+    w1 = await secure.connect("w1")
+    owner = Owner(w1, src, heartbeat_every=0.2, signer=load_signer(secure.files["w1"], "w1"))
+    src.publisher = owner
+    await owner.start()
+    cat = await secure.connect("cat1")
+    assert authenticated(cat)
+    replica = Replica(cat, trust=ca_trust(secure.files["cat1"]), audit_rate=0.0)
+    try:
+        await replica.start(bootstrap=False)
+        real = src.machine("web", key="w1-a")
+        await on_the_loop(lambda: converged(replica, [src]))
+        replica.audit.rate = 1.0
+        row = {**(real.row or {}), "app": "stolen"}
+        forged = Batch("w1", "mad", src.epoch, src.seq, src.seq + 5, [])
+        forged.changes = [Change("machines", "w1-a", src.seq + 5, row)]
+        forged.fp = owner.signer.fingerprint if owner.signer else ""
+        forged.sig = b64(b"\0" * 64)
+        await w1.publish(changes_subject("mad", "w1"), encode(forged))
+        await flushed(w1.nc)
+        await on_the_loop(lambda: replica.stats["repulled"] == 1)
+        assert replica.stats["audit_failures"] == 1
+        assert dict(replica.guard.refused) == {"bad_signature": 1}
+        assert converged(replica, [src])
+        machine = replica.machine("w1-a")
+        assert machine is not None and machine.app == "web"
+    finally:
+        await replica.stop()
+        await owner.stop()
+        await cat.close()
+        await w1.close()
 
 
 async def test_servers_in_a_cluster_route_over_tls(secure: SecureBus) -> None:

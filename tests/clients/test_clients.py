@@ -12,7 +12,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from souk.clients.machines import MachinesApiError, MachinesClient
-from souk.clients.workers import WorkerClient, WorkerError
+from souk.clients.workers import WorkerCallError, WorkerClient
 from souk.models.api import CreateLeaseRequest, CreateMachineRequest, MetadataPatch
 from souk.models.machine import GuestConfig, InitConfig, MachineConfig
 from tests.support.broker_cluster import WorkerSpec, cluster
@@ -93,11 +93,11 @@ async def test_the_worker_client_speaks_a_workers_api(tmp_path: Path) -> None:
             assert (await workers.capacity("m1", base)).worker == "m1"
             assert (await workers.cordon("m1", base)).cordoned
             assert not (await workers.cordon("m1", base, cordoned=False)).cordoned
-            with pytest.raises(WorkerError) as missing:
+            with pytest.raises(WorkerCallError) as missing:
                 await workers.machine("m1", base, "nope")
             assert (missing.value.http_status, missing.value.reason) == (404, "not_found")
             assert str(missing.value).startswith("worker m1: ")
-            with pytest.raises(WorkerError):
+            with pytest.raises(WorkerCallError):
                 async with workers.logs("m1", base, "nope", {"stream": "stdout"}):
                     pytest.fail("an error answer is raised before any chunk")
 
@@ -111,6 +111,6 @@ async def test_the_worker_client_speaks_a_workers_api(tmp_path: Path) -> None:
             assert gone.id == mid
 
         async with WorkerClient() as workers:
-            with pytest.raises(WorkerError) as unreachable:
+            with pytest.raises(WorkerCallError) as unreachable:
                 await workers.capacity("w9", f"http://127.0.0.1:{closed_port()}")
     assert (unreachable.value.http_status, unreachable.value.reason) == (0, "unreachable")

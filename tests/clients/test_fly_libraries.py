@@ -18,7 +18,6 @@ from flaude import fly_client
 from flaude.runner import wait_for_machine_exit
 from sandboxer import (  # type: ignore[import-untyped]
     CreateSandboxRequest,
-    ProviderError,
     Sandboxer,
     SandboxStatus,
 )
@@ -90,23 +89,28 @@ def _sandboxer(c: Cluster, url: str, monkeypatch: pytest.MonkeyPatch) -> Sandbox
     return Sandboxer("fly-machines", {"api_key": c.tokens["demo"], "base_url": url})
 
 
-async def test_sandboxer_create_sends_fields_outside_flys_spec(
+async def test_sandboxer_creates_with_fields_outside_flys_spec(
     served: tuple[Cluster, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The library is wrong here, not souk: its create puts `auto_start_machines` (a fly.toml
-    service setting) and `stop_timeout` (Fly's is `stop_config.timeout`) into the machine's
-    config, neither of which is in Fly's `fly.MachineConfig`. Fly ignores unknown fields; souk
-    refuses them (docs/api.md), so this step is a 400 naming both."""
+    """Its create puts `auto_start_machines` (a fly.toml service setting) and `stop_timeout`
+    (Fly's is `stop_config.timeout`) into the machine's config, neither of which is in Fly's
+    `fly.MachineConfig`. Fly ignores unknown fields, so souk does, and names them in the
+    machine's create event."""
     c, url = served
     box = _sandboxer(c, url, monkeypatch)
     try:
-        with pytest.raises(ProviderError) as refused:
-            await asyncio.to_thread(box.create_sandbox, CreateSandboxRequest(template="alpine"))
+        sandbox, info = await asyncio.to_thread(
+            box.create_sandbox, CreateSandboxRequest(template="alpine")
+        )
+        assert (info.id, info.template) == (sandbox.id, "alpine")
     finally:
         box.close()
-    assert refused.value.status_code == 400
-    assert "config.auto_start_machines" in str(refused.value)
-    assert "config.stop_timeout" in str(refused.value)
+    resp = await c.call("GET", f"/v1/apps/demo/machines/{sandbox.id}/events")
+    launch = next(e for e in await resp.json() if e["type"] == "launch")
+    assert launch["request"]["ignored_fields"] == [
+        "config.auto_start_machines",
+        "config.stop_timeout",
+    ]
 
 
 async def test_sandboxer_drives_a_fly_machine_it_did_not_create(

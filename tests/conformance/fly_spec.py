@@ -86,6 +86,19 @@ def no_nulls(value: Any, where: str) -> None:
                 no_nulls(item, f"{where}.{key}")
 
 
+def no_empties(value: Any, where: str) -> None:
+    """Raise at an empty list or map inside an object: Fly's structs say omitempty on every
+    list and map of a machine, so Fly never sends one (and some clients cannot decode it)."""
+    if isinstance(value, list):
+        for i, item in enumerate(value):
+            no_empties(item, f"{where}[{i}]")
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            if isinstance(item, list | dict) and not item:
+                raise AssertionError(f"{where}.{key}: empty (Fly omits empty lists and maps)")
+            no_empties(item, f"{where}.{key}")
+
+
 def _resolve(schema: dict[str, Any]) -> dict[str, Any]:
     while True:
         if "$ref" in schema:

@@ -89,7 +89,6 @@ UNSUPPORTED: list[tuple[dict[str, Any], str]] = [
     ({"rootfs": {"size_gb": 10}}, "config.rootfs"),
     ({"statics": [{"guest_path": "/s", "url_prefix": "/s"}]}, "config.statics"),
     ({"dns": {"nameservers": ["1.1.1.1"]}}, "config.dns"),
-    ({"image": "r.example/a:1", "processes": [{"cmd": ["a"]}]}, "config"),
     ({"processes": [{"cmd": ["a"], "user": "www-data"}]}, "config.processes.0.user"),
     (
         {"services": [{"internal_port": 80, "ports": [{"start_port": 1, "end_port": 9}]}]},
@@ -137,3 +136,56 @@ def test_fields_souk_honours_or_keeps_are_accepted_and_returned() -> None:
     assert again == config
     assert again.services[0].autostop == "off" and again.services[0].ports[0].force_https
     assert again.processes[0].uid_offset() == 3
+
+
+async def test_unknown_config_fields_are_ignored_as_fly_does_and_named_back(
+    lopsided: Cluster,
+) -> None:
+    """hyperterse-sandboxer sends `auto_start_machines` and `stop_timeout` in the config: Fly
+    ignores them, so souk does, naming each in a header and in the create event."""
+    c = lopsided
+    config = {
+        **EXEC,
+        "auto_start_machines": True,
+        "stop_timeout": "5s",
+        "services": [{"internal_port": 8080, "ports": [{"port": 80, "tls": True}]}],
+    }
+    resp = await c.call("POST", M, json={"region": "ams", "config": config})
+    m = await body_of(resp, 200)
+    named = "config.auto_start_machines, config.stop_timeout, config.services.0.ports.0.tls"
+    assert resp.headers["souk-ignored-fields"] == named
+    assert "auto_start_machines" not in m["config"] and m["config"]["services"][0]["ports"]
+    events = await body_of(await c.call("GET", f"{M}/{m['id']}/events"), 200)
+    launch = next(e for e in events if e["type"] == "launch")
+    assert launch["request"]["ignored_fields"] == named.split(", ")
+
+    plain = await c.call("POST", M, json={"region": "ams", "config": EXEC})
+    assert (await body_of(plain, 200)) and "souk-ignored-fields" not in plain.headers
+    put = await c.call("PUT", f"{M}/{m['id']}", json={"config": {**EXEC, "stop_timeout": "1s"}})
+    await body_of(put, 200)
+    assert put.headers["souk-ignored-fields"] == "config.stop_timeout"
+    # outside the config, and a field of the wrong type, are still refused
+    body = await body_of(await c.call("POST", M, json={"config": EXEC, "regoin": "x"}), 400)
+    assert "regoin" in body["error"]
+    bad = {"config": {**EXEC, "auto_destroy": "soon"}}
+    assert (await c.call("POST", M, json=bad)).status == 400
+    many = {"config": {**EXEC, **{f"x{i}": i for i in range(1000)}}, "region": "ams"}
+    resp = await c.call("POST", M, json=many)
+    await body_of(resp, 200)  # named back, within a header's room
+    assert resp.headers["souk-ignored-fields"].endswith("config.x30, and 969 more")
+
+
+async def test_one_process_on_an_image_machine_is_its_command(lopsided: Cluster) -> None:
+    """As simt-fly-machines sends it: the process's command and env run in the image; several
+    processes need a guest init (the vm driver's): a region with no worker running them has no
+    room for them, and says why."""
+    c = lopsided
+    process = {"cmd": ["serve", "--port", "8080"], "env": {"MODE": "web"}}
+    config = {"image": "r.example/app:1", "env": {"A": "1"}, "processes": [process]}
+    m = await body_of(await c.call("POST", M, json={"region": "ams", "config": config}), 200)
+    assert m["config"]["init"]["cmd"] == ["serve", "--port", "8080"]
+    assert m["config"]["env"] == {"A": "1", "MODE": "web"} and "processes" not in m["config"]
+    config["processes"] = [process, {"exec": ["worker"]}]
+    body = await body_of(await c.call("POST", M, json={"region": "ams", "config": config}), 412)
+    assert body["code"] == "insufficient_capacity"
+    assert "runs no processes of images" in str(body["details"])

@@ -8,7 +8,7 @@ import sys
 import time
 from typing import Any
 
-from tests.conformance.fly_spec import validate
+from tests.conformance.fly_spec import no_empties, no_nulls, validate
 from tests.support.broker_cluster import Cluster
 
 A = "/v1/apps/flyish"
@@ -41,15 +41,20 @@ async def call(
     **kw: Any,
 ) -> Any:
     """The request's body, after checking its status and, if named, its spec definition; an
-    error body is always checked as the spec's ErrorResponse."""
+    error body is always checked as the spec's ErrorResponse. No answer holds a null, and no
+    machine or event an empty list or map (Go's omitempty, which Fly's clients expect)."""
     resp = await c.call(method, path, **kw)
     text = await resp.text()
     assert resp.status == status, f"{method} {path}: {resp.status} {text}"
     body = await resp.json() if text else None
+    if body is not None:
+        no_nulls(body, f"{method} {path}")
     if status >= 400:
         validate(body, "ErrorResponse")
     elif definition is not None:
         validate(body, definition, array)
+        if definition in ("Machine", "MachineEvent"):
+            no_empties(body, f"{method} {path}")
     return body
 
 
@@ -166,6 +171,10 @@ async def test_a_fly_clients_scenario(fly: Cluster) -> None:
     assert body["code"] == "failed_precondition" and body["status"] == "unknown"
     await call(c, "POST", f"{M}/{mid}/stop", definition="Machine", json={"timeout": "2s"})
     await call(c, "GET", f"{M}/{mid}/wait", params={"state": "stopped", "timeout": "30"})
+    await call(c, "POST", f"{M}/{mid}/start", definition="Machine")
+    await call(c, "GET", f"{M}/{mid}/wait", params={"state": "started", "timeout": "30"})
+    await call(c, "POST", f"{M}/{mid}/suspend", definition="Machine")
+    await call(c, "GET", f"{M}/{mid}/wait", params={"state": "suspended", "timeout": "30"})
     await call(c, "POST", f"{M}/{mid}/start", definition="Machine")
     await call(c, "GET", f"{M}/{mid}/wait", params={"state": "started", "timeout": "30"})
     await call(c, "POST", f"{M}/{mid}/restart", definition="Machine")

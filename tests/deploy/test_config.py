@@ -91,7 +91,7 @@ B = 'app = "a"\ncommand = ["x"]\nregions = { mad = 1 }\n'
     ("text", "problem"),
     [
         ('app = "Shop"\ncommand = ["x"]\nregions = { mad = 1 }', "app: app names"),
-        ('app = "a"\nregions = { mad = 1 }', "image, command: give exactly one"),
+        ('app = "a"\nregions = { mad = 1 }', "image, command, build: give exactly one"),
         ('app = "a"\nimage = "i"\ncommand = ["x"]\nregions = { mad = 1 }', "image, command"),
         ('app = "a"\ncommand = []\nregions = { mad = 1 }', "command: the command is an argv"),
         ('app = "a"\ncommand = ["x"]\nregions = ["mad"]', "count: needed when regions"),
@@ -149,3 +149,14 @@ def test_dot_slash_arguments_are_files_beside_souk_toml(tmp_path: Path) -> None:
     path = tmp_path / "souk.toml"
     path.write_text('app = "x"\ncommand = ["python3", "./app.py", "-v"]\nregions = {mad = 1}\n')
     assert load(path).command == ["python3", str(tmp_path.resolve() / "app.py"), "-v"]
+
+
+def test_a_build_section_names_its_files_beside_souk_toml(tmp_path: Path) -> None:
+    toml = tmp_path / "souk.toml"
+    toml.write_text('app = "a"\nregions = { mad = 1 }\n[build]\nimage = "r.example:5000/a"\n')
+    cfg = load(toml)
+    assert cfg.build is not None and cfg.image is None
+    assert cfg.build.dockerfile == str(tmp_path / "Dockerfile")
+    assert cfg.build.context == str(tmp_path)
+    with pytest.raises(ConfigError, match=r"build\.image"):
+        loads('app = "a"\nregions = { mad = 1 }\n[build]\nimage = "r.example/a:1"\n')

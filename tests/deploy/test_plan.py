@@ -12,14 +12,9 @@ from souk.cli.deploy.plan import MachineView, fingerprint, plan, sort_fleet
 from souk.cli.deploy.releases import (
     CURRENT,
     LOCK,
+    AppRecord,
     Release,
     RollbackError,
-    current,
-    lock_of,
-    next_version,
-    releases,
-    rollback_target,
-    stale_releases,
 )
 from souk.models.wire import Role
 
@@ -178,33 +173,35 @@ def test_releases_are_numbered_and_listed_newest_first() -> None:
     meta[CURRENT] = "2"
     meta["release.notes"] = "not a release"
     meta["release.3"] = "{broken"
-    assert [r.version for r in releases(meta)] == [10, 2, 1]
-    assert current(meta) == 2
-    assert next_version(meta) == 11
-    assert next_version({}) == 1
+    assert [r.version for r in AppRecord.of(meta).releases] == [10, 2, 1]
+    assert AppRecord.of(meta).current == 2
+    assert AppRecord.of(meta).next_version() == 11
+    assert AppRecord.of({}).next_version() == 1
     many = dict(record(n) for n in range(1, 151))
-    assert sorted(stale_releases(many, 151), key=len) == [f"release.{n}" for n in range(1, 52)]
+    assert sorted(AppRecord.of(many).stale(151), key=len) == [f"release.{n}" for n in range(1, 52)]
 
 
 def test_rollback_targets() -> None:
     meta = dict([record(1), record(2, "failed"), record(3)])
     meta[CURRENT] = "3"
-    assert rollback_target(meta).version == 1  # the newest completed before the current
-    assert rollback_target(meta, 2).version == 2
+    assert (
+        AppRecord.of(meta).rollback_target().version == 1
+    )  # the newest completed before the current
+    assert AppRecord.of(meta).rollback_target(2).version == 2
     with pytest.raises(RollbackError, match="no release 9"):
-        rollback_target(meta, 9)
+        AppRecord.of(meta).rollback_target(9)
     meta.update([record(4, "failed")])  # a failed deploy left machines half way: repair
-    assert rollback_target(meta).version == 3
+    assert AppRecord.of(meta).rollback_target().version == 3
     with pytest.raises(RollbackError, match="nothing to roll back"):
-        rollback_target(dict([record(1, "failed")]))
+        AppRecord.of(dict([record(1, "failed")])).rollback_target()
     only = dict([record(1)])
     only[CURRENT] = "1"
     with pytest.raises(RollbackError, match="no completed release before"):
-        rollback_target(only)
+        AppRecord.of(only).rollback_target()
 
 
 def test_an_expired_or_garbled_lock_is_no_lock() -> None:
-    assert lock_of({LOCK: '{"owner": "a", "release": 3, "expires_at": 1}'}) is None
-    assert lock_of({LOCK: "nonsense"}) is None
-    held = lock_of({LOCK: '{"owner": "a", "release": 3, "expires_at": 4102444800}'})
+    assert AppRecord.of({LOCK: '{"owner": "a", "release": 3, "expires_at": 1}'}).lock is None
+    assert AppRecord.of({LOCK: "nonsense"}).lock is None
+    held = AppRecord.of({LOCK: '{"owner": "a", "release": 3, "expires_at": 4102444800}'}).lock
     assert held is not None and held.release == 3

@@ -16,7 +16,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from souk.broker.tokens import mint, new_secret, read_secret
+from souk.broker.tokens import mint
+from souk.node.cluster_secret import new_secret, read_secret
 from tests.fleet.netbed import BRIDGE, OBSERVER, TABLE, NetBed, clean_leftovers, unavailable
 from tests.fleet.parts import MONITOR_PORT, SOUK, Fleet, build
 from tests.fleet.soak import FAULTS, Report, soak, write_report

@@ -9,7 +9,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from souk.broker.tokens import mint, new_secret, read_secret
+from souk.broker.tokens import mint
+from souk.node.cluster_secret import new_secret, read_secret
 from tests.fleet.netbed import NetBed, unavailable
 from tests.fleet.parts import NATS, Fleet, build, eventually
 

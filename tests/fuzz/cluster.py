@@ -17,9 +17,10 @@ from pathlib import Path
 import aiohttp
 from aiohttp import web
 
-from souk.broker.runtime import BrokerOptions, broker_site
-from souk.broker.tokens import mint, new_secret
+from souk.broker.runtime import BrokerSettings, broker_site
+from souk.broker.tokens import mint
 from souk.catalog.bus import InProcessBus
+from souk.node.cluster_secret import new_secret
 from souk.web import runner as web_runner
 from souk.worker.daemon import make_app, make_driver, offering, publishing, running
 from souk.worker.engine import Engine
@@ -83,8 +84,12 @@ async def fuzz_cluster(data_dir: Path) -> AsyncIterator[FuzzCluster]:
             await stack.enter_async_context(publishing(engine, bus, url))
             await stack.enter_async_context(offering(engine, bus))
         secret = new_secret()
-        opts = BrokerOptions(
-            "127.0.0.1", 0, secret, list(workers.values()), registry_dir=data_dir / "registry"
+        opts = BrokerSettings(
+            host="127.0.0.1",
+            port=0,
+            secret=secret,
+            workers=list(workers.values()),
+            registry_dir=data_dir / "registry",
         )
         broker = await stack.enter_async_context(broker_site(opts, bus))
         token = mint(secret, operator=True)

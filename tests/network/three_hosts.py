@@ -17,8 +17,9 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from souk.broker.tokens import mint, new_secret, read_secret
+from souk.broker.tokens import mint
 from souk.network.mesh import interface_name
+from souk.node.cluster_secret import new_secret, read_secret
 from souk.secret_files import write_secret
 from tests.network import two_hosts as bed
 from tests.support.hello import hello_config

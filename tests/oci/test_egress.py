@@ -15,7 +15,7 @@ from aiohttp.test_utils import BaseTestServer, TestServer
 
 from souk.worker.oci.auth import Credentials
 from souk.worker.oci.egress import Egress, EgressRefused, public
-from souk.worker.oci.registry import NotFound, RegistryClient, RegistryConfig, Unreachable
+from souk.worker.oci.registry import NotInRegistry, RegistryClient, RegistryConfig, Unreachable
 from tests.support.images import TarBuilder, layer
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -142,7 +142,7 @@ async def test_a_404_is_not_found_only_from_a_registry() -> None:
         config = RegistryConfig(insecure=frozenset({host_of(server)}))
         async with RegistryClient(config) as c:
             ref = c.parse(f"{host_of(server)}/app:1")
-            with pytest.raises(NotFound):
+            with pytest.raises(NotInRegistry):
                 await c.get_manifest(ref, "1")
             registry_shaped = False
             with pytest.raises(Unreachable) as caught:

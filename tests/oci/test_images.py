@@ -17,7 +17,7 @@ from souk.models.machine import InitConfig
 from souk.worker.oci import images
 from souk.worker.oci.images import ImageCache
 from souk.worker.oci.manifest import OCI_LAYER_ZSTD, Platform, host_platform
-from souk.worker.oci.registry import DigestMismatch, NotFound, RegistryClient, sha256_digest
+from souk.worker.oci.registry import DigestMismatch, NotInRegistry, RegistryClient, sha256_digest
 from souk.worker.oci.rootfs import is_mounted, overlay_supported
 from souk.worker.oci.unpack import (
     GrowingFile,
@@ -113,7 +113,7 @@ async def test_a_tag_is_pinned_to_the_digest_it_names_now_and_a_pinned_image_is_
     pinned = await cache.resolve(name)
     assert pinned == f"{name}@{moved.digest}"
     assert await cache.resolve(pinned) == pinned  # pinned already: not asked again
-    with pytest.raises(NotFound):
+    with pytest.raises(NotInRegistry):
         await cache.resolve(f"{registry.host}/app:2")
     await cache.pull(name)  # the tag, pulled: the pinned reference finds it by its digest
     assert cache.has(pinned) and not cache.has(f"{name}@{first.digest}")

@@ -23,7 +23,7 @@ from souk.worker.oci.manifest import (
 from souk.worker.oci.reference import ImageRef
 from souk.worker.oci.registry import (
     DigestMismatch,
-    NotFound,
+    NotInRegistry,
     RegistryClient,
     RegistryConfig,
     Restarted,
@@ -70,7 +70,7 @@ async def test_index_picks_the_host_platform(registry: Registry, client: Registr
 
 
 async def test_missing_image(registry: Registry, client: RegistryClient) -> None:
-    with pytest.raises(NotFound):
+    with pytest.raises(NotInRegistry):
         await client.resolve(client.parse(f"{registry.host}/nothing:here"))
 
 

@@ -15,7 +15,8 @@ from typing import Any
 
 import pytest
 
-from souk.broker.tokens import mint, new_secret
+from souk.broker.tokens import mint
+from souk.node.cluster_secret import new_secret
 from tests.support.hello import hello_config
 from tests.support.nats import NatsServer, needs_nats
 from tests.support.ports import free_port

@@ -17,7 +17,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from souk.proxy.policy import ServicePolicy
-from souk.proxy.server import Proxy, ProxyOptions, proxy_site
+from souk.proxy.server import Proxy, ProxySettings, proxy_site
 from tests.support.catalog_view import FakeView
 from tests.support.ports import closed_port
 
@@ -115,7 +115,7 @@ async def backends(*names: str) -> AsyncIterator[dict[str, Backend]]:
 @contextlib.asynccontextmanager
 async def proxy_over(view: FakeView, **opts: Any) -> AsyncIterator[tuple[Proxy, str]]:
     # The backends are this test's own servers, not machines a worker runs: nothing to ask.
-    options = ProxyOptions(
+    options = ProxySettings(
         port=0, api=DEAD_BROKER, token="t", autostop=False, check_sockets=False, **opts
     )
     async with proxy_site(view, options) as (proxy, url):

@@ -8,9 +8,9 @@ from pathlib import Path
 import aiohttp
 
 from souk.broker import tokens as tk
-from souk.broker.runtime import BrokerOptions, broker_site
+from souk.broker.runtime import BrokerSettings, broker_site
 from souk.catalog.bus import InProcessBus
-from souk.proxy.server import ProxyOptions, proxy_site
+from souk.proxy.server import ProxySettings, proxy_site
 from tests.broker.permissions import token_kinds, walk
 from tests.support.catalog_view import FakeView
 
@@ -22,12 +22,14 @@ async def test_the_proxys_own_routes_answer_as_they_declare(tmp_path: Path) -> N
     operator = {"Authorization": f"Bearer {tk.mint(SECRET, operator=True)}"}
     kinds, revoked = token_kinds(SECRET, "demo", "other")
     try:
-        opts = BrokerOptions("127.0.0.1", 0, SECRET, [], registry_dir=tmp_path / "registry")
+        opts = BrokerSettings(
+            host="127.0.0.1", port=0, secret=SECRET, workers=[], registry_dir=tmp_path / "registry"
+        )
         async with broker_site(opts, bus) as broker, aiohttp.ClientSession() as http:
             url = f"{broker}/v1/tokens/{tk.inspect(revoked)[0]}"
             async with http.delete(url, headers=operator) as resp:
                 assert resp.status == 200, await resp.text()
-            options = ProxyOptions(port=0, api=broker, token="unused", autostop=False)
+            options = ProxySettings(port=0, api=broker, token="unused", autostop=False)
             async with proxy_site(FakeView(), options) as (proxy, proxy_url):
                 routes = list(proxy.own.routes.values())
                 assert {r.permission.need for r in routes if r.permission} == {

@@ -14,10 +14,10 @@ from typing import Any
 import aiohttp
 import pytest
 
-from souk.broker.runtime import BrokerOptions, broker_site
+from souk.broker.runtime import BrokerSettings, broker_site
 from souk.broker.tokens import mint
 from souk.catalog.bus import InProcessBus
-from souk.clients.workers import WorkerClient, WorkerError
+from souk.clients.workers import WorkerCallError, WorkerClient
 from souk.pki import NodeFiles
 from tests.security.conftest import Impostor, TlsWorker, impostor, tls_worker
 from tests.support.pki import Pki
@@ -53,8 +53,14 @@ async def broker(
     **opts: Any,
 ) -> AsyncIterator[Api]:
     """A broker over `bus` (or polling `urls`), once it lists `workers` workers."""
-    options = BrokerOptions(
-        "127.0.0.1", 0, SECRET, list(urls), registry_dir=tmp / "registry", tls=tls, **opts
+    options = BrokerSettings(
+        host="127.0.0.1",
+        port=0,
+        secret=SECRET,
+        workers=list(urls),
+        registry_dir=tmp / "registry",
+        tls=tls,
+        **opts,
     )
     async with broker_site(options, bus) as url, aiohttp.ClientSession() as http:
         api = Api(url, http)
@@ -156,7 +162,7 @@ async def test_a_kept_alive_connection_never_carries_another_workers_request(
     `evil` (legitimately) is not reused for a request meant for `w2` at the same address."""
     async with impostor(pki, "evil") as evil, WorkerClient(tls=pki.node("broker", "b1")) as client:
         assert await client._request("evil", evil.url, "GET", "/v1/capacity") == {"taken": True}
-        with pytest.raises(WorkerError) as refused:
+        with pytest.raises(WorkerCallError) as refused:
             await client.capacity("w2", evil.url)
         assert refused.value.reason == "untrusted"
         assert refused.value.http_status == 0
@@ -166,7 +172,7 @@ async def test_a_kept_alive_connection_never_carries_another_workers_request(
 
 async def test_a_worker_id_that_is_no_certificate_name_is_refused(pki: Pki) -> None:
     async with impostor(pki, "evil") as evil, WorkerClient(tls=pki.node("broker", "b1")) as client:
-        with pytest.raises(WorkerError) as refused:
+        with pytest.raises(WorkerCallError) as refused:
             await client.capacity("Evil_1", evil.url)
         assert refused.value.reason == "untrusted"
         assert evil.seen == []

@@ -13,7 +13,7 @@ from aiohttp import web
 from cryptography import x509
 from typer.testing import CliRunner, Result
 
-from souk.broker.runtime import BrokerOptions, broker_site
+from souk.broker.runtime import BrokerSettings, broker_site
 from souk.broker.tokens import mint
 from souk.catalog.bus import InProcessBus
 from souk.cli.main import app as souk
@@ -102,11 +102,11 @@ def test_a_proxy_checks_its_listener_certificate(tmp_path: Path, pki: Pki) -> No
 
 async def test_the_cli_reaches_an_https_broker_with_a_ca_file(tmp_path: Path, pki: Pki) -> None:
     files = pki.node("broker", "broker-1")
-    opts = BrokerOptions(
-        "127.0.0.1",
-        0,
-        SECRET,
-        [],
+    opts = BrokerSettings(
+        host="127.0.0.1",
+        port=0,
+        secret=SECRET,
+        workers=[],
         registry_dir=tmp_path / "registry",
         listener=ServerCert(files.cert, files.key),
     )

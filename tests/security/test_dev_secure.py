@@ -13,6 +13,7 @@ from pathlib import Path
 
 import aiohttp
 import pytest
+from cryptography.hazmat.primitives.asymmetric import ec
 from typer.testing import CliRunner
 
 from souk.cli.client import DEV_DIR
@@ -72,11 +73,15 @@ async def test_every_part_has_its_certificate_and_keys_stay_private(tmp_path: Pa
         tls = tmp_path / "tls"
         keys = sorted(tls.rglob("*.key"))
         assert keys and all(stat.S_IMODE(k.stat().st_mode) == 0o600 for k in keys)
-        roles = {}
+        roles, public = {}, {}
         for cert in tls.glob("*/*.crt"):
-            if cert.name != "ca.crt":
+            if cert.parent.name.endswith("-public"):  # a listener's, for browsers: ECDSA
+                key = load_cert(cert).public_key()
+                public[cert.stem] = isinstance(key, ec.EllipticCurvePublicKey)
+            elif cert.name != "ca.crt":
                 ident = identity_of(load_cert(cert))
                 roles[ident.name] = ident.role
+        assert public == {"broker": True, "proxy": True}
         assert roles == {
             **{name: "worker" for name in dev.workers},
             "broker": "broker",

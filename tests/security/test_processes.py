@@ -24,7 +24,8 @@ from typing import Any
 import nats
 import pytest
 
-from souk.broker.tokens import mint, new_secret
+from souk.broker.tokens import mint
+from souk.node.cluster_secret import new_secret
 from souk.pki import NodeFiles, client_context, init_ca
 from tests.support.hello import hello_config
 from tests.support.nats import NatsServer, needs_nats

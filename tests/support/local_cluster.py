@@ -17,12 +17,12 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from souk.broker.runtime import BrokerOptions, broker_site
+from souk.broker.runtime import BrokerSettings, broker_site
 from souk.broker.tokens import mint
 from souk.catalog.bus import InProcessBus
 from souk.catalog.owner import Owner
 from souk.catalog.replica import Replica
-from souk.proxy.server import Proxy, ProxyOptions, proxy_site
+from souk.proxy.server import Proxy, ProxySettings, proxy_site
 from souk.proxy.wake import port_open
 from souk.web import runner as web_runner
 from souk.worker.daemon import make_app, make_driver, offering, running
@@ -170,11 +170,11 @@ async def local_cluster(
         stack.push_async_callback(kill_all)  # runs after the proxy and broker are gone
         for name, reg in workers:
             found[name], _ = await _worker(tmp, bus, name, reg)
-        opts = BrokerOptions(
-            "127.0.0.1",
-            0,
-            SECRET,
-            [w.url for w in found.values()],
+        opts = BrokerSettings(
+            host="127.0.0.1",
+            port=0,
+            secret=SECRET,
+            workers=[w.url for w in found.values()],
             registry_dir=tmp / "registry",
         )
         broker_url = await stack.enter_async_context(broker_site(opts, bus))
@@ -182,7 +182,7 @@ async def local_cluster(
         replica = Replica(bus, unreachable_after=4 * BEAT + 0.2)
         await replica.start(bootstrap=False)
         stack.push_async_callback(replica.stop)
-        popts = ProxyOptions(
+        popts = ProxySettings(
             port=0,
             api=broker_url,
             token=token,

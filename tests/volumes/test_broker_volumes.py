@@ -184,6 +184,10 @@ async def test_souk_volumes_commands(three: Cluster) -> None:
     made = await souk("create", "data", "--size-mb", "16", "-r", "mad")
     assert made["size_mb"] == 16 and made["state"] == "created"
     assert [v["id"] for v in await souk("list")] == [made["id"]]
+    table = await asyncio.to_thread(
+        runner.invoke, cli, ["volumes", "list", *common[:-1]], env={"COLUMNS": "60"}
+    )
+    assert made["id"] in table.stdout and "None" not in table.stdout, table.stdout  # unattached
     grown = await souk("extend", made["id"], "--size-mb", "24")
     assert grown["volume"]["size_mb"] == 24
     snaps = await souk("snapshots", made["id"], "--take")

@@ -12,8 +12,8 @@ from souk.broker.api.routes import ROUTES as BROKER_ROUTES
 from souk.catalog.bus import InProcessBus
 from souk.catalog.replica import following
 from souk.cli.catalog import catalog_site
-from souk.proxy.server import ProxyOptions, proxy_site
-from souk.worker import api as worker_api
+from souk.proxy.server import ProxySettings, proxy_site
+from souk.worker import http as worker_http
 from tests.support.catalog_view import FakeView
 from tests.web.conftest import Servers, raw, request_bytes
 
@@ -83,7 +83,7 @@ def _fill(path: str) -> str:
 
 
 async def test_deep_json_is_a_400_on_every_json_endpoint(servers: Servers) -> None:
-    worker_routes = [r for r in worker_api.routes(servers.engine) if r.body is not None]
+    worker_routes = [r for r in worker_http.ROUTES if r.body is not None]
     assert len(worker_routes) >= 6
     for route in worker_routes:
         got = await raw(servers.worker, request_bytes(route.method, _fill(route.path), DEEP))
@@ -107,7 +107,7 @@ async def other_servers() -> AsyncIterator[dict[str, str]]:
             following(bus, bootstrap=False) as replica,
             catalog_site(replica, "127.0.0.1", 0, None) as open_catalog,
             catalog_site(replica, "127.0.0.1", 0, b"catalog-secret-0123456789") as catalog,
-            proxy_site(FakeView(), ProxyOptions(port=0, api="http://127.0.0.1:9")) as (_, proxy),
+            proxy_site(FakeView(), ProxySettings(port=0, api="http://127.0.0.1:9")) as (_, proxy),
         ):
             yield {"proxy": proxy, "open catalog": open_catalog, "catalog": catalog}
     finally:

@@ -14,10 +14,10 @@ import aiohttp
 from souk.broker import tokens as tk
 from souk.catalog.replica import following
 from souk.cli.catalog import catalog_app, catalog_site
-from souk.proxy.server import ProxyOptions, proxy_site
+from souk.proxy.server import ProxySettings, proxy_site
 from souk.web import Number, Route
 from souk.web.routes import DECLARED
-from souk.worker import api as worker_api
+from souk.worker import http as worker_http
 from tests.broker.permissions import BODY_METHODS, PARAM
 from tests.broker.test_route_permissions import BODY, two_apps
 from tests.support.broker_cluster import SECRET
@@ -95,6 +95,7 @@ async def test_every_query_parameter_of_every_part_refuses_what_is_not_its_numbe
             "secret_name": "S",
             "org": "personal",
             "snapshot_id": "snap",
+            "inode": "1",
         }
         broker = str(c.broker.make_url("")).rstrip("/")
         assert c.broker.app is not None
@@ -111,7 +112,7 @@ async def test_every_query_parameter_of_every_part_refuses_what_is_not_its_numbe
 
         engine = c.engines["m1"]
         assert engine.get(demo["id"], events=False)  # the machine the worker's paths name
-        problems, numeric = await walk_queries(c.urls["m1"], worker_api.routes(engine), fill, None)
+        problems, numeric = await walk_queries(c.urls["m1"], worker_http.ROUTES, fill, None)
         assert problems == []
         assert "GET /v1/machines/{id}/wait ?timeout" in numeric
 
@@ -122,7 +123,7 @@ async def test_every_query_parameter_of_every_part_refuses_what_is_not_its_numbe
                 problems, numeric = await walk_queries(url, table, fill, operator)
                 assert problems == [] and numeric == {"GET /v1/catalog/changes ?since"}
 
-        options = ProxyOptions(port=0, api=broker, token="unused", autostop=False)
+        options = ProxySettings(port=0, api=broker, token="unused", autostop=False)
         async with proxy_site(FakeView(), options) as (proxy, proxy_url):
             routes = list(proxy.own.routes.values())
             problems, _ = await walk_queries(

@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from souk.broker.tokens import read_secret, verify
+from souk.broker.tokens import verify
 from souk.cli.main import app
 from souk.dev import dev_cluster
+from souk.node.cluster_secret import read_secret
 from souk.secret_files import write_secret
 
 

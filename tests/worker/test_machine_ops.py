@@ -102,6 +102,23 @@ async def test_a_suspended_machine_stops_and_is_destroyed(client: Client, engine
     await wait_for(client, other, "destroyed")
 
 
+async def test_a_stop_of_a_suspended_machine_kills_it_frozen_never_resumed(
+    client: Client, engine: Engine
+) -> None:
+    """As Fly discards a suspended machine's snapshot on a stop: its process never runs again,
+    not even to handle the stop's signal, however long the stop's timeout."""
+    script = 'trap "echo got > got; exit 0" INT TERM; : > ready; while :; do sleep 0.02; done'
+    config = {"init": {"exec": ["sh", "-c", script]}, "stop_config": {"timeout": "120s"}}
+    mid = await started(client, config)
+    await eventually((home(engine, mid) / "ready").exists)
+    await client.post(f"/v1/machines/{mid}/suspend")
+    await wait_for(client, mid, "suspended")
+    assert (await client.post(f"/v1/machines/{mid}/stop")).status == 200
+    await wait_for(client, mid, "stopped")  # within its wait's 10 s: not the stop's 120
+    assert not (home(engine, mid) / "got").exists()
+    assert await engine.drivers.command.remaining(mid, None) == []
+
+
 async def test_suspend_needs_a_started_machine(client: Client) -> None:
     body = {"app": "demo", "config": {"init": {"exec": ["sleep", "60"]}}, "start": False}
     mid = (await (await client.post("/v1/machines", json=body)).json())["id"]

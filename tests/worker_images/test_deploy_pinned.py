@@ -13,7 +13,7 @@ import pytest
 from souk.cli.deploy.config import parse
 from souk.cli.deploy.errors import DeployError
 from souk.cli.deploy.progress import Progress
-from souk.cli.deploy.releases import deployable, releases
+from souk.cli.deploy.releases import AppRecord
 from souk.cli.deploy.run import deploy
 from souk.clients.machines import MachinesApiError, MachinesClient
 from souk.dev import dev_cluster
@@ -62,11 +62,12 @@ async def test_a_deploy_pins_its_tag_a_pushed_tag_updates_and_a_rollback_runs_th
                 await deploy(
                     api, parse({**toml, "image": f"{registry.host}/site:2"}), Progress(quiet=True)
                 )
+            assert not await api.app_exists("site")  # nothing made for an image not there
+            await api.ensure_app("site")
             with pytest.raises(MachinesApiError) as bad:
                 await api.pin_image("site", "Not A Reference!", "mad")
             assert (bad.value.http_status, bad.value.reason) == (400, "invalid_image")
-            assert await api.machines("site") == []  # nothing made for an image not there,
-            assert releases(await api.app_metadata("site")) == []  # nor recorded
+            assert (await AppRecord.read(api, "site")).releases == []  # nor recorded
 
             await deploy(api, parse(toml), Progress(quiet=True))
             [m] = await api.machines("site")
@@ -82,12 +83,12 @@ async def test_a_deploy_pins_its_tag_a_pushed_tag_updates_and_a_rollback_runs_th
             assert m.config.image == f"{name}@{moved.digest}"
             assert await page() == "moved\n"
 
-            meta = await api.app_metadata("site")
-            records = {r.version: r for r in releases(meta)}
+            known = await AppRecord.read(api, "site")
+            records = {r.version: r for r in known.releases}
             assert records[1].image == f"{name}@{first.digest}"
             assert records[3].image == f"{name}@{moved.digest}"
             assert records[3].config["image"] == name  # souk.toml as written
-            back = parse({**deployable(meta, records[1]), "app": "site"})
+            back = parse({**known.deployable(records[1]), "app": "site"})
             await deploy(api, back, Progress(quiet=True), description="rollback to 1")
             [m] = await api.machines("site")
             assert m.config.image == f"{name}@{first.digest}"  # not what the tag names now

@@ -20,8 +20,9 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from souk.broker.tokens import mint, read_secret
+from souk.broker.tokens import mint
 from souk.dev import dev_cluster
+from souk.node.cluster_secret import read_secret
 from souk.pki.tls import server_context
 from tests.support.pki import new_pki, serving
 from tests.support.ports import closed_port

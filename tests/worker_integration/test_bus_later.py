@@ -11,7 +11,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from souk.broker.tokens import mint, new_secret, read_secret
+from souk.broker.tokens import mint
+from souk.node.cluster_secret import new_secret, read_secret
 from tests.support.catalog_cluster import ReplicaProcess
 from tests.support.nats import NatsServer, needs_nats
 from tests.support.ports import free_port

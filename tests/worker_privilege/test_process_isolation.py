@@ -191,7 +191,9 @@ from souk.worker.engine import Engine
 from souk.worker.settings import WorkerSettings
 
 async def main():
-    s = WorkerSettings("w1", "mad", Path(sys.argv[1]), 1, 256, durable=False)
+    s = WorkerSettings(
+        name="w1", region="mad", data_dir=Path(sys.argv[1]), cpus=1, memory_mb=256, durable=False
+    )
     async with running(Engine(s, make_driver("process", s))) as engine:
         config = MachineConfig(init={"exec": ["sh", "-c", "id -u; pwd"]}, restart={"policy": "no"})
         m = await engine.create(CreateMachine(app="alpha", config=config))

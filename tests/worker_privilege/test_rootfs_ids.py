@@ -4,6 +4,7 @@ copy with every id shifted."""
 from __future__ import annotations
 
 import os
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -88,3 +89,15 @@ def test_idmapped_layers_show_the_range_and_leave_the_layer_alone(tmp_path: Path
     assert os.lstat(lower / "srv").st_uid == 1000
     assert not (tmp_path / "m" / "layers").exists()  # the layer mounts were let go
     assert not is_mounted(merged)
+
+
+def test_probes_at_once_probe_once_and_leave_no_mount(tmp_path: Path) -> None:
+    """Containers starting together all ask at first; their probes once shared one mount point
+    and left it mounted."""
+    scratch = tmp_path / "scratch"
+    with ThreadPoolExecutor(8) as pool:
+        answers = set(pool.map(lambda _: idmap_supported(scratch), range(8)))
+    assert len(answers) == 1
+    mounts = Path("/proc/self/mountinfo").read_text()
+    assert str(scratch) not in mounts
+    assert not (scratch / "idmap-probe").exists()

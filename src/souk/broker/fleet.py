@@ -15,7 +15,7 @@ from typing import Protocol
 
 from souk.broker.registry import AppRegistry
 from souk.catalog.view import CatalogView
-from souk.clients.workers import WorkerClient, WorkerError
+from souk.clients.workers import WorkerCallError, WorkerClient
 from souk.models.catalog import AppRow, MachineRow, WorkerRow, machine_row, worker_row
 
 
@@ -81,7 +81,7 @@ class StaticFleet:
         async def one(address: str) -> None:
             try:
                 cap = await self.client.capacity(address, address, timeout=2)
-            except (WorkerError, ValueError):
+            except (WorkerCallError, ValueError):
                 for wid, row in self._workers.items():
                     if row.address == address:
                         self._reachable.discard(wid)

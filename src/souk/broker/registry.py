@@ -32,11 +32,13 @@ from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 
+from souk.broker.errors import Refused
 from souk.catalog.protocol import GLOBAL_REGION, REGISTRY_OWNER, Change
 from souk.models.catalog import AppRow, RevocationRow
 from souk.models.secrets import MAX_SECRETS, SecretRecord
 from souk.models.wire import NETWORK_KEY
 from souk.schema import Schema, add_missing_columns, migrate, together
+from souk.secret_files import private_database
 
 METADATA_KEY = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:/@+-]{0,127}\Z")
 MAX_VALUE_BYTES = 64 << 10
@@ -56,14 +58,8 @@ class AppNotFound(Exception):
     pass
 
 
-class MetadataRefused(Exception):
-    """A metadata patch that breaks a limit: an HTTP status, a reason code and why."""
-
-    def __init__(self, status: int, code: str, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.code = code
-        self.message = message
+class MetadataRefused(Refused):
+    """A metadata patch that breaks a limit."""
 
 
 def check_metadata_patch(set_: dict[str, str], delete: Sequence[str] = ()) -> None:
@@ -71,19 +67,17 @@ def check_metadata_patch(set_: dict[str, str], delete: Sequence[str] = ()) -> No
     of the app's private network (it is chosen when the app is created)."""
     if NETWORK_KEY in set_ or NETWORK_KEY in delete:
         raise MetadataRefused(
-            400, "invalid", f"{NETWORK_KEY}: an app's private network is set when it is created"
+            "invalid", f"{NETWORK_KEY}: an app's private network is set when it is created"
         )
     for key, value in set_.items():
         if not METADATA_KEY.match(key):
             raise MetadataRefused(
-                400,
                 "invalid",
                 f"set: bad metadata key {key[:140]!r}: 1 to 128 letters, digits or _.:/@+-,"
                 " not starting with punctuation other than _",
             )
         if len(value.encode()) > MAX_VALUE_BYTES:
             raise MetadataRefused(
-                413,
                 "metadata_too_large",
                 f"set: the value of {key!r} is over {MAX_VALUE_BYTES >> 10} KiB",
             )
@@ -93,12 +87,11 @@ def check_metadata(metadata: dict[str, str]) -> None:
     """Refuse a map, once patched, that is over the registry's limits."""
     if len(metadata) > MAX_KEYS:
         raise MetadataRefused(
-            413, "metadata_too_large", f"an app keeps at most {MAX_KEYS} metadata keys"
+            "metadata_too_large", f"an app keeps at most {MAX_KEYS} metadata keys"
         )
     size = sum(len(k.encode()) + len(v.encode()) for k, v in metadata.items())
     if size > MAX_METADATA_BYTES:
         raise MetadataRefused(
-            413,
             "metadata_too_large",
             f"an app's metadata is at most {MAX_METADATA_BYTES >> 20} MiB in all; delete old"
             " keys in the same patch",
@@ -138,8 +131,8 @@ class AppRegistry:
     region = GLOBAL_REGION
 
     def __init__(self, path: Path | None = None) -> None:
-        if path is not None:
-            path.parent.mkdir(parents=True, exist_ok=True)
+        if path is not None:  # every app's metadata, secrets and revocations: 0600
+            private_database(path)
         self._db = sqlite3.connect(
             str(path) if path else ":memory:", isolation_level=None, check_same_thread=False
         )
@@ -287,7 +280,7 @@ class AppRegistry:
                 )
             if len(after) > MAX_SECRETS:
                 raise MetadataRefused(
-                    413, "too_many_secrets", f"an app keeps at most {MAX_SECRETS} secrets"
+                    "too_many_secrets", f"an app keeps at most {MAX_SECRETS} secrets"
                 )
             self._db.execute(
                 "UPDATE apps SET secrets = ?, secrets_version = ?, seq = ? WHERE name = ?",

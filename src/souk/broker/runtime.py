@@ -9,14 +9,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import signal
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
 import uvloop
-from aiohttp import web
 
 from souk import heap
 from souk.broker.api.state import Broker
@@ -37,9 +35,12 @@ from souk.catalog.protocol import HELLO
 from souk.catalog.replica import following
 from souk.catalog.signing import Signer
 from souk.clients.workers import WorkerClient
+from souk.node.periodic import every
+from souk.node.signals import until_signalled
+from souk.node.site import served
 from souk.pki import NodeFiles
 from souk.web import Route
-from souk.web import runner as web_runner
+from souk.web.listener import DEFAULT_LIMITS, Limits
 from souk.web.tls import ServerCert
 
 T = TypeVar("T")
@@ -48,8 +49,8 @@ REFRESH_EVERY = 0.5
 CONNECT_GRACE = 0.5  # how long a start waits for NATS before serving without it
 
 
-@dataclass(frozen=True)
-class BrokerOptions:
+@dataclass(frozen=True, kw_only=True)
+class BrokerSettings:
     host: str
     port: int
     secret: bytes
@@ -66,19 +67,11 @@ class BrokerOptions:
     listener: ServerCert | None = None  # serve the Machines API over HTTPS
     metrics: bool = True  # False: placement records no metrics (benchmarks measure the cost)
     default_region: str | None = None  # for creates that name none (else: every region's best)
-
-
-async def _refresh_forever(fleet: StaticFleet) -> None:
-    while True:
-        await asyncio.sleep(REFRESH_EVERY)
-        try:
-            await fleet.refresh()
-        except Exception:  # a refresh must never take the broker down
-            log.exception("fleet refresh failed")
+    limits: Limits = DEFAULT_LIMITS  # of its listener
 
 
 @contextlib.asynccontextmanager
-async def broker_site(opts: BrokerOptions, bus: Bus | None = None) -> AsyncIterator[str]:
+async def broker_site(opts: BrokerSettings, bus: Bus | None = None) -> AsyncIterator[str]:
     """A running broker; yields its base URL. With a bus (or `opts.nats`), its fleet is a catalog
     replica, signed when `opts.tls` is given; without, a `StaticFleet` polling `opts.workers`."""
     async with contextlib.AsyncExitStack() as stack:
@@ -123,7 +116,9 @@ async def broker_site(opts: BrokerOptions, bus: Bus | None = None) -> AsyncItera
             apps = registry if registry is not None else AppRegistry()
             static = StaticFleet(opts.workers, apps, client)
             await static.refresh()
-            refresher = asyncio.create_task(_refresh_forever(static))
+            refresher = asyncio.create_task(
+                every(REFRESH_EVERY, static.refresh, what="fleet refresh", log=log)
+            )
             stack.callback(refresher.cancel)
             fleet = static
 
@@ -143,14 +138,11 @@ async def broker_site(opts: BrokerOptions, bus: Bus | None = None) -> AsyncItera
             before_place,
             default_region=opts.default_region,
         )
-        runner = web_runner(make_app(broker, opts.secret, extra))
-        await runner.setup()
-        stack.push_async_callback(runner.cleanup)
         ctx = opts.listener.context() if opts.listener is not None else None
-        site = web.TCPSite(runner, opts.host, opts.port, backlog=1024, ssl_context=ctx)
-        await site.start()
-        scheme = "https" if ctx is not None else "http"
-        yield f"{scheme}://{opts.host}:{runner.addresses[0][1]}"
+        app = make_app(broker, opts.secret, extra)
+        yield await stack.enter_async_context(
+            served(app, opts.host, opts.port, ssl_context=ctx, limits=opts.limits)
+        )
 
 
 async def _connecting(connect: Callable[[], Awaitable[Bus]], where: str) -> ConnectingBus:
@@ -179,14 +171,6 @@ async def registry_owner(
         await owner.stop()
 
 
-async def until_signalled() -> None:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
-
-
 def run(main: Coroutine[Any, Any, T]) -> T:
     """Runs a broker's coroutine on uvloop: a secured broker reads every request, reservation,
     catalog batch and heartbeat through TLS, whose transport asyncio writes in Python and
@@ -194,7 +178,7 @@ def run(main: Coroutine[Any, Any, T]) -> T:
     return uvloop.run(main)
 
 
-async def serve(opts: BrokerOptions) -> None:
+async def serve(opts: BrokerSettings) -> None:
     async with broker_site(opts) as url:
         heap.settle()
         print(f"souk broker ready on {url}", flush=True)

@@ -12,20 +12,15 @@ from __future__ import annotations
 import base64
 import binascii
 
+from souk.broker.errors import Refused
 from souk.models.catalog import AppRow
 from souk.models.machine import MachineConfig
 from souk.models.secrets import MAX_SECRET_BYTES, SECRET_NAME, SecretRecord
 from souk.sealing import Sealer, Unsealable
 
 
-class SecretRefused(Exception):
-    """Bad input about secrets: an HTTP status, a reason code and why."""
-
-    def __init__(self, status: int, code: str, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.code = code
-        self.message = message
+class SecretRefused(Refused):
+    """Bad input about secrets."""
 
 
 def _key(name: str) -> str:
@@ -35,16 +30,15 @@ def _key(name: str) -> str:
 def check_secret(name: str, value: str) -> None:
     if not SECRET_NAME.match(name):
         raise SecretRefused(
-            400,
             "invalid",
             f"bad secret name {name[:140]!r}: a letter or _, then letters, digits or _, at"
             " most 128 (it becomes an environment variable)",
         )
     if "\0" in value:
-        raise SecretRefused(400, "invalid", f"secret {name}: a value cannot hold a NUL character")
+        raise SecretRefused("invalid", f"secret {name}: a value cannot hold a NUL character")
     if len(value.encode()) > MAX_SECRET_BYTES:
         raise SecretRefused(
-            413, "secret_too_large", f"secret {name}: at most {MAX_SECRET_BYTES >> 10} KiB"
+            "secret_too_large", f"secret {name}: at most {MAX_SECRET_BYTES >> 10} KiB"
         )
 
 
@@ -65,7 +59,6 @@ def open_secrets(sealer: Sealer, row: AppRow) -> dict[str, str]:
     except Unsealable as exc:
         name = exc.key.removeprefix("secret:")
         raise SecretRefused(
-            500,
             "sealed_unreadable",
             f"secret {name} of app {row.name} was sealed under another cluster secret, or is"
             " damaged; set it again",
@@ -83,13 +76,12 @@ def check_files(config: MachineConfig, secrets: dict[str, str]) -> None:
         value = secrets.get(file.secret_name)
         if value is None:
             raise SecretRefused(
-                400, "unknown_secret", f"{where}: the app has no secret {file.secret_name!r}"
+                "unknown_secret", f"{where}: the app has no secret {file.secret_name!r}"
             )
         try:
             base64.b64decode(value, validate=True)
         except (binascii.Error, ValueError):
             raise SecretRefused(
-                400,
                 "invalid",
                 f"{where}: secret {file.secret_name} is not base64; a file's secret holds"
                 " its content base64-encoded",

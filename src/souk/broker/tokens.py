@@ -35,13 +35,14 @@ import secrets
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Literal, get_args
 
 import orjson
 
 from souk.models.api import REGION_NAME
-from souk.models.machine import APP_NAME, MACHINE_ID
+from souk.models.base import APP_NAME
+from souk.models.machine import MACHINE_ID
+from souk.node.cluster_secret import check_secret
 
 PREFIX = "souk1_"
 MAX_TOKEN_CHARS = 8192
@@ -49,7 +50,6 @@ MAX_CAVEATS = 32
 MAX_CAVEAT_CHARS = 2048
 MAX_VALUES = 64  # names in one list caveat
 MAX_EXPIRES_DIGITS = 12  # unix seconds up to the year 33658
-MIN_SECRET_BYTES = 16
 SIG_BYTES = 32
 VERIFIED_KEPT = 1024  # tokens whose signature is known good: 8 MiB at most
 
@@ -385,22 +385,3 @@ def _signed(token: str, secret: bytes) -> Grant:
         regions=sets.get("regions"),
         expires=expires,
     )
-
-
-# --- the cluster secret --------------------------------------------------------------------
-
-
-def check_secret(secret: bytes) -> None:
-    if len(secret) < MIN_SECRET_BYTES:
-        raise ValueError(f"the cluster secret must be at least {MIN_SECRET_BYTES} bytes")
-
-
-def new_secret() -> bytes:
-    """A fresh cluster secret, printable so it can live in a file or an environment variable."""
-    return secrets.token_hex(32).encode()
-
-
-def read_secret(path: Path) -> bytes:
-    secret = path.read_bytes().strip()
-    check_secret(secret)
-    return secret

@@ -34,6 +34,13 @@ class Subscription(Protocol):
     async def unsubscribe(self) -> None: ...
 
 
+def authenticated(bus: object) -> bool:
+    """Whether the bus vouches for who published on an owner's subject: a NATS connection on
+    the authenticated bus (mutual TLS to a server configured by `souk nats config`, whose
+    subject permissions let only owner X publish under X's subjects), or a bus made so."""
+    return bool(getattr(bus, "authenticated", False))
+
+
 class Bus(Protocol):
     async def publish(self, subject: str, data: bytes, reply: str | None = None) -> None: ...
 
@@ -101,8 +108,11 @@ class InProcessBus:
     """The bus for one process (`souk dev`, unit tests): the same subjects and semantics as NATS
     core, delivered through per-subscription queues, with optional fault injection."""
 
-    def __init__(self, faults: Faults | None = None) -> None:
+    def __init__(self, faults: Faults | None = None, authenticated: bool = False) -> None:
+        """`authenticated`: the bus stands for one whose permissions let an owner alone publish
+        on its subjects (tests of what a replica then skips)."""
         self.faults = faults or Faults()
+        self.authenticated = authenticated
         self.subscriptions: list[_LocalSubscription] = []
         self._inbox = itertools.count()
         self._delayed: set[asyncio.Task[None]] = set()
@@ -178,8 +188,9 @@ class NatsBus:
     """NATS core through nats-py: reconnects forever, so a replica rides out a server restart
     (serving stale rows meanwhile) and repairs by pulling once it is back."""
 
-    def __init__(self, nc: Any) -> None:
+    def __init__(self, nc: Any, authenticated: bool = False) -> None:
         self.nc = nc
+        self.authenticated = authenticated
 
     @classmethod
     async def connect(
@@ -189,10 +200,12 @@ class NatsBus:
         tls: ssl.SSLContext | None = None,
         tls_hostname: str | None = None,
         inbox_prefix: str | None = None,
+        authenticated: bool = False,
     ) -> NatsBus:
         """`tls`: mutual TLS to a server that maps client certificates to users (see
         `souk nats config`); `inbox_prefix`: where replies to this connection go, which such a
-        server lets only this node read (`permissions.inbox_prefix`)."""
+        server lets only this node read (`permissions.inbox_prefix`); `authenticated`: such a
+        server's subject permissions are in force (`certs.bus_options` says so)."""
         import nats
 
         async def on_error(exc: Exception) -> None:
@@ -212,7 +225,7 @@ class NatsBus:
             **({"tls_hostname": tls_hostname} if tls_hostname else {}),
             **({"inbox_prefix": inbox_prefix} if inbox_prefix else {}),
         )
-        return cls(nc)
+        return cls(nc, authenticated)
 
     async def publish(self, subject: str, data: bytes, reply: str | None = None) -> None:
         try:

@@ -63,9 +63,11 @@ def load_signer(files: NodeFiles, owner: str) -> Ed25519Signer:
 def bus_options(files: NodeFiles) -> dict[str, Any]:
     """`NatsBus.connect` options for a node on the authenticated bus: mutual TLS with its
     certificate (the server checked against the CA and the URL's host), and replies in the
-    inbox only it may read."""
+    inbox only it may read; the bus vouches for who publishes on an owner's subject (a replica
+    then audits live batches rather than checking each, see `souk.catalog.sync.audit`)."""
     identity = files.check()
     return {
         "tls": client_context(files),
         "inbox_prefix": inbox_prefix(identity.role, identity.name),
+        "authenticated": True,
     }

@@ -16,7 +16,7 @@ import secrets
 from collections.abc import Awaitable, Callable
 from typing import Literal
 
-from souk.catalog.bus import Bus, Handler, Subscription
+from souk.catalog.bus import Bus, Handler, Subscription, authenticated
 
 log = logging.getLogger("souk.catalog.bus")
 
@@ -73,6 +73,10 @@ class ConnectingBus:
         self._callbacks: list[Callable[[], Awaitable[None]]] = []
         self._up = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+
+    @property
+    def authenticated(self) -> bool:
+        return self.bus is not None and authenticated(self.bus)
 
     def start(self) -> None:
         if self._task is None:

@@ -33,6 +33,10 @@ COUNTERS = {
     "quarantined": "Rows quarantined (invalid, or not their owner's to write)",
     "pulls": "Pulls of missed rows from their owners",
     "pull_failures": "Pulls that got no usable answer",
+    "audited": "Live batches an authenticated bus vouched for whose signature was checked anyway",
+    "audit_failures": "Live batches on their owner's subject of an authenticated bus not signed by"
+    " their owner: the bus let a forgery through",
+    "repulled": "Owners whose rows were pulled again in full after a failed audit",
 }
 
 

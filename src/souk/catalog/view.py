@@ -6,10 +6,19 @@ caller ranking workers or picking a backend never yields to the event loop mid-d
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator
 from typing import Protocol
 
-from souk.models.catalog import AppRow, MachineRow, RowChange, VolumeRow, WorkerRow
+from souk.catalog.index import Indexes
+from souk.catalog.index.apps import AppIndex
+from souk.catalog.index.images import ImageIndex
+from souk.catalog.index.machines import MachineIndex
+from souk.catalog.index.revocations import RevocationIndex
+from souk.catalog.index.volumes import VolumeIndex
+from souk.catalog.index.workers import Placeable, WorkerIndex
+from souk.catalog.owners import Liveness, OwnerState
+from souk.models.catalog import AppRow, MachineRow, Row, RowChange, VolumeRow, WorkerRow
 
 
 class CatalogView(Protocol):
@@ -70,3 +79,105 @@ class CatalogView(Protocol):
         """Row changes as this replica applies them, from local sequence `since` (exclusive) or
         from now; resumable by passing the last `RowChange.lseq` seen."""
         ...
+
+
+class FleetView:
+    """The queries of `CatalogView` (but the change stream) over a replica's indexes, and what a
+    replica adds to a worker row that no owner writes: `unreachable` and `last_heartbeat`."""
+
+    def __init__(self, indexes: Indexes, owners: dict[str, OwnerState], liveness: Liveness) -> None:
+        self.indexes = indexes
+        self.owners = owners
+        self.liveness = liveness
+        self._workers = indexes.of(WorkerIndex)
+        self._machines = indexes.of(MachineIndex)
+        self._images = indexes.of(ImageIndex)
+        self._volumes = indexes.of(VolumeIndex)
+        self._apps = indexes.of(AppIndex)
+        self._revoked = indexes.of(RevocationIndex)
+
+    def reachable(self, owner: str) -> bool:
+        return self.liveness.reachable(owner)
+
+    def _worker_view(self, row: WorkerRow) -> WorkerRow:
+        st = self.owners.get(row.id)
+        return row.model_copy(
+            update={
+                "unreachable": not self.reachable(row.id),
+                "last_heartbeat": st.heard_wall if st else None,
+            }
+        )
+
+    def workers(self, region: str | None = None, reachable_only: bool = True) -> list[WorkerRow]:
+        held = self._workers
+        rows = held.rows if region is None else held.in_region.get(region, {})
+        return [
+            self._worker_view(w)
+            for w in rows.values()
+            if not reachable_only or self.reachable(w.id)
+        ]
+
+    def placeable(self, region: str) -> list[WorkerRow]:
+        """The region's reachable workers, as held (see `CatalogView.placeable`): the list kept
+        in `Placeable`, always the same object, so not to be modified, and to be read before
+        the caller next yields."""
+        return self._held(region).rows
+
+    def _held(self, region: str) -> Placeable:
+        self.liveness.expire(time.monotonic())
+        return self._workers.held(region)
+
+    def silent(self, region: str) -> list[WorkerRow]:
+        """The region's workers not heard from lately (`placeable` leaves them out), as
+        `workers()` shows them: only these are looked at and copied, usually none."""
+        rows = self._workers.in_region.get(region, {})
+        return [self._worker_view(rows[key]) for key in self._held(region).left_out]
+
+    def worker(self, worker_id: str) -> WorkerRow | None:
+        row = self._workers.rows.get(worker_id)
+        return None if row is None else self._worker_view(row)
+
+    def machines(self, app: str | None = None, region: str | None = None) -> list[MachineRow]:
+        held = self._machines
+        ids = held.by_app.get(app, set()) if app is not None else held.rows.keys()
+        rows = (held.rows[i] for i in ids)
+        return [m for m in rows if region is None or m.region == region]
+
+    def machine(self, machine_id: str) -> MachineRow | None:
+        return self._machines.rows.get(machine_id)
+
+    def volumes(self, app: str | None = None) -> list[VolumeRow]:
+        return [v for v in self._volumes.rows.values() if app in (None, v.app)]
+
+    def placeable_holding(self, region: str, image: str) -> list[WorkerRow]:
+        """The region's placeable rows (as `placeable` holds them) of workers holding the
+        image: looked up by image, so the region is never scanned for it."""
+        holders = self._images.holders.get(image)
+        if not holders:
+            return []
+        held = self._held(region)
+        rows, pos = held.rows, held.pos
+        return [rows[at] for owner in holders if (at := pos.get(owner)) is not None]
+
+    def regions_of_app(self, app: str) -> list[str]:
+        """From the rows held (followed regions, current to the millisecond) and from heartbeats
+        (every region, current to the second)."""
+        held = {m.region for m in self.machines(app=app) if m.state != "destroyed"}
+        return sorted(held | {st.region for st in self.owners.values() if app in st.apps})
+
+    def apps(self) -> list[AppRow]:
+        return sorted(self._apps.rows.values(), key=lambda a: a.name)
+
+    def app(self, name: str) -> AppRow | None:
+        return self._apps.rows.get(name)
+
+    def revoked(self, token_id: str) -> bool:
+        return token_id in self._revoked.rows
+
+    def row(self, owner: str, table: str, key: str) -> Row | None:
+        """The row of `owner` held under `key` in `table`, None if none is (or it was deleted)."""
+        return self.indexes.row(owner, table, key)
+
+    def head(self, owner: str) -> int:
+        st = self.owners.get(owner)
+        return st.head if st else 0

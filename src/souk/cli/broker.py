@@ -8,28 +8,46 @@ from pathlib import Path
 import typer
 
 from souk.broker import runtime
-from souk.broker.tokens import read_secret
 from souk.cli.config_file import CONFIG, PRINT_CONFIG, show_config
-from souk.cli.serving import LOG_FORMAT, LOG_LEVEL, METRICS, log_to_stderr, parse_listen
-from souk.cli.tls import TLS_CERT, TLS_DIR_HELP, TLS_KEY, node_files, open_bus, server_cert
-from souk.schema import SchemaTooNew
+from souk.cli.serving import (
+    HEAD_TIMEOUT,
+    KEEPALIVE_TIMEOUT,
+    LOG_FORMAT,
+    LOG_LEVEL,
+    MAX_CONNECTIONS,
+    MAX_PER_CLIENT,
+    METRICS,
+    check_homes_reachable,
+    listener_limits,
+    log_to_stderr,
+    parse_listen,
+    refusals,
+    secret_option,
+)
+from souk.cli.tls import TLS_CERT, TLS_DIR_HELP, TLS_KEY, part_tls, server_cert
 
 
 def run(
     ctx: typer.Context,
     listen: str = typer.Option("127.0.0.1:4280", help="HOST:PORT of the Machines API."),
-    secret_file: Path = typer.Option(..., help="The cluster secret tokens are signed with."),
+    secret_file: Path = typer.Option(
+        ..., help="The cluster secret tokens are signed with.", resolve_path=True
+    ),
     nats: str | None = typer.Option(
         None, help="NATS server URL(s), comma-separated: place from a catalog replica."
     ),
     catalog_dir: Path | None = typer.Option(
-        None, help="Keep the catalog replica's SQLite copy here (default: in memory)."
+        None,
+        help="Keep the catalog replica's SQLite copy here (default: in memory).",
+        resolve_path=True,
     ),
     worker: list[str] = typer.Option(
         [], help="Without --nats: a worker's API URL, polled (repeat for each)."
     ),
     app_registry: Path | None = typer.Option(
-        None, help="Host the cluster's app registry, stored in this directory (one broker)."
+        None,
+        help="Host the cluster's app registry, stored in this directory (one broker).",
+        resolve_path=True,
     ),
     app_registry_url: str | None = typer.Option(
         None, help="Forward app creates and deletes to the broker hosting the registry."
@@ -45,6 +63,7 @@ def run(
         None,
         help=f"{TLS_DIR_HELP} Reach workers over mutual TLS, and only so; reach the bus with "
         "them, apply only catalog rows their owners signed, sign the app registry's.",
+        resolve_path=True,
     ),
     tls_name: str | None = typer.Option(
         None, help="This broker's name in --tls-dir (default: the one key there)."
@@ -55,6 +74,10 @@ def run(
         False, help="Without --tls-dir: follow an open bus other than loopback, unsigned rows."
     ),
     metrics: bool = METRICS,
+    max_connections: int = MAX_CONNECTIONS,
+    max_connections_per_client: int = MAX_PER_CLIENT,
+    head_timeout: float = HEAD_TIMEOUT,
+    keepalive_timeout: float = KEEPALIVE_TIMEOUT,
     log_level: str = LOG_LEVEL,
     log_format: str = LOG_FORMAT,
     config: Path | None = CONFIG,
@@ -66,43 +89,41 @@ def run(
         return
     log_to_stderr(log_level, log_format, "broker", "broker")
     host, port = parse_listen(listen)
-    tls = node_files(tls_dir, "broker", tls_name) if tls_dir is not None else None
-    if tls is not None and insecure:
-        raise typer.BadParameter("--insecure is for a broker without --tls-dir: drop one")
-    if tls is None:
-        open_bus(nats, insecure)
+    tls = part_tls("broker", tls_dir, tls_name, insecure, nats)
     listener = server_cert(tls_cert, tls_key)
-    try:
-        secret = read_secret(secret_file)
-    except (OSError, ValueError) as exc:
-        raise typer.BadParameter(str(exc), param_hint="--secret-file") from exc
+    secret = secret_option(secret_file)
     if not nats and not worker:
         raise typer.BadParameter("give --nats (a catalog) or at least one --worker")
-    opts = runtime.BrokerOptions(
-        host,
-        port,
-        secret,
-        worker,
-        app_registry,
-        app_registry_url,
-        deadline,
-        policy,
+    opts = runtime.BrokerSettings(
+        host=host,
+        port=port,
+        secret=secret,
+        workers=worker,
+        registry_dir=app_registry,
+        registry_url=app_registry_url,
+        deadline=deadline,
+        policy=policy,
         nats=nats,
         catalog_dir=catalog_dir,
         tls=tls,
         listener=listener,
         default_region=default_region,
         metrics=metrics,
+        limits=listener_limits(
+            max_connections, max_connections_per_client, head_timeout, keepalive_timeout
+        ),
     )
-    try:
+    with refusals("broker"):
         runtime.run(runtime.serve(opts))
-    except SchemaTooNew as exc:  # a binary rolled back under its registry: refuse, touch nothing
-        typer.echo(f"souk broker: {exc}", err=True)
-        raise typer.Exit(2) from None
+
+
+DEV_DISK_MB = 1024  # a sparse file per volume: only what a volume holds takes room
 
 
 def dev(
-    data_dir: Path = typer.Option(Path(".souk-dev"), help="Where every worker keeps its data."),
+    data_dir: Path = typer.Option(
+        Path(".souk-dev"), help="Where every worker keeps its data.", resolve_path=True
+    ),
     listen: str = typer.Option("127.0.0.1:4280", help="HOST:PORT of the broker."),
     proxy: str = typer.Option("127.0.0.1:4300", help="HOST:PORT of the proxy."),
     driver: str = typer.Option("process", help="process, or sim (runs nothing)."),
@@ -112,12 +133,49 @@ def dev(
     insecure_registry: list[str] = typer.Option(
         [], help="HOST[:PORT] of a registry every worker reaches over plain http; repeatable."
     ),
+    disk_mb: int | None = typer.Option(
+        None,
+        min=0,
+        help=f"Disk each worker offers to volumes, in MB (default: {DEV_DISK_MB} as root where"
+        " loop devices work, else none; 0: none).",
+    ),
+    image_registry_port: int = typer.Option(
+        4310,
+        min=0,
+        help="Port of its image registry on loopback (Debian's docker-registry): workers pull"
+        " from it, a Dockerfile's build is pushed to it (0: none).",
+    ),
+    max_connections: int = MAX_CONNECTIONS,
+    max_connections_per_client: int = MAX_PER_CLIENT,
+    head_timeout: float = HEAD_TIMEOUT,
+    keepalive_timeout: float = KEEPALIVE_TIMEOUT,
 ) -> None:
     """A whole cluster in one process: 3 regions x 2 workers, a broker and a proxy, on loopback."""
     from souk.dev import run_dev
+    from souk.worker import volume_disk
 
     log_to_stderr("warning")
     host, port = parse_listen(listen)
     _, proxy_port = parse_listen(proxy)
+    check_homes_reachable("dev", data_dir, driver)
     registries = tuple(insecure_registry)
-    asyncio.run(run_dev(data_dir, host, port, proxy_port, driver, secure, registries))
+    if disk_mb is None and driver != "sim" and volume_disk.unsupported_reason() is None:
+        disk_mb = DEV_DISK_MB  # volumes can be tried at once, as the quick start does
+    limits = listener_limits(
+        max_connections, max_connections_per_client, head_timeout, keepalive_timeout
+    )
+    with refusals("dev"):
+        asyncio.run(
+            run_dev(
+                data_dir,
+                host,
+                port,
+                proxy_port,
+                driver,
+                secure,
+                registries,
+                disk_mb=disk_mb or None,
+                limits=limits,
+                image_registry_port=image_registry_port or None,
+            )
+        )

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import signal
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -13,12 +12,10 @@ from typing import Any
 import typer
 from aiohttp import web
 from aiohttp.typedefs import Middleware
-from rich.console import Console
 from rich.table import Table
 
 from souk import __version__, heap
 from souk.broker.auth import make_auth
-from souk.broker.tokens import read_secret
 from souk.catalog import http as catalog_http
 from souk.catalog.bus import NatsBus
 from souk.catalog.certs import bus_options
@@ -28,11 +25,24 @@ from souk.catalog.protocol import HELLO
 from souk.catalog.replica import Replica, following
 from souk.catalog.trust import CaTrust, Trust
 from souk.cli.client import connect
-from souk.cli.command import run
-from souk.cli.serving import LOG_FORMAT, LOG_LEVEL, log_to_stderr, parse_listen
+from souk.cli.command import console, run
+from souk.cli.serving import (
+    HEAD_TIMEOUT,
+    KEEPALIVE_TIMEOUT,
+    LOG_FORMAT,
+    LOG_LEVEL,
+    MAX_CONNECTIONS,
+    MAX_PER_CLIENT,
+    listener_limits,
+    log_to_stderr,
+    parse_listen,
+    secret_option,
+)
+from souk.node.signals import until_signalled
+from souk.node.site import served
 from souk.pki import NodeFiles, PkiError, load_cas
 from souk.web import Permission, Route, add_routes, error_middleware, open_access
-from souk.web import runner as web_runner
+from souk.web.listener import DEFAULT_LIMITS, Limits
 from souk.web.metrics import METRICS_PATH, Metrics, serve_metrics
 
 app = typer.Typer(help="The catalog: every worker's rows, replicated.", no_args_is_help=True)
@@ -65,17 +75,16 @@ def serve(
         None, dir_okay=False, help="The cluster CA alone: only signed rows, on an open bus."
     ),
     insecure: bool = typer.Option(False, help="Apply unsigned rows (a bus like `souk dev`'s)."),
+    max_connections: int = MAX_CONNECTIONS,
+    max_connections_per_client: int = MAX_PER_CLIENT,
+    head_timeout: float = HEAD_TIMEOUT,
+    keepalive_timeout: float = KEEPALIVE_TIMEOUT,
 ) -> None:
     """Follow the catalog and serve it over HTTP (read-only). Without --secret-file it checks
     no tokens: bind it to a private address."""
     log_to_stderr(log_level, log_format, "catalog", "catalog")
     host, port = parse_listen(listen)
-    secret = None
-    if secret_file is not None:
-        try:
-            secret = read_secret(secret_file)
-        except (OSError, ValueError) as exc:
-            raise typer.BadParameter(str(exc), param_hint="--secret-file") from exc
+    secret = secret_option(secret_file) if secret_file is not None else None
     if [tls_dir is not None, ca is not None, insecure].count(True) != 1:
         raise typer.BadParameter("give one of --tls-dir, --ca (signed) or --insecure")
     trust: Trust | None = None
@@ -89,9 +98,21 @@ def serve(
             trust = CaTrust(load_cas(ca))
     except PkiError as exc:
         raise typer.BadParameter(str(exc)) from None
+    limits = listener_limits(
+        max_connections, max_connections_per_client, head_timeout, keepalive_timeout
+    )
     asyncio.run(
         _serve(
-            nats, host, port, data_dir, region or None, unreachable_after, trust, options, secret
+            nats,
+            host,
+            port,
+            data_dir,
+            region or None,
+            unreachable_after,
+            trust,
+            options,
+            secret,
+            limits,
         )
     )
 
@@ -123,16 +144,11 @@ def catalog_app(replica: Replica, secret: bytes | None) -> web.Application:
 
 @contextlib.asynccontextmanager
 async def catalog_site(
-    replica: Replica, host: str, port: int, secret: bytes | None
+    replica: Replica, host: str, port: int, secret: bytes | None, limits: Limits = DEFAULT_LIMITS
 ) -> AsyncIterator[str]:
     """`catalog_app` served as souk serves everything; yields its base URL."""
-    runner = web_runner(catalog_app(replica, secret))
-    await runner.setup()
-    try:
-        await web.TCPSite(runner, host, port).start()
-        yield f"http://{host}:{runner.addresses[0][1]}"
-    finally:
-        await runner.cleanup()
+    async with served(catalog_app(replica, secret), host, port, limits=limits) as url:
+        yield url
 
 
 async def _serve(
@@ -145,6 +161,7 @@ async def _serve(
     trust: Trust | None,
     bus_options: dict[str, Any],
     secret: bytes | None,
+    limits: Limits,
 ) -> None:
     path: Path | str = ":memory:"
     if data_dir is not None:
@@ -163,14 +180,10 @@ async def _serve(
             following(bus, path, regions, trust=trust, bootstrap=up, settle=2.0 if up else 0.0)
         )
         replica.unreachable_after = unreachable_after
-        url = await stack.enter_async_context(catalog_site(replica, host, port, secret))
+        url = await stack.enter_async_context(catalog_site(replica, host, port, secret, limits))
         heap.settle()
         print(f"souk catalog ready on {url}", flush=True)
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
-        await stop.wait()
+        await until_signalled()
 
 
 @app.command()
@@ -204,14 +217,14 @@ def status(
         reachable = "[red]no[/red]" if o["unreachable"] else "yes"
         silent = "" if o["silent_for"] is None else f"{o['silent_for']:.1f}"
         table.add_row(o["owner"], o["region"], str(o["head"]), str(o["lag"]), silent, reachable)
-    console = Console()
-    console.print(table)
+    out = console()
+    out.print(table)
     if data["quarantined"]:
         bad = Table("owner", "table", "key", "seq", "error", title="quarantined rows")
         for q in data["quarantined"]:
             bad.add_row(q["owner"], q["table"], q["key"], str(q["seq"]), q["error"][:120])
-        console.print(bad)
+        out.print(bad)
     stats = ", ".join(f"{k} {v}" for k, v in sorted(data["stats"].items()))
-    console.print(f"[dim]{stats}[/dim]")
+    out.print(f"[dim]{stats}[/dim]")
     refused = ", ".join(f"{k} {v}" for k, v in sorted(data.get("refused", {}).items()))
-    console.print(f"{data.get('security', 'insecure')}; refused: {refused or 'nothing'}")
+    out.print(f"{data.get('security', 'insecure')}; refused: {refused or 'nothing'}")

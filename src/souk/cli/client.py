@@ -1,6 +1,7 @@
 """Where the CLI finds its broker, its token and the CA an https broker is checked against:
 `--api`/`--token`/`souk --ca`, else `SOUK_API`/`SOUK_TOKEN`/`SOUK_CA`, else the files `souk dev`
-writes (its CA only for its own broker)."""
+writes (its CA only for its own broker), in the nearest `.souk-dev/` of the current directory
+or one above it, so that commands run from an app's directory below find them."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from souk.clients.machines import MachinesClient
 T = TypeVar("T")
 
 DEV_DIR = Path(".souk-dev")
-DEV_CA = Path("tls") / "ca" / "ca.crt"  # below DEV_DIR, made by `souk dev --secure`
+DEV_CA = Path("tls") / "trust.crt"  # below DEV_DIR: `souk dev --secure`'s CAs, for clients
 DEFAULT_API = "http://127.0.0.1:4280"
 TIMEOUT = 120.0  # for one answer; streams (logs --follow) have none
 
@@ -32,6 +33,7 @@ CA = typer.Option(
     exists=True,
     dir_okay=False,
     help="Check an https broker's certificate against this CA file instead of the system's.",
+    resolve_path=True,
 )
 
 _chosen: dict[str, Path | None] = {"ca": None}  # `souk --ca`, for every command of this run
@@ -41,23 +43,37 @@ def use_ca(ca: Path | None) -> None:
     _chosen["ca"] = ca
 
 
-def _dev_file(name: str) -> str | None:
-    path = DEV_DIR / name
-    return path.read_text().strip() if path.exists() else None
+def dev_dir(start: Path | None = None) -> Path | None:
+    """The nearest `souk dev` data dir: `.souk-dev/` holding its API's address, in `start`
+    (the current directory) or the first directory above it that has one."""
+    here = (start or Path.cwd()).absolute()
+    for folder in (here, *here.parents):
+        if (folder / DEV_DIR / "api").is_file():
+            return folder / DEV_DIR
+    return None
+
+
+def dev_file(name: str) -> str | None:
+    found = dev_dir()
+    path = found / name if found is not None else None
+    return path.read_text().strip() if path is not None and path.exists() else None
 
 
 def api_url(api: str | None) -> str:
-    return (api or os.environ.get("SOUK_API") or _dev_file("api") or DEFAULT_API).rstrip("/")
+    return (api or os.environ.get("SOUK_API") or dev_file("api") or DEFAULT_API).rstrip("/")
 
 
 def _find_token(token: str | None) -> str | None:
-    return token or os.environ.get("SOUK_TOKEN") or _dev_file("token")
+    return token or os.environ.get("SOUK_TOKEN") or dev_file("token")
 
 
 def api_token(token: str | None) -> str:
     found = _find_token(token)
     if found is None:
-        raise typer.BadParameter("no token: pass --token or set SOUK_TOKEN")
+        raise typer.BadParameter(
+            "no token: pass --token, set SOUK_TOKEN, or run this below the directory `souk dev`"
+            " runs in (its .souk-dev/token)"
+        )
     return found
 
 
@@ -66,8 +82,9 @@ def api_ca(ca: Path | None, api: str | None) -> Path | None:
     --secure`'s CA only when the broker is souk dev's too (no --api nor SOUK_API given)."""
     if ca is not None:
         return ca
-    dev_ca = DEV_DIR / DEV_CA
-    if api is None and not os.environ.get("SOUK_API") and dev_ca.exists():
+    found = dev_dir()
+    dev_ca = found / DEV_CA if found is not None else None
+    if api is None and not os.environ.get("SOUK_API") and dev_ca is not None and dev_ca.exists():
         return dev_ca
     return None
 

@@ -56,11 +56,47 @@ def problems(exc: ValidationError) -> str:
     return "\n".join(lines)
 
 
+# A console that is not a terminal (a pipe, a file) gets lines as long as they are: ids are
+# copied from output, and one cut at 80 columns ("5774775…") cannot be.
+PIPED_WIDTH = 100_000
+
+
+def console(stderr: bool = False) -> Console:
+    """Rich's console for the CLI's output: a terminal's width, else no width at all."""
+    found = Console(stderr=stderr, highlight=False)
+    if not found.is_terminal:
+        found = Console(stderr=stderr, highlight=False, width=PIPED_WIDTH)
+    return found
+
+
+def cell(value: Any) -> str:
+    """How a value shows in a table: nothing for None (never "None")."""
+    return "" if value is None else str(value)
+
+
+def is_key(column: str) -> bool:
+    """Columns of ids and names, which a narrow terminal must not cut: they are copied."""
+    return column in ("id", "name", "machine", "worker", "volume") or column.endswith("_id")
+
+
+def table(columns: list[str], rows: list[list[str]], title: str = "") -> Table:
+    """A table whose ids are never cut: each id column is as wide as its widest cell, and the
+    other columns fold their text rather than end it with an ellipsis."""
+    out = Table(title=title or None)
+    for i, column in enumerate(columns):
+        if is_key(column):
+            widest = max((len(row[i]) for row in rows), default=0)
+            out.add_column(column, no_wrap=True, min_width=max(widest, len(column)))
+        else:
+            out.add_column(column, overflow="fold")
+    for row in rows:
+        out.add_row(*row)
+    return out
+
+
 def show(rows: list[dict[str, Any]], columns: list[str], as_json: bool, title: str = "") -> None:
     if as_json:
         print(json.dumps(rows, indent=2))
         return
-    table = Table(*columns, title=title or None)
-    for row in rows:
-        table.add_row(*(str(row.get(c, "")) for c in columns))
-    Console().print(table)
+    cells = [[cell(row.get(c)) for c in columns] for row in rows]
+    console().print(table(columns, cells, title))

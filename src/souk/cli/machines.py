@@ -11,13 +11,13 @@ import typer
 from pydantic import ValidationError
 
 from souk.cli.client import API, APP, JSON, TOKEN, call
-from souk.cli.command import problems, show
-from souk.clients.machines import MachinesClient
+from souk.cli.command import CommandError, problems, show
+from souk.clients.machines import MachinesApiError, MachinesClient
 from souk.models.api import CreateAppRequest, CreateMachineRequest, PublicMachine
-from souk.models.machine import GuestConfig, InitConfig, MachineConfig
+from souk.models.machine import GuestConfig, InitConfig, MachineConfig, MachineState
 
 machines = typer.Typer(help="Run and manage machines.", no_args_is_help=True)
-apps = typer.Typer(help="Create, list and delete apps.", no_args_is_help=True)
+apps = typer.Typer(help="Create, list and destroy apps.", no_args_is_help=True)
 
 COLUMNS = ["id", "name", "state", "region", "worker", "cpus", "memory_mb", "command"]
 APP_COLUMNS = ["name", "machine_count", "created_at"]
@@ -28,8 +28,17 @@ def _flat(m: PublicMachine) -> dict[str, Any]:
         **m.model_dump(mode="json"),
         "cpus": m.config.guest.cpus,
         "memory_mb": m.config.guest.memory_mb,
-        "command": " ".join(m.config.init.exec or []),
+        "command": shown_command(m.config),
     }
+
+
+def shown_command(config: MachineConfig) -> str:
+    """What the machine runs, as a person reads it: its command, else its image with the
+    entrypoint and cmd given over the image's own."""
+    if config.init.exec or not config.image:
+        return " ".join(config.argv())
+    given = [*(config.init.entrypoint or []), *(config.init.cmd or [])]
+    return " ".join([config.image, *given])
 
 
 def _one(m: PublicMachine, as_json: bool) -> None:
@@ -126,26 +135,64 @@ def status(
 
 Action = Callable[[MachinesClient, str, str], Awaitable[PublicMachine]]
 
+WAIT = 120.0  # seconds a start, stop or destroy waits for its state (a stop's timeout and more)
+DETACH = typer.Option(
+    False, "--detach", help="Return once the broker has the request, without waiting."
+)
 
-def _verb(verb: str, act: Action, doc: str) -> None:
+
+async def acted(
+    client: MachinesClient,
+    act: Action,
+    app: str,
+    machine_id: str,
+    state: MachineState,
+    detach: bool,
+) -> PublicMachine:
+    """The machine after `act`, once it is in `state` (as flyctl waits): a command that
+    returns has done what it says, so the next one (a volume extend after a stop) finds it
+    done. With `detach`, the broker's answer at once."""
+    answered = await act(client, app, machine_id)
+    if detach:
+        return answered
+    if not await client.wait(app, machine_id, state, WAIT):
+        now = await client.machine(app, machine_id)
+        raise CommandError(
+            f"machine {machine_id} is {now.state}, not {state}, after {WAIT:g}s"
+            " (--detach returns at once)"
+        )
+    try:
+        return await client.machine(app, machine_id)
+    except MachinesApiError as exc:
+        if exc.http_status != 404:
+            raise
+        return answered.model_copy(update={"state": state})  # already gone from the list
+
+
+def _verb(verb: str, act: Action, state: MachineState, doc: str) -> None:
     """`souk machines start|stop ID`: one command for each verb."""
 
     def command(
         machine_id: str,
         app: str = APP,
+        detach: bool = DETACH,
         api: str | None = API,
         token: str | None = TOKEN,
         as_json: bool = JSON,
     ) -> None:
-        _one(call(api, token, lambda c: act(c, app, machine_id)), as_json)
+        found = call(api, token, lambda c: acted(c, act, app, machine_id, state, detach))
+        _one(found, as_json)
 
     command.__doc__ = doc
     machines.command(verb)(command)
 
 
-_verb("start", MachinesClient.start, "Start a stopped machine.")
+_verb("start", MachinesClient.start, "started", "Start a stopped machine; waits until it runs.")
 _verb(
-    "stop", MachinesClient.stop, "Stop a machine (its stop signal, then SIGKILL after its timeout)."
+    "stop",
+    MachinesClient.stop,
+    "stopped",
+    "Stop a machine (its stop signal, then SIGKILL after its timeout); waits until it is stopped.",
 )
 
 
@@ -153,13 +200,26 @@ _verb(
 def destroy(
     machine_id: str,
     app: str = APP,
-    force: bool = typer.Option(False, help="Even if it is running."),
+    force: bool = typer.Option(False, "--force", help="Even if it is running (it is killed)."),
+    detach: bool = DETACH,
     api: str | None = API,
     token: str | None = TOKEN,
     as_json: bool = JSON,
 ) -> None:
-    """Destroy a machine and release its reservation."""
-    _one(call(api, token, lambda c: c.destroy(app, machine_id, force=force)), as_json)
+    """Destroy a machine and release its reservation; waits until it is destroyed."""
+
+    async def act(c: MachinesClient, app: str, mid: str) -> PublicMachine:
+        try:
+            return await c.destroy(app, mid, force=force)
+        except MachinesApiError as exc:
+            if exc.reason != "failed_precondition":
+                raise
+            raise CommandError(
+                f"machine {mid} is running: stop it first, or destroy it with --force"
+                " (it is killed)"
+            ) from None
+
+    _one(call(api, token, lambda c: acted(c, act, app, machine_id, "destroyed", detach)), as_json)
 
 
 @machines.command("logs")

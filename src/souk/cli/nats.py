@@ -20,15 +20,18 @@ def config(
         file_okay=False,
         help="The bus's node files, as `souk certs issue --role bus --out DIR` writes them: "
         "NAME.crt, NAME.key and the cluster's ca.crt.",
+        resolve_path=True,
     ),
     tls_name: str | None = typer.Option(
         None, help="NAME of the files in --tls-dir (default: the one NAME.key there)."
     ),
-    out: Path = typer.Option(..., help="Write the configuration here."),
+    out: Path = typer.Option(..., help="Write the configuration here.", resolve_path=True),
     node: list[str] = typer.Option(
         [], help="A node allowed on the bus, ROLE:NAME or worker:NAME@REGION (repeatable)."
     ),
-    host: str = typer.Option("0.0.0.0", help="Address clients connect to."),
+    host: str = typer.Option(
+        "0.0.0.0", help="Address it listens on (default: every address of the host)."
+    ),
     port: int = typer.Option(4222, help="Port clients connect to."),
     cluster: str = typer.Option(
         "", help="Routes to the other servers, comma-separated (nats-route://host:6222)."
@@ -50,4 +53,9 @@ def config(
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
     out.write_text(text)
-    typer.echo(f"wrote {out}: {len(nodes)} nodes")
+    where = f"{host}:{port}" + (
+        " (every address of this host: --host to narrow)" if host == "0.0.0.0" else ""
+    )
+    typer.echo(f"wrote {out}: {len(nodes)} nodes; clients connect on {where}")
+    if routes:
+        typer.echo(f"routes from the other servers on {host}:{cluster_port}")

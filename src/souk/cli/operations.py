@@ -60,64 +60,47 @@ def backup_registry(
     _backup(app_registry / "apps.db", dest)
 
 
-# What each part's unit adds to the common [Service] section. The worker keeps its machines
-# across its own restart (it adopts them), so only its main process is signalled; it needs
-# root and the host's cgroups, mounts and namespaces, so it gets no sandboxing it would trip.
-_PARTS: dict[str, tuple[str, list[str]]] = {
+# Every part but the worker runs sandboxed: a user of its own, nothing of the host it does not
+# need. The worker keeps its machines across its own restart (it adopts them), so only its main
+# process is signalled; it needs root and the host's cgroups, mounts and namespaces, so it gets
+# no sandboxing it would trip on.
+_SANDBOX = (
+    "DynamicUser=yes",
+    "NoNewPrivileges=yes",
+    "ProtectSystem=strict",
+    "ProtectHome=yes",
+    "PrivateTmp=yes",
+    "PrivateDevices=yes",
+    "ProtectKernelTunables=yes",
+    "ProtectKernelModules=yes",
+    "ProtectControlGroups=yes",
+    "LimitNOFILE=65536",
+)
+_INTERNET = "RestrictAddressFamilies=AF_INET AF_INET6 AF_UNIX"
+
+
+def _state(part: str) -> tuple[str, ...]:
+    return (f"StateDirectory=souk/{part}", "StateDirectoryMode=0700")
+
+
+_PARTS: dict[str, tuple[str, tuple[str, ...]]] = {
     "worker": (
         "a souk worker: runs this host's machines",
-        [
-            "KillMode=process",
-            "Delegate=yes",
-            "LimitNOFILE=1048576",
-            "StateDirectory=souk/worker",
-            "StateDirectoryMode=0700",
-        ],
+        ("KillMode=process", "Delegate=yes", "LimitNOFILE=1048576", *_state("worker")),
     ),
     "broker": (
         "a souk broker: the Machines API and placement",
-        [
-            "DynamicUser=yes",
-            "StateDirectory=souk/broker",
-            "StateDirectoryMode=0700",
-            "NoNewPrivileges=yes",
-            "ProtectSystem=strict",
-            "ProtectHome=yes",
-            "PrivateTmp=yes",
-            "PrivateDevices=yes",
-            "ProtectKernelTunables=yes",
-            "ProtectKernelModules=yes",
-            "ProtectControlGroups=yes",
-            "RestrictAddressFamilies=AF_INET AF_INET6 AF_UNIX",
-            "LimitNOFILE=65536",
-        ],
+        (*_SANDBOX, _INTERNET, *_state("broker")),
     ),
     "proxy": (
         "a souk proxy: routes HTTP to machines, starts them on demand",
-        [
-            "DynamicUser=yes",
-            "StateDirectory=souk/proxy",
-            "StateDirectoryMode=0700",
-            "NoNewPrivileges=yes",
-            "ProtectSystem=strict",
-            "ProtectHome=yes",
-            "PrivateTmp=yes",
-            "PrivateDevices=yes",
-            "ProtectKernelTunables=yes",
-            "ProtectKernelModules=yes",
-            "ProtectControlGroups=yes",
-            "RestrictAddressFamilies=AF_INET AF_INET6 AF_UNIX",
-            "AmbientCapabilities=CAP_NET_BIND_SERVICE",
-            "LimitNOFILE=65536",
-        ],
+        (*_SANDBOX, _INTERNET, "AmbientCapabilities=CAP_NET_BIND_SERVICE", *_state("proxy")),
     ),
 }
 
 
-def render_unit(part: str, config: Path, program: str) -> str:
-    """A systemd unit running `program PART --config CONFIG`."""
-    description, extra = _PARTS[part]
-    command = shlex.join([program, part, "--config", str(config)])
+def render_unit(description: str, argv: list[str], service: tuple[str, ...]) -> str:
+    """A systemd unit running `argv`, restarted on failure, its files 0600 by default."""
     lines = [
         "[Unit]",
         f"Description={description}",
@@ -126,49 +109,18 @@ def render_unit(part: str, config: Path, program: str) -> str:
         "",
         "[Service]",
         "Type=exec",
-        f"ExecStart={command}",
+        f"ExecStart={shlex.join(argv)}",
         "Restart=on-failure",
         "RestartSec=2s",
         "TimeoutStopSec=30s",
         "UMask=0077",
-        *extra,
+        *service,
         "",
         "[Install]",
         "WantedBy=multi-user.target",
         "",
     ]
     return "\n".join(lines)
-
-
-def render_nats_unit(config: Path, program: str) -> str:
-    """nats-server with the configuration `souk nats config` wrote."""
-    return "\n".join(
-        [
-            "[Unit]",
-            "Description=the NATS bus of a souk cluster",
-            "Wants=network-online.target",
-            "After=network-online.target",
-            "",
-            "[Service]",
-            "Type=exec",
-            f"ExecStart={shlex.join([program, '-c', str(config)])}",
-            "ExecReload=/bin/kill -HUP $MAINPID",
-            "Restart=on-failure",
-            "RestartSec=2s",
-            "DynamicUser=yes",
-            "NoNewPrivileges=yes",
-            "ProtectSystem=strict",
-            "ProtectHome=yes",
-            "PrivateTmp=yes",
-            "PrivateDevices=yes",
-            "UMask=0077",
-            "LimitNOFILE=65536",
-            "",
-            "[Install]",
-            "WantedBy=multi-user.target",
-            "",
-        ]
-    )
 
 
 CONFIG = typer.Option(None, help="The part's configuration file (default /etc/souk/PART.toml).")
@@ -182,7 +134,9 @@ def _program() -> str:
 
 
 def _print_part(part: str, config: Path | None) -> None:
-    typer.echo(render_unit(part, config or Path(f"/etc/souk/{part}.toml"), _program()), nl=False)
+    description, service = _PARTS[part]
+    argv = [_program(), part, "--config", str(config or Path(f"/etc/souk/{part}.toml"))]
+    typer.echo(render_unit(description, argv, service), nl=False)
 
 
 @units.command("worker")
@@ -210,4 +164,6 @@ def unit_nats(
     ),
 ) -> None:
     """A unit for nats-server with souk's bus configuration."""
-    typer.echo(render_nats_unit(config, "/usr/bin/nats-server"), nl=False)
+    argv = ["/usr/bin/nats-server", "-c", str(config)]
+    service = (*_SANDBOX, "ExecReload=/bin/kill -HUP $MAINPID")
+    typer.echo(render_unit("the NATS bus of a souk cluster", argv, service), nl=False)

@@ -12,6 +12,7 @@ from cryptography import x509
 from souk.pki import ROLES, PkiError, identity_of, init_ca, issue_files, load_cert, verify_issued_by
 from souk.pki.files import CA_CERT, CA_KEY
 from souk.pki.issue import CA_DAYS, NODE_DAYS
+from souk.pki.public import PUBLIC_DAYS, init_public_ca, issue_public
 
 ca = typer.Typer(help="The cluster's certificate authority.", no_args_is_help=True)
 certs = typer.Typer(help="Certificates of the cluster's parts and operators.", no_args_is_help=True)
@@ -34,7 +35,9 @@ def _summary(cert: x509.Certificate) -> dict[str, Any]:
 
 @ca.command("init")
 def ca_init(
-    directory: Path = typer.Option(..., "--dir", help="Write ca.key and ca.crt here."),
+    directory: Path = typer.Option(
+        ..., "--dir", help="Write ca.key and ca.crt here.", resolve_path=True
+    ),
     common_name: str = typer.Option("souk cluster CA", "--name", help="The CA's common name."),
     days: int = typer.Option(CA_DAYS, min=1, help="Valid for this many days."),
     force: bool = typer.Option(False, help="Replace an existing CA (every issued cert dies)."),
@@ -52,12 +55,16 @@ def ca_init(
 
 @certs.command("issue")
 def certs_issue(
-    ca_dir: Path = typer.Option(..., help="The CA's directory (ca.key, ca.crt)."),
+    ca_dir: Path = typer.Option(
+        ..., help="The CA's directory (ca.key, ca.crt).", resolve_path=True
+    ),
     role: str = typer.Option(..., help=f"What the part is: {', '.join(ROLES)}."),
     name: str = typer.Option(..., help="Its name, unique in the cluster (a worker: its id)."),
     san: list[str] = typer.Option([], help="Another DNS name or IP address (repeatable)."),
     days: int = typer.Option(NODE_DAYS, min=1, help="Valid for this many days."),
-    out: Path = typer.Option(..., help="Write NAME.key, NAME.crt and ca.crt here."),
+    out: Path = typer.Option(
+        ..., help="Write NAME.key, NAME.crt and ca.crt here.", resolve_path=True
+    ),
     force: bool = typer.Option(False, help="Replace an existing key with a new one."),
     reuse_key: bool = typer.Option(False, help="Renew the certificate of the key in --out."),
     as_json: bool = typer.Option(False, "--json", help="Print a JSON object."),
@@ -80,8 +87,10 @@ def certs_issue(
 
 @certs.command("show")
 def certs_show(
-    cert_file: Path = typer.Argument(..., help="A certificate (PEM)."),
-    ca_cert: Path | None = typer.Option(None, "--ca", help="Also check it was issued by this CA."),
+    cert_file: Path = typer.Argument(..., help="A certificate (PEM).", resolve_path=True),
+    ca_cert: Path | None = typer.Option(
+        None, "--ca", help="Also check it was issued by this CA.", resolve_path=True
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print a JSON object."),
 ) -> None:
     """Print whom a certificate speaks for; exit 1 if it is not a valid souk identity."""
@@ -98,3 +107,28 @@ def certs_show(
     else:
         for key, value in summary.items():
             print(f"{key:<11} {', '.join(value) if isinstance(value, list) else value}")
+
+
+@certs.command("public")
+def certs_public(
+    ca_dir: Path = typer.Option(
+        ...,
+        help="The public CA's directory: made on first use, kept (clients trust its ca.crt).",
+        resolve_path=True,
+    ),
+    name: str = typer.Option(..., help="The name it serves: a DNS name or an address."),
+    san: list[str] = typer.Option([], help="Another DNS name or address (repeatable)."),
+    days: int = typer.Option(PUBLIC_DAYS, min=1, help="Valid for this many days."),
+    out: Path = typer.Option(..., help="Write NAME.crt and NAME.key here.", resolve_path=True),
+) -> None:
+    """Issue an ECDSA certificate for a public listener (a broker's or a proxy's --tls-cert),
+    which browsers take: they refuse the cluster's Ed25519 ones at the handshake."""
+    try:
+        trust = init_public_ca(ca_dir)
+        cert, key = issue_public(ca_dir, out, name, san, days)
+    except PkiError as exc:
+        raise typer.BadParameter(str(exc)) from exc
+    typer.echo(
+        f"wrote {cert} (ECDSA P-256, the public CA after it) and {key}: serve them with"
+        f" --tls-cert/--tls-key; clients trust {trust}"
+    )

@@ -10,8 +10,20 @@ import typer
 
 from souk.cli.client import CA, api_ca, api_token, api_url
 from souk.cli.config_file import CONFIG, PRINT_CONFIG, show_config
-from souk.cli.serving import LOG_FORMAT, LOG_LEVEL, METRICS, log_to_stderr, parse_listen
-from souk.cli.tls import TLS_CERT, TLS_DIR_HELP, TLS_KEY, node_files, open_bus, server_cert
+from souk.cli.serving import (
+    HEAD_TIMEOUT,
+    KEEPALIVE_TIMEOUT,
+    LOG_FORMAT,
+    LOG_LEVEL,
+    MAX_CONNECTIONS,
+    MAX_PER_CLIENT,
+    METRICS,
+    listener_limits,
+    log_to_stderr,
+    parse_listen,
+    refusals,
+)
+from souk.cli.tls import TLS_CERT, TLS_DIR_HELP, TLS_KEY, part_tls, server_cert
 from souk.models.wire import DEFAULT_PRIVATE_PREFIX, private_prefix_error
 
 
@@ -41,7 +53,9 @@ def run(
         None, help="Bearer token for the broker (default: SOUK_TOKEN, .souk-dev/token)."
     ),
     catalog_dir: Path | None = typer.Option(
-        None, help="Keep the catalog replica's SQLite copy here (default: in memory)."
+        None,
+        help="Keep the catalog replica's SQLite copy here (default: in memory).",
+        resolve_path=True,
     ),
     ca: Path | None = CA,
     tls_cert: Path | None = TLS_CERT,
@@ -50,6 +64,7 @@ def run(
         None,
         help=f"{TLS_DIR_HELP} Reach the bus with them and apply only catalog rows their "
         "owners signed.",
+        resolve_path=True,
     ),
     tls_name: str | None = typer.Option(
         None, help="This proxy's name in --tls-dir (default: the one key there)."
@@ -69,6 +84,10 @@ def run(
         DEFAULT_PRIVATE_PREFIX, help="The cluster's /48 of private addresses (a ULA prefix)."
     ),
     metrics: bool = METRICS,
+    max_connections: int = MAX_CONNECTIONS,
+    max_connections_per_client: int = MAX_PER_CLIENT,
+    head_timeout: float = HEAD_TIMEOUT,
+    keepalive_timeout: float = KEEPALIVE_TIMEOUT,
     log_level: str = LOG_LEVEL,
     log_format: str = LOG_FORMAT,
     config: Path | None = CONFIG,
@@ -78,20 +97,16 @@ def run(
     if print_config:
         show_config(ctx)
         return
-    from souk.proxy.server import ProxyOptions, serve
+    from souk.proxy.server import ProxySettings, serve
 
     log_to_stderr(log_level, log_format, "proxy", "proxy")
     host, port = parse_listen(listen)
-    tls = node_files(tls_dir, "proxy", tls_name) if tls_dir is not None else None
-    if tls is not None and insecure:
-        raise typer.BadParameter("--insecure is for a proxy without --tls-dir: drop one")
-    if tls is None:
-        open_bus(nats, insecure)
+    tls = part_tls("proxy", tls_dir, tls_name, insecure, nats)
     listener = server_cert(tls_cert, tls_key)
     url = api_url(api)
     if (why := private_prefix_error(private_prefix)) is not None:
         raise typer.BadParameter(why, param_hint="--private-prefix")
-    opts = ProxyOptions(
+    opts = ProxySettings(
         host=host,
         port=port,
         api=url,
@@ -112,5 +127,9 @@ def run(
         mesh_dir=mesh_dir,
         mesh_name=mesh_name,
         private_prefix=private_prefix,
+        limits=listener_limits(
+            max_connections, max_connections_per_client, head_timeout, keepalive_timeout
+        ),
     )
-    asyncio.run(serve(opts))
+    with refusals("proxy"):
+        asyncio.run(serve(opts))

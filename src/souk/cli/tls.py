@@ -17,8 +17,10 @@ TLS_DIR_HELP = (
     "This part's node files, as `souk certs issue --out DIR` writes them: NAME.crt, NAME.key "
     "and the cluster's ca.crt."
 )
-TLS_CERT = typer.Option(None, "--tls-cert", help="Serve HTTPS with this certificate (PEM chain).")
-TLS_KEY = typer.Option(None, "--tls-key", help="The key of --tls-cert (PEM).")
+TLS_CERT = typer.Option(
+    None, "--tls-cert", help="Serve HTTPS with this certificate (PEM chain).", resolve_path=True
+)
+TLS_KEY = typer.Option(None, "--tls-key", help="The key of --tls-cert (PEM).", resolve_path=True)
 
 
 def node_files(directory: Path, role: str, name: str | None = None) -> NodeFiles:
@@ -76,3 +78,16 @@ def open_bus(nats: str | None, insecure: bool) -> None:
                 "rows), or --insecure to use an open bus and unsigned rows",
                 param_hint="--nats",
             )
+
+
+def part_tls(
+    role: str, tls_dir: Path | None, name: str | None, insecure: bool, nats: str | None
+) -> NodeFiles | None:
+    """A serving part's security, chosen once at start: its node files (mutual TLS, signed
+    rows), or none, and then `--insecure` alone lets it use an open bus other than loopback."""
+    tls = node_files(tls_dir, role, name) if tls_dir is not None else None
+    if tls is not None and insecure:
+        raise typer.BadParameter(f"--insecure is for a {role} without --tls-dir: drop one")
+    if tls is None:
+        open_bus(nats, insecure)
+    return tls

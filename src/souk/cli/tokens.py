@@ -13,7 +13,7 @@ from souk.cli.client import API, TOKEN, connect
 from souk.cli.command import run
 from souk.models.catalog import RevocationRow
 from souk.models.duration import parse_duration
-from souk.secret_files import write_secret
+from souk.node.cluster_secret import create_secret, read_secret
 
 app = typer.Typer(
     help="Tokens for the Machines API: mint, attenuate, inspect, revoke.", no_args_is_help=True
@@ -66,7 +66,9 @@ def _print(token: str, as_json: bool) -> None:
 
 @app.command("create")
 def create(
-    secret_file: Path = typer.Option(..., help="File holding the cluster secret."),
+    secret_file: Path = typer.Option(
+        ..., help="File holding the cluster secret.", resolve_path=True
+    ),
     app_name: list[str] = typer.Option([], "--app", help=APP_HELP + " Default: every app."),
     action: list[str] = typer.Option([], "--action", help=ACTION_HELP),
     machine: list[str] = typer.Option([], "--machine", help=MACHINE_HELP),
@@ -78,7 +80,7 @@ def create(
 ) -> None:
     """Print a new token signed with the cluster secret, with a fresh id."""
     try:
-        secret = tk.read_secret(secret_file)
+        secret = read_secret(secret_file)
     except (OSError, ValueError) as exc:
         raise typer.BadParameter(str(exc)) from exc
     actions = [*action, *(["read"] if read_only else [])]
@@ -161,12 +163,14 @@ def revoke(
 
 @app.command("secret")
 def secret(
-    out: Path = typer.Option(..., help="Write a new cluster secret here (mode 0600)."),
+    out: Path = typer.Option(
+        ..., help="Write a new cluster secret here (mode 0600).", resolve_path=True
+    ),
     force: bool = typer.Option(False, help="Overwrite an existing file."),
 ) -> None:
     """Generate a cluster secret. Every broker of a cluster must read the same one."""
     try:
-        write_secret(out, tk.new_secret() + b"\n", replace=force)
+        create_secret(out, replace=force)
     except FileExistsError:
         raise typer.BadParameter(f"{out} exists; pass --force to replace it") from None
     print(f"wrote a new cluster secret to {out}")

@@ -8,11 +8,23 @@ from pathlib import Path
 import typer
 
 from souk.cli.config_file import CONFIG, PRINT_CONFIG, show_config
-from souk.cli.serving import LOG_FORMAT, LOG_LEVEL, METRICS, log_to_stderr, parse_listen
-from souk.cli.tls import TLS_DIR_HELP, loopback, node_files, open_bus
+from souk.cli.serving import (
+    HEAD_TIMEOUT,
+    KEEPALIVE_TIMEOUT,
+    LOG_FORMAT,
+    LOG_LEVEL,
+    MAX_CONNECTIONS,
+    MAX_PER_CLIENT,
+    METRICS,
+    check_homes_reachable,
+    listener_limits,
+    log_to_stderr,
+    parse_listen,
+    refusals,
+)
+from souk.cli.tls import TLS_DIR_HELP, loopback, part_tls
 from souk.models.machine import CpuKind
 from souk.models.wire import DEFAULT_PRIVATE_PREFIX, private_prefix_error
-from souk.schema import SchemaTooNew
 from souk.worker.daemon import serve
 from souk.worker.settings import WorkerSettings
 from souk.worker.storage import DataDirUnusable
@@ -23,7 +35,9 @@ def run(
     name: str = typer.Option(..., help="This worker's id, unique in the fleet."),
     region: str = typer.Option(..., help="The region it belongs to, e.g. mad."),
     listen: str = typer.Option("127.0.0.1:7100", help="HOST:PORT of its HTTP API."),
-    data_dir: Path = typer.Option(..., help="Where its database and machines' files live."),
+    data_dir: Path = typer.Option(
+        ..., help="Where its database and machines' files live.", resolve_path=True
+    ),
     cpus: int = typer.Option(..., min=1, help="CPUs it offers to machines."),
     memory_mb: int = typer.Option(..., min=16, help="Memory it offers to machines, in MB."),
     cpu_kind: list[str] = typer.Option(
@@ -33,7 +47,9 @@ def run(
         None, help="Disk it offers to volumes, in MB (none without it; volumes need root)."
     ),
     label: list[str] = typer.Option([], help="KEY=VALUE labels reported with its capacity."),
-    driver: str = typer.Option("process", help="How machines run: process, or sim (runs nothing)."),
+    driver: str = typer.Option(
+        "process", help="How machines run: process, vm (images as qemu guests), or sim."
+    ),
     advertise: str | None = typer.Option(None, help="URL others reach it at (default: listen)."),
     insecure_registry: list[str] = typer.Option(
         [], help="HOST[:PORT] of a registry reached over plain http; repeatable."
@@ -47,7 +63,7 @@ def run(
         None, help="Budget of the image cache in MB (least recently used images go first)."
     ),
     no_fsync: bool = typer.Option(
-        False, help="Skip fsync on commit (survives kill -9, not power loss)."
+        False, "--no-fsync", help="Skip fsync on commit (survives kill -9, not power loss)."
     ),
     nats: str | None = typer.Option(
         None, help="NATS server URL(s), comma-separated: publish this worker's catalog rows."
@@ -56,6 +72,7 @@ def run(
         None,
         help=f"{TLS_DIR_HELP} NAME is --name. Serve mutual TLS only; reach the bus with them "
         "and sign this worker's catalog rows with its key.",
+        resolve_path=True,
     ),
     insecure: bool = typer.Option(
         False,
@@ -72,6 +89,10 @@ def run(
         None, help="HOST:PORT other hosts reach --mesh-port at."
     ),
     metrics: bool = METRICS,
+    max_connections: int = MAX_CONNECTIONS,
+    max_connections_per_client: int = MAX_PER_CLIENT,
+    head_timeout: float = HEAD_TIMEOUT,
+    keepalive_timeout: float = KEEPALIVE_TIMEOUT,
     log_level: str = LOG_LEVEL,
     log_format: str = LOG_FORMAT,
     config: Path | None = CONFIG,
@@ -83,9 +104,8 @@ def run(
         return
     log_to_stderr(log_level, log_format, name, "worker")
     host, port = parse_listen(listen)
-    tls = node_files(tls_dir, "worker", name) if tls_dir is not None else None
-    if tls is not None and insecure:
-        raise typer.BadParameter("--insecure is for a worker without --tls-dir: drop one")
+    check_homes_reachable("worker", data_dir, driver)
+    tls = part_tls("worker", tls_dir, name, insecure, nats)
     if tls is not None and advertise is not None and not advertise.startswith("https://"):
         raise typer.BadParameter("with --tls-dir, an https:// URL", param_hint="--advertise")
     if tls is None and not insecure and not loopback(host):
@@ -94,8 +114,6 @@ def run(
             "plain HTTP to anyone who can reach it",
             param_hint="--listen",
         )
-    if tls is None:
-        open_bus(nats, insecure)
     kinds: list[CpuKind] = []
     for kind in cpu_kind:
         if kind not in ("shared", "performance"):
@@ -123,11 +141,12 @@ def run(
         mesh_port=mesh_port,
         mesh_endpoint=mesh_endpoint,
     )
+    limits = listener_limits(
+        max_connections, max_connections_per_client, head_timeout, keepalive_timeout
+    )
     try:
-        asyncio.run(serve(settings, driver, host, port, nats, tls))
+        with refusals("worker"):
+            asyncio.run(serve(settings, driver, host, port, nats, tls, limits))
     except DataDirUnusable as exc:  # one line, not a traceback: nothing to debug but the host
         typer.echo(f"souk worker: {exc}", err=True)
         raise typer.Exit(1) from None
-    except SchemaTooNew as exc:  # a binary rolled back under its data: refuse, touch nothing
-        typer.echo(f"souk worker: {exc}", err=True)
-        raise typer.Exit(2) from None

@@ -29,8 +29,9 @@ from souk.models.api import (
     UpdateMachineRequest,
 )
 from souk.models.catalog import RevocationRow
-from souk.models.machine import MachineState, MetadataChange, StopRequest
+from souk.models.machine import GuestConfig, MachineState, MetadataChange, StopRequest
 from souk.models.placement import PlacementExplanation
+from souk.models.platform import RegionsResponse
 from souk.models.secrets import AppSecrets, AppSecretsUpdateRequest, AppSecretsUpdateResp
 from souk.models.volume import (
     CreateVolumeRequest,
@@ -172,6 +173,22 @@ class MachinesClient(HttpClient):
         req = PinImageRequest(image=image, region=region)
         return PinnedImage.model_validate_json(
             await self._call("POST", f"/v1/apps/{app}/images/pin", req, timeout=PIN_TIMEOUT)
+        )
+
+    # --- the cluster ---------------------------------------------------------------------
+
+    async def regions(self, guest: GuestConfig | None = None) -> RegionsResponse:
+        """Every region with reachable workers, and how many machines of `guest` each could
+        take now (nothing reserved)."""
+        params: dict[str, str] = {}
+        if guest is not None:
+            params = {
+                "cpu_kind": guest.cpu_kind,
+                "cpus": str(guest.cpus),
+                "memory_mb": str(guest.memory_mb),
+            }
+        return RegionsResponse.model_validate_json(
+            await self._call("GET", "/v1/platform/regions", params=params)
         )
 
     # --- secrets -------------------------------------------------------------------------

@@ -1,12 +1,12 @@
 """A worker's internal HTTP API, for the broker: one pooled client for every worker, and the
 only place the worker's paths are spelled.
 
-Worker errors come back as `WorkerError` carrying the worker's own status and body, so the
+Worker errors come back as `WorkerCallError` carrying the worker's own status and body, so the
 broker can pass a 404 or a 409 through and turn a 412 into a placement refusal.
 
 Given its node files, the client speaks mutual TLS only: it shows its own certificate and
 accepts a worker only if the worker's certificate carries the id it meant to reach, so an
-address in the catalog that leads elsewhere gets nothing (`WorkerError`, reason `untrusted`).
+address in the catalog that leads elsewhere gets nothing (`WorkerCallError`, reason `untrusted`).
 """
 
 from __future__ import annotations
@@ -41,7 +41,6 @@ from souk.models.machine import (
     Machine,
     MachineEvent,
     MetadataChange,
-    StopRequest,
     UpdateMachine,
     WaitResult,
 )
@@ -77,7 +76,7 @@ _PROCESSES = TypeAdapter(list[ProcessStat])
 _VERSIONS = TypeAdapter(list[MachineVersion])
 
 
-class WorkerError(ClientError):
+class WorkerCallError(ClientError):
     """A worker answered with an error, or could not be reached (`http_status` 0 then)."""
 
     def __init__(
@@ -142,7 +141,7 @@ class WorkerClient(HttpClient):
             return check_name(worker)
         except PkiError as exc:
             message = f"cannot check worker {worker!r}: {exc}"
-            raise WorkerError(worker, 0, "untrusted", message) from None
+            raise WorkerCallError(worker, 0, "untrusted", message) from None
 
     async def _request(
         self,
@@ -160,7 +159,7 @@ class WorkerClient(HttpClient):
         """The decoded JSON answer of a call (None for an empty one)."""
         if nonce:
             headers = {**(headers or {}), NONCE_HEADER: nonce}
-        fail = functools.partial(WorkerError, worker)
+        fail = functools.partial(WorkerCallError, worker)
         url = base + path
         name = self._server_name(worker, base)
         payload = await self.send(fail, method, url, body, params, headers, timeout, accept, name)
@@ -221,7 +220,7 @@ class WorkerClient(HttpClient):
         timeout: float,
         hold: float | None = None,
         confirm: list[str] | None = None,
-    ) -> tuple[list[Machine | WorkerError], dict[str, HoldAnswer]]:
+    ) -> tuple[list[Machine | WorkerCallError], dict[str, HoldAnswer]]:
         """Several creates in one request, each answered as `create` would have: its machine, or
         the error it would have raised; and the holds of `confirm` ended, as `confirm` would
         answer (an id missing was not confirmed). A failure of the request itself is raised."""
@@ -233,11 +232,11 @@ class WorkerClient(HttpClient):
         answer = CreateOutcomes.model_validate(data)
         if len(answer.outcomes) != len(reqs):
             message = f"answered {len(answer.outcomes)} outcomes to {len(reqs)} creates"
-            raise WorkerError(worker, 502, "invalid", message)
-        results: list[Machine | WorkerError] = [
+            raise WorkerCallError(worker, 502, "invalid", message)
+        results: list[Machine | WorkerCallError] = [
             o.machine
             if o.machine is not None
-            else WorkerError(
+            else WorkerCallError(
                 worker,
                 o.status,
                 *(refusal_of(o.error) if o.error else ("error", f"status {o.status}", None)),
@@ -280,22 +279,18 @@ class WorkerClient(HttpClient):
         path = _path(machine_id, "metadata")
         return await self._action(worker, base, "PATCH", path, change, nonce=nonce)
 
-    async def start(self, worker: str, base: str, machine_id: str, nonce: str | None) -> Machine:
-        return await self._action(worker, base, "POST", _path(machine_id, "start"), nonce=nonce)
-
-    async def stop(
-        self, worker: str, base: str, machine_id: str, req: StopRequest, nonce: str | None
+    async def verb(
+        self,
+        worker: str,
+        base: str,
+        machine_id: str,
+        op: str,
+        nonce: str | None,
+        body: BaseModel | None = None,
     ) -> Machine:
-        path = _path(machine_id, "stop")
-        return await self._action(worker, base, "POST", path, req, nonce=nonce)
-
-    async def restart(self, worker: str, base: str, machine_id: str, nonce: str | None) -> Machine:
-        path = _path(machine_id, "restart")
-        return await self._action(worker, base, "POST", path, nonce=nonce)
-
-    async def suspend(self, worker: str, base: str, machine_id: str, nonce: str | None) -> Machine:
-        path = _path(machine_id, "suspend")
-        return await self._action(worker, base, "POST", path, nonce=nonce)
+        """A lifecycle verb (start, stop, restart, suspend): one call for all, as each is one
+        row of the worker's route table (`souk.worker.http.lifecycle`)."""
+        return await self._action(worker, base, "POST", _path(machine_id, op), body, nonce=nonce)
 
     async def signal(
         self, worker: str, base: str, machine_id: str, req: SignalRequest, nonce: str | None
@@ -375,7 +370,7 @@ class WorkerClient(HttpClient):
     ) -> AsyncIterator[AsyncIterator[bytes]]:
         """The machine's output as it arrives (`stream`, `follow` in `params`); an error answer
         is raised on entry."""
-        fail = functools.partial(WorkerError, worker)
+        fail = functools.partial(WorkerCallError, worker)
         url, name = base + _path(machine_id, "logs"), self._server_name(worker, base)
         async with self.stream(fail, url, params, name) as chunks:
             yield chunks

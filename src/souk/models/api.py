@@ -10,11 +10,11 @@ from __future__ import annotations
 import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 
+from souk.models.base import AppName, Strict
 from souk.models.errors import ErrorBody
 from souk.models.machine import (
-    APP_NAME,
     CreateMachine,
     Machine,
     MachineConfig,
@@ -28,10 +28,6 @@ HOLD_HEADER = "souk-provisional-hold"
 
 REGION_NAME = re.compile(r"^[a-z][a-z0-9-]{1,31}\Z")
 Strategy = Literal["auto", "offers", "p2c", "catalog"]
-
-
-class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
 
 
 def _check_region(value: str) -> str:
@@ -84,7 +80,7 @@ class UpdateMachineRequest(_FlyIgnored):
 class CreateAppRequest(Strict):
     """`name`, or `app_name` as Fly's older documentation and clients send it."""
 
-    name: str = Field(max_length=63)
+    name: AppName = Field(max_length=63)
     org_slug: str = "personal"
     # the private network it shares with the org's apps created with the same (docs/network.md)
     network: str | None = Field(None, pattern=r"^[a-z0-9][a-z0-9_-]{0,62}$")
@@ -99,13 +95,6 @@ class CreateAppRequest(Strict):
         if rest.get("name") not in (None, data["app_name"]):
             raise ValueError("name and app_name differ: send one of them")
         return {**rest, "name": data["app_name"]}
-
-    @field_validator("name")
-    @classmethod
-    def _app_name(cls, name: str) -> str:
-        if not APP_NAME.match(name):
-            raise ValueError("app names are lower-case letters, digits and '-', at most 63")
-        return name
 
 
 class AppOrganization(BaseModel):
@@ -286,16 +275,16 @@ class WorkerInfo(BaseModel):
 
 
 class TokenInfo(BaseModel):
-    """What the token presented allows: each list the intersection of its caveats, None for
-    no limit on that dimension."""
+    """What the token presented allows: each list the intersection of its caveats, left out
+    (None) for no limit on that dimension."""
 
     id: str = Field(description="Revoking this id revokes every token attenuated from it.")
     operator: bool
     actions: list[str]
-    apps: list[str] | None
-    machines: list[str] | None
-    regions: list[str] | None
-    expires: int | None = Field(description="Unix seconds; None: it does not expire.")
+    apps: list[str] | None = None
+    machines: list[str] | None = None
+    regions: list[str] | None = None
+    expires: int | None = Field(None, description="Unix seconds; left out: it does not expire.")
 
 
 def image_ref(image: str, runs: str | None = None) -> ImageRef:

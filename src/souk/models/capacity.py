@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 
+from souk.models.base import Strict
 from souk.models.machine import CpuKind, GuestConfig
 
 
@@ -28,12 +29,12 @@ class Capacity(BaseModel):
     disk_mb_reserved: int = 0
     disk_mb_free: int = 0
     volumes_refused: str | None = None  # why this worker makes no volumes; None: it does
+    vm: str | None = None  # the vm driver's accelerator (kvm, tcg, none); None: no vm driver
 
 
-class OfferRequest(BaseModel):
+class OfferRequest(Strict):
     """A broker asking a worker: would this guest fit here now?"""
 
-    model_config = ConfigDict(extra="forbid")
     guest: GuestConfig
     image: str | None = None
 
@@ -44,11 +45,10 @@ class Offer(BaseModel):
     capacity: Capacity
 
 
-class OfferCall(BaseModel):
+class OfferCall(Strict):
     """Offers asked of many workers of a region with one message on the bus (scatter-gather):
     each worker named in `workers` answers with an `Offer` to the message's reply subject."""
 
-    model_config = ConfigDict(extra="forbid")
     request: OfferRequest
     workers: list[str]
 

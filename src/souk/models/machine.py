@@ -10,7 +10,6 @@ from typing import Any, Literal
 
 from pydantic import (
     BaseModel,
-    ConfigDict,
     Field,
     ValidationInfo,
     field_validator,
@@ -19,6 +18,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from souk.models import limits
+from souk.models.base import AppName, Strict
 from souk.models.duration import Duration
 from souk.models.limits import at_most, in_range, incoming
 from souk.models.volume import VOLUME_ID
@@ -37,7 +37,6 @@ MachineState = Literal[
 CpuKind = Literal["shared", "performance"]
 RestartPolicy = Literal["no", "always", "on-failure"]
 
-APP_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}\Z")
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
 MACHINE_ID = re.compile(r"^[0-9a-z]{6,32}\Z")
 MAX_METADATA_BYTES = 64 << 10  # a machine's metadata, keys and values: it travels in every row
@@ -107,12 +106,6 @@ def check_metadata_size_in_model(metadata: Mapping[str, str | None]) -> None:
         check_metadata_size(metadata)
     except MetadataTooLarge as exc:
         raise PydanticCustomError(MetadataTooLarge.reason, str(exc)) from None
-
-
-class Strict(BaseModel):
-    """Unknown fields are an error: a typo must not silently become a default."""
-
-    model_config = ConfigDict(extra="forbid")
 
 
 def unsupported(why: str) -> PydanticCustomError:
@@ -680,17 +673,37 @@ class MachineConfig(Strict):
         for name, check in self.checks.items():
             if check.port is None:
                 raise ValueError(f"checks.{name}.port: a machine check needs a port")
+        if self.processes and self.image and self._one_plain_process():
+            self._one_process_as_command()
         if self.processes:
-            if self.image:
-                raise unsupported(
-                    "processes: several processes in one machine need the process driver for"
-                    " now (a machine without an image)"
-                )
-            if not all(p.argv(self.init) for p in self.processes):
+            # an image machine's process may take the image's command (which workers running
+            # processes of images, the vm driver's, check)
+            if not self.image and not all(p.argv(self.init) for p in self.processes):
                 raise ValueError("processes: each process needs a command (exec or cmd)")
         elif not self.image and not self.init.exec:
             raise ValueError("a machine needs an image or init.exec (the command to run)")
         return self
+
+    def _one_plain_process(self) -> bool:
+        """One process with no user or env_from of its own: any image driver runs it as the
+        image's command. Several (or one with its own user) need a guest init, which the vm
+        driver's machines have: workers that cannot run them refuse them at admission."""
+        return len(self.processes) == 1 and not (
+            self.processes[0].user or self.processes[0].env_from
+        )
+
+    def _one_process_as_command(self) -> None:
+        """An image machine's one process is its command (Fly's clients send a command so):
+        folded into `init` and `env`, so that what the config shows is what runs."""
+        (process,) = self.processes
+        command: dict[str, Any] = {
+            k: getattr(process, k) for k in ("exec", "entrypoint", "cmd") if getattr(process, k)
+        }
+        if "exec" in command:
+            command.update(entrypoint=None, cmd=None)
+        self.init = self.init.model_copy(update=command)
+        self.env = {**self.env, **process.env}
+        self.processes = []
 
     def argv(self) -> list[str]:
         """What the process driver runs: init.exec, else entrypoint + cmd."""
@@ -749,7 +762,7 @@ class Machine(BaseModel):
 class CreateMachine(Strict):
     """What the worker's POST /v1/machines takes."""
 
-    app: str
+    app: AppName
     config: MachineConfig
     name: str | None = Field(None, max_length=63)
     id: str | None = Field(None, pattern=r"^[0-9a-z]{6,32}$")
@@ -759,13 +772,8 @@ class CreateMachine(Strict):
     # The app's secrets, opened by the broker: the machine's env at each start, and the content
     # of files that name one. Kept apart from the config, which GET shows and rows carry.
     secrets: dict[str, str] = Field(default_factory=dict, repr=False)
-
-    @field_validator("app")
-    @classmethod
-    def _app_name(cls, app: str) -> str:
-        if not APP_NAME.match(app):
-            raise ValueError("app names are lower-case letters, digits and '-', at most 63")
-        return app
+    # Fields of a Fly client's config the broker ignored (as Fly does), named in the create event.
+    ignored_fields: list[str] | None = Field(None, max_length=256)
 
 
 class UpdateMachine(Strict):

@@ -6,8 +6,9 @@ from __future__ import annotations
 import signal as signals
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 
+from souk.models.base import Strict
 from souk.models.machine import SIGNALS, MachineConfig, normalize_signal
 
 MAX_EXEC_TIMEOUT = 300  # seconds: an exec holds a connection open for as long
@@ -16,11 +17,7 @@ MAX_EXEC_OUTPUT = 1 << 20  # bytes kept of each of stdout and stderr
 MAX_STDIN = 1 << 20
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class SignalRequest(_Strict):
+class SignalRequest(Strict):
     """A signal by name (`SIGHUP`, `HUP`), as Fly's spec has it, or by number as older Fly
     clients send it; a number is read with the numbering of the host that reads it (Linux)."""
 
@@ -42,7 +39,7 @@ class SignalRequest(_Strict):
         return normalize_signal(value)
 
 
-class ExecRequest(_Strict):
+class ExecRequest(Strict):
     """A command to run inside the machine: `command` (argv), or Fly's deprecated `cmd`, one
     string split on whitespace. `timeout` in seconds; `stdin` is fed to the command."""
 

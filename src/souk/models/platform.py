@@ -4,9 +4,10 @@ organisation, and what the presented token is."""
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 
 from souk.models.api import TokenInfo
+from souk.models.base import Strict
 from souk.models.machine import GuestConfig, MachineState
 
 
@@ -24,11 +25,9 @@ class RegionsResponse(BaseModel):
     regions: list[RegionCapacity]
 
 
-class PlacementsRequest(BaseModel):
+class PlacementsRequest(Strict):
     """Fly's `main.getPlacementsRequest`. `region`: a comma-separated list of regions, in order
     of preference (absent, empty or `any`: every region)."""
-
-    model_config = ConfigDict(extra="forbid")
 
     org_slug: str = Field(min_length=1, max_length=63)
     compute: GuestConfig | None = None
@@ -82,9 +81,7 @@ class CurrentToken(TokenInfo):
     tokens: list[FlyToken]
 
 
-class DeployTokenRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class DeployTokenRequest(Strict):
     expiry: str | None = Field(None, max_length=64)
 
 

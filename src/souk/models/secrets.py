@@ -9,17 +9,17 @@ from __future__ import annotations
 
 import re
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
+
+from souk.models.base import Strict
 
 SECRET_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}\Z")
 MAX_SECRET_BYTES = 64 << 10  # one value
 MAX_SECRETS = 200  # per app: each is in every machine's environment
 
 
-class SecretRecord(BaseModel):
+class SecretRecord(Strict):
     """One secret as the registry stores and the catalog carries it: the value sealed."""
-
-    model_config = ConfigDict(extra="forbid")
 
     sealed: str
     digest: str
@@ -40,10 +40,8 @@ class AppSecrets(BaseModel):
     secrets: list[AppSecret]
 
 
-class AppSecretsUpdateRequest(BaseModel):
+class AppSecretsUpdateRequest(Strict):
     """Values to set; a null value unsets that secret."""
-
-    model_config = ConfigDict(extra="forbid")
 
     values: dict[str, str | None] = Field(max_length=MAX_SECRETS)
 
@@ -54,9 +52,7 @@ class AppSecretsUpdateResp(BaseModel):
     Version: int = Field(description="DEPRECATED in Fly's API; the same as version")
 
 
-class SetAppSecretRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class SetAppSecretRequest(Strict):
     value: str
 
 

@@ -10,7 +10,9 @@ from __future__ import annotations
 import re
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
+
+from souk.models.base import Strict
 
 VolumeState = Literal["creating", "restoring", "created", "extending", "destroying", "destroyed"]
 VOLUME_ID = re.compile(r"^vol_[0-9a-z]{6,32}$")
@@ -20,17 +22,13 @@ DEFAULT_RETENTION = 5  # snapshots kept per volume unless asked otherwise
 MAX_RETENTION = 60
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
 def _size_mb(size_gb: int | None, size_mb: int | None) -> int | None:
     if size_gb is not None and size_mb is not None:
         raise ValueError("give size_gb or size_mb, not both")
     return size_mb if size_gb is None else size_gb * 1024
 
 
-class CreateVolumeRequest(_Strict):
+class CreateVolumeRequest(Strict):
     """The public API's body (Fly's fields; the ones souk has no use for are accepted and kept
     out of the way: `encrypted`, `compute`, `compute_image`, `auto_backup_enabled`)."""
 
@@ -68,7 +66,7 @@ class CreateVolumeRequest(_Strict):
         return _size_mb(self.size_gb, self.size_mb)
 
 
-class CreateVolume(_Strict):
+class CreateVolume(Strict):
     """What the worker's POST /v1/volumes takes: the broker has chosen the worker and the id."""
 
     app: str
@@ -85,12 +83,12 @@ class CreateVolume(_Strict):
         return self
 
 
-class UpdateVolumeRequest(_Strict):
+class UpdateVolumeRequest(Strict):
     snapshot_retention: int | None = Field(None, ge=1, le=MAX_RETENTION)
     auto_backup_enabled: bool | None = None
 
 
-class ExtendVolumeRequest(_Strict):
+class ExtendVolumeRequest(Strict):
     size_gb: int | None = Field(None, ge=1, le=MAX_SIZE_MB // 1024)
     size_mb: int | None = Field(None, ge=8, le=MAX_SIZE_MB)
 

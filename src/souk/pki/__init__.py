@@ -1,7 +1,7 @@
 """The cluster's PKI: an Ed25519 CA, node certificates that carry a role and a name, mutual-TLS
 contexts that reload renewed certificates, and role checks for HTTP routes."""
 
-from souk.pki.access import ANYONE, AccessTable, peer_identity, role_middleware
+from souk.pki.access import ANYONE, mtls_roles, peer_identity, role_middleware
 from souk.pki.files import (
     NodeFiles,
     init_ca,
@@ -26,7 +26,6 @@ from souk.pki.tls import (
 __all__ = [
     "ANYONE",
     "ROLES",
-    "AccessTable",
     "Identity",
     "NodeFiles",
     "PkiError",
@@ -39,6 +38,7 @@ __all__ = [
     "load_cas",
     "load_cert",
     "load_key",
+    "mtls_roles",
     "new_ca",
     "new_key",
     "peer_identity",

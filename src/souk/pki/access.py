@@ -1,12 +1,11 @@
-"""Which roles may call which HTTP route, declared as one table and enforced by a middleware,
-from the client certificate the TLS handshake verified."""
+"""Which roles may call an HTTP route, declared on the route itself (`souk.web.Route.roles`)
+and enforced by a middleware, from the client certificate the TLS handshake verified."""
 
 from __future__ import annotations
 
 import functools
 import ssl
-from collections.abc import Callable, Collection, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable
 from datetime import UTC, datetime
 
 from aiohttp import web
@@ -15,9 +14,9 @@ from cryptography import x509
 
 from souk.pki.identity import ROLES, Identity, PkiError, identity_of
 from souk.web.errors import Handler, json_error
+from souk.web.routes import declared_route
 
 ANYONE = "anyone"  # as a rule's role: the route needs no certificate at all
-_METHODS = {"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"}
 
 
 def peer_identity(request: web.Request) -> Identity | None:
@@ -46,40 +45,15 @@ def _identity(der: bytes) -> Identity:
     return identity_of(x509.load_der_x509_certificate(der))
 
 
-@dataclass(frozen=True)
-class AccessTable:
-    """`rules` maps "METHOD /path/{var}" (as the route was added) to the roles allowed to call
-    it, or to {ANYONE}. A route missing from the table is allowed to nobody."""
-
-    rules: Mapping[str, Collection[str]]
-
-    def __post_init__(self) -> None:
-        for key, roles in self.rules.items():
-            method, _, path = key.partition(" ")
-            if method not in _METHODS or not path.startswith("/"):
-                raise ValueError(f"bad rule {key!r}: write it as 'METHOD /path'")
-            unknown = set(roles) - {*ROLES, ANYONE}
-            if unknown:
-                raise ValueError(f"rule {key!r} names unknown roles {sorted(unknown)}")
-            if ANYONE in roles and len(set(roles)) > 1:
-                raise ValueError(f"rule {key!r}: {ANYONE!r} stands alone")
-
-    def allowed(self, method: str, path: str) -> frozenset[str]:
-        roles = self.rules.get(f"{method} {path}")
-        if roles is None and method == "HEAD":
-            roles = self.rules.get(f"GET {path}")
-        return frozenset(roles or ())
-
-    def unruled(self, app: web.Application) -> list[str]:
-        """The app's routes the table says nothing of: each is closed to every role."""
-        missing = []
-        for route in app.router.routes():
-            if route.resource is None or route.method == "HEAD":
-                continue
-            key = f"{route.method} {route.resource.canonical}"
-            if key not in self.rules:
-                missing.append(key)
-        return missing
+def mtls_roles(*roles: str) -> frozenset[str]:
+    """The roles a route's `roles` names, checked: known roles, or ANYONE alone (the route
+    needs no certificate at all)."""
+    unknown = set(roles) - {*ROLES, ANYONE}
+    if unknown:
+        raise ValueError(f"unknown roles {sorted(unknown)}")
+    if ANYONE in roles and len(set(roles)) > 1:
+        raise ValueError(f"{ANYONE!r} stands alone")
+    return frozenset(roles)
 
 
 def _deny(status: int, message: str, **details: object) -> web.Response:
@@ -91,16 +65,18 @@ def _utcnow() -> datetime:
     return datetime.now(UTC)
 
 
-def role_middleware(table: AccessTable, clock: Callable[[], datetime] = _utcnow) -> Middleware:
-    """401 without a valid client certificate, 403 for a role the route does not allow. A path
-    that matches no route is answered by the router (404/405), but only to a known peer. A
-    certificate that expires while its connection is kept alive stops working then."""
+def role_middleware(clock: Callable[[], datetime] = _utcnow) -> Middleware:
+    """401 without a valid client certificate, 403 for a role the matched route's `roles` does
+    not name; a route served but not declared (`souk.web.add_routes`) is closed to every role.
+    A path that matches no route is answered by the router (404/405), but only to a known peer.
+    A certificate that expires while its connection is kept alive stops working then."""
 
     @web.middleware
     async def check_role(request: web.Request, handler: Handler) -> web.StreamResponse:
         resource = request.match_info.route.resource
         method = request.method
-        roles = table.allowed(method, resource.canonical) if resource is not None else frozenset()
+        route = declared_route(request) if resource is not None else None
+        roles = route.roles if route is not None else frozenset()
         if ANYONE in roles:
             return await handler(request)
         try:

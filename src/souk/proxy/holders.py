@@ -27,7 +27,7 @@ from aiohttp.client_reqrep import ClientRequest
 
 from souk import listeners
 from souk.catalog.view import CatalogView
-from souk.clients.workers import WorkerClient, WorkerError
+from souk.clients.workers import WorkerCallError, WorkerClient
 from souk.proxy.routing import Backend
 
 if TYPE_CHECKING:
@@ -108,7 +108,7 @@ class Holders:
             return await self.workers.holds_socket(
                 worker.id, worker.address, row.id, inode, timeout=CHECK_TIMEOUT
             )
-        except WorkerError as exc:
+        except WorkerCallError as exc:
             raise self._unverified(backend, f"its worker could not say: {exc}") from None
 
     def _refusal(self, backend: Backend, why: str) -> ForeignListener:

@@ -21,6 +21,7 @@ from collections import defaultdict
 from souk.clients.machines import MachinesApiError, MachinesClient
 from souk.logsetup import about
 from souk.models.catalog import MachineRow
+from souk.node.periodic import every
 from souk.proxy.metrics import ProxyMetrics
 from souk.proxy.routing import STOPPING_FOR, Router, hidden
 
@@ -42,12 +43,7 @@ class Autostop:
         return max(0.05, min(self.idle_timeout / 4, 5.0))
 
     async def run(self) -> None:
-        while True:
-            await asyncio.sleep(self.every)
-            try:
-                await self.sweep()
-            except Exception:  # a sweep must never take the proxy down
-                log.exception("autostop sweep failed")
+        await every(lambda: self.every, self.sweep, what="autostop sweep", log=log)
 
     def idle_since(self, row: MachineRow) -> float:
         return max(self.router.loads.last_used.get(row.id, 0.0), self.first_seen.get(row.id, 0.0))

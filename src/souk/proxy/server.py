@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import signal
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -29,6 +28,8 @@ from souk.clients.machines import MachinesClient
 from souk.clients.workers import WorkerClient
 from souk.models.wire import DEFAULT_PRIVATE_PREFIX
 from souk.network import mesh
+from souk.node.signals import until_signalled
+from souk.node.site import served
 from souk.pki import NodeFiles
 from souk.proxy.forward import Forwarder, app_header, make_session
 from souk.proxy.holders import Holders
@@ -38,15 +39,15 @@ from souk.proxy.own import OwnRoutes, own_routes
 from souk.proxy.policy import Policies
 from souk.proxy.routing import Loads, Marks, Router, app_of
 from souk.proxy.wake import Waker
-from souk.web import runner as web_runner
 from souk.web.errors import json_error
+from souk.web.listener import DEFAULT_LIMITS, Limits
 from souk.web.tls import ServerCert
 
 log = logging.getLogger("souk.proxy")
 
 
-@dataclass(frozen=True)
-class ProxyOptions:
+@dataclass(frozen=True, kw_only=True)
+class ProxySettings:
     host: str = "127.0.0.1"
     port: int = 4300
     api: str = "http://127.0.0.1:4280"
@@ -73,12 +74,13 @@ class ProxyOptions:
     mesh_dir: Path | None = None
     mesh_name: str = "proxy"
     private_prefix: str = DEFAULT_PRIVATE_PREFIX
+    limits: Limits = DEFAULT_LIMITS  # of its listener
 
 
 class Proxy:
     """Every part of one proxy, wired together over one catalog view and one broker."""
 
-    def __init__(self, view: CatalogView, opts: ProxyOptions) -> None:
+    def __init__(self, view: CatalogView, opts: ProxySettings) -> None:
         self.view = view
         self.opts = opts
         self.broker = MachinesClient(opts.api, opts.token, timeout=30.0, ca=opts.ca)
@@ -161,23 +163,19 @@ def make_app(proxy: Proxy) -> web.Application:
 
 
 @contextlib.asynccontextmanager
-async def proxy_site(view: CatalogView, opts: ProxyOptions) -> AsyncIterator[tuple[Proxy, str]]:
+async def proxy_site(view: CatalogView, opts: ProxySettings) -> AsyncIterator[tuple[Proxy, str]]:
     """A running proxy over this view; yields it and its base URL."""
     proxy = Proxy(view, opts)
     async with contextlib.AsyncExitStack() as stack:
         stack.push_async_callback(proxy.close)
         await proxy.start()
-        runner = web_runner(make_app(proxy))
-        await runner.setup()
-        stack.push_async_callback(runner.cleanup)
         ctx = opts.listener.context() if opts.listener is not None else None
-        await web.TCPSite(runner, opts.host, opts.port, backlog=1024, ssl_context=ctx).start()
-        scheme = "https" if ctx is not None else "http"
-        yield proxy, f"{scheme}://{opts.host}:{runner.addresses[0][1]}"
+        site = served(make_app(proxy), opts.host, opts.port, ssl_context=ctx, limits=opts.limits)
+        yield proxy, await stack.enter_async_context(site)
 
 
 @contextlib.asynccontextmanager
-async def on_the_mesh(opts: ProxyOptions, bus: Bus, view: CatalogView) -> AsyncIterator[None]:
+async def on_the_mesh(opts: ProxySettings, bus: Bus, view: CatalogView) -> AsyncIterator[None]:
     """This host on the mesh: every worker a peer (from the catalog), and itself announced on
     the bus for the workers to take as theirs, so that it reaches machines on any host."""
     if opts.mesh_endpoint is None or opts.mesh_dir is None or opts.mesh_port is None:
@@ -203,7 +201,7 @@ async def on_the_mesh(opts: ProxyOptions, bus: Bus, view: CatalogView) -> AsyncI
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
-async def serve(opts: ProxyOptions) -> None:
+async def serve(opts: ProxySettings) -> None:
     """`souk proxy`: a replica following NATS (signed, given node files), and the proxy over it,
     until a signal."""
     if not opts.nats:
@@ -221,8 +219,4 @@ async def serve(opts: ProxyOptions) -> None:
         _, url = await stack.enter_async_context(proxy_site(replica, opts))
         heap.settle()
         print(f"souk proxy ready on {url} (apps at <app>.{opts.domain})", flush=True)
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
-        await stop.wait()
+        await until_signalled()

@@ -21,6 +21,7 @@ from souk.web.routes import (
     open_access,
     openapi_document,
     reply,
+    undeclared,
     whole,
 )
 from souk.web.server import JsonErrorRunner, runner
@@ -49,5 +50,6 @@ __all__ = [
     "read_model",
     "reply",
     "runner",
+    "undeclared",
     "whole",
 ]

@@ -7,6 +7,11 @@ It also says where the request names its app, machine and region (a path or quer
 or a field of the body), since a token limited to some of those is checked against them. The
 access middleware in front of the routes (the broker's `souk.broker.auth`) reads the matched
 route's permission and nothing else: the route table is the one home of who may call what.
+
+A route served over mutual TLS (the worker's) says instead which roles' certificates may call
+it, in `roles` (checked with `souk.pki.mtls_roles`); the role middleware
+(`souk.pki.role_middleware`) reads them from the matched route, and a route that names none, or
+that was served without being declared here, is closed to every role.
 """
 
 from __future__ import annotations
@@ -146,6 +151,7 @@ class Route:
     query: dict[str, str | Number] = field(default_factory=dict)
     errors: tuple[int, ...] = ()
     permission: Permission | None = None  # None: an access middleware refuses every caller
+    roles: frozenset[str] = frozenset()  # mTLS roles that may call it; none: closed to all
 
 
 # --- who a route answers to -----------------------------------------------------------------
@@ -233,7 +239,16 @@ def number(request: web.Request, name: str, default: float | None = None) -> flo
     return default if value is None else value
 
 
-def add_routes(app: web.Application, routes: Sequence[Route], title: str, version: str) -> None:
+def add_routes(
+    app: web.Application,
+    routes: Sequence[Route],
+    title: str,
+    version: str,
+    openapi_roles: frozenset[str] = frozenset(),
+) -> None:
+    """Serve the routes and their /openapi.json (`openapi_roles`: who may read it over mutual
+    TLS), and declare them for the middlewares that read the matched route."""
+
     # Written on first request, not at start: the models' schemas take a worker about 170 ms
     # to generate, which every start (a restart after a crash included) would otherwise pay.
     @functools.cache
@@ -244,7 +259,12 @@ def add_routes(app: web.Application, routes: Sequence[Route], title: str, versio
         return web.Response(body=document(), content_type="application/json")
 
     openapi = Route(
-        "GET", "/openapi.json", serve_openapi, "This document", permission=Permission.public()
+        "GET",
+        "/openapi.json",
+        serve_openapi,
+        "This document",
+        permission=Permission.public(),
+        roles=openapi_roles,
     )
     table = app[DECLARED].copy() if DECLARED in app else {}
     for route in routes:
@@ -254,6 +274,19 @@ def add_routes(app: web.Application, routes: Sequence[Route], title: str, versio
         resource = _PATH_PARAM.sub(r"{\1}", route.path)
         table[(route.method, resource)] = route
     app[DECLARED] = table
+
+
+def undeclared(app: web.Application) -> list[str]:
+    """The app's routes ("METHOD /path/{var}") served but not declared with `add_routes`: no
+    middleware reading the matched route lets anyone call them."""
+    table = app.get(DECLARED, {})
+    missing = []
+    for route in app.router.routes():
+        if route.resource is None or route.method == "HEAD":
+            continue
+        if (route.method, route.resource.canonical) not in table:
+            missing.append(f"{route.method} {route.resource.canonical}")
+    return missing
 
 
 def reply(value: Any, status: int = 200) -> web.Response:

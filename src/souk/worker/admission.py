@@ -36,7 +36,7 @@ from souk.worker.errors import (
     WorkerError,
 )
 from souk.worker.fsm import OPERATIONS, Operation
-from souk.worker.progress import enqueue
+from souk.worker.progress import enqueue, force_destroy
 from souk.worker.queries import Db
 from souk.worker.settings import WorkerSettings
 from souk.worker.store import Tx, now_iso
@@ -125,6 +125,11 @@ def check_runnable(drivers: Drivers, settings: WorkerSettings, config: MachineCo
             f"worker {settings.name} does not run images (it needs root and runc)",
             {"image": config.image},
         )
+    if config.image and config.processes and not getattr(drivers.image, "runs_processes", False):
+        raise NoRoom(
+            f"worker {settings.name} runs no processes of images (the vm driver does)",
+            {"image": config.image},
+        )
 
 
 # --- fences ------------------------------------------------------------------------------------
@@ -166,9 +171,12 @@ def create(
     machine_id: str,
     req: CreateMachine,
     hold_until: float | None = None,
+    *,
+    vms: bool = False,
 ) -> None:
     """Reserve the guest and record the machine; queue its start if asked. With `hold_until`,
-    the machine is provisional until then (see `holds`), in this same commit."""
+    the machine is provisional until then (see `holds`), in this same commit. `vms`: images
+    run as vm guests, off the private network (`addresses.free_ip`)."""
     guest = req.config.guest
     cap = capacity(tx, settings)
     found = _misfit(guest, guest.cpus, guest.memory_mb, cap, cordoned=cap.cordoned)
@@ -185,7 +193,8 @@ def create(
         raise AlreadyExists(f"machine {machine_id} already exists")
     instance_id, stamp = new_instance_id(), now_iso()
     kind, network = Drivers.kind_of(req.config), req.network or DEFAULT_NETWORK
-    ip = free_ip(tx, kind, settings.private_prefix, network, settings.name)
+    private = not (vms and kind == "image")
+    ip = free_ip(tx, kind, settings.private_prefix, network, settings.name, private)
     queries.insert_machine(
         tx, machine_id, req.name or machine_id, req.app, instance_id, req.config, ip, stamp
     )
@@ -197,7 +206,7 @@ def create(
         "create",
         "reserve",
         "created",
-        data={"app": req.app, "guest": guest.model_dump(), "private_ip": ip},
+        data={"app": req.app, "guest": guest.model_dump(), "private_ip": ip, **_ignored(req)},
     )
     reserve(tx, settings, guest.cpus, guest.memory_mb, 1, f"machine {machine_id}")
     if hold_until is not None:
@@ -205,6 +214,12 @@ def create(
         tx.log("machine", machine_id, "hold", "provisional", None, data={"until": hold_until})
     if req.start:
         enqueue(tx, machine_id, OPERATIONS["start"], "created", {})
+
+
+def _ignored(req: CreateMachine) -> dict[str, Any]:
+    """The fields of its config the broker ignored, for the create event: Fly's clients are
+    not refused for them, and the event says what was not taken."""
+    return {"ignored_fields": req.ignored_fields} if req.ignored_fields else {}
 
 
 def accept(
@@ -215,14 +230,15 @@ def accept(
     row = queries.existing_machine(tx, machine_id)
     leases.check(tx, machine_id, nonce)
     projected: MachineState = row["projected"]
+    if op.name == "destroy" and params.get("force"):
+        return force_destroy(tx, machine_id, params)
     if op.ends_in is not None and projected == op.ends_in and op.name != "restart":
         return False
     if op.name == "start" and projected == "suspended":
         op = OPERATIONS["resume"]  # a start of a suspended machine thaws it
     if op.name == "destroy" and projected in ("started", "starting", "suspended"):
-        if not params.get("force"):
-            raise InvalidState(f"machine {machine_id} is {projected}: stop it first, or force")
-    elif projected not in op.allowed_from:
+        raise InvalidState(f"machine {machine_id} is {projected}: stop it first, or force")
+    if projected not in op.allowed_from:
         raise InvalidState(f"machine {machine_id} is {projected}: cannot {op.name} it")
     enqueue(tx, machine_id, op, projected, params)
     return True
@@ -235,6 +251,8 @@ def update(
     config: MachineConfig,
     start: bool | None,
     nonce: str | None,
+    *,
+    vms: bool = False,
 ) -> None:
     """Record the new config and instance id now, reserving the growth; queue the stop (if it
     runs), the update and the start (if it ran, or if asked)."""
@@ -254,9 +272,11 @@ def update(
     instance_id = new_instance_id()
     old = MachineConfig.model_validate_json(row["config"])
     kind = Drivers.kind_of(config)
-    if Drivers.kind_of(old) != kind and ":" not in (row["private_ip"] or ""):
-        # a command became an image, off the private network (whose address serves both)
-        ip = free_ip(tx, kind, settings.private_prefix, worker=settings.name)
+    private = not (vms and kind == "image")
+    if Drivers.kind_of(old) != kind and (":" not in (row["private_ip"] or "") or not private):
+        # a command became an image, or the reverse, off the private network (whose address
+        # serves both, but for a vm guest)
+        ip = free_ip(tx, kind, settings.private_prefix, worker=settings.name, private=private)
         queries.set_private_ip(tx, machine_id, ip)
     volumes.attach(tx, settings, row["app"], machine_id, config)
     stamp = now_iso()

@@ -34,7 +34,7 @@ import stat
 from dataclasses import replace
 from pathlib import Path
 
-from souk.models.machine import APP_NAME
+from souk.models.base import APP_NAME
 from souk.worker import queries
 from souk.worker.drivers.base import HostUser, Launch
 from souk.worker.store import Store, Tx, now_iso
@@ -170,3 +170,20 @@ def _set_mode(path: Path, mode: int, st: os.stat_result | None = None) -> None:
     st = st or os.lstat(path)
     if stat.S_IMODE(st.st_mode) != mode:
         os.chmod(path, mode)  # a directory, lstat says: no link to follow
+
+
+def closed_above(data_dir: Path) -> Path | None:
+    """The first directory above `data_dir` that the apps' users cannot pass through (no
+    search bit for others), or None. A root worker runs machines as ids of their own, whose
+    homes are below the data dir: behind such a directory every machine would fail to start,
+    so the worker refuses to start instead (the data dir itself it makes 0711)."""
+    for folder in reversed(data_dir.absolute().parents):
+        try:
+            mode = os.stat(folder).st_mode
+        except (FileNotFoundError, NotADirectoryError):
+            return None  # made by the worker, with the modes it sets (or it says why not)
+        if not stat.S_ISDIR(mode):
+            return None  # not a directory: the worker's own check of its data dir says so
+        if not mode & stat.S_IXOTH:
+            return folder
+    return None

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
+import signal
 import time
 from pathlib import Path
 
@@ -48,6 +50,11 @@ def _own_group(mode: str) -> Path | None:
     return None
 
 
+def worker_group(worker: str) -> str:
+    """The group under which a worker's machines get theirs, with both drivers."""
+    return f"souk/{worker}"
+
+
 class FreezeError(RuntimeError):
     pass
 
@@ -86,10 +93,21 @@ class Cgroups:
 
     async def freeze(self, machine_id: str, frozen: bool = True) -> None:
         """Freeze (or thaw) every process in the machine's group, and return once the kernel
-        says it is done: a v1 group passes through FREEZING while tasks are caught."""
+        says it is done: a v1 group passes through FREEZING while tasks are caught. A group
+        removed meanwhile (its last process gone: runc removes a container's) has nothing left
+        to thaw, and nothing to freeze."""
         d = self._freezer_dir(machine_id)
         if d is None:
             raise FreezeError("this host gives the worker no cgroup freezer")
+        try:
+            await self._freeze(d, frozen)
+        except OSError as exc:
+            if d.is_dir():
+                raise
+            if frozen:
+                raise FreezeError(f"{d.name}: its group is gone") from exc
+
+    async def _freeze(self, d: Path, frozen: bool) -> None:
         deadline = time.monotonic() + FREEZE_TIMEOUT
         if self.freezer == "v2":
             (d / "cgroup.freeze").write_text("1" if frozen else "0")
@@ -175,6 +193,26 @@ class Cgroups:
             except (OSError, ValueError):
                 continue
         return found
+
+    def kill(self, machine_id: str) -> int:
+        """SIGKILL to every process of the machine's groups, then a thaw (not waited for): a
+        task of a frozen v1 group cannot die until thawed, and dies before it runs again.
+        Plain system calls, for whoever cannot wait; returns how many were signalled."""
+        pids = self.pids(machine_id)
+        freezer = self._freezer_dir(machine_id)
+        if freezer is not None and self.freezer == "v1":
+            with contextlib.suppress(OSError, ValueError):
+                pids.update(int(p) for p in (freezer / "cgroup.procs").read_text().split())
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        if freezer is not None:
+            state, value = (
+                ("cgroup.freeze", "0") if self.freezer == "v2" else ("freezer.state", "THAWED")
+            )
+            with contextlib.suppress(OSError):
+                _write(freezer / state, value)
+        return len(pids)
 
     def remove(self, machine_id: str) -> None:
         for d in self._groups(machine_id):

@@ -1,10 +1,10 @@
 """Wires a worker together: its engine, its driver and its HTTP server.
 
-Given its node files, the server speaks mutual TLS only, and each route answers the roles
-`api.ACCESS` names, by the certificate the caller showed; the bus is reached with the same
-certificate, and every row the worker publishes is signed with its key. Without them, plain HTTP
-to anyone and unsigned rows on an open bus (`souk worker` allows that only on loopback, or with
---insecure)."""
+Given its node files, the server speaks mutual TLS only, and each route answers the roles it
+declares (`souk.worker.http`), by the certificate the caller showed; the bus is reached with the
+same certificate, and every row the worker publishes is signed with its key. Without them, plain
+HTTP to anyone and unsigned rows on an open bus (`souk worker` allows that only on loopback, or
+with --insecure)."""
 
 from __future__ import annotations
 
@@ -13,14 +13,13 @@ import contextlib
 import logging
 import os
 import shutil
-import signal
 import sqlite3
 import ssl
 from collections.abc import AsyncIterator
 
 from aiohttp import web
 
-from souk import __version__, heap
+from souk import heap
 from souk.catalog import node
 from souk.catalog.bus import Bus, Message
 from souk.catalog.connecting import ConnectingBus
@@ -28,17 +27,21 @@ from souk.catalog.owner import Owner
 from souk.catalog.signing import Signer
 from souk.models.capacity import OfferCall, offers_subject
 from souk.models.catalog import MeshPeer
+from souk.node.signals import until_signalled
+from souk.node.site import served
 from souk.pki import NodeFiles, reloading_server_context, role_middleware
-from souk.web import add_routes, error_middleware
-from souk.web import runner as web_runner
+from souk.web import error_middleware
 from souk.web.body import MAX_BODY_BYTES
+from souk.web.listener import DEFAULT_LIMITS, Limits
 from souk.web.protocol import protocol_middleware
-from souk.worker import api, logs, names, schedules
-from souk.worker.cgroups import Cgroups
+from souk.worker import http, logs, names, schedules
+from souk.worker.cgroups import Cgroups, worker_group
+from souk.worker.drivers import vm_boot
 from souk.worker.drivers.base import Drivers
 from souk.worker.drivers.process import ProcessDriver
 from souk.worker.drivers.runc import RuncDriver
 from souk.worker.drivers.sim import SimDriver
+from souk.worker.drivers.vm import VmDriver, VmError
 from souk.worker.engine import Engine
 from souk.worker.inherited_signals import catch_ignored
 from souk.worker.oci.images import ImageCache
@@ -52,38 +55,56 @@ log = logging.getLogger("souk.worker")
 
 def make_driver(name: str, settings: WorkerSettings) -> Drivers:
     """`process`: host commands, and images through runc where the host can run it (root and
-    runc present); `sim`: runs nothing, for benchmarks."""
+    runc present); `vm`: host commands, and images as qemu guests (root and qemu present);
+    `sim`: runs nothing, for benchmarks."""
     if name == "sim":
         sim = SimDriver()
         return Drivers(command=sim, image=sim)
-    if name != "process":
-        raise ValueError(f"unknown driver {name!r}: process or sim")
-    drivers = Drivers(command=ProcessDriver(Cgroups(f"souk/{settings.name}")))
+    if name not in ("process", "vm"):
+        raise ValueError(f"unknown driver {name!r}: process, vm or sim")
+    drivers = Drivers(command=ProcessDriver(Cgroups(worker_group(settings.name))))
+    if name == "vm":
+        return _with_vms(drivers, settings)
     if os.geteuid() == 0 and shutil.which("runc"):
-        images = ImageCache(
-            settings.data_dir / "images",
-            RegistryClient(
-                RegistryConfig(
-                    insecure=frozenset(settings.insecure_registries),
-                    private=frozenset(settings.private_registries),
-                )
-            ),
-            budget=settings.image_cache_mb << 20 if settings.image_cache_mb else None,
-        )
+        images = _image_cache(settings)
         drivers.images = images
         drivers.image = RuncDriver(
-            images, settings.data_dir / "runc", cgroup_parent=f"souk/{settings.name}"
+            images, settings.data_dir / "runc", cgroup_parent=worker_group(settings.name)
         )
+    return drivers
+
+
+def _image_cache(settings: WorkerSettings) -> ImageCache:
+    return ImageCache(
+        settings.data_dir / "images",
+        RegistryClient(
+            RegistryConfig(
+                insecure=frozenset(settings.insecure_registries),
+                private=frozenset(settings.private_registries),
+            )
+        ),
+        budget=settings.image_cache_mb << 20 if settings.image_cache_mb else None,
+    )
+
+
+def _with_vms(drivers: Drivers, settings: WorkerSettings) -> Drivers:
+    """Image machines as guests: what accelerates them is probed once, at start, and shown in
+    the worker's capacity (`vm`)."""
+    drivers.vm = vm_boot.probe_accel()
+    if os.geteuid() != 0:
+        raise VmError("the vm driver runs as root (it makes network namespaces and cgroups)")
+    drivers.images = _image_cache(settings)
+    drivers.image = VmDriver(drivers.images, Cgroups(worker_group(settings.name)), drivers.vm)
     return drivers
 
 
 def make_app(engine: Engine, secure: bool = False) -> web.Application:
     """`secure`: for a TLS listener that verifies client certificates; every route then
-    answers only the roles `api.ACCESS` gives it (401 without a certificate, 403 another role)."""
-    checks = [role_middleware(api.ACCESS)] if secure else []
+    answers only the roles its route declares (401 without a certificate, 403 another role)."""
+    checks = [role_middleware()] if secure else []
     middlewares = [*checks, protocol_middleware, error_middleware]
     app = web.Application(middlewares=middlewares, client_max_size=MAX_BODY_BYTES)
-    add_routes(app, api.routes(engine), "souk worker", __version__)
+    http.serve(app, engine)
     return app
 
 
@@ -174,6 +195,7 @@ async def serve(
     port: int,
     nats: str | None = None,
     tls: NodeFiles | None = None,
+    limits: Limits = DEFAULT_LIMITS,
 ) -> None:
     engine = open_engine(settings, driver_name)
     async with contextlib.AsyncExitStack() as stack:
@@ -199,18 +221,10 @@ async def serve(
             bus.on_connect(owner.heartbeat)
             engine.bus_link = bus
             bus.start()
-        runner = web_runner(make_app(engine, secure=tls is not None))
-        await runner.setup()
         ctx = tls_context(tls) if tls is not None else None
-        site = web.TCPSite(runner, host, port, backlog=1024, ssl_context=ctx)
-        await site.start()
-        scheme = "https" if tls is not None else "http"
-        log.info("worker %s (%s) listening on %s:%d", settings.name, settings.region, host, port)
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
-        heap.settle()
-        print(f"souk worker {settings.name} ready on {scheme}://{host}:{port}", flush=True)
-        await stop.wait()
-        await runner.cleanup()
+        app = make_app(engine, secure=tls is not None)
+        async with served(app, host, port, ssl_context=ctx, limits=limits) as url:
+            log.info("worker %s (%s) listening on %s", settings.name, settings.region, url)
+            heap.settle()
+            print(f"souk worker {settings.name} ready on {url}", flush=True)
+            await until_signalled()

@@ -35,6 +35,7 @@ from souk.sealing import Sealer, worker_key
 from souk.worker import admission, app_users, holds, leases, ps, queries, volume_disk
 from souk.worker import secrets as machine_secrets
 from souk.worker import volumes as volume_ops
+from souk.worker.cgroups import Cgroups, worker_group
 from souk.worker.check_following import CheckFollowing
 from souk.worker.checks import HealthChecks
 from souk.worker.drivers.base import Driver, Drivers, ExecTimeout, Handle, HostUser, Launch
@@ -88,7 +89,7 @@ class Engine:
     def __init__(self, settings: WorkerSettings, drivers: Drivers) -> None:
         self.settings = settings
         self.drivers = drivers
-        settings.data_dir.mkdir(parents=True, exist_ok=True)
+        settings.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)  # a root one: 0711
         self.store = Store(settings.db_path, durable=settings.durable)
         self.metrics = WorkerMetrics(settings.metrics)
         self.store.on_batch = self.metrics.batch if settings.metrics else None
@@ -96,7 +97,7 @@ class Engine:
         self.pending_at_boot: set[int] = set()  # operations queued before this run began
         self.sealer = Sealer(worker_key(settings.data_dir))  # machines' secrets, at rest
         self.runner = Runner(self.store, self, self.metrics)
-        self.holds = holds.HoldKeeper(self.store, self.runner.kick)
+        self.holds = holds.HoldKeeper(self.store, self.runner.preempt)
         self.volumes = VolumeRunner(self.store, settings)
         self.volumes_refused = volume_disk.unsupported_reason()
         if settings.disk_mb is None and self.volumes_refused is None:
@@ -159,6 +160,20 @@ class Engine:
         await self.drivers.close()
         self.store.close()
 
+    def kill_now(self, within: float = 1.0) -> int:
+        """SIGKILL to every process in every machine's cgroups, frozen ones included, again
+        until they are gone (at most `within` seconds), recording nothing (a later start of
+        this worker finds them gone): for an owner that cannot wait for forced destroys
+        (`souk dev` told twice to stop). Blocks; returns how many were signalled."""
+        groups = Cgroups(worker_group(self.settings.name))
+        ids = [row["id"] for row in queries.machines(self.store.read, None, False)]
+        killed, deadline = sum(groups.kill(m) for m in ids), time.monotonic() + within
+        while any(groups.pids(m) for m in ids) and time.monotonic() < deadline:
+            time.sleep(0.01)
+            for m in ids:
+                groups.kill(m)
+        return killed
+
     # --- accepting work ----------------------------------------------------------------------
 
     async def create(
@@ -174,7 +189,8 @@ class Engine:
         until = None if hold is None else time.time() + min(max(hold, 0.0), holds.MAX_HOLD)
 
         def accept_create(tx: Tx) -> None:
-            admission.create(tx, self.settings, machine_id, req, until)
+            vms = self.drivers.vm is not None
+            admission.create(tx, self.settings, machine_id, req, until, vms=vms)
             machine_secrets.record(tx, self.sealer, req.app, machine_id, req.secrets)
 
         waits = req.start and wait > 0 and self._starts_at_once(req.config)
@@ -228,12 +244,17 @@ class Engine:
         op, params = OPERATIONS[op_name], params or {}
         thawed = await self._resume_early(machine_id, nonce) if op_name == "start" else None
         try:
-            await self.store.write(lambda tx: admission.accept(tx, machine_id, op, params, nonce))
+            queued = await self.store.write(
+                lambda tx: admission.accept(tx, machine_id, op, params, nonce)
+            )
         except BaseException:
             if thawed is not None and queries.state_of(self.store.read, machine_id) == "suspended":
                 await thawed.freeze(machine_id, self.supervisor.handle(machine_id))
             raise
-        self.runner.kick(machine_id)  # also when already on its way: its queue must be running
+        if queued and op_name == "destroy" and params.get("force"):
+            self.runner.preempt(machine_id)  # what its queue was doing is over
+        else:
+            self.runner.kick(machine_id)  # also when already on its way: it must be running
         return self.get(machine_id, events=False)
 
     async def _resume_early(self, machine_id: str, nonce: str | None) -> Driver | None:
@@ -273,7 +294,8 @@ class Engine:
         admission.check_runnable(self.drivers, self.settings, config)
 
         def accept(tx: Tx) -> None:
-            admission.update(tx, self.settings, machine_id, config, start, nonce)
+            vms = self.drivers.vm is not None
+            admission.update(tx, self.settings, machine_id, config, start, nonce, vms=vms)
             app = queries.existing_machine(tx, machine_id)["app"]
             machine_secrets.record(tx, self.sealer, app, machine_id, secrets or {})
 
@@ -438,7 +460,9 @@ class Engine:
         )
 
     def capacity(self) -> Capacity:
-        return admission.capacity(self.store.read, self.settings, self.volumes_refused)
+        cap = admission.capacity(self.store.read, self.settings, self.volumes_refused)
+        cap.vm = self.drivers.vm
+        return cap
 
     # --- volumes -----------------------------------------------------------------------------
 

@@ -37,8 +37,9 @@ class Step:
     name: str
     enters: MachineState | None = None  # the state the machine is in once this step is logged
     # Logged in the next step's commit (one fsync for both) when the worker that accepted the
-    # operation runs it: a crash between them resumes at this step, which must then find and
-    # adopt whatever the next step may have started.
+    # operation runs it and the next step follows at once (a start with no image to pull): a
+    # crash between them resumes at this step, which must then find and adopt whatever the
+    # next step may have started.
     with_next: bool = False
 
 

@@ -18,8 +18,8 @@ import time
 from collections.abc import Callable
 
 from souk.worker import queries
-from souk.worker.fsm import HOLD_EXPIRES_WITH, HOLD_TRANSITIONS, OPERATIONS, HoldState
-from souk.worker.progress import enqueue
+from souk.worker.fsm import HOLD_TRANSITIONS, HoldState
+from souk.worker.progress import force_destroy
 from souk.worker.store import Store, Tx
 
 log = logging.getLogger("souk.worker")
@@ -62,8 +62,8 @@ def _expired(tx: Tx, machine_id: str) -> bool:
 
 def expire_due(tx: Tx, now: float) -> list[str]:
     """End every hold past its deadline: a forced destroy is queued for each machine not
-    already on its way out. Returns the machines whose queue must run."""
-    op = OPERATIONS[HOLD_EXPIRES_WITH]
+    already being destroyed so, ending what its queue was doing. Returns the machines whose
+    runner must be preempted."""
     due = queries.due_holds(tx, now)
     for machine_id in due:
         queries.delete_hold(tx, machine_id)
@@ -71,8 +71,7 @@ def expire_due(tx: Tx, now: float) -> list[str]:
         if row is None:
             continue
         _moved(tx, machine_id, "expired", {"why": "no confirmation from its creator"})
-        if row["projected"] not in ("destroying", "destroyed"):
-            enqueue(tx, machine_id, op, row["projected"], {"force": True})
+        force_destroy(tx, machine_id, {"force": True})
     return due
 
 

@@ -13,9 +13,11 @@ import errno
 import logging
 import os
 import shutil
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Iterator
 from pathlib import Path
 from typing import IO
+
+from souk.node.periodic import every
 
 STREAMS = ("stdout", "stderr")
 log = logging.getLogger("souk.worker.logs")
@@ -70,12 +72,13 @@ def rotate_all(machines_dir: Path, max_bytes: int) -> None:
             log.warning("rotating the logs in %s: %s", rundir, exc)
 
 
-async def rotate_forever(machines_dir: Path, max_bytes: int, every: float = 1.0) -> None:
+async def rotate_forever(machines_dir: Path, max_bytes: int, interval: float = 1.0) -> None:
     # One thread hop a sweep, the listing in it too: a hop per machine (a thousand a second on
     # a full worker) and a listing on the loop were a steady cost and a stall for every request.
-    while True:
-        await asyncio.sleep(every)
-        await asyncio.to_thread(rotate_all, machines_dir, max_bytes)
+    def sweep() -> Awaitable[None]:
+        return asyncio.to_thread(rotate_all, machines_dir, max_bytes)
+
+    await every(interval, sweep, what="log rotation", log=log)
 
 
 def read_tail(rundir: Path, stream: str, max_bytes: int) -> bytes:

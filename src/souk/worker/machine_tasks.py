@@ -6,6 +6,8 @@ import asyncio
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+RECANCEL_AFTER = 1.0  # seconds a cancelled task has to end before it is cancelled again
+
 
 class MachineTasks:
     def __init__(self) -> None:
@@ -17,6 +19,15 @@ class MachineTasks:
         if current is None or current.done():
             self._tasks[machine_id] = asyncio.create_task(start())
 
+    def replace(self, machine_id: str, start: Callable[[], Coroutine[Any, Any, None]]) -> None:
+        """Cancel the machine's task, and start another once it has ended (never two at once)."""
+        current = self._tasks.get(machine_id)
+        if current is None or current.done():
+            self._tasks[machine_id] = asyncio.create_task(start())
+            return
+        current.cancel()
+        self._tasks[machine_id] = asyncio.create_task(_after(current, start))
+
     def forget(self, machine_id: str) -> None:
         self._tasks.pop(machine_id, None)
 
@@ -26,3 +37,14 @@ class MachineTasks:
         for task in tasks:
             task.cancel()
         return tasks
+
+
+async def _after(
+    previous: asyncio.Task[None], start: Callable[[], Coroutine[Any, Any, None]]
+) -> None:
+    """`start` once `previous` has ended (its outcome is its own to report); cancelled again
+    while it has not, should something on its way out have swallowed the cancel."""
+    while not previous.done():
+        previous.cancel()
+        await asyncio.wait([previous], timeout=RECANCEL_AFTER)
+    await start()

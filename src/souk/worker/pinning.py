@@ -8,7 +8,7 @@ from souk.models.api import PinnedImage
 from souk.worker.drivers.base import Drivers
 from souk.worker.errors import ImageNotFound, InvalidImage, NoImages, RegistryUnavailable
 from souk.worker.oci.reference import ReferenceError
-from souk.worker.oci.registry import NotFound, RegistryError
+from souk.worker.oci.registry import NotInRegistry, RegistryError
 
 
 async def pin(drivers: Drivers, name: str, image: str) -> PinnedImage:
@@ -19,7 +19,7 @@ async def pin(drivers: Drivers, name: str, image: str) -> PinnedImage:
         pinned = await drivers.images.resolve(image)
     except ReferenceError as exc:
         raise InvalidImage(str(exc), {"image": image}) from None
-    except NotFound as exc:
+    except NotInRegistry as exc:
         raise ImageNotFound(f"{image}: {exc}", {"image": image}) from None
     except RegistryError as exc:  # `Unreachable`: one answer whatever the cause (docs/oci.md)
         raise RegistryUnavailable(str(exc), {"image": image}) from None

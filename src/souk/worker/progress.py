@@ -6,14 +6,20 @@ and keeps its *projected* state (its state once every queued operation has run) 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from souk.models.machine import MachineState
 from souk.worker import queries
-from souk.worker.fsm import TRANSITIONS, Operation, Step, check_transition
+from souk.worker.fsm import OPERATIONS, TRANSITIONS, Operation, Step, check_transition
 from souk.worker.store import Store, Tx, now_iso
+
+
+class Superseded(Exception):
+    """The operation was ended by a forced destroy while one of its steps ran: what that step
+    did is the destroy's to undo, and nothing of it is logged."""
 
 
 @dataclass(frozen=True)
@@ -40,6 +46,38 @@ def enqueue(
     tx.log("machine", machine_id, op.name, "accepted", None, op_id, params)
 
 
+def supersede(tx: Tx, machine_id: str, by: str) -> int:
+    """End every operation queued for the machine, where it stands, logging each as
+    superseded: a forced destroy does not wait behind them. Returns how many were ended."""
+    pending = queries.pending_operations(tx, machine_id)
+    for row in pending:
+        queries.finish_operation(tx, row["id"])
+        tx.log("machine", machine_id, row["op"], "superseded", None, row["id"], {"by": by})
+    return len(pending)
+
+
+def force_destroy(tx: Tx, machine_id: str, params: dict[str, Any]) -> bool:
+    """Queue a forced destroy that waits behind nothing: whatever the machine's queue was doing
+    (a stop waiting out a long timeout, a start blocked on its image, a plain destroy) ends
+    where it stands, and the destroy kills at once from any state. False when the machine is
+    destroyed or a forced destroy is queued already. Its runner must then be preempted
+    (`Runner.preempt`): the step it runs belongs to an operation that is over."""
+    row = queries.existing_machine(tx, machine_id)
+    if row["state"] == "destroyed":
+        return False
+    pending = queries.pending_operations(tx, machine_id)
+    if any(r["op"] == "destroy" and json.loads(r["params"]).get("force") for r in pending):
+        return False
+    supersede(tx, machine_id, "destroy")
+    enqueue(tx, machine_id, OPERATIONS["destroy"], row["state"], {**params, "force": True})
+    return True
+
+
+def _still_pending(tx: Tx, run: StepRun) -> None:
+    if queries.operation_done(tx, run.op_id):
+        raise Superseded(f"{run.op.name} of {run.machine_id} was superseded")
+
+
 def settle_projection(tx: Tx, machine_id: str) -> None:
     """With no operation left queued, the projected state is simply the state."""
     if not queries.has_pending(tx, machine_id):
@@ -63,6 +101,7 @@ async def advance(
     first = run.index if after is None else after
 
     def commit(tx: Tx) -> None:
+        _still_pending(tx, run)
         row = queries.existing_machine(tx, machine_id)
         state = row["state"]
         for earlier in run.op.steps[first : run.index]:
@@ -95,6 +134,7 @@ async def skip(store: Store, run: StepRun, to: int, why: str) -> int:
     done = to >= len(run.op.steps)
 
     def commit(tx: Tx) -> None:
+        _still_pending(tx, run)
         queries.set_progress(tx, run.op_id, to, done)
         tx.log("machine", run.machine_id, run.op.name, "skipped", None, run.op_id, {"why": why})
         if done:
@@ -108,6 +148,8 @@ async def fail(store: Store, machine_id: str, op_id: int, op: Operation, error: 
     """The operation cannot go on: the machine fails (where it may), the queue moves on."""
 
     def commit(tx: Tx) -> None:
+        if queries.operation_done(tx, op_id):  # superseded meanwhile: the destroy decides
+            return
         row = queries.existing_machine(tx, machine_id)
         state: MachineState = row["state"]
         index = queries.operation_progress(tx, op_id)

@@ -366,6 +366,17 @@ def finish_operation(db: Db, op_id: int) -> None:
     db.execute("UPDATE operations SET done = 1 WHERE id = ?", (op_id,))
 
 
+def pending_operations(db: Db, machine_id: str) -> list[Row]:
+    """The machine's operations not yet done, oldest first."""
+    sql = "SELECT id, op, params FROM operations WHERE machine = ? AND done = 0 ORDER BY id"
+    return db.execute(sql, (machine_id,)).fetchall()
+
+
+def operation_done(db: Db, op_id: int) -> bool:
+    row = _one(db, "SELECT done FROM operations WHERE id = ?", (op_id,))
+    return row is None or bool(row["done"])
+
+
 def finish_operations(db: Db, machine_id: str, next_step: int) -> None:
     """Every operation still queued for the machine, done (it is gone)."""
     db.execute(

@@ -15,17 +15,28 @@ import json
 import logging
 import time
 
+from aiohttp import ClientError
+
 from souk.logsetup import about
 from souk.worker import queries
+from souk.worker.errors import WorkerError
 from souk.worker.fsm import OPERATIONS
 from souk.worker.machine_tasks import MachineTasks
 from souk.worker.metrics import WorkerMetrics
-from souk.worker.progress import StepRun, fail
+from souk.worker.oci.auth import AuthError
+from souk.worker.oci.manifest import ManifestError
+from souk.worker.oci.reference import ReferenceError as BadReference
+from souk.worker.oci.registry import RegistryError
+from souk.worker.progress import StepRun, Superseded, fail
 from souk.worker.steps import STEPS, StepHost
 from souk.worker.storage import patiently
 from souk.worker.store import Store
 
 log = logging.getLogger("souk.worker")
+# Failures that are the request's or a registry's (no such image, a bad reference, a refusal, a
+# registry out of reach): one line with the reason; anything else is unforeseen and logged with
+# its traceback.
+EXPECTED = (WorkerError, RegistryError, AuthError, ManifestError, BadReference, ClientError)
 
 
 class Runner:
@@ -38,6 +49,12 @@ class Runner:
     def kick(self, machine_id: str) -> None:
         """Make sure the machine's queue is being run."""
         self.tasks.ensure(machine_id, lambda: self._run_queue(machine_id))
+
+    def preempt(self, machine_id: str) -> None:
+        """Run the machine's queue afresh: the step running now belongs to an operation a
+        forced destroy superseded (`progress.force_destroy`), so it is cancelled where it waits
+        (a stop's timeout, an image pull), not waited for."""
+        self.tasks.replace(machine_id, lambda: self._run_queue(machine_id))
 
     async def _run_queue(self, machine_id: str) -> None:
         waits = 0  # storage faults in a row
@@ -59,6 +76,8 @@ class Runner:
                 outcomes["done"].inc()
             except asyncio.CancelledError:
                 raise
+            except Superseded:  # its work is the destroy's to undo: nothing to log
+                continue
             except Exception as exc:
                 if self.store.watch.fault_from(exc) is not None:
                     # not logged as done: the step runs again (steps are idempotent)
@@ -69,10 +88,13 @@ class Runner:
                 outcomes["failed"].inc()
                 found = queries.machine(self.store.read, machine_id)
                 state = found["state"] if found is not None else None
-                log.exception(
-                    "operation %s on %s failed",
+                log.log(
+                    logging.WARNING if isinstance(exc, EXPECTED) else logging.ERROR,
+                    "operation %s on %s failed: %s",
                     op.name,
                     machine_id,
+                    exc,
+                    exc_info=not isinstance(exc, EXPECTED),  # a traceback for the unforeseen only
                     extra=about(machine_id, state, op=op.name),
                 )
                 failed = functools.partial(fail, self.store, machine_id, row["id"], op, str(exc))

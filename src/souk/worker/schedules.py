@@ -8,12 +8,12 @@ operation log (the last `spawn` step), so the schedule holds across worker resta
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from datetime import datetime
 from typing import TYPE_CHECKING
 
+from souk.node.periodic import every
 from souk.worker import queries
 from souk.worker.errors import WorkerError
 
@@ -55,9 +55,4 @@ async def start_due(engine: Engine, now: float | None = None) -> list[str]:
 
 
 async def schedule_forever(engine: Engine) -> None:
-    while True:
-        await asyncio.sleep(EVERY)
-        try:
-            await start_due(engine)
-        except Exception:  # a bad tick must not end the schedule
-            log.exception("scheduled starts failed")
+    await every(EVERY, lambda: start_due(engine), what="scheduled starts", log=log)

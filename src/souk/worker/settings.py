@@ -9,7 +9,7 @@ from souk.models.machine import CpuKind
 from souk.worker.addresses import DEFAULT_PREFIX
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class WorkerSettings:
     name: str
     region: str

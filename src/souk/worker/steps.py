@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import logging
 import shutil
 import time
@@ -26,10 +27,11 @@ from souk.worker.admission import reserve
 from souk.worker.drivers.base import Drivers, Launch
 from souk.worker.fsm import OPERATIONS, STEP_NAMES
 from souk.worker.image_sync import sync_images
-from souk.worker.progress import StepRun, advance, skip
+from souk.worker.progress import StepRun, Superseded, advance, skip
 from souk.worker.settings import WorkerSettings
 from souk.worker.store import Store, Tx, now_iso
 from souk.worker.supervision import Supervisor
+from souk.worker.threads import to_its_end
 
 _STOP_STEPS = OPERATIONS["stop"].steps
 KILL_RETRY_MAX = 1.0  # between SIGKILLs to a machine's process that is not gone yet
@@ -146,9 +148,17 @@ async def _begin_start(w: StepHost, run: StepRun) -> int:
     if run.op_id in w.pending_at_boot:  # an earlier run may have spawned with this marker
         return await advance(w.store, run, marker=marker)
     w.marked_here.add(marker)
-    if run.step.with_next:
+    if run.step.with_next and _starts_at_once(w, run):
         return run.index + 1
     return await advance(w.store, run, marker=marker)
+
+
+def _starts_at_once(w: StepHost, run: StepRun) -> bool:
+    """No image to pull before the spawn: `begin_start` may then wait for the spawn's commit;
+    a start that pulls is `starting` while it does."""
+    image = json.loads(queries.existing_machine(w.store.read, run.machine_id)["config"])
+    image = image.get("image") if isinstance(image, dict) else None
+    return not image or w.drivers.image_cached(image)
 
 
 @STEPS.implements("spawn")
@@ -169,8 +179,9 @@ async def _spawn(w: StepHost, run: StepRun) -> int:
     if kind == "image":  # prepared means pulled: the cache (and the catalog) has it now
         await sync_images(w.store, w.drivers.images)
     # Returns once the process is the command, as the app, within its limits: `started` is
-    # visible the moment it commits.
-    handle = await driver.spawn(launch)
+    # visible the moment it commits. Run to its end even if a forced destroy cancels this step:
+    # a spawn cut short could leave a process that begins to run after the destroy looked.
+    handle = await to_its_end(driver.spawn(launch))
 
     def pin(tx: Tx) -> None:
         if digest is not None and digest != launch.image_digest:
@@ -194,9 +205,15 @@ async def _spawn(w: StepHost, run: StepRun) -> int:
 
 @STEPS.implements("begin_stop")
 async def _begin_stop(w: StepHost, run: StepRun) -> int:
-    if queries.state_of(w.store.read, run.machine_id) not in ("started", "starting", "suspended"):
+    """A suspended machine is killed where it is frozen, as Fly discards a suspended machine's
+    snapshot on a stop: it is never thawed to run on, and its next start is a fresh one."""
+    m = run.machine_id
+    state = queries.state_of(w.store.read, m)
+    if state not in ("started", "starting", "suspended"):
         # it exited meanwhile: nothing to stop
         return await skip(w.store, run, run.index + len(_STOP_STEPS), "not running")
+    if state == "suspended":
+        await w.supervisor.running_driver(m).stop(m, w.supervisor.handle(m), "SIGKILL", 0)
     return await advance(w.store, run)
 
 
@@ -291,6 +308,8 @@ async def _end_destroy(w: StepHost, run: StepRun) -> int:
     m, settings = run.machine_id, w.settings
 
     def commit(tx: Tx) -> None:
+        if queries.operation_done(tx, run.op_id):  # a forced destroy took over: it releases
+            raise Superseded(f"destroy of {m} was superseded")
         row = queries.existing_machine(tx, m)
         if row["reserved"]:
             reserve(tx, settings, -row["cpus"], -row["memory_mb"], -1, f"release {m}")

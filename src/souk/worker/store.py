@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from souk.schema import Schema, migrate
+from souk.secret_files import private_database
 from souk.worker.storage import StorageWatch
 
 T = TypeVar("T")
@@ -270,6 +271,7 @@ class Store:
         self.on_batch: Callable[[int, float], None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self.watch = StorageWatch(path.parent)
+        private_database(path)  # every machine's config, secrets (sealed) and history
         conn = self._connect()
         migrate(conn, WORKER_SCHEMA, path)
         self._write_conn = conn

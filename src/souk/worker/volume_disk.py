@@ -266,6 +266,22 @@ def detach(p: VolumePaths) -> None:
         _run("losetup", "-d", device)
 
 
+def release_all(data_dir: Path) -> None:
+    """Every volume of a data dir unmounted and its loop device detached, and the volumes'
+    shared mount undone: what a worker that goes for good (`souk dev` at its end, a test)
+    leaves is files only, which a later worker mounts again."""
+    kept = volumes_dir(data_dir.resolve())
+    for root in sorted(kept.glob("*")) if kept.exists() else []:
+        p = VolumePaths(root)
+        try:
+            unmount(p)
+            detach(p)
+        except DiskError:
+            pass  # one held elsewhere: the others still go
+    while is_mounted(kept):
+        _run("umount", str(kept))
+
+
 def remove(p: VolumePaths) -> None:
     if is_mounted(p.mountpoint):
         raise DiskError(f"{p.mountpoint} is still mounted")

@@ -59,6 +59,12 @@ class VolumeAttached(Conflict):
     reason = "volume_attached"
 
 
+class VolumeBusy(Conflict):
+    """The machine mounting the volume is between states: ask again once it is settled."""
+
+    reason = "volume_busy"
+
+
 class VolumeFailed(WorkerError):
     """A step of the volume's operation failed on this host (a tool's error): the request was
     recorded, the volume is left as far as it got."""
@@ -127,6 +133,9 @@ def create(tx: Tx, settings: WorkerSettings, req: CreateVolume, refused: str | N
     return _enqueue(tx, req.id, op, {**params, "size_mb": size_mb})
 
 
+SETTLED = ("created", "started", "stopped", "suspended")  # an attached machine's, for an extend
+
+
 def _projected(row: Any) -> VolumeState:
     state: VolumeState = row["projected"]
     return state
@@ -141,10 +150,27 @@ def extend(tx: Tx, settings: WorkerSettings, volume_id: str, size_mb: int) -> in
             f"volume {volume_id} has {row['size_mb']} MB: a volume only grows",
             {"size_mb": row["size_mb"]},
         )
+    _machine_settled(tx, volume_id, row["attached_machine"])
     # the same size again finishes a growth that failed half-way (the file grown, not the fs)
     _check_fits(tx, settings, size_mb - row["size_mb"], None)  # growth on a worker that has it
     queries.set_volume_columns(tx, volume_id, {"size_mb": size_mb, "updated_at": now_iso()})
     return _enqueue(tx, volume_id, VOLUME_OPERATIONS["extend"], {"size_mb": size_mb})
+
+
+def _machine_settled(tx: Tx, volume_id: str, machine_id: str | None) -> None:
+    """An extend waits for no machine: while the one mounting the volume is between states (a
+    stop unmounting it, a start mounting it), growing it would race them (an offline grow finds
+    the file system "in use" and leaves it unmounted), so the client is told to ask again."""
+    if not machine_id:
+        return
+    machine = queries.existing_machine(tx, machine_id)
+    if machine["state"] != machine["projected"] or machine["state"] not in SETTLED:
+        raise VolumeBusy(
+            f"volume {volume_id} is mounted by machine {machine_id}, which is"
+            f" {machine['state']} (to be {machine['projected']}): extend once it is"
+            f" {machine['projected']}",
+            {"machine": machine_id, "state": machine["state"]},
+        )
 
 
 def snapshot(tx: Tx, volume_id: str) -> tuple[str, int]:

@@ -8,6 +8,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+from souk.broker.api.errors import refusal
 from souk.broker.api.state import Broker, broker_of, sealer_of
 from souk.broker.auth import grant_of
 from souk.broker.registry import AppExists, AppNotFound, MetadataRefused
@@ -134,4 +135,4 @@ async def patch_app_metadata(request: web.Request) -> web.Response:
     except AppNotFound:
         raise ApiError(404, "not_found", f"app {name} not found") from None
     except MetadataRefused as exc:
-        raise ApiError(exc.status, exc.code, exc.message) from None
+        raise refusal(exc) from None

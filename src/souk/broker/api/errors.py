@@ -6,12 +6,13 @@ import json
 
 from aiohttp import web
 
-from souk.clients.workers import WorkerError
+from souk.broker.errors import Refused
+from souk.clients.workers import WorkerCallError
 from souk.web import ApiError
 from souk.web.errors import Handler
 
 
-def passthrough(exc: WorkerError) -> ApiError:
+def passthrough(exc: WorkerCallError) -> ApiError:
     """The worker's own status and reason (a 404, a 409 `lease_held`...) pass through as they
     are: the worker is the machine's writer and knows why. One it could not be asked is a 503."""
     if exc.http_status == 0:
@@ -19,11 +20,27 @@ def passthrough(exc: WorkerError) -> ApiError:
     return ApiError(exc.http_status, exc.reason, exc.message, exc.details or None)
 
 
+# Each reason of the broker's refusals (`souk.broker.errors.Refused`) and its status: the one
+# place a domain refusal becomes HTTP.
+REFUSAL_STATUS = {
+    "invalid": 400,
+    "unknown_secret": 400,
+    "secret_too_large": 413,
+    "metadata_too_large": 413,
+    "too_many_secrets": 413,
+    "sealed_unreadable": 500,  # the cluster's own keys, not the caller's input
+}
+
+
+def refusal(exc: Refused) -> ApiError:
+    return ApiError(REFUSAL_STATUS.get(exc.code, 400), exc.code, exc.message)
+
+
 @web.middleware
 async def worker_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     try:
         return await handler(request)
-    except WorkerError as exc:
+    except WorkerCallError as exc:
         raise passthrough(exc) from exc
 
 

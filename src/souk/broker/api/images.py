@@ -10,7 +10,7 @@ from aiohttp import web
 
 from souk.broker.api.errors import passthrough
 from souk.broker.api.state import broker_of
-from souk.clients.workers import WorkerError
+from souk.clients.workers import WorkerCallError
 from souk.models.api import IMAGE_FAULTS, PinImageRequest
 from souk.web import ApiError, read_model, reply
 
@@ -25,11 +25,11 @@ async def pin_image(request: web.Request) -> web.Response:
     if not workers:
         where = f"in {body.region}" if body.region else "anywhere"
         raise ApiError(503, "no_workers", f"no reachable worker {where} to ask about the image")
-    failed: WorkerError | None = None
+    failed: WorkerCallError | None = None
     for worker in random.sample(workers, min(PIN_TRIES, len(workers))):
         try:
             return reply(await b.client.pin_image(worker.id, worker.address, body.image))
-        except WorkerError as exc:
+        except WorkerCallError as exc:
             if exc.http_status in IMAGE_FAULTS:
                 raise passthrough(exc) from exc
             failed = exc

@@ -3,13 +3,14 @@ through, so brokers that never talk to each other agree on who holds a machine."
 
 from __future__ import annotations
 
-from aiohttp import web
+from typing import TYPE_CHECKING
 
-from souk.broker.api.params import lease_nonce, machine_ids
-from souk.broker.api.state import Broker, broker_of
+from souk.broker.api.state import Broker
 from souk.broker.auth import grant_of
-from souk.models.api import CreateLeaseRequest, Lease, OkResponse, WorkerLeaseRequest
-from souk.web import read_model, reply
+from souk.models.api import CreateLeaseRequest, Lease, WorkerLeaseRequest
+
+if TYPE_CHECKING:
+    from souk.broker.api.forward import At
 
 
 async def take(
@@ -20,29 +21,9 @@ async def take(
     return await b.client.acquire_lease(worker, address, machine_id, ask, nonce)
 
 
-async def get_lease(request: web.Request) -> web.Response:
-    b = broker_of(request)
-    app, mid = machine_ids(request)
-    await b.machine(app, mid)
-    worker, address = await b.find(app, mid)
-    return reply(await b.client.lease(worker, address, mid))
-
-
-async def create_lease(request: web.Request) -> web.Response:
-    b = broker_of(request)
-    app, mid = machine_ids(request)
-    body = await read_model(request, CreateLeaseRequest)
-    await b.machine(app, mid)
+async def take_lease(at: At, body: CreateLeaseRequest) -> Lease:
+    """A caller's lease request, taken for its token: the lease's owner is the token's id."""
     ask = WorkerLeaseRequest(
-        ttl=body.ttl, description=body.description, owner=grant_of(request).token_id
+        ttl=body.ttl, description=body.description, owner=grant_of(at.request).token_id
     )
-    return reply(await take(b, app, mid, ask, lease_nonce(request)))
-
-
-async def release_lease(request: web.Request) -> web.Response:
-    b = broker_of(request)
-    app, mid = machine_ids(request)
-    await b.machine(app, mid)
-    worker, address = await b.find(app, mid)
-    await b.client.release_lease(worker, address, mid, lease_nonce(request))
-    return reply(OkResponse())
+    return await at.client.acquire_lease(*at.on, ask, at.nonce)

@@ -4,21 +4,22 @@ machine's only writer."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
-from typing import get_args
+from typing import TypeVar, get_args
 
 from aiohttp import web
 from pydantic import BaseModel
 
 from souk.broker.api import leases, volumes
-from souk.broker.api.params import flag, lease_nonce, machine_ids, policy, strategy
+from souk.broker.api.answers import fly_reply
+from souk.broker.api.errors import refusal
+from souk.broker.api.params import flag, lease_nonce, machine_ids, passed, policy, strategy
 from souk.broker.api.secrets import machine_secrets
 from souk.broker.api.state import IDEMPOTENCY, Broker, broker_of
 from souk.broker.auth import grant_of
 from souk.broker.placement.pipeline import NoCapacity
 from souk.broker.placement.reservation import keyed_prefix
 from souk.broker.secrets import SecretRefused, check_files
-from souk.clients.workers import WorkerError
+from souk.clients.workers import WorkerCallError
 from souk.models.api import (
     CreateMachineRequest,
     OkResponse,
@@ -28,21 +29,25 @@ from souk.models.api import (
     image_ref,
 )
 from souk.models.catalog import AppRow
+from souk.models.fly_wire import split_unknown
 from souk.models.machine import (
     CreateMachine,
     Machine,
     MachineConfig,
     MachineState,
-    StopRequest,
     UpdateMachine,
 )
 from souk.models.wire import DEFAULT_NETWORK
-from souk.web import ApiError, number, read_model, reply
+from souk.web import ApiError, number, read_json, read_model, reply
+from souk.web.body import BODY_KEY
 from souk.web.streams import while_allowed
 
 MAX_WAIT = 60
 IDEMPOTENCY_HEADER = "Idempotency-Key"
 MAX_KEY = 255
+IGNORED_HEADER = "souk-ignored-fields"
+MAX_IGNORED = 32
+M = TypeVar("M", bound=BaseModel)
 
 
 def public(machine: Machine, nonce: str | None = None) -> PublicMachine:
@@ -56,14 +61,25 @@ def public(machine: Machine, nonce: str | None = None) -> PublicMachine:
     return PublicMachine.model_construct(**fields, nonce=nonce, image_ref=ref)
 
 
-def fly_reply(value: BaseModel | Sequence[BaseModel], status: int = 200) -> web.Response:
-    """A body as Fly sends it: fields that are None left out (Go's omitempty), durations as
-    strings. Clients written in typed languages refuse a null where they expect a string."""
-    if isinstance(value, BaseModel):
-        text = value.model_dump_json(exclude_none=True)
-    else:
-        text = "[" + ",".join(v.model_dump_json(exclude_none=True) for v in value) + "]"
-    return web.Response(text=text, status=status, content_type="application/json")
+async def read_fly_request(request: web.Request, model: type[M]) -> tuple[M, list[str]]:
+    """A create or update as a Fly client sends it: fields of its config that souk does not
+    know are ignored, as Fly's server ignores them, and returned to be named back (header
+    `souk-ignored-fields`, the create event), so a typo is not silent."""
+    data = await read_json(request)
+    ignored: list[str] = []
+    if isinstance(data, dict) and isinstance(data.get("config"), dict):
+        config, ignored = split_unknown(MachineConfig, data["config"], "config")
+        request[BODY_KEY] = {**data, "config": config}
+        if len(ignored) > MAX_IGNORED:  # named back within a header's and an event's room
+            more = len(ignored) - MAX_IGNORED + 1
+            ignored = [*ignored[: MAX_IGNORED - 1], f"and {more} more"]
+    return await read_model(request, model), ignored
+
+
+def with_ignored(response: web.Response, ignored: list[str]) -> web.Response:
+    if ignored:
+        response.headers[IGNORED_HEADER] = ", ".join(ignored)
+    return response
 
 
 async def list_machines(request: web.Request) -> web.Response:
@@ -101,7 +117,7 @@ async def list_machines(request: web.Request) -> web.Response:
 async def create_machine(request: web.Request) -> web.StreamResponse:
     b = broker_of(request)
     app = request.match_info["app"]
-    body = await read_model(request, CreateMachineRequest)
+    body, ignored = await read_fly_request(request, CreateMachineRequest)
     chosen_strategy, chosen_policy = strategy(request), policy(request)
     row = b.require_app(app)
     pinned, region = await volumes.pin_to_volume(
@@ -117,12 +133,13 @@ async def create_machine(request: web.Request) -> web.StreamResponse:
         start=not body.skip_launch,
         secrets=secrets,
         network=row.network if row.network != DEFAULT_NETWORK else None,
+        ignored_fields=ignored or None,
     )
     prefix = idempotency_prefix(request, app)
     if prefix is not None:
         earlier = await b.keyed(app, prefix, region)
         if earlier is not None:  # a retry: a broker killed before it answered left it unconfirmed
-            return await answered(request, public(earlier), b, _address(b, earlier))
+            return await answered(request, public(earlier), b, _address(b, earlier), ignored)
     try:
         machine = await b.placer.place(
             region,
@@ -165,7 +182,7 @@ async def create_machine(request: web.Request) -> web.StreamResponse:
     if body.lease_ttl:
         lease = WorkerLeaseRequest(ttl=body.lease_ttl, owner=grant_of(request).token_id)
         nonce = (await leases.take(b, app, machine.id, lease)).nonce
-    return await answered(request, public(machine, nonce), b, address)
+    return await answered(request, public(machine, nonce), b, address, ignored)
 
 
 def _address(b: Broker, machine: Machine) -> str:
@@ -181,11 +198,15 @@ def _address(b: Broker, machine: Machine) -> str:
 
 
 async def answered(
-    request: web.Request, machine: PublicMachine, b: Broker, address: str
+    request: web.Request,
+    machine: PublicMachine,
+    b: Broker,
+    address: str,
+    ignored: list[str] | None = None,
 ) -> web.Response:
     """Send the created machine to the client, then confirm it to its worker: a machine whose
     answer could not be sent stays provisional there and is destroyed when its hold ends."""
-    response = fly_reply(machine)
+    response = with_ignored(fly_reply(machine), ignored or [])
     await response.prepare(request)
     await response.write_eof()
     if address:
@@ -206,7 +227,7 @@ def with_secrets(
     try:
         check_files(config, secrets)
     except SecretRefused as exc:
-        raise ApiError(exc.status, exc.code, exc.message) from None
+        raise refusal(exc) from None
     return secrets
 
 
@@ -227,7 +248,7 @@ async def get_machine(request: web.Request) -> web.Response:
 async def update_machine(request: web.Request) -> web.Response:
     b = broker_of(request)
     app, mid = machine_ids(request)
-    body = await read_model(request, UpdateMachineRequest)
+    body, ignored = await read_fly_request(request, UpdateMachineRequest)
     current = await b.machine(app, mid)
     if body.region is not None and body.region != current.region:
         raise ApiError(
@@ -246,7 +267,7 @@ async def update_machine(request: web.Request) -> web.Response:
     try:
         worker, address = await b.find(app, mid)
         machine = await b.client.update(worker, address, mid, update, lease_nonce(request))
-    except WorkerError as exc:
+    except WorkerCallError as exc:
         if exc.http_status != 412:
             raise
         details = {**exc.details, "region": current.region, "worker": current.worker}
@@ -256,7 +277,7 @@ async def update_machine(request: web.Request) -> web.Response:
             f"{exc.message} (updates happen in place, on the same worker)",
             details,
         ) from None
-    return fly_reply(public(machine))
+    return with_ignored(fly_reply(public(machine)), ignored)
 
 
 async def destroy_machine(request: web.Request) -> web.Response:
@@ -266,7 +287,7 @@ async def destroy_machine(request: web.Request) -> web.Response:
     worker, address = await b.find(app, mid)
     try:
         machine = await b.client.destroy(worker, address, mid, force, lease_nonce(request))
-    except WorkerError as exc:
+    except WorkerCallError as exc:
         if force or exc.reason != "invalid_state":
             raise
         # Fly refuses to destroy a running machine without force with a 412
@@ -278,28 +299,6 @@ async def destroy_machine(request: web.Request) -> web.Response:
             exc.details or None,
         ) from None
     return fly_reply(public(machine))
-
-
-async def start_machine(request: web.Request) -> web.Response:
-    b = broker_of(request)
-    app, mid = machine_ids(request)
-    worker, address = await b.find(app, mid)
-    return fly_reply(public(await b.client.start(worker, address, mid, lease_nonce(request))))
-
-
-async def stop_machine(request: web.Request) -> web.Response:
-    b = broker_of(request)
-    app, mid = machine_ids(request)
-    body = await read_model(request, StopRequest)
-    worker, address = await b.find(app, mid)
-    return fly_reply(public(await b.client.stop(worker, address, mid, body, lease_nonce(request))))
-
-
-async def restart_machine(request: web.Request) -> web.Response:
-    b = broker_of(request)
-    app, mid = machine_ids(request)
-    worker, address = await b.find(app, mid)
-    return fly_reply(public(await b.client.restart(worker, address, mid, lease_nonce(request))))
 
 
 async def wait_machine(request: web.Request) -> web.Response:
@@ -328,27 +327,19 @@ async def wait_machine(request: web.Request) -> web.Response:
     )
 
 
-async def machine_events(request: web.Request) -> web.Response:
-    b = broker_of(request)
-    app, mid = machine_ids(request)
-    await b.machine(app, mid)
-    worker, address = await b.find(app, mid)
-    return fly_reply(await b.client.events(worker, address, mid))
-
-
 async def machine_logs(request: web.Request) -> web.StreamResponse:
     b = broker_of(request)
     app, mid = machine_ids(request)
     await b.machine(app, mid)
     worker, address = await b.find(app, mid)
-    params = {k: v for k, v in request.query.items() if k in ("stream", "follow")}
+    params = passed(request, "stream", "follow")
     async with b.client.logs(worker, address, mid, params) as chunks:
         response = web.StreamResponse(headers={"Content-Type": "text/plain"})
         await response.prepare(request)
         try:
             async for chunk in while_allowed(request, chunks):
                 await response.write(chunk)
-        except WorkerError:
+        except WorkerCallError:
             pass  # the worker went away mid-stream: the answer has started, so it just ends
         except ApiError:
             pass  # the caller's token was revoked or has expired: the stream ends there

@@ -42,3 +42,8 @@ def policy(request: web.Request) -> Policy | None:
     if name not in POLICIES:
         raise ApiError(400, "invalid", f"policy: one of {', '.join(POLICIES)}")
     return POLICIES[name]
+
+
+def passed(request: web.Request, *names: str) -> dict[str, str]:
+    """The query parameters `names` the caller sent, to be passed on to a worker as they are."""
+    return {k: v for k, v in request.query.items() if k in names}

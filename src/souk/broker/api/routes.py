@@ -12,7 +12,6 @@ from souk.broker.api import (
     fleet,
     images,
     leases,
-    machine_ops,
     machines,
     metadata,
     observe,
@@ -22,6 +21,17 @@ from souk.broker.api import (
     tokens,
     volumes,
 )
+from souk.broker.api.answers import fly_reply
+from souk.broker.api.forward import (
+    as_ok,
+    forward,
+    forward_body,
+    machine,
+    shown_machine,
+    verb,
+    volume,
+)
+from souk.broker.api.params import passed
 from souk.broker.ui import pages as ui
 from souk.models.api import (
     App,
@@ -75,7 +85,7 @@ from souk.models.volume import (
     Volume,
     VolumeSnapshot,
 )
-from souk.web import Number, Permission, Route, in_body, in_path, in_query
+from souk.web import Number, Permission, Route, in_body, in_path, in_query, reply
 
 M = "/v1/apps/{app}/machines/{id}"
 META = M + "/metadata"
@@ -281,7 +291,7 @@ ROUTES: list[Route] = [
     Route(
         "POST",
         M + "/start",
-        machines.start_machine,
+        verb("start"),
         "Start",
         response=PublicMachine,
         errors=(404, 409),
@@ -290,7 +300,7 @@ ROUTES: list[Route] = [
     Route(
         "POST",
         M + "/stop",
-        machines.stop_machine,
+        verb("stop", StopRequest),
         "Stop: signal, then kill after the timeout",
         StopRequest,
         PublicMachine,
@@ -300,7 +310,7 @@ ROUTES: list[Route] = [
     Route(
         "POST",
         M + "/restart",
-        machines.restart_machine,
+        verb("restart"),
         "Restart",
         response=PublicMachine,
         errors=(404, 409),
@@ -323,7 +333,7 @@ ROUTES: list[Route] = [
     Route(
         "GET",
         M + "/events",
-        machines.machine_events,
+        forward(shown_machine, lambda at: at.client.events(*at.on), fly_reply),
         "The machine's events",
         response=list[MachineEvent],
         errors=(404,),
@@ -407,7 +417,7 @@ ROUTES: list[Route] = [
     Route(
         "GET",
         M + "/lease",
-        leases.get_lease,
+        forward(shown_machine, lambda at: at.client.lease(*at.on), reply),
         "The current lease",
         response=Lease,
         errors=(404,),
@@ -416,7 +426,7 @@ ROUTES: list[Route] = [
     Route(
         "POST",
         M + "/lease",
-        leases.create_lease,
+        forward_body(shown_machine, CreateLeaseRequest, leases.take_lease, reply),
         "Take or refresh a lease",
         CreateLeaseRequest,
         Lease,
@@ -426,17 +436,17 @@ ROUTES: list[Route] = [
     Route(
         "DELETE",
         M + "/lease",
-        leases.release_lease,
+        forward(shown_machine, lambda at: at.client.release_lease(*at.on, at.nonce), as_ok),
         "Release a lease",
         response=OkResponse,
         errors=(404, 409),
         permission=WRITE,
     ),
-    # Acting on a running machine, and its config versions (machine_ops)
+    # Acting on a running machine, and its config versions
     Route(
         "POST",
         M + "/suspend",
-        machine_ops.suspend_machine,
+        verb("suspend"),
         "Suspend: freeze it in memory, keep its room; a start resumes it",
         response=PublicMachine,
         errors=(404, 409),
@@ -445,7 +455,12 @@ ROUTES: list[Route] = [
     Route(
         "POST",
         M + "/signal",
-        machine_ops.signal_machine,
+        forward_body(
+            machine,
+            SignalRequest,
+            lambda at, body: at.client.signal(*at.on, body, at.nonce),
+            as_ok,
+        ),
         "Send a signal to its main process",
         SignalRequest,
         OkResponse,
@@ -455,7 +470,12 @@ ROUTES: list[Route] = [
     Route(
         "POST",
         M + "/exec",
-        machine_ops.exec_machine,
+        forward_body(
+            machine,
+            ExecRequest,
+            lambda at, body: at.client.exec(*at.on, body),
+            lambda result: reply(result.model_dump(exclude_none=True)),  # exit_signal if any
+        ),
         "Run a command inside it: stdout, stderr, exit code (may read its secrets: deploy)",
         ExecRequest,
         ExecResponse,
@@ -465,7 +485,11 @@ ROUTES: list[Route] = [
     Route(
         "GET",
         M + "/ps",
-        machine_ops.machine_processes,
+        forward(
+            machine,
+            lambda at: at.client.processes(*at.on, passed(at.request, "sort_by", "order")),
+            lambda found: fly_reply(found, keep_empty=True),
+        ),
         "Its processes",
         response=list[ProcessStat],
         errors=(404,),
@@ -475,7 +499,7 @@ ROUTES: list[Route] = [
     Route(
         "GET",
         M + "/versions",
-        machine_ops.machine_versions,
+        forward(machine, lambda at: at.client.versions(*at.on), fly_reply),
         "Every config it has had, newest first",
         response=list[MachineVersion],
         errors=(404,),
@@ -676,7 +700,12 @@ ROUTES: list[Route] = [
     Route(
         "PUT",
         V + "/{id}",
-        volumes.update_volume,
+        forward_body(
+            volume,
+            UpdateVolumeRequest,
+            lambda at, body: at.client.update_volume(*at.on, body),
+            fly_reply,
+        ),
         "Change a volume's snapshot retention",
         UpdateVolumeRequest,
         Volume,
@@ -686,7 +715,7 @@ ROUTES: list[Route] = [
     Route(
         "DELETE",
         V + "/{id}",
-        volumes.destroy_volume,
+        forward(volume, lambda at: at.client.destroy_volume(*at.on), fly_reply),
         "Destroy a volume and its snapshots (409 while a machine mounts it)",
         response=Volume,
         errors=(404, 409, 503),
@@ -695,7 +724,12 @@ ROUTES: list[Route] = [
     Route(
         "PUT",
         V + "/{id}/extend",
-        volumes.extend_volume,
+        forward_body(
+            volume,
+            ExtendVolumeRequest,
+            lambda at, body: at.client.extend_volume(*at.on, body),
+            fly_reply,
+        ),
         "Grow a volume, online",
         ExtendVolumeRequest,
         ExtendVolumeResponse,
@@ -705,7 +739,7 @@ ROUTES: list[Route] = [
     Route(
         "GET",
         V + "/{id}/snapshots",
-        volumes.list_snapshots,
+        forward(volume, lambda at: at.client.snapshots(*at.on), fly_reply),
         "A volume's snapshots",
         response=list[VolumeSnapshot],
         errors=(404, 503),
@@ -714,7 +748,7 @@ ROUTES: list[Route] = [
     Route(
         "POST",
         V + "/{id}/snapshots",
-        volumes.create_snapshot,
+        forward(volume, lambda at: at.client.snapshot_volume(*at.on), fly_reply),
         "Take a consistent snapshot (the file system frozen while it is copied)",
         response=VolumeSnapshot,
         errors=(404, 409, 503),

@@ -7,6 +7,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from souk.broker.api.apps import forward_registry
+from souk.broker.api.errors import refusal
 from souk.broker.api.params import flag
 from souk.broker.api.state import Broker, broker_of, sealer_of
 from souk.broker.registry import AppNotFound, MetadataRefused, now_iso
@@ -26,7 +27,7 @@ from souk.web import ApiError, read_model, reply
 
 
 def _refused(exc: SecretRefused | MetadataRefused) -> ApiError:
-    return ApiError(exc.status, exc.code, exc.message)
+    return refusal(exc)
 
 
 def _no_values(request: web.Request) -> None:

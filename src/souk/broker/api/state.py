@@ -27,7 +27,7 @@ FIND_TIMEOUT = 2.0  # for asking a worker about a machine the catalog does not s
 class Broker:
     """Everything a handler needs. No state of record: only hints of where machines are.
 
-    Calls to a machine's worker raise `WorkerError` as it comes; the app's `worker_errors`
+    Calls to a machine's worker raise `WorkerCallError` as it comes; the app's `worker_errors`
     middleware states it in the public API's terms, once for every handler."""
 
     def __init__(

@@ -46,9 +46,8 @@ async def current(request: web.Request) -> web.Response:
         apps=info.apps,
         org_slug=orgs.pop() if len(orgs) == 1 else None,
     )
-    body = CurrentToken(**info.model_dump(), tokens=[fly]).model_dump()
-    body["tokens"] = [fly.model_dump(exclude_none=True)]
-    return reply(body)
+    # a dimension without limit is left out, not null (typed clients refuse nulls)
+    return reply(CurrentToken(**info.model_dump(), tokens=[fly]).model_dump(exclude_none=True))
 
 
 async def deploy_token(request: web.Request) -> web.Response:

@@ -14,20 +14,19 @@ from typing import Any
 
 from aiohttp import web
 
+from souk.broker.api.answers import fly_reply
 from souk.broker.api.state import Broker, broker_of
 from souk.broker.placement.reservation import TAG_LENGTH, worker_tag
-from souk.clients.workers import WorkerError
+from souk.clients.workers import WorkerCallError
 from souk.models.catalog import WorkerRow
 from souk.models.fit import disk_misfit
 from souk.models.machine import MachineConfig
 from souk.models.volume import (
     CreateVolume,
     CreateVolumeRequest,
-    ExtendVolumeRequest,
-    UpdateVolumeRequest,
     Volume,
 )
-from souk.web import ApiError, read_model, reply
+from souk.web import ApiError, read_model
 
 FIND_TIMEOUT = 2.0
 
@@ -69,7 +68,7 @@ async def locate(b: Broker, app: str, volume_id: str) -> tuple[WorkerRow, Volume
 
 
 def _unreachable(result: object) -> bool:
-    return isinstance(result, WorkerError) and result.http_status == 0
+    return isinstance(result, WorkerCallError) and result.http_status == 0
 
 
 async def app_volumes(b: Broker, app: str) -> list[Volume]:
@@ -138,7 +137,7 @@ async def list_volumes(request: web.Request) -> web.Response:
     b = broker_of(request)
     app = request.match_info["app"]
     b.require_app(app)
-    return reply(await app_volumes(b, app))
+    return fly_reply(await app_volumes(b, app))
 
 
 async def create_volume(request: web.Request) -> web.Response:
@@ -168,12 +167,12 @@ async def create_volume(request: web.Request) -> web.Response:
         )
         try:
             volume = await b.client.create_volume(worker.id, worker.address, req)
-        except WorkerError as exc:
+        except WorkerCallError as exc:
             if exc.http_status not in (0, 412, 409, 503, 507) or body.snapshot_id is not None:
                 raise
             refusals.append({"worker": worker.id, "reason": exc.message})
             continue
-        return reply(volume)
+        return fly_reply(volume)
     raise ApiError(
         412,
         "insufficient_capacity",
@@ -229,40 +228,4 @@ async def _candidates(
 async def get_volume(request: web.Request) -> web.Response:
     b = broker_of(request)
     _, volume = await locate(b, request.match_info["app"], request.match_info["id"])
-    return reply(volume)
-
-
-async def update_volume(request: web.Request) -> web.Response:
-    b = broker_of(request)
-    body = await read_model(request, UpdateVolumeRequest)
-    worker, _ = await locate(b, request.match_info["app"], request.match_info["id"])
-    vid = request.match_info["id"]
-    return reply(await b.client.update_volume(worker.id, worker.address, vid, body))
-
-
-async def destroy_volume(request: web.Request) -> web.Response:
-    b = broker_of(request)
-    worker, _ = await locate(b, request.match_info["app"], request.match_info["id"])
-    vid = request.match_info["id"]
-    return reply(await b.client.destroy_volume(worker.id, worker.address, vid))
-
-
-async def extend_volume(request: web.Request) -> web.Response:
-    b = broker_of(request)
-    body = await read_model(request, ExtendVolumeRequest)
-    worker, _ = await locate(b, request.match_info["app"], request.match_info["id"])
-    vid = request.match_info["id"]
-    return reply(await b.client.extend_volume(worker.id, worker.address, vid, body))
-
-
-async def list_snapshots(request: web.Request) -> web.Response:
-    b = broker_of(request)
-    worker, _ = await locate(b, request.match_info["app"], request.match_info["id"])
-    return reply(await b.client.snapshots(worker.id, worker.address, request.match_info["id"]))
-
-
-async def create_snapshot(request: web.Request) -> web.Response:
-    b = broker_of(request)
-    worker, _ = await locate(b, request.match_info["app"], request.match_info["id"])
-    vid = request.match_info["id"]
-    return reply(await b.client.snapshot_volume(worker.id, worker.address, vid))
+    return fly_reply(volume)

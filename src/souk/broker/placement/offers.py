@@ -12,7 +12,7 @@ import contextlib
 
 from souk.broker.placement.candidates import Candidate
 from souk.catalog.bus import Bus, Message
-from souk.clients.workers import WorkerClient, WorkerError
+from souk.clients.workers import WorkerCallError, WorkerClient
 from souk.models.api import Refusal
 from souk.models.capacity import Offer, OfferCall, OfferRequest, offers_subject
 from souk.models.catalog import WorkerRow
@@ -71,7 +71,7 @@ async def gather(
             await asyncio.wait_for(done.wait(), timeout)
     finally:
         await sub.unsubscribe()
-    late = WorkerError("", 0, "timeout", f"no offer within {timeout:.2f}s")
+    late = WorkerCallError("", 0, "timeout", f"no offer within {timeout:.2f}s")
     return [offers.get(r.id, late) for r in rows]
 
 
@@ -81,7 +81,7 @@ def offered(
     """The candidates of the workers that offered, in order; a refusal for each other one."""
     cands = []
     for row, answer in zip(rows, answers, strict=True):
-        if isinstance(answer, WorkerError):
+        if isinstance(answer, WorkerCallError):
             refusals.append(Refusal(worker=row.id, reason=f"no offer: {answer.message}"))
         elif isinstance(answer, BaseException):
             refusals.append(Refusal(worker=row.id, reason=f"no offer: {answer!r}"))

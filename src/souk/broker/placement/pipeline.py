@@ -62,7 +62,7 @@ from souk.broker.placement.stages import (
     with_cached_image,
 )
 from souk.catalog.bus import Bus
-from souk.clients.workers import WorkerClient, WorkerError
+from souk.clients.workers import WorkerCallError, WorkerClient
 from souk.models.api import Refusal, Strategy
 from souk.models.capacity import OfferRequest
 from souk.models.catalog import WorkerRow
@@ -338,11 +338,11 @@ class Placer:
             got = await offers.ask(self.client, None, direct, req, timeout)
             for row, answer in zip(direct, got, strict=True):
                 answers[row.id] = answer
-                if isinstance(answer, WorkerError) and answer.http_status == 0:
+                if isinstance(answer, WorkerCallError) and answer.http_status == 0:
                     self.liveness.failed(row.id)
                 elif not isinstance(answer, BaseException):
                     self.liveness.answered(row.id)
-        late = WorkerError("", 0, "timeout", "no time left to ask")
+        late = WorkerCallError("", 0, "timeout", "no time left to ask")
         ordered = [answers.get(r.id, late) for r in rows]
         before = len(refusals)
         cands = offers.offered(rows, ordered, guest, refusals)

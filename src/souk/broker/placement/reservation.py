@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 
 from souk.broker.liveness import Liveness
 from souk.broker.placement.candidates import Candidate
-from souk.clients.workers import WorkerClient, WorkerError
+from souk.clients.workers import WorkerCallError, WorkerClient
 from souk.models.api import MAX_BATCH, MAX_CONFIRMATIONS, HoldAnswer, Refusal
 from souk.models.machine import CreateMachine, Machine
 from souk.pki import NodeFiles
@@ -183,7 +183,7 @@ class Reserver:
         attempt = create.model_copy(update={"id": new_id})
         try:
             machine = await self._create(cand, attempt, timeout)
-        except WorkerError as exc:
+        except WorkerCallError as exc:
             refusals.append(Refusal(worker=cand.worker, reason=exc.message))
             if exc.http_status == 0 and exc.reason != BUSY:  # busy: never sent, nothing to undo
                 self.liveness.failed(cand.worker)
@@ -218,9 +218,9 @@ class Reserver:
         except TimeoutError:
             if not waiting.sent:
                 message = "still busy with earlier creates when this one's time ran out"
-                raise WorkerError(cand.worker, 0, BUSY, message) from None
+                raise WorkerCallError(cand.worker, 0, BUSY, message) from None
             message = f"no answer from {cand.address} within {timeout:.3g}s"
-            raise WorkerError(cand.worker, 0, "timeout", message) from None
+            raise WorkerCallError(cand.worker, 0, "timeout", message) from None
         finally:
             timer.cancel()
 
@@ -264,12 +264,12 @@ class Reserver:
                 results, holds = await self.client.create_batch(
                     cand.worker, cand.address, creates, timeout, hold=self.hold, confirm=ids
                 )
-            except WorkerError as exc:  # the request itself: every create of it shares the fate
+            except WorkerCallError as exc:  # the request itself: every create of it shares the fate
                 results = [exc] * len(batch)
             for waiting, result in zip(batch, results, strict=True):
                 if waiting.answer.done():  # its caller gave up (the broker's client left)
                     continue
-                if isinstance(result, WorkerError):
+                if isinstance(result, WorkerCallError):
                     waiting.answer.set_exception(result)
                 else:
                     waiting.answer.set_result(result)
@@ -289,7 +289,7 @@ class Reserver:
     async def _same(self, cand: Candidate, app: str, machine_id: str) -> Machine | None:
         try:
             machine = await self.client.machine(cand.worker, cand.address, machine_id)
-        except WorkerError:
+        except WorkerCallError:
             return None
         return machine if machine.app == app else None
 
@@ -335,7 +335,7 @@ class Reserver:
                     worker, pending.address, ids, timeout=CONFIRM_TIMEOUT
                 )
                 holds = result.holds
-            except WorkerError as exc:
+            except WorkerCallError as exc:
                 if 0 < exc.http_status < 500:  # a worker that keeps no holds, say: give up
                     log.warning("%s refused confirmations: %s", worker, exc.message)
                     holds = dict.fromkeys(ids, "refused")
@@ -382,7 +382,7 @@ class Reserver:
                         fence=True,
                     )
                     return
-                except WorkerError as exc:
+                except WorkerCallError as exc:
                     if exc.http_status == 404:
                         return  # never created, and fenced: it never will be
                     if 0 < exc.http_status < 500 or time.monotonic() + delay > end:

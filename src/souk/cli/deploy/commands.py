@@ -10,30 +10,25 @@ from pathlib import Path
 from typing import Any, cast, get_args
 
 import typer
-from rich.console import Console
-from rich.table import Table
 
 from souk.cli.client import API, TOKEN, connect
-from souk.cli.command import fail, run
+from souk.cli.command import console, fail, run
+from souk.cli.command import table as command_table
 from souk.cli.deploy import config as cfgmod
 from souk.cli.deploy.config import AppConfig, ConfigError, StrategyName
 from souk.cli.deploy.errors import DeployError
 from souk.cli.deploy.output import Outcome, machine_row, report, table
 from souk.cli.deploy.plan import MachineView, sort_fleet
 from souk.cli.deploy.progress import Progress
-from souk.cli.deploy.releases import (
-    RollbackError,
-    current,
-    deployable,
-    releases,
-    rollback_target,
-)
+from souk.cli.deploy.releases import AppRecord, RollbackError
 from souk.cli.deploy.run import deploy, views
 from souk.cli.deploy.secrets import carried
 from souk.clients.machines import MachinesClient
 
 JSON = typer.Option(False, "--json", help="Machine-readable output.")
-CONFIG = typer.Option(Path("souk.toml"), "--config", "-c", help="The app's souk.toml.")
+CONFIG = typer.Option(
+    Path("souk.toml"), "--config", "-c", help="The app's souk.toml.", resolve_path=True
+)
 APP = typer.Option(None, "--app", "-a", help="The app (default: souk.toml's).")
 STRATEGY = typer.Option(None, "--strategy", help="rolling, immediate, canary or bluegreen.")
 
@@ -125,9 +120,9 @@ def rollback(
 
     async def go() -> Outcome | DeployError:
         async with connect(api, token) as client:
-            meta = await client.app_metadata(name)
-            target = rollback_target(meta, version)
-        cfg = cfgmod.parse({**deployable(meta, target), "app": name})
+            known = await AppRecord.read(client, name)
+            target = known.rollback_target(version)
+        cfg = cfgmod.parse({**known.deployable(target), "app": name})
         progress.step(f"rolling back {name} to release {target.version} ({target.what()})")
         why, keep = f"rollback to {target.version}", carried(target)
         if keep:
@@ -147,31 +142,24 @@ def releases_command(
     """The app's releases, newest first."""
     name = _app_name(app, config)
 
-    async def go() -> dict[str, str]:
+    async def go() -> AppRecord:
         async with connect(api, token) as client:
-            return await client.app_metadata(name)
+            return await AppRecord.read(client, name)
 
-    meta = run(go(), as_json)
-    cur = current(meta)
-    rows = releases(meta)
+    known = run(go(), as_json)
+    cur = known.current
+    rows = known.releases
     if as_json:
         out = [{**r.model_dump(), "current": r.version == cur} for r in rows]
         print(json.dumps(out, indent=2))
         return
-    listing = Table(
-        "version",
-        "status",
-        "strategy",
-        "image / command",
-        "created",
-        "note",
-        title=f"releases of {name}",
-    )
+    columns = ["version", "status", "strategy", "image / command", "created", "note"]
+    cells = []
     for r in rows:
         mark = " (current)" if r.version == cur else ""
         note = r.description + (f" [red]{r.error}[/red]" if r.error else "")
-        listing.add_row(f"{r.version}{mark}", r.status, r.strategy, r.what(), r.created_at, note)
-    Console().print(listing)
+        cells.append([f"{r.version}{mark}", r.status, r.strategy, r.what(), r.created_at, note])
+    console().print(command_table(columns, cells, f"releases of {name}"))
 
 
 @scale.command("count")
@@ -194,13 +182,14 @@ def scale_count(
 
     async def go() -> Outcome | DeployError:
         async with connect(api, token) as client:
-            meta = await client.app_metadata(name)
-            cur = current(meta)
+            known = await AppRecord.read(client, name)
+            cur, record = known.current, known.current_release()
             if cur is None:
                 raise RollbackError(f"{name} has no completed release yet: deploy it first")
-            record = {r.version: r for r in releases(meta)}[cur]
+            if record is None:
+                raise RollbackError(f"the record of {name}'s current release {cur} is unreadable")
             machines = await views(client, name)
-        cfg = cfgmod.parse({**deployable(meta, record), "app": name})
+        cfg = cfgmod.parse({**known.deployable(record), "app": name})
         counts = sort_fleet(machines).counts()
         counts[region] = count
         return await _deploy(api, token, cfg, progress, None, "", counts, cur)
@@ -218,12 +207,12 @@ def status(
     """The app's machines per region and state, their health and release."""
     name = _app_name(app, config)
 
-    async def go() -> tuple[dict[str, str], list[MachineView]]:
+    async def go() -> tuple[AppRecord, list[MachineView]]:
         async with connect(api, token) as client:
-            return await asyncio.gather(client.app_metadata(name), views(client, name))
+            return await asyncio.gather(AppRecord.read(client, name), views(client, name))
 
-    meta, machines = run(go(), as_json)
-    cur = current(meta)
+    known, machines = run(go(), as_json)
+    cur = known.current
     rows = sorted(
         (machine_row(m) for m in machines),
         key=lambda r: (r["region"], r["standby_for"] or r["id"], r["role"] != "primary"),
@@ -239,10 +228,10 @@ def status(
             )
         )
         return
-    console = Console()
-    console.print(f"[bold]{name}[/bold]: release {cur if cur is not None else '-'}")
+    out = console()
+    out.print(f"[bold]{name}[/bold]: release {cur if cur is not None else '-'}")
     for region, states in sorted(regions.items()):
-        console.print(f"  {region}: " + ", ".join(f"{n} {s}" for s, n in sorted(states.items())))
+        out.print(f"  {region}: " + ", ".join(f"{n} {s}" for s, n in sorted(states.items())))
     table(rows, f"machines of {name}")
 
 

@@ -12,13 +12,13 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from souk.cli.command import CommandError, problems
 from souk.models.api import REGION_NAME
+from souk.models.base import AppName, Strict
 from souk.models.duration import Duration
 from souk.models.machine import (
-    APP_NAME,
     ENV_NAME,
     Check,
     GuestConfig,
@@ -41,10 +41,6 @@ class ConfigError(CommandError):
     """souk.toml is unreadable or invalid; the message names every bad field."""
 
     code = 2
-
-
-class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
 
 
 class DeploySection(Strict):
@@ -96,10 +92,28 @@ class MountsSection(Strict):
         return {"size_gb": self.initial_size_gb or 1}
 
 
+class BuildSection(Strict):
+    """`[build]`: the app's image is built from a Dockerfile beside souk.toml at each deploy
+    (with buildah), pushed to `image` (a repository: `registry/name`, no tag; none: `souk
+    dev`'s registry, as `<its address>/<app>`) and deployed by its digest (`build.py`)."""
+
+    image: str | None = Field(
+        None,
+        min_length=1,
+        max_length=400,
+        pattern=r"^[a-z0-9][a-z0-9.:-]*(/[a-z0-9._-]+)+$",
+        description="The repository each build is pushed to, e.g. registry.example:5000/hello"
+        " (default: the registry of the souk dev this directory is below).",
+    )
+    dockerfile: str = "Dockerfile"
+    context: str = "."
+    tls_verify: bool = Field(True, description="false: push over plain http (a local registry).")
+
+
 class AppConfig(Strict):
     """The whole of souk.toml."""
 
-    app: str
+    app: AppName
     image: str | None = Field(None, max_length=512)
     command: list[str] | None = None
     regions: dict[str, int] = Field(description="region -> machines (instances) there")
@@ -111,13 +125,7 @@ class AppConfig(Strict):
     stop: StopConfig = Field(default_factory=StopConfig)
     deploy: DeploySection = Field(default_factory=DeploySection)
     mounts: MountsSection | None = None
-
-    @field_validator("app")
-    @classmethod
-    def _app_name(cls, app: str) -> str:
-        if not APP_NAME.match(app):
-            raise ValueError("app names are lower-case letters, digits and '-', at most 63")
-        return app
+    build: BuildSection | None = None
 
     @field_validator("command")
     @classmethod
@@ -172,8 +180,12 @@ class AppConfig(Strict):
 
     @model_validator(mode="after")
     def _consistent(self) -> AppConfig:
-        if (self.image is None) == (self.command is None):
-            raise ValueError("image, command: give exactly one (an OCI reference, or an argv list)")
+        given = [self.image is not None, self.command is not None, self.build is not None]
+        if given.count(True) != 1:
+            raise ValueError(
+                "image, command, build: give exactly one (an OCI reference, an argv list, or a"
+                " [build] section to build a Dockerfile)"
+            )
         if self.mounts is not None and self.deploy.strategy not in ("rolling", "immediate"):
             raise ValueError(
                 "deploy.strategy: with [mounts], rolling or immediate (they update machines in"
@@ -250,7 +262,11 @@ def load(path: Path) -> AppConfig:
 
 def beside(config: AppConfig, folder: Path) -> AppConfig:
     """Command arguments written `./...` name files next to souk.toml: they are made absolute,
-    since a machine runs in a directory of its own on its worker."""
+    since a machine runs in a directory of its own on its worker; so are a build's paths."""
+    if config.build is not None:
+        build = config.build
+        paths = {k: str(folder / getattr(build, k)) for k in ("dockerfile", "context")}
+        config = config.model_copy(update={"build": build.model_copy(update=paths)})
     if not config.command:
         return config
     argv = [str(folder / a[2:]) if a.startswith("./") else a for a in config.command]

@@ -9,7 +9,7 @@ from __future__ import annotations
 from souk.cli.deploy.config import AppConfig
 from souk.cli.deploy.errors import DeployError
 from souk.cli.deploy.progress import Progress
-from souk.cli.deploy.releases import current, releases
+from souk.cli.deploy.releases import AppRecord
 from souk.clients.machines import MachinesApiError, MachinesClient
 from souk.models.api import IMAGE_FAULTS
 
@@ -19,7 +19,7 @@ def is_pinned(image: str) -> bool:
 
 
 async def pin(
-    api: MachinesClient, cfg: AppConfig, meta: dict[str, str], progress: Progress
+    api: MachinesClient, cfg: AppConfig, known: AppRecord, progress: Progress
 ) -> str | None:
     """The image this release runs: souk.toml's, with the digest its tag names now, asked of a
     worker of the app's first region. When no worker can ask the registry, the current release's
@@ -33,7 +33,7 @@ async def pin(
     except MachinesApiError as exc:
         if exc.http_status in IMAGE_FAULTS:
             raise DeployError(f"image {image}: {exc}") from None
-        kept = _current_pin(meta, image)
+        kept = _current_pin(known, image)
         if kept is None:
             raise DeployError(f"could not learn which image {image} names: {exc}") from None
         progress.warn(f"could not learn which image {image} names ({exc}): keeping {kept}")
@@ -42,10 +42,9 @@ async def pin(
     return pinned.image
 
 
-def _current_pin(meta: dict[str, str], image: str) -> str | None:
+def _current_pin(known: AppRecord, image: str) -> str | None:
     """The pinned image of the current release, if its souk.toml named the same `image`."""
-    number = current(meta)
-    for record in releases(meta):
-        if record.version == number and record.config.get("image") == image and record.image:
-            return record.image if is_pinned(record.image) else None
-    return None
+    record = known.current_release()
+    if record is None or record.config.get("image") != image or not record.image:
+        return None
+    return record.image if is_pinned(record.image) else None

@@ -10,17 +10,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import secrets
 import time
 from collections.abc import AsyncIterator, Iterable
 
 from souk.cli.deploy.errors import DeployInProgress
-from souk.cli.deploy.releases import LOCK, Lock, lock_of
+from souk.cli.deploy.releases import LOCK, AppRecord, Lock
 from souk.clients.machines import MachinesApiError, MachinesClient
 from souk.models.api import CreateLeaseRequest
 from souk.models.machine import MetadataChange
+from souk.node.periodic import every
 
 LEASE_TTL = 30
+log = logging.getLogger("souk.deploy")
 
 
 class Leases:
@@ -43,7 +46,9 @@ class Leases:
     async def kept(self) -> AsyncIterator[Leases]:
         """Refreshed in the background while inside; every lease and the lock let go after,
         whatever happened."""
-        task = asyncio.create_task(self._refresh_forever())
+        task = asyncio.create_task(
+            every(self.ttl / 3, self._refresh, what="lease refresh", log=log)
+        )
         try:
             yield self
         finally:
@@ -57,17 +62,17 @@ class Leases:
             self.nonces.clear()
             if self._locked:
                 with contextlib.suppress(MachinesApiError):
-                    held = lock_of(await self.api.app_metadata(self.app))
+                    held = (await AppRecord.read(self.api, self.app)).lock
                     if held is None or held.owner == self.owner:
                         await self.api.patch_app_metadata(self.app, MetadataChange(delete=[LOCK]))
 
     async def lock_app(self, release: int) -> None:
         """Take the app's advisory lock, unless another live deploy holds it."""
-        self._refuse_if_held(lock_of(await self.api.app_metadata(self.app)))
+        self._refuse_if_held((await AppRecord.read(self.api, self.app)).lock)
         self.release = release
         await self._write_lock()
         self._locked = True
-        held = lock_of(await self.api.app_metadata(self.app))
+        held = (await AppRecord.read(self.api, self.app)).lock
         if held is not None and held.owner != self.owner:
             self._locked = False
         self._refuse_if_held(held)
@@ -127,12 +132,10 @@ class Leases:
         with contextlib.suppress(MachinesApiError):
             await self.api.release_lease(self.app, mid, nonce)
 
-    async def _refresh_forever(self) -> None:
-        while True:
-            await asyncio.sleep(self.ttl / 3)
-            for mid, nonce in list(self.nonces.items()):
-                with contextlib.suppress(MachinesApiError):
-                    await self.api.lease(self.app, mid, self.request, nonce)
-            if self._locked:
-                with contextlib.suppress(MachinesApiError):
-                    await self._write_lock()
+    async def _refresh(self) -> None:
+        for mid, nonce in list(self.nonces.items()):
+            with contextlib.suppress(MachinesApiError):
+                await self.api.lease(self.app, mid, self.request, nonce)
+        if self._locked:
+            with contextlib.suppress(MachinesApiError):
+                await self._write_lock()

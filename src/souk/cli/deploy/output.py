@@ -8,9 +8,9 @@ from dataclasses import dataclass
 from typing import Any, NoReturn
 
 import typer
-from rich.console import Console
-from rich.table import Table
 
+from souk.cli.command import cell, console
+from souk.cli.command import table as command_table
 from souk.cli.deploy.errors import DeployError, MachineFailed
 from souk.cli.deploy.plan import MachineView
 from souk.cli.deploy.progress import Progress
@@ -66,24 +66,24 @@ def report(outcome: Outcome | DeployError, progress: Progress, as_json: bool) ->
 
 
 def table(rows: list[dict[str, Any]], title: str) -> None:
-    out = Table(*COLUMNS, title=title)
+    cells = []
     for row in rows:
         role = row["role"] + (" (hidden)" if row.get("hidden") else "")
-        out.add_row(*(str(row.get(c) if c != "role" else role) for c in COLUMNS))
-    Console().print(out)
+        cells.append([cell(row.get(c)) if c != "role" else role for c in COLUMNS])
+    console().print(command_table(COLUMNS, cells, title))
 
 
 def _failed(exc: DeployError, progress: Progress, as_json: bool) -> NoReturn:
     if as_json:
         print(json.dumps({**describe(exc), "events": progress.events}, indent=2))
         raise typer.Exit(1)
-    console = Console(stderr=True, highlight=False)
-    console.print(f"[bold red]deploy failed:[/bold red] {exc.message}")
+    err = console(stderr=True)
+    err.print(f"[bold red]deploy failed:[/bold red] {exc.message}")
     if isinstance(exc, MachineFailed):
         logs = exc.details.get("logs", {})
         for stream in ("stdout", "stderr"):
             if logs.get(stream):
-                console.print(f"[dim]--- last lines of {exc.details['machine']} {stream} ---[/dim]")
+                err.print(f"[dim]--- last lines of {exc.details['machine']} {stream} ---[/dim]")
                 for line in logs[stream]:
-                    console.print(line, markup=False)
+                    err.print(line, markup=False)
     raise typer.Exit(1)

@@ -116,7 +116,7 @@ class Instance:
 
 
 @dataclass
-class Fleet:
+class Inventory:
     """The app's machines, sorted into instances, leftovers and machines not the deploy's."""
 
     instances: list[Instance] = field(default_factory=list)
@@ -133,11 +133,11 @@ class Fleet:
         return [m for inst in self.instances for m in inst.machines()] + self.leftovers
 
 
-def sort_fleet(machines: list[MachineView]) -> Fleet:
+def sort_fleet(machines: list[MachineView]) -> Inventory:
     """Primaries with their standby. Leftovers are machines a deploy made but no instance
     owns: a canary, hidden blue/green machines of an interrupted deploy, a second standby, a
     standby whose primary is gone."""
-    fleet = Fleet()
+    fleet = Inventory()
     live = [m for m in machines if m.state not in ("destroying", "destroyed")]
     by_id: dict[str, Instance] = {}
     for m in sorted(live, key=lambda m: (m.created_at, m.id)):

@@ -7,11 +7,13 @@ from typing import Any
 
 from rich.console import Console
 
+from souk.cli.command import console as stderr_console
+
 
 class Progress:
     def __init__(self, quiet: bool = False, console: Console | None = None) -> None:
         self.quiet = quiet
-        self.console = console or Console(stderr=True, highlight=False)
+        self.console = console or stderr_console(stderr=True)
         self.started = time.monotonic()
         self.events: list[dict[str, Any]] = []
 

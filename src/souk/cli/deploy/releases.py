@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal
 
@@ -26,6 +27,7 @@ from pydantic import BaseModel, Field, ValidationError
 
 from souk.cli.command import CommandError
 from souk.cli.deploy.config import AppConfig
+from souk.clients.machines import MachinesClient
 from souk.models.wire import SEALED_PREFIX
 
 PREFIX = "release."
@@ -109,62 +111,8 @@ def recorded(record: Release) -> dict[str, str]:
     return {record.key(): record.encode()}
 
 
-def deployable(meta: dict[str, str], record: Release) -> dict[str, Any]:
-    """The release's souk.toml, to deploy it again. A release whose env went to the app's
-    secrets comes back without env (the secrets stay as they are now, as on Fly). An older
-    one's env values come from its sealed key, which the broker shows only to a token that may
-    deploy the app; releases recorded before env was sealed carry it in their config."""
-    config = dict(record.config)
-    if record.image and config.get("image"):
-        config["image"] = record.image  # the image it ran, pinned: not what the tag names now
-    if not record.env or record.env_as_secrets:
-        return config
-    raw = meta.get(record.env_key())
-    if raw is None:
-        raise RollbackError(
-            f"the environment of release {record.version} is sealed: it takes a token that may"
-            " deploy the app to read it"
-        )
-    try:
-        env = json.loads(raw)
-    except ValueError:
-        env = None
-    if not isinstance(env, dict) or set(env) != set(record.env):
-        raise RollbackError(f"the environment of release {record.version} is unreadable")
-    return {**config, "env": env}
-
-
 def now_iso() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def releases(meta: dict[str, str]) -> list[Release]:
-    """Every recorded release, newest first; unreadable records are skipped."""
-    out = []
-    for key, value in meta.items():
-        if not is_release_key(key):
-            continue
-        try:
-            out.append(Release.model_validate_json(value))
-        except ValidationError:
-            continue
-    return sorted(out, key=lambda r: r.version, reverse=True)
-
-
-def current(meta: dict[str, str]) -> int | None:
-    value = meta.get(CURRENT, "")
-    return int(value) if value.isascii() and value.isdigit() else None
-
-
-def next_version(meta: dict[str, str]) -> int:
-    return max([0, *(int(k[len(PREFIX) :]) for k in meta if is_release_key(k))]) + 1
-
-
-def stale_releases(meta: dict[str, str], newest: int) -> list[str]:
-    """The keys of releases too old to keep once `newest` is recorded, and of their env."""
-    old = [int(k[len(PREFIX) :]) for k in meta if is_release_key(k)]
-    gone = [n for n in old if n <= newest - KEEP_RELEASES]
-    return [f"{PREFIX}{n}" for n in gone] + [env_key(n) for n in gone if env_key(n) in meta]
 
 
 def is_release_key(key: str) -> bool:
@@ -176,29 +124,12 @@ class RollbackError(CommandError):
     """No release to go back to, or none to scale."""
 
 
-def rollback_target(meta: dict[str, str], version: int | None = None) -> Release:
-    """The release to deploy again. By default the one before the current; but when the newest
-    release failed half way, the current one (its machines are back where they were)."""
-    all_ = releases(meta)
-    by_version = {r.version: r for r in all_}
-    if version is not None:
-        if version not in by_version:
-            raise RollbackError(f"no release {version}")
-        return by_version[version]
-    cur = current(meta)
-    if cur is None:
-        raise RollbackError("no release has completed yet: nothing to roll back to")
-    if all_ and all_[0].version > cur and all_[0].status == "failed" and cur in by_version:
-        return by_version[cur]
-    for r in all_:
-        if r.version < cur and r.status == "complete":
-            return r
-    raise RollbackError(f"no completed release before the current one ({cur})")
+def _release_numbers(meta: dict[str, str]) -> list[int]:
+    return [int(k[len(PREFIX) :]) for k in meta if is_release_key(k)]
 
 
-def lock_of(meta: dict[str, str]) -> Lock | None:
+def _lock(raw: str | None) -> Lock | None:
     """The deploy lock if one is held and has not expired."""
-    raw = meta.get(LOCK)
     if not raw:
         return None
     try:
@@ -206,3 +137,104 @@ def lock_of(meta: dict[str, str]) -> Lock | None:
     except (ValueError, ValidationError):
         return None
     return lock if lock.expires_at > time.time() else None
+
+
+@dataclass(frozen=True)
+class AppRecord:
+    """The app's metadata as a deploy reads it, parsed once a step: its releases (newest first,
+    unreadable records skipped), the current one and the deploy lock. A step that changes the
+    metadata reads a new record after, rather than re-reading pieces of it."""
+
+    meta: dict[str, str]
+    releases: list[Release]
+    current: int | None
+    lock: Lock | None
+
+    @classmethod
+    def of(cls, meta: dict[str, str]) -> AppRecord:
+        found = []
+        for key, value in meta.items():
+            if not is_release_key(key):
+                continue
+            try:
+                found.append(Release.model_validate_json(value))
+            except ValidationError:
+                continue
+        found.sort(key=lambda r: r.version, reverse=True)
+        value = meta.get(CURRENT, "")
+        number = int(value) if value.isascii() and value.isdigit() else None
+        return cls(meta, found, number, _lock(meta.get(LOCK)))
+
+    @classmethod
+    async def read(cls, api: MachinesClient, app: str) -> AppRecord:
+        return cls.of(await api.app_metadata(app))
+
+    def release(self, version: int | None) -> Release | None:
+        return next((r for r in self.releases if r.version == version), None)
+
+    def current_release(self) -> Release | None:
+        return self.release(self.current)
+
+    def holds(self, record: Release) -> bool:
+        """Whether `record`'s key is taken already (by a deploy that got there first)."""
+        return record.key() in self.meta
+
+    def next_version(self) -> int:
+        return max([0, *_release_numbers(self.meta)]) + 1
+
+    def stale(self, newest: int) -> list[str]:
+        """The keys of releases too old to keep once `newest` is recorded, and of their env."""
+        gone = [n for n in _release_numbers(self.meta) if n <= newest - KEEP_RELEASES]
+        kept_env = [env_key(n) for n in gone if env_key(n) in self.meta]
+        return [f"{PREFIX}{n}" for n in gone] + kept_env
+
+    def managed_names(self) -> set[str]:
+        """The env names the current release set as secrets: what the next deploy may unset."""
+        record = self.current_release()
+        return set(record.env) if record is not None and record.env_as_secrets else set()
+
+    def rollback_target(self, version: int | None = None) -> Release:
+        """The release to deploy again. By default the one before the current; but when the
+        newest release failed half way, the current one (its machines are back where they
+        were)."""
+        if version is not None:
+            asked = self.release(version)
+            if asked is None:
+                raise RollbackError(f"no release {version}")
+            return asked
+        cur = self.current
+        if cur is None:
+            raise RollbackError("no release has completed yet: nothing to roll back to")
+        newest = self.releases[0] if self.releases else None
+        back = self.release(cur)
+        failed = newest is not None and newest.version > cur and newest.status == "failed"
+        if failed and back is not None:
+            return back
+        for r in self.releases:
+            if r.version < cur and r.status == "complete":
+                return r
+        raise RollbackError(f"no completed release before the current one ({cur})")
+
+    def deployable(self, record: Release) -> dict[str, Any]:
+        """The release's souk.toml, to deploy it again. A release whose env went to the app's
+        secrets comes back without env (the secrets stay as they are now, as on Fly). An older
+        one's env values come from its sealed key, which the broker shows only to a token that
+        may deploy the app; releases recorded before env was sealed carry it in their config."""
+        config = dict(record.config)
+        if record.image and config.get("image"):
+            config["image"] = record.image  # the image it ran, pinned: not what the tag names now
+        if not record.env or record.env_as_secrets:
+            return config
+        raw = self.meta.get(record.env_key())
+        if raw is None:
+            raise RollbackError(
+                f"the environment of release {record.version} is sealed: it takes a token that"
+                " may deploy the app to read it"
+            )
+        try:
+            env = json.loads(raw)
+        except ValueError:
+            env = None
+        if not isinstance(env, dict) or set(env) != set(record.env):
+            raise RollbackError(f"the environment of release {record.version} is unreadable")
+        return {**config, "env": env}

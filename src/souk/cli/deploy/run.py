@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import contextlib
 
+from souk.cli.deploy import preflight
+from souk.cli.deploy.build import build_and_push
 from souk.cli.deploy.config import AppConfig, StrategyName
 from souk.cli.deploy.deployer import Deployer
 from souk.cli.deploy.errors import DeployError, DeployInProgress
@@ -13,17 +15,10 @@ from souk.cli.deploy.leases import Leases
 from souk.cli.deploy.output import Outcome, machine_row
 from souk.cli.deploy.plan import MachineView, plan, sort_fleet
 from souk.cli.deploy.progress import Progress
-from souk.cli.deploy.releases import (
-    CURRENT,
-    Release,
-    next_version,
-    now_iso,
-    recorded,
-    stale_releases,
-)
-from souk.cli.deploy.secrets import current_digest, managed_names, sync_env
+from souk.cli.deploy.releases import CURRENT, AppRecord, Release, now_iso, recorded
+from souk.cli.deploy.secrets import current_digest, sync_env
 from souk.cli.deploy.strategies import STRATEGIES, reconcile, rolling
-from souk.clients.machines import MachinesClient
+from souk.clients.machines import MachinesApiError, MachinesClient
 from souk.models.machine import MetadataChange
 
 
@@ -47,11 +42,27 @@ async def deploy(
     them already, or a scale): then they stay as they are."""
     app = cfg.app
     chosen: StrategyName = strategy or cfg.deploy.strategy
-    if await api.ensure_app(app):
+    desired = counts if counts is not None else dict(cfg.regions)
+    exists = await api.app_exists(app)
+    present = {m.region for m in await views(api, app)} if exists else set()
+    await preflight.check(api, cfg, desired, present)
+    if cfg.build is not None:  # a Dockerfile: built and pushed first, then deployed pinned
+        cfg = await build_and_push(cfg, progress)
+    created = await api.ensure_app(app)
+    if created:
         progress.step(f"created app {app}")
-    meta = await api.app_metadata(app)
+    known = await AppRecord.read(api, app)
     new_release = release is None
-    number = next_version(meta) if release is None else release
+    number = known.next_version() if release is None else release
+    # A scale runs its release's image, pinned when the release was recorded; a new release's
+    # is pinned before anything else changes, so that a bad image stops the deploy first.
+    try:
+        image = await pin(api, cfg, known, progress) if new_release else cfg.image
+    except DeployError:
+        if created:  # nothing else was made: leave no empty app behind
+            with contextlib.suppress(MachinesApiError):
+                await api.delete_app(app)
+        raise
     leases = Leases(api, app, f"souk deploy {app} release {number}")
     async with leases.kept():
         await leases.lock_app(number)
@@ -62,24 +73,21 @@ async def deploy(
             f"leased {len(leases.nonces)} machine(s) of {app}", machines=len(leases.nonces)
         )
         current = await views(api, app)  # as of holding the leases
-        # A scale runs its release's image, pinned when the release was recorded.
-        image = await pin(api, cfg, meta, progress) if new_release else cfg.image
         record = Release.of(cfg, number, chosen, description, image)
         cfg = cfg.model_copy(update={"image": image})
         if new_release:
-            meta = await api.app_metadata(app)
-            if record.key() in meta:
+            known = await AppRecord.read(api, app)  # as of holding the lock
+            if known.holds(record):
                 raise DeployInProgress(f"deploy in progress: release {number} appeared meanwhile")
         if new_release and not keep_secrets:
-            digest = await sync_env(api, app, cfg.env, meta)
+            digest = await sync_env(api, app, cfg.env, known)
         else:  # the env the current release set stays, and stays its to unset later
             digest = await current_digest(api, app)
-            record = record.model_copy(update={"env": sorted(managed_names(meta))})
+            record = record.model_copy(update={"env": sorted(known.managed_names())})
         if new_release:
-            change = MetadataChange(set=recorded(record), delete=stale_releases(meta, number))
+            change = MetadataChange(set=recorded(record), delete=known.stale(number))
             await api.patch_app_metadata(app, change)
         d = Deployer(api, cfg, number, progress, leases, secrets=digest)
-        desired = counts if counts is not None else dict(cfg.regions)
         the_plan = plan(desired, d.fp, number, current, cfg.standbys)
         await leases.acquire(m.id for m in sort_fleet(current).managed())
         summary = the_plan.summary()

@@ -13,20 +13,11 @@ from __future__ import annotations
 import hashlib
 
 from souk.cli.deploy.config import SECRETS_KEY
-from souk.cli.deploy.releases import Release, current, releases
+from souk.cli.deploy.releases import AppRecord, Release
 from souk.clients.machines import MachinesClient
 from souk.models.secrets import AppSecret
 
-__all__ = ["SECRETS_KEY", "carried", "current_digest", "managed_names", "sync_env"]
-
-
-def managed_names(meta: dict[str, str]) -> set[str]:
-    """The env names the current release set as secrets: what the next deploy may unset."""
-    number = current(meta)
-    for record in releases(meta):
-        if record.version == number and record.env_as_secrets:
-            return set(record.env)
-    return set()
+__all__ = ["SECRETS_KEY", "carried", "current_digest", "sync_env"]
 
 
 def secrets_digest(secrets: list[AppSecret]) -> str:
@@ -35,10 +26,10 @@ def secrets_digest(secrets: list[AppSecret]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16] if secrets else ""
 
 
-async def sync_env(api: MachinesClient, app: str, env: dict[str, str], meta: dict[str, str]) -> str:
+async def sync_env(api: MachinesClient, app: str, env: dict[str, str], known: AppRecord) -> str:
     """Set the env as the app's secrets, unset what the last release set and this one drops;
     the digest of the app's secrets afterwards."""
-    gone = managed_names(meta) - set(env)
+    gone = known.managed_names() - set(env)
     values: dict[str, str | None] = {**env, **dict.fromkeys(gone)}
     if values:
         return secrets_digest((await api.update_secrets(app, values)).secrets)

@@ -144,6 +144,7 @@ class Drivers:
     command: Driver
     image: Driver | None = None
     images: ImageCache | None = None
+    vm: str | None = None  # what runs guests (kvm, tcg, none) for the vm driver; None: no vms
 
     @staticmethod
     def kind_of(config: MachineConfig) -> DriverKind:

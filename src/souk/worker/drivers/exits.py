@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 import os
 from collections.abc import Awaitable, Callable
 
 from souk.readiness import ready
 from souk.worker import procfs
 from souk.worker.drivers.base import Handle
+
+log = logging.getLogger("souk.worker")
 
 
 class ExitCodes:
@@ -83,3 +86,15 @@ async def until_gone(handle: Handle, interval: float) -> None:
         finally:
             os.close(fd)
     await poll_until_gone(handle, interval)
+
+
+async def thaw_to_die(
+    thaw: Callable[[str, Handle | None], Awaitable[None]], machine_id: str, handle: Handle | None
+) -> None:
+    """The thaw that lets a machine's killed processes die (a task of a frozen v1 group cannot
+    until thawed); one that fails is told and the kill goes on, its SIGKILLs sent again until
+    nothing is left."""
+    try:
+        await thaw(machine_id, handle)
+    except Exception as exc:
+        log.warning("%s: not thawed to be killed: %s", machine_id, exc)

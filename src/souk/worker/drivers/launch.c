@@ -2,14 +2,14 @@
  *
  *   souk-launch --serve FD
  *   souk-launch [--netns FD] [--resolv FD] [--join FD]... [--ids UID:GID] [--no-new-privs]
- *               -- COMMAND [ARG ...]
- *   souk-launch --exit-to FILE -- COMMAND [ARG ...]
+ *               [--environ] -- COMMAND [ARG ...]
+ *   souk-launch [--netns FD] --exit-to FILE -- COMMAND [ARG ...]
+ *   souk-launch --processes
  *   souk-launch --protocol
  *
  * --serve FD  starts machines for the worker at the other end of FD, a SOCK_SEQPACKET socket, one
  *             request a message (below), until the worker closes it: a machine's start costs a
  *             fork of this small process, not an exec of one more program from the worker.
- * --netns FD  enters the network namespace FD (the machine's own, docs/network.md).
  * --resolv FD  in a mount namespace of its own, mounts the file FD over /etc/resolv.conf (what
  *             `ip netns exec` does): the machine asks its worker's DNS.
  * --join FD   writes "0" (itself) to FD, a `cgroup.procs` the worker opened, and closes it: the
@@ -18,6 +18,19 @@
  * --no-new-privs  no exec from then on gains privileges: setuid and setgid bits and file
  *             capabilities are ignored, so the command cannot climb back through one of the
  *             host's setuid programs (a container's runtime spec asks runc the same).
+ * --environ   the command's environment is not this one's: it is SOUK_ENV0, SOUK_ENV1, ... up to
+ *             SOUK_ENVS of them, each a NAME=value. A root launcher's own environment never holds
+ *             a variable a machine chose (LD_*, GLIBC_TUNABLES, ...) under its own name: the
+ *             machine's variables take effect at the command's exec, once the ids are dropped.
+ * --netns FD  first of all, joins the network namespace FD (a root worker's machine's own,
+ *             docs/network.md) before the rest: a command runs in it, and so does runc, so
+ *             that neither it nor `runc exec` has to join it themselves.
+ * --processes the supervisor of a machine's several processes (Fly's `processes`): starts each
+ *             as described in its environment (`supervise` below), each as its own ids when it
+ *             runs as root, and exits when the first of them exits, with its status, once the
+ *             others are gone (SIGTERM, SIGKILL after GRACE seconds). It stays in the machine's
+ *             process group and passes no signal on: the group gets them all. It never runs a
+ *             machine's code, and, static, no loader reads its environment.
  * --exit-to FILE  runs COMMAND as a child, waits for it, and writes its exit code (128 plus the
  *             signal that ended it, as a shell says) to FILE.tmp, renamed to FILE: the runc
  *             driver's record of a container's exit, which outlives the worker.
@@ -57,9 +70,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#define PROTOCOL 5 /* launcher.py's PROTOCOL: raised with every change to this interface */
+#define PROTOCOL 6 /* launcher.py's PROTOCOL: raised with every change to this interface */
 #define LAST_ID 4294967294UL /* (uid_t) -1 means "unchanged" to the kernel: never an id */
 #define MAX_JOIN 8
+#define MAX_PROCESSES 1024
+#define MAX_STRINGS (1ul << 20)
+#define GRACE 10 /* seconds the other processes get once the first has exited */
 #define IDS 1u
 #define NO_NEW_PRIVS 2u
 #define NETNS 4u
@@ -262,8 +278,9 @@ static int usage(const char *why) {
     fprintf(stderr, "souk-launch: %s\n", why);
     fprintf(stderr, "usage: souk-launch --serve FD\n"
                     "       souk-launch [--netns FD] [--resolv FD] [--join FD]... [--ids UID:GID]"
-                    " [--no-new-privs] -- COMMAND\n"
-                    "       souk-launch --exit-to FILE -- COMMAND\n");
+                    " [--no-new-privs] [--environ] -- COMMAND\n"
+                    "       souk-launch [--netns FD] --exit-to FILE -- COMMAND\n"
+                    "       souk-launch --processes\n");
     return 125;
 }
 
@@ -280,6 +297,183 @@ static const char *number(const char *text, unsigned long max, char stop, unsign
 static int descriptor(const char *text) {
     unsigned long fd;
     return (number(text, 1 << 20, '\0', &fd) && fd > 2) ? (int)fd : -1;
+}
+
+/* --environ and --processes: numbered variables of this program's own environment */
+
+extern char **environ;
+
+/* The value of the variable `name` in `env`, or NULL. */
+static char *value_of(char **env, const char *name) {
+    size_t n = strlen(name);
+    for (char **e = env; *e; e++)
+        if (strncmp(*e, name, n) == 0 && (*e)[n] == '=')
+            return *e + n + 1;
+    return NULL;
+}
+
+/* The values of `prefix`0 .. `prefix`<count - 1> in `env`, in order, into `out` (NULL after
+ * them): 0, or -1 if one is missing. */
+static int numbered(char **env, const char *prefix, unsigned long count, char **out) {
+    size_t n = strlen(prefix);
+    unsigned long k, found = 0;
+    for (k = 0; k <= count; k++)
+        out[k] = NULL;
+    for (char **e = env; *e; e++) {
+        const char *end;
+        if (strncmp(*e, prefix, n) != 0 || !(end = number(*e + n, count, '=', &k)) || k >= count)
+            continue;
+        if (!out[k])
+            found++;
+        out[k] = (char *)end + 1;
+    }
+    return found == count ? 0 : -1;
+}
+
+/* A NULL-ended array of the `count` variables `prefix`0..., or NULL (errno set). */
+static char **strings_of(char **env, const char *prefix, unsigned long count) {
+    char **out = calloc(count + 1, sizeof *out);
+    if (out && numbered(env, prefix, count, out) != 0) {
+        free(out);
+        errno = EINVAL;
+        return NULL;
+    }
+    return out;
+}
+
+/* --processes */
+
+struct process {
+    char **argv, **env;
+    int ids;
+    unsigned long uid, gid;
+    pid_t pid;
+};
+
+static volatile sig_atomic_t late;
+
+static void nothing(int sig) { (void)sig; }
+
+static void too_late(int sig) {
+    (void)sig;
+    late = 1;
+}
+
+/* The processes SOUK_PROCESSES says, each from SOUK_PROCESS<i>, "ARGC:ENVC" or
+ * "ARGC:ENVC:UID:GID", with its argv in SOUK_PROCESS<i>_ARG<k> and its environment in
+ * SOUK_PROCESS<i>_ENV<k>. */
+static struct process *described(char **env, unsigned long *count) {
+    const char *text = value_of(env, "SOUK_PROCESSES");
+    if (!text || !number(text, MAX_PROCESSES, '\0', count) || *count < 1)
+        return NULL;
+    struct process *procs = calloc(*count, sizeof *procs);
+    for (unsigned long i = 0; procs && i < *count; i++) {
+        char name[64];
+        unsigned long argc, envc;
+        const char *at;
+        snprintf(name, sizeof name, "SOUK_PROCESS%lu", i);
+        if (!(text = value_of(env, name)) || !(at = number(text, MAX_STRINGS, ':', &argc)) ||
+            argc < 1)
+            return NULL;
+        const char *ends = number(at + 1, MAX_STRINGS, '\0', &envc);
+        if (!ends && !(at = number(at + 1, MAX_STRINGS, ':', &envc)))
+            return NULL;
+        if (!ends) { /* ids follow */
+            const char *gid = number(at + 1, LAST_ID, ':', &procs[i].uid);
+            if (!gid || !number(gid + 1, LAST_ID, '\0', &procs[i].gid))
+                return NULL;
+            procs[i].ids = 1;
+        }
+        snprintf(name, sizeof name, "SOUK_PROCESS%lu_ARG", i);
+        procs[i].argv = strings_of(env, name, argc);
+        snprintf(name, sizeof name, "SOUK_PROCESS%lu_ENV", i);
+        procs[i].env = strings_of(env, name, envc);
+        if (!procs[i].argv || !procs[i].env)
+            return NULL;
+    }
+    return procs;
+}
+
+/* 128 plus the signal that ended it, as a shell says. */
+static int status_code(int status) {
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+/* The one of `procs` that `pid` is, or -1. */
+static long which(const struct process *procs, unsigned long count, pid_t pid) {
+    for (unsigned long i = 0; i < count; i++)
+        if (procs[i].pid == pid)
+            return (long)i;
+    return -1;
+}
+
+static int supervise(void) {
+    unsigned long count, left = 0;
+    struct process *procs = described(environ, &count);
+    struct sigaction quiet = {.sa_handler = nothing}, alarm_ = {.sa_handler = too_late};
+    int first = 127, status;
+    if (!procs)
+        return usage("--processes: SOUK_PROCESSES and its variables are missing or malformed");
+    for (int sig = 1; sig < NSIG; sig++) /* the group's processes get it; this one waits */
+        if (sig == SIGTERM || sig == SIGINT || sig == SIGHUP || sig == SIGQUIT)
+            sigaction(sig, &quiet, NULL);
+    sigaction(SIGALRM, &alarm_, NULL); /* no SA_RESTART: it interrupts the wait below */
+    for (unsigned long i = 0; i < count; i++) {
+        pid_t pid = fork();
+        if (pid < 0) {
+            fprintf(stderr, "souk: cannot start a process: %s\n", strerror(errno));
+            break;
+        }
+        if (pid == 0) {
+            const struct process *p = &procs[i];
+            if (p->ids && (setgroups(0, NULL) != 0 || setresgid(p->gid, p->gid, p->gid) != 0 ||
+                           setresuid(p->uid, p->uid, p->uid) != 0)) {
+                fprintf(stderr, "souk: cannot drop to %lu:%lu: %s\n", p->uid, p->gid,
+                        strerror(errno));
+                _exit(127);
+            }
+            environ = p->env; /* execvp looks in the process's own PATH */
+            execvp(p->argv[0], p->argv);
+            fprintf(stderr, "%s: %s\n", p->argv[0], strerror(errno));
+            _exit(errno == ENOENT ? 127 : 126);
+        }
+        procs[i].pid = pid;
+        left++;
+    }
+    if (left == count) { /* all started: the first to exit says how the machine ends */
+        for (;;) {
+            pid_t pid = waitpid(-1, &status, 0);
+            long i = pid > 0 ? which(procs, count, pid) : -1;
+            if (pid < 0 && errno != EINTR)
+                break;
+            if (i >= 0) {
+                first = status_code(status);
+                procs[i].pid = 0;
+                left--;
+                break;
+            }
+        }
+    }
+    for (unsigned long i = 0; i < count; i++)
+        if (procs[i].pid > 0)
+            kill(procs[i].pid, SIGTERM);
+    alarm(GRACE);
+    while (left > 0) {
+        pid_t pid = waitpid(-1, NULL, 0);
+        long i = pid > 0 ? which(procs, count, pid) : -1;
+        if (i >= 0) {
+            procs[i].pid = 0;
+            left--;
+        } else if (pid < 0 && errno == ECHILD) {
+            break;
+        } else if (late) {
+            late = 0;
+            for (unsigned long k = 0; k < count; k++)
+                if (procs[k].pid > 0)
+                    kill(procs[k].pid, SIGKILL);
+        }
+    }
+    return first;
 }
 
 /* --exit-to */
@@ -303,10 +497,11 @@ static int record_exit(const char *file, char **argv) {
     while (waitpid(pid, &status, 0) < 0)
         if (errno != EINTR)
             return failed("waiting for the command", 125);
-    code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    code = status_code(status);
     if (snprintf(tmp, sizeof tmp, "%s.tmp", file) >= (int)sizeof tmp)
         return usage("--exit-to: the file's name is too long");
-    FILE *out = fopen(tmp, "w");
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
+    FILE *out = fd < 0 ? NULL : fdopen(fd, "w");
     if (!out || fprintf(out, "%d\n", code) < 0 || fclose(out) != 0 || rename(tmp, file) != 0)
         return failed("recording the exit code", 125);
     return code;
@@ -319,10 +514,22 @@ int main(int argc, char **argv) {
                                   [STEP_NETNS] = "entering the machine's network"};
     int join[MAX_JOIN], i, sock;
     struct confinement c = {join, 0, -1, -1, 0, 0, 0};
+    char **env = NULL;
     const char *rest;
     if (argc == 2 && strcmp(argv[1], "--protocol") == 0) {
         printf("%d\n", PROTOCOL);
         return 0;
+    }
+    if (argc == 2 && strcmp(argv[1], "--processes") == 0)
+        return supervise();
+    if (argc >= 3 && strcmp(argv[1], "--netns") == 0) {
+        if ((sock = descriptor(argv[2])) < 0)
+            return usage("--netns needs a descriptor above 2");
+        if (setns(sock, CLONE_NEWNET) != 0)
+            return failed("joining the machine's network namespace", 125);
+        close(sock);
+        argc -= 2;
+        argv += 2;
     }
     if (argc >= 5 && strcmp(argv[1], "--exit-to") == 0 && strcmp(argv[3], "--") == 0)
         return record_exit(argv[2], argv + 4);
@@ -335,10 +542,12 @@ int main(int argc, char **argv) {
         if (strcmp(argv[i], "--no-new-privs") == 0) {
             c.flags |= NO_NEW_PRIVS;
             i--; /* a flag without a value */
-        } else if (strcmp(argv[i], "--netns") == 0 || strcmp(argv[i], "--resolv") == 0) {
-            int *fd = argv[i][2] == 'n' ? &c.netns : &c.resolv;
-            if ((*fd = descriptor(argv[i + 1])) < 0)
-                return usage("--netns and --resolv need a descriptor above 2");
+        } else if (strcmp(argv[i], "--resolv") == 0) {
+            if ((c.resolv = descriptor(argv[i + 1])) < 0)
+                return usage("--resolv needs a descriptor above 2");
+        } else if (strcmp(argv[i], "--environ") == 0) {
+            env = environ;
+            i--;
         } else if (strcmp(argv[i], "--join") == 0 && c.joins < MAX_JOIN) {
             if ((join[c.joins++] = descriptor(argv[i + 1])) < 0)
                 return usage("--join needs a descriptor above 2");
@@ -353,9 +562,18 @@ int main(int argc, char **argv) {
     }
     if (i + 1 >= argc || strcmp(argv[i], "--") != 0)
         return usage("no command after --");
+    if (env) { /* read before anything runs: the command gets these and nothing else */
+        const char *text = value_of(env, "SOUK_ENVS");
+        unsigned long count;
+        if (!text || !number(text, MAX_STRINGS, '\0', &count) ||
+            !(env = strings_of(env, "SOUK_ENV", count)))
+            return usage("--environ: SOUK_ENVS and its variables are missing or malformed");
+    }
     enum step step = confine(&c);
     if (step != STEP_NONE)
         return failed(steps[step], 125);
+    if (env)
+        environ = env; /* execvp looks in the command's own PATH */
     execvp(argv[i + 1], argv + i + 1);
     int code = errno == ENOENT ? 127 : 126; /* said as a shell says it */
     fprintf(stderr, "%s: %s\n", argv[i + 1], strerror(errno));

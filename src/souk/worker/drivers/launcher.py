@@ -28,7 +28,7 @@ from souk.worker.drivers.base import HostUser
 log = logging.getLogger("souk.worker.launcher")
 
 NAME = "souk-launch"
-PROTOCOL = "5"  # its flags and its server's messages: launch.c's PROTOCOL, raised with them
+PROTOCOL = "6"  # its flags and its server's messages: launch.c's PROTOCOL, raised with them
 ASK_WAIT = 5.0  # at most this long for a launcher to say its protocol
 PR_SET_NO_NEW_PRIVS = 38  # <linux/prctl.h>
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -108,31 +108,53 @@ def opened(procs: list[Path]) -> Iterator[list[int]]:
             os.close(fd)
 
 
+def numbered(prefix: str, values: list[str]) -> dict[str, str]:
+    """`values` as the variables `prefix`0, `prefix`1, ...: how souk-launch is handed an
+    environment it must not run with itself (`--environ`, `--processes`)."""
+    return {f"{prefix}{k}": value for k, value in enumerate(values)}
+
+
+def handed_env(env: dict[str, str]) -> dict[str, str]:
+    """`env` for `souk-launch --environ`: under its own names, so that no variable of a
+    machine's is one the launcher's own start reads, whoever it runs as."""
+    return {
+        "SOUK_ENVS": str(len(env)),
+        **numbered("SOUK_ENV", [f"{k}={v}" for k, v in env.items()]),
+    }
+
+
 @contextlib.contextmanager
 def launching(
-    argv: list[str], user: HostUser | None, procs: list[Path], network: Network | None = None
+    argv: list[str],
+    user: HostUser | None,
+    procs: list[Path],
+    env: dict[str, str],
+    network: Network | None = None,
 ) -> Iterator[Launching]:
-    """`argv` to run as `user` (None: as the worker) in `network`, having joined the cgroups
-    whose `cgroup.procs` are `procs`, with no new privileges, on the launcher's command line.
+    """`argv` to run as `user` (None: as the worker) in `env` and `network`, having joined the
+    cgroups whose `cgroup.procs` are `procs`, with no new privileges, on the launcher's command
+    line (which gets `env` under other names, `handed_env`: it may be root until the exec).
     Without the launcher, a worker that is not root (no `user`, no `procs`, no `network`) runs
-    it as it is: a `preexec_fn` for no-new-privs alone would make Python fork the worker."""
+    it as it is: a `preexec_fn` for no-new-privs alone would make Python fork the worker; Python
+    applies `env` at the exec, after the change of ids."""
+    popen: dict[str, Any]
     with opened(procs) as fds, entered(network) as net:
         if LAUNCHER is not None:
-            flags = [f for fd in fds for f in ("--join", str(fd))] + ["--no-new-privs"]
-            if net:
-                flags += ["--netns", str(net[0])]
+            flags = ["--netns", str(net[0])] if net else []  # first: joined before the rest
+            flags += [f for fd in fds for f in ("--join", str(fd))] + ["--no-new-privs"]
             if len(net) > 1:
                 flags += ["--resolv", str(net[1])]
             if user is not None:
                 flags += ["--ids", f"{user.uid}:{user.gid}"]
-            yield Launching([LAUNCHER, *flags, "--", *argv], {"pass_fds": (*fds, *net)})
+            popen = {"pass_fds": (*fds, *net), "env": handed_env(env)}
+            yield Launching([LAUNCHER, *flags, "--environ", "--", *argv], popen)
         elif user is None and not fds and not net:
-            yield Launching(argv)
+            yield Launching(argv, {"env": env})
         else:
             # Python changes ids before a preexec_fn; entering a namespace needs root's, so
             # with a network the ids change in it, after.
             later = user if net else None
-            popen: dict[str, Any] = {"preexec_fn": _confiner(fds, net, later)}
+            popen = {"preexec_fn": _confiner(fds, net, later), "env": env}
             if user is not None and later is None:
                 popen.update(user=user.uid, group=user.gid, extra_groups=[])
             yield Launching(argv, popen)

@@ -32,7 +32,7 @@ from souk.worker import logs, procfs
 from souk.worker.cgroups import Cgroups
 from souk.worker.drivers import execs, launcher, processes
 from souk.worker.drivers.base import ExecResult, Handle, HostUser, Launch
-from souk.worker.drivers.exits import child_exit, poll_until_gone, until_gone
+from souk.worker.drivers.exits import child_exit, poll_until_gone, thaw_to_die, until_gone
 from souk.worker.drivers.launcher import Network
 from souk.worker.drivers.processes import SPEC_ENV
 from souk.worker.drivers.spawner import Command, Spawner, TooLarge
@@ -140,7 +140,7 @@ class ProcessDriver:
                 return await self._spawner.spawn(command, cwd, output, procs), None
             except TooLarge as exc:
                 log.info("%s: %s, started by souk-launch's command line", command.argv[0], exc)
-        with launcher.launching(command.argv, command.user, procs) as start:
+        with launcher.launching(command.argv, command.user, procs, command.env) as start:
             # Popen itself, as asyncio's subprocess would (a vfork, on the loop), without its
             # child watcher: the exit is read on a pidfd (`child_exit`).
             proc = subprocess.Popen(  # noqa: ASYNC220
@@ -149,7 +149,6 @@ class ProcessDriver:
                 stdout=out,
                 stderr=err,
                 cwd=cwd,
-                env=command.env,
                 start_new_session=True,
                 **start.popen,
             )
@@ -195,9 +194,26 @@ class ProcessDriver:
     async def stop(
         self, machine_id: str, handle: Handle | None, signal: str, timeout: float
     ) -> None:
+        """A SIGKILL (or no time to act on a signal) kills every process of the machine at once,
+        frozen or not; any other signal thaws it first, so that it can act on it."""
+        if signal == "SIGKILL" or timeout <= 0:
+            await self._kill_at_once(machine_id, handle)
+            return
         await self.thaw(machine_id, handle)  # a frozen process cannot act on its signal
         if handle is not None and procfs.is_alive(handle.pid, handle.pid_start):
             await self._stop_leader(machine_id, handle, signal, timeout)
+        await self._kill_remaining(machine_id, handle)
+
+    async def _kill_at_once(self, machine_id: str, handle: Handle | None) -> None:
+        """SIGKILL to each process while it may still be frozen, then the thaw: a process of a
+        frozen v1 group cannot die until thawed, and then dies before running another
+        instruction of its own."""
+        if handle is not None and procfs.is_alive(handle.pid, handle.pid_start):
+            _killpg(handle.pid, signals.SIGKILL)
+        for pid in await self.remaining(machine_id, handle):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signals.SIGKILL)
+        await thaw_to_die(self.thaw, machine_id, handle)
         await self._kill_remaining(machine_id, handle)
 
     async def remaining(self, machine_id: str, handle: Handle | None) -> list[int]:
@@ -280,9 +296,9 @@ class ProcessDriver:
         env.pop("SOUK_MARKER", None)
         procs = self.cgroups.procs_files(launch.machine_id)
         try:
-            with launcher.launching(argv, launch.user, procs, _network(launch)) as start:
+            with launcher.launching(argv, launch.user, procs, env, _network(launch)) as start:
                 return await execs.run(
-                    start.argv, stdin, timeout, cwd=_workdir(launch), env=env, **start.popen
+                    start.argv, stdin, timeout, cwd=_workdir(launch), **start.popen
                 )
         except (FileNotFoundError, PermissionError) as exc:  # as a shell answers them
             code = 127 if isinstance(exc, FileNotFoundError) else 126
@@ -306,10 +322,8 @@ def _command(launch: Launch) -> Command:
     workdir.mkdir(parents=True, exist_ok=True)
     _link_volumes(launch, workdir)
     env = machine_env(launch)
-    if launch.config.processes:  # processes.py runs them all, each as its own ids
-        argv = [sys.executable, "-I", processes.__file__]  # stdlib only: runs as a file
-        spec_env = {**env, SPEC_ENV: json.dumps(process_specs(launch))}
-        return Command(argv[0], argv, spec_env, None, _network(launch))
+    if launch.config.processes:
+        return _supervisor(launch, env)
     argv = launch.config.argv()
     path = _found(argv[0], env, workdir)
     if launch.user is not None and not _open_to_others(workdir / path):  # a root worker's
@@ -326,12 +340,37 @@ def _networked(launch: Launch) -> bool:
 def _network(launch: Launch) -> Network | None:
     if not _networked(launch):
         return None
-    return Network(network.NETNS_DIR / network.names(launch.machine_id)[0], _resolv(launch))
+    return Network(network.path_of(launch.machine_id), _resolv(launch))
 
 
 def _resolv(launch: Launch) -> Path:
     """The machine's /etc/resolv.conf (`network.resolv_conf`), mounted over the host's."""
     return launch.rundir / "resolv.conf"
+
+
+def _supervisor(launch: Launch, env: dict[str, str]) -> Command:
+    """What starts a machine's `processes`: `souk-launch --processes`, which starts each as its
+    own ids (it stays root on a root worker, and runs nothing of the machine's itself: what the
+    machine chose is in its environment under its own names only); else `processes.py`, a
+    standard-library script run as the app's user, which can give no process other ids."""
+    specs = process_specs(launch, ids=launcher.LAUNCHER is not None)
+    if launcher.LAUNCHER is None:
+        argv = [sys.executable, "-I", processes.__file__]  # stdlib only: runs as a file
+        spec_env = {**env, SPEC_ENV: json.dumps(specs)}
+        return Command(argv[0], argv, spec_env, launch.user, _network(launch))
+    handed = {  # its own: how the worker finds it (`procfs`), and what it starts
+        "SOUK_MACHINE_ID": launch.machine_id,
+        "SOUK_MARKER": launch.marker,
+        "SOUK_PROCESSES": str(len(specs)),
+    }
+    for i, spec in enumerate(specs):
+        ids = f":{spec['uid']}:{spec['gid']}" if spec["uid"] is not None else ""
+        handed[f"SOUK_PROCESS{i}"] = f"{len(spec['argv'])}:{len(spec['env'])}{ids}"
+        handed.update(launcher.numbered(f"SOUK_PROCESS{i}_ARG", spec["argv"]))
+        pairs = [f"{name}={value}" for name, value in spec["env"].items()]
+        handed.update(launcher.numbered(f"SOUK_PROCESS{i}_ENV", pairs))
+    argv = [launcher.LAUNCHER, "--processes"]
+    return Command(launcher.LAUNCHER, argv, handed, None, _network(launch))
 
 
 def process_env(launch: Launch, process: MachineProcess) -> dict[str, str]:
@@ -354,9 +393,10 @@ def process_env(launch: Launch, process: MachineProcess) -> dict[str, str]:
     return env
 
 
-def process_specs(launch: Launch) -> list[dict[str, Any]]:
-    """What the launcher starts: each process's argv, env and host ids (the app's own, offset
-    by its `user` within the app's span; none for a worker that is not root)."""
+def process_specs(launch: Launch, ids: bool = True) -> list[dict[str, Any]]:
+    """What the supervisor starts: each process's argv, env and host ids (the app's own, offset
+    by its `user` within the app's span; none for a worker that is not root, nor where the
+    supervisor is not to give ids: `ids` False, and then only the app's own id may be asked)."""
     specs = []
     for process in launch.config.processes:
         uid = gid = None
@@ -366,7 +406,13 @@ def process_specs(launch: Launch) -> list[dict[str, Any]]:
                 raise PermissionError(
                     f"user {process.user}: outside the app's {launch.user.span} ids"
                 )
-            uid, gid = launch.user.uid + offset, launch.user.gid + offset
+            if offset and not ids:
+                raise PermissionError(
+                    f"user {process.user}: another of the app's ids needs souk-launch"
+                    " (scripts/setup.sh builds it)"
+                )
+            if ids:
+                uid, gid = launch.user.uid + offset, launch.user.gid + offset
         argv = process.argv(launch.config.init)
         specs.append({"argv": argv, "env": process_env(launch, process), "uid": uid, "gid": gid})
     return specs

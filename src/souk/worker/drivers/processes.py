@@ -9,8 +9,10 @@ status, after asking the others to stop: a machine is up while all its processes
 Signals the machine is sent reach every process through the process group; this one only
 waits.
 
-Run as root (by a root worker), it starts each process as the host ids it was given, which
-the driver takes from the app's own span only; as anyone else, as itself.
+It is what runs them where `souk-launch` (whose `--processes` does the same in C) is not built,
+always as the app's own user: it is Python, which reads its environment and finds its modules
+in ways a machine's config could steer, so it never runs as root. It changes ids only if given
+some while root, which the driver never asks of it.
 """
 
 from __future__ import annotations

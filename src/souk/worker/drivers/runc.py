@@ -10,12 +10,15 @@ which is how adoption recognises it."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import ctypes
 import json
 import os
 import shlex
 import shutil
 import signal as signals
 import subprocess
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +26,13 @@ from souk.worker import logs, procfs
 from souk.worker.cgroups import Cgroups
 from souk.worker.drivers import execs, launcher
 from souk.worker.drivers.base import ExecResult, Handle, Launch
-from souk.worker.drivers.exits import ExitCodes, child_exit, poll_until_gone, until_gone
+from souk.worker.drivers.exits import (
+    ExitCodes,
+    child_exit,
+    poll_until_gone,
+    thaw_to_die,
+    until_gone,
+)
 from souk.worker.drivers.file_appears import FileWatch
 from souk.worker.files import write_files
 from souk.worker.oci import network
@@ -33,6 +42,7 @@ from souk.worker.oci.spec import runtime_spec
 POLL = 0.02
 MARKER = "souk.marker"
 IMAGE = "souk.image"  # the digest of the image a bundle was prepared from
+_libc = ctypes.CDLL(None, use_errno=True)
 
 
 class RuncError(RuntimeError):
@@ -150,21 +160,23 @@ class RuncDriver:
         self.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         run = [self.runc, "--root", str(self.state_dir), "run", "--bundle", "bundle"]
         run += ["--pid-file", pid_file.name, cid]
-        with logs.output_files(launch.rundir) as (out, err):
+        with logs.output_files(launch.rundir) as (out, err), _inside(launch) as (prefix, popen):
             # Popen itself, without asyncio's child watcher (a thread per process): the exit is
             # read on a pidfd (`child_exit`).
             shim = subprocess.Popen(  # noqa: ASYNC220
-                _shim(run),
+                _shim(run, prefix),
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=err,
                 cwd=launch.rundir,
                 start_new_session=True,
+                **popen,
             )
         exited = asyncio.ensure_future(child_exit(shim.pid, shim.wait))
         if not await self._files.appears(pid_file, exited):  # written once the container runs
             raise RuncError(f"runc failed to start {cid}: see {launch.rundir}/stderr.log")
         pid = int(pid_file.read_text().strip())
+        pid_file.chmod(0o600)  # runc's, with the umask's mode
         handle = Handle(pid, procfs.start_time(pid) or "0")
         self._exits.expect(launch.machine_id, self._exit_code(exited, launch.rundir / "exit_code"))
         return handle
@@ -231,6 +243,11 @@ class RuncDriver:
     async def stop(
         self, machine_id: str, handle: Handle | None, signal: str, timeout: float
     ) -> None:
+        """A SIGKILL (or no time to act on a signal) kills the container at once, paused or
+        not, whether or not its start was recorded; any other signal resumes it first."""
+        if signal == "SIGKILL" or timeout <= 0:
+            await self._kill_at_once(machine_id, handle)
+            return
         if handle is None or not procfs.is_alive(handle.pid, handle.pid_start):
             return
         cid = self.container_id(machine_id)
@@ -241,15 +258,30 @@ class RuncDriver:
             return
         except TimeoutError:
             pass
-        await self._runc("kill", "--all", cid, "KILL", check=False)
-        await self._gone(machine_id, handle)
+        await self._kill_at_once(machine_id, handle)
+
+    async def _kill_at_once(self, machine_id: str, handle: Handle | None) -> None:
+        """SIGKILL to every process in the container's cgroup (what `runc kill --all` does,
+        without a runc run for each), then the thaw, which lets a frozen one die; until none
+        is left."""
+        delay = POLL
+        while left := await self.remaining(machine_id, handle):
+            for pid in left:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signals.SIGKILL)
+            await thaw_to_die(self.thaw, machine_id, handle)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 0.5)
+        if handle is not None:
+            await self._exits.wait(machine_id)
 
     async def remaining(self, machine_id: str, handle: Handle | None) -> list[int]:
-        """The container's init; the rest of the container dies with it (its own pid
-        namespace)."""
-        if handle is None or not procfs.is_alive(handle.pid, handle.pid_start):
-            return []
-        return [handle.pid]
+        """The container's processes, from its cgroup: also those of a start that was cut
+        short before its pid was recorded."""
+        pids = self.freezer.pids(machine_id)
+        if handle is not None and procfs.is_alive(handle.pid, handle.pid_start):
+            pids.add(handle.pid)
+        return sorted(pid for pid in pids if procfs.start_time(pid) is not None)
 
     async def _gone(self, machine_id: str, handle: Handle) -> None:
         await self._exits.wait(machine_id)
@@ -282,12 +314,15 @@ class RuncDriver:
     async def exec(
         self, launch: Launch, handle: Handle | None, argv: list[str], stdin: bytes, timeout: float
     ) -> ExecResult:
-        """`runc exec`: the container's namespaces, cgroup, user, environment and working
+        """`runc exec`, run inside the machine's network namespace as the container itself is
+        (`_inside`): the container's other namespaces, cgroup, user, environment and working
         directory, all from its runtime spec. On timeout runc is sent SIGTERM, which it passes
         on to the command, then SIGKILL."""
         cid = self.container_id(launch.machine_id)
         runc = [self.runc, "--root", str(self.state_dir), "exec", cid, *argv]
-        return await execs.run(runc, stdin, timeout, on_timeout=signals.SIGTERM)
+        with _inside(launch) as (prefix, popen):
+            runs = [*prefix, "--", *runc] if prefix else runc
+            return await execs.run(runs, stdin, timeout, on_timeout=signals.SIGTERM, **popen)
 
     async def processes(self, machine_id: str, handle: Handle | None) -> list[int]:
         out = await self._runc("ps", "--format", "json", self.container_id(machine_id), check=False)
@@ -317,12 +352,37 @@ def _resolver(launch: Launch) -> tuple[tuple[str, Path], ...]:
     return (("/etc/resolv.conf", network.resolv_conf(launch.rundir, launch.private_ip)),)
 
 
-def _shim(run: list[str]) -> list[str]:
+@contextlib.contextmanager
+def _inside(launch: Launch) -> Iterator[tuple[list[str], dict[str, Any]]]:
+    """How runc runs inside the machine's network namespace, which the runtime spec does not
+    name (`runtime_spec`): souk-launch's `--netns` (the command-line prefix, with the Popen
+    arguments that hand it the namespace), or without it a `preexec_fn` joining it (a fork of
+    the worker). Joined while still the host's root: `runc exec` joins the container's user
+    namespace first, which has no rights over a namespace the worker made."""
+    fd = os.open(network.path_of(launch.machine_id), os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        if launcher.LAUNCHER is not None:
+            yield [launcher.LAUNCHER, "--netns", str(fd)], {"pass_fds": (fd,)}
+        else:
+            yield [], {"preexec_fn": _joiner(fd)}
+    finally:
+        os.close(fd)
+
+
+def _joiner(fd: int) -> Callable[[], None]:
+    def join() -> None:  # in the child, before its exec
+        if _libc.setns(fd, network.CLONE_NEWNET) != 0:
+            raise OSError(ctypes.get_errno(), "joining the machine's network namespace")
+
+    return join
+
+
+def _shim(run: list[str], prefix: list[str]) -> list[str]:
     """What runs `runc run` and then records its exit code in `exit_code`: souk-launch
-    (`--exit-to`, a static program), or a shell where there is none (0.8 ms more before runc
-    starts, here)."""
+    (`--exit-to`, a static program, after `prefix`), or a shell where there is none (0.8 ms
+    more before runc starts, here)."""
     if launcher.LAUNCHER is not None:
-        return [launcher.LAUNCHER, "--exit-to", "exit_code", "--", *run]
+        return [*prefix, "--exit-to", "exit_code", "--", *run]
     script = f"{shlex.join(run)}; echo $? > exit_code.tmp; mv -f exit_code.tmp exit_code"
     return [shutil.which("sh") or "sh", "-c", script]
 

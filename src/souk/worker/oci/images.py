@@ -19,17 +19,18 @@ from souk.worker.drivers.base import HostUser
 from souk.worker.oci.config import ImageConfig
 from souk.worker.oci.manifest import Descriptor
 from souk.worker.oci.reference import ImageRef
-from souk.worker.oci.registry import Progress, RegistryClient, Resolved, Restarted, fetching
+from souk.worker.oci.registry import FetchProgress, RegistryClient, Resolved, Restarted, fetching
 from souk.worker.oci.rootfs import (
     idmap_supported,
     is_mounted,
     merge_copy,
     mount_overlay,
     overlay_supported,
+    own_dir,
     unmount,
     unmount_layers,
 )
-from souk.worker.oci.store import BlobStore, ImageRecord
+from souk.worker.oci.store import BlobStore, ImageRecord, write_private
 from souk.worker.oci.unpack import GrowingFile, NotStreamable, unpack_layer, unpack_stream
 from souk.worker.threads import to_thread_to_its_end
 
@@ -84,7 +85,7 @@ class ImageCache:
             for path in (root / "layers").iterdir():
                 os.replace(path, root / "trash" / uuid.uuid4().hex)
             self.store.empty_trash()
-        marker.write_text(want)
+        write_private(marker, want.encode())
 
     # -- pulling ---------------------------------------------------------------------------
 
@@ -142,7 +143,7 @@ class ImageCache:
             path = self.store.blob_path(resolved.digest)
             if not path.exists():
                 partial = path.with_name(f".{path.name}.{uuid.uuid4().hex}")
-                partial.write_bytes(resolved.raw)  # verified against its digest already
+                write_private(partial, resolved.raw)  # verified against its digest already
                 os.replace(partial, path)
             # The config and the layers are fetched at once, each layer unpacked as it arrives;
             # a broken config is refused before any layer is kept.
@@ -177,7 +178,7 @@ class ImageCache:
         return ImageRecord(resolved.digest, manifest.config.digest, layers)
 
     async def _blob(
-        self, ref: ImageRef, blob: Descriptor, progress: Progress | None = None
+        self, ref: ImageRef, blob: Descriptor, progress: FetchProgress | None = None
     ) -> Path:
         path = self.store.blob_path(blob.digest)
 
@@ -185,6 +186,7 @@ class ImageCache:
             if not path.exists():
                 tmp = self.store.tmp_path(blob.digest)
                 await self.client.download_blob(ref, blob, tmp, progress)
+                os.chmod(tmp, 0o600)  # written with the umask's mode
                 os.replace(tmp, path)
                 self.downloads += 1
             return path
@@ -283,6 +285,7 @@ class ImageCache:
         `user`, it is owned by that user's range (for a container in a user namespace). One
         made of another image (the machine's version before an update) is released first,
         with what was written to it: kept, it would run the old files under the new config."""
+        own_dir(workdir, 0o711)  # root's, passable: the container's root reaches rootfs/
         rootfs, made_of = workdir / "rootfs", _made_of(workdir)
         if made_of != image.digest and rootfs.exists():
             await self.release_rootfs(workdir)
@@ -295,7 +298,7 @@ class ImageCache:
         if self.overlay and (user is None or await self.idmap()):
             if not is_mounted(rootfs):
                 empty = self.store.root / "empty"
-                empty.mkdir(exist_ok=True)
+                empty.mkdir(mode=0o700, exist_ok=True)
                 lowers = list(reversed(layers)) or [empty]
                 upper, work = workdir / "upper", workdir / "work"
                 await asyncio.to_thread(mount_overlay, lowers, upper, work, rootfs, user)
@@ -308,7 +311,7 @@ class ImageCache:
                 done.touch()
         if made_of != image.digest:  # written last: what it names is whole
             made = json.dumps({"digest": image.digest, "ref": image.name})
-            (workdir / "image.json").write_text(made)
+            write_private(workdir / "image.json", made.encode())
         return rootfs
 
     async def release_rootfs(self, workdir: Path) -> None:

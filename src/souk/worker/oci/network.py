@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from souk.network import firewall
+from souk.secret_files import write_file
 from souk.worker.threads import to_thread_to_its_end
 
 GATEWAY = "169.254.1.1"  # what machines route through; answered by the host's proxy ARP
@@ -264,9 +265,10 @@ def resolver(address: str) -> str:
 
 
 def resolv_conf(rundir: Path, address: str) -> Path:
-    """The machine's /etc/resolv.conf, in its directory: its worker's DNS (docs/network.md)."""
+    """The machine's /etc/resolv.conf, in its directory: its worker's DNS (docs/network.md).
+    0644 whatever the umask: the machine reads it as its own user, and no one else writes it."""
     path = rundir / "resolv.conf"
-    path.write_text(f"nameserver {resolver(address)}\n")
+    write_file(path, f"nameserver {resolver(address)}\n", mode=0o644)
     return path
 
 
@@ -402,10 +404,15 @@ def _unmake(netns: str, veth: str) -> None:
     path.unlink(missing_ok=True)
 
 
+def path_of(machine_id: str) -> Path:
+    """Where the machine's namespace is named (`setup` makes it)."""
+    return NETNS_DIR / names(machine_id)[0]
+
+
 async def setup(machine_id: str, address: str) -> Path:
-    """Create (or find complete) the machine's namespace; its path, for the runtime spec."""
-    netns, veth = names(machine_id)
-    path = NETNS_DIR / netns
+    """Create (or find complete) the machine's namespace; its path (`path_of`)."""
+    veth = names(machine_id)[1]
+    path = path_of(machine_id)
     six = ipaddress.ip_address(address).version == 6
     if path.exists() and _address_of(path, six) == str(ipaddress.ip_address(address)):
         if six:  # its elements again (there already is fine): a table made anew has none

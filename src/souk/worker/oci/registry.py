@@ -59,7 +59,7 @@ class RegistryError(Exception):
     """The registry failed us: an unexpected status, or a broken connection after retries."""
 
 
-class NotFound(RegistryError):
+class NotInRegistry(RegistryError):
     """No such repository, tag, manifest or blob."""
 
 
@@ -81,7 +81,7 @@ def fetching(what: object) -> Iterator[None]:
     `Unreachable` error, its cause logged."""
     try:
         yield
-    except (NotFound, DigestMismatch):  # the registry's own answer: no other service gives one
+    except (NotInRegistry, DigestMismatch):  # the registry's own answer: no other service gives one
         raise
     except (RegistryError, AuthError, ManifestError, aiohttp.ClientError, TimeoutError) as exc:
         log.info("could not fetch %s: %s: %s", what, type(exc).__name__, exc)
@@ -93,7 +93,7 @@ class Restarted(RegistryError):
     progress had told of bytes already there: what read them must start over too."""
 
 
-Progress = Callable[[Path, int], None]
+FetchProgress = Callable[[Path, int], None]
 
 
 @dataclass(frozen=True)
@@ -257,11 +257,11 @@ class RegistryClient:
 
     @staticmethod
     async def _fail(resp: aiohttp.ClientResponse, what: str) -> RegistryError:
-        """An unexpected answer, by its status alone: `NotFound` only for a 404 that is a
+        """An unexpected answer, by its status alone: `NotInRegistry` only for a 404 that is a
         registry's (its API version header, or its JSON `errors`), anything else is no
         registry of ours to believe (`Unreachable`)."""
         if resp.status == 404 and await _registry_answer(resp):
-            return NotFound(f"{what}: not found")
+            return NotInRegistry(f"{what}: not found")
         if resp.status == 404:
             return Unreachable(f"{what}: 404 from something that is not a registry")
         return RegistryError(f"{what}: {resp.status}")
@@ -297,7 +297,7 @@ class RegistryClient:
     # -- blobs -----------------------------------------------------------------------------
 
     async def download_blob(
-        self, ref: ImageRef, blob: Descriptor, dest: Path, progress: Progress | None = None
+        self, ref: ImageRef, blob: Descriptor, dest: Path, progress: FetchProgress | None = None
     ) -> None:
         """Download into `dest`, resuming a `.partial` left by an earlier attempt; `dest` only
         ever appears holding bytes that hash to `blob.digest`. `progress(partial, n)`: the

@@ -12,6 +12,7 @@ the machine gets a private copy, its ids shifted as it is made.
 from __future__ import annotations
 
 import codecs
+import contextlib
 import ctypes
 import ctypes.util
 import os
@@ -32,6 +33,7 @@ NOBODY = 65534  # where ids beyond a user namespace's span end up, as the kernel
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
 _overlay_ok: dict[Path, bool] = {}
 _idmap_ok: dict[Path, bool] = {}
+_idmap_lock = threading.Lock()  # one probe at a time: two at once shared (and left) its mount
 _userns_fds: dict[tuple[int, int, int], int] = {}
 _userns_lock = threading.Lock()
 
@@ -62,8 +64,10 @@ def mount_overlay(
 ) -> None:
     """Mount `lowers` (the topmost first) read-only under a writable `upper` at `merged`; with
     `user`, the lowers are seen through idmapped mounts shifting their ids into its range."""
-    for path in (upper, work, merged):
-        path.mkdir(parents=True, exist_ok=True)
+    # Root's, whatever the umask: an app that could write beside them could plant a link where
+    # the worker (root) makes, chowns or mounts next. The upper one is the container's `/`.
+    for path, mode in ((upper, 0o755), (work, 0o700), (merged, 0o755)):
+        own_dir(path, mode)
     if user is None:
         _mount_overlay(lowers, upper, work, merged)
         return
@@ -74,11 +78,25 @@ def mount_overlay(
     try:
         for i, lower in enumerate(lowers):
             shifted.append(staging / str(i))
-            shifted[-1].mkdir(parents=True, exist_ok=True)
+            own_dir(staging, 0o700)
+            own_dir(shifted[-1], 0o700)
             idmapped_mount(lower, shifted[-1], user)
         _mount_overlay(shifted, upper, work, merged)
     finally:
         unmount_layers(staging)  # the overlay keeps its own references to them
+
+
+def own_dir(path: Path, mode: int) -> None:
+    """`path` a directory (made if missing, with its parents) with exactly `mode`, whatever
+    the umask; never a link's target."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(path, mode)
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode):
+        raise NotADirectoryError(f"{path} is not a directory")
+    if stat.S_IMODE(st.st_mode) != mode:
+        os.chmod(path, mode)  # a directory, lstat says: no link to follow
 
 
 def _mount_overlay(lowers: list[Path], upper: Path, work: Path, merged: Path) -> None:
@@ -200,11 +218,13 @@ def overlay_supported(scratch: Path) -> bool:
 
 def idmap_supported(scratch: Path) -> bool:
     """Whether overlayfs takes idmapped layers here: a real mount, once per scratch dir."""
-    if scratch in _idmap_ok:
+    with _idmap_lock:
+        if scratch not in _idmap_ok:
+            _idmap_ok[scratch] = os.geteuid() == 0 and _probe_idmap(scratch)
         return _idmap_ok[scratch]
-    if os.geteuid() != 0:
-        _idmap_ok[scratch] = False
-        return False
+
+
+def _probe_idmap(scratch: Path) -> bool:
     probe = scratch / "idmap-probe"
     user = HostUser(uid=1 << 30, gid=1 << 30, span=NOBODY + 2)  # never an app's: a probe's own
     ok = False
@@ -223,7 +243,6 @@ def idmap_supported(scratch: Path) -> bool:
     except OSError:
         ok = False
     shutil.rmtree(probe, ignore_errors=True)
-    _idmap_ok[scratch] = ok
     return ok
 
 
@@ -255,7 +274,7 @@ def _is_opaque(directory: Path) -> bool:
 def merge_copy(layers: list[Path], target: Path, user: HostUser | None = None) -> None:
     """Apply layer directories (the lowest first) onto `target`, as overlayfs would show them;
     with `user`, every id shifted into its range."""
-    target.mkdir(parents=True, exist_ok=True)
+    own_dir(target, 0o755)
     owner = _Owner(user)
     if user is not None:
         os.chown(target, user.uid, user.gid)

@@ -16,6 +16,7 @@ from typing import Any
 
 from souk.models.machine import MachineConfig
 from souk.worker.drivers.base import HostUser
+from souk.worker.oci import inroot
 from souk.worker.oci.config import ImageConfig
 
 CPU_PERIOD = 100_000
@@ -103,28 +104,30 @@ def seccomp_profile() -> dict[str, Any]:
 
 
 def resolve_user(user: str, rootfs: Path) -> tuple[int, int]:
-    """`uid[:gid]` or names looked up in the image's own /etc/passwd and /etc/group."""
+    """`uid[:gid]` or names looked up in the image's own /etc/passwd and /etc/group, read
+    inside the root filesystem (`inroot`: a link in the image resolves as in the container)."""
     name, _, group = user.partition(":")
     uid, gid = 0, 0
     if name:
-        uid, gid = _lookup(rootfs / "etc" / "passwd", name, with_gid=True)
+        uid, gid = _lookup(rootfs, "/etc/passwd", name, with_gid=True)
     if group:
-        gid = _lookup(rootfs / "etc" / "group", group, with_gid=False)[0]
+        gid = _lookup(rootfs, "/etc/group", group, with_gid=False)[0]
     return uid, gid
 
 
-def _lookup(table: Path, name: str, with_gid: bool) -> tuple[int, int]:
+def _lookup(rootfs: Path, table: str, name: str, with_gid: bool) -> tuple[int, int]:
     if name.isdigit():
         return int(name), int(name) if not with_gid else 0
     try:
-        lines = table.read_text().splitlines()
+        lines = inroot.read(rootfs, table).decode(errors="replace").splitlines()
     except OSError:
         lines = []
     for line in lines:
         fields = line.split(":")
-        if len(fields) > 3 and fields[0] == name:
-            return int(fields[2]), int(fields[3]) if with_gid else 0
-    raise ValueError(f"user or group {name!r} is not in the image's {table.name}")
+        if len(fields) > 3 and fields[0] == name and fields[2].isdigit():
+            gid = fields[3] if with_gid else "0"
+            return int(fields[2]), int(gid) if gid.isdigit() else 0
+    raise ValueError(f"user or group {name!r} is not in the image's {table}")
 
 
 def runtime_spec(
@@ -140,7 +143,8 @@ def runtime_spec(
     volumes: tuple[tuple[str, Path], ...] = (),
 ) -> dict[str, Any]:
     """With `user`, the container runs in a user namespace mapping its ids 0.. to the user's
-    range: its root is root inside, and an unprivileged id of the app's on the host."""
+    range: its root is root inside, and an unprivileged id of the app's on the host. With
+    `netns`, runc must run inside that network namespace: the spec does not name it."""
     argv = image.argv(config.init)
     if not argv:
         raise ValueError("the image names no command and the machine config gives none")
@@ -149,7 +153,11 @@ def runtime_spec(
     namespaces: list[dict[str, str]] = [
         {"type": t} for t in ("pid", "mount", "ipc", "uts", "cgroup")
     ]
-    namespaces.append({"type": "network", "path": str(netns)} if netns else {"type": "network"})
+    if netns is None:
+        namespaces.append({"type": "network"})
+    # else none: runc is started inside `netns` (`souk-launch --netns`), and the container keeps
+    # it. Named here, it would be joined by `runc exec` after the container's user namespace,
+    # which has no rights over a namespace the worker made (runc before 1.2: setns EPERM).
     guest = config.guest
     memory = guest.memory_mb << 20
     sysfs: dict[str, Any] = {

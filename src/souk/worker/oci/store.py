@@ -43,8 +43,17 @@ def _hex(digest: str) -> str:
 
 def _write_json(path: Path, value: object) -> None:
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}")
-    tmp.write_text(json.dumps(value, sort_keys=True))
+    write_private(tmp, json.dumps(value, sort_keys=True).encode())
     os.replace(tmp, path)
+
+
+def write_private(path: Path, data: bytes) -> None:
+    """A new file of the cache's, 0600 whatever the umask (what images the worker runs, and
+    for whom, is nobody else's business)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    with os.fdopen(fd, "wb") as out:
+        os.fchmod(fd, 0o600)
+        out.write(data)
 
 
 class SingleFlight:
@@ -88,8 +97,8 @@ class BlobStore:
         self.in_use = in_use
         self.busy: Counter[str] = Counter()  # blob digests a pull is working on
         self.flights = SingleFlight()
-        for sub in ("blobs/sha256", "layers", "images", "pins", "tmp", "trash"):
-            (root / sub).mkdir(parents=True, exist_ok=True)
+        for sub in ("blobs", "blobs/sha256", "layers", "images", "pins", "tmp", "trash"):
+            (root / sub).mkdir(mode=0o700, parents=True, exist_ok=True)
         for leftover in (root / "trash").iterdir():
             shutil.rmtree(leftover, ignore_errors=True)
 
