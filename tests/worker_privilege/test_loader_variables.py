@@ -123,10 +123,11 @@ def app_uid(engine: Engine, app: str) -> int:
 
 
 def assert_ran_as_the_app(seen: list[tuple[list[str], int]], uid: int) -> None:
-    assert seen, "the payload never ran: the test proves nothing"
+    assert any(written for written, _ in seen), "the payload never ran: the test proves nothing"
     for written, owner in seen:
-        assert written == [str(uid), str(uid), "refused"], written
         assert owner == uid
+        if written:  # empty: its process was killed (the machine stopping) before it wrote
+            assert written == [str(uid), str(uid), "refused"], written
 
 
 @pytest.mark.parametrize("via_launcher", [True, False], ids=["souk-launch", "python"])

@@ -373,9 +373,11 @@ def _supervisor(launch: Launch, env: dict[str, str]) -> Command:
     return Command(launcher.LAUNCHER, argv, handed, None, _network(launch))
 
 
-def process_env(launch: Launch, process: MachineProcess) -> dict[str, str]:
-    """A process's env: the machine's (without the app's secrets if it ignores them), then
-    its own, then its `env_from` fields."""
+def process_env(
+    launch: Launch, process: MachineProcess, base: dict[str, str] | None = None
+) -> dict[str, str]:
+    """A process's env: the machine's (`base`, else as a host command gets it; without the
+    app's secrets if it ignores them), then its own, then its `env_from` fields."""
     fields = {
         "id": launch.machine_id,
         "version": launch.instance_id,
@@ -384,7 +386,7 @@ def process_env(launch: Launch, process: MachineProcess) -> dict[str, str]:
         "region": launch.region,
         "image": launch.config.image or "",
     }
-    env = machine_env(launch)
+    env = dict(base) if base is not None else machine_env(launch)
     if process.ignore_app_secrets:
         for name in launch.secrets:
             env.pop(name, None)

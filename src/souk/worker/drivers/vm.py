@@ -41,6 +41,7 @@ from souk.worker.drivers import launcher, vm_boot, vm_qmp, vm_rootfs
 from souk.worker.drivers.base import ExecResult, ExecTimeout, Handle, Launch
 from souk.worker.drivers.exits import ExitCodes, child_exit, poll_until_gone, until_gone
 from souk.worker.drivers.file_appears import FileWatch
+from souk.worker.drivers.process import process_env
 from souk.worker.drivers.runc import _shim
 from souk.worker.drivers.vm_channel import Channel, ChannelClosed
 from souk.worker.oci import network
@@ -524,22 +525,7 @@ def _machine_env(launch: Launch, image: Image) -> dict[str, str]:
 
 
 def _process_env(launch: Launch, env: dict[str, str], process: MachineProcess | None) -> list[str]:
-    if process is None:
-        return [f"{k}={v}" for k, v in env.items()]
-    fields = {
-        "id": launch.machine_id,
-        "version": launch.instance_id,
-        "app_name": launch.app,
-        "private_ip": launch.private_ip,
-        "region": launch.region,
-        "image": launch.config.image or "",
-    }
-    own = dict(env)
-    if process.ignore_app_secrets:
-        for name in launch.secrets:
-            own.pop(name, None)
-    own.update(process.env)
-    own.update({ref.env_var: fields[ref.field_ref] for ref in process.env_from})
+    own = env if process is None else process_env(launch, process, env)
     return [f"{k}={v}" for k, v in own.items()]
 
 
