@@ -30,6 +30,7 @@ from rich.table import Table
 import _harness  # noqa: F401  (puts the repository root on the path, for tests.support)
 
 from souk import heap
+from souk.network import hostport
 from souk.proxy.wake import port_open
 from tests.support.hello import HELLO, PORT, hello_config
 from tests.support.local_cluster import local_cluster
@@ -54,7 +55,7 @@ async def until_it_answers(http: aiohttp.ClientSession, host: str, port: int) ->
     cycles, and the collector's pause to free them would land in the measured requests of this
     process, which holds the proxy too."""
     assert await port_open(host, port, time.monotonic() + 20), f"{host}:{port} never accepted"
-    assert await answers(http, f"http://{host}:{port}/")
+    assert await answers(http, f"http://{hostport(host, port)}/")
 
 
 async def by_hand(http: aiohttp.ClientSession) -> float:
@@ -102,7 +103,7 @@ async def run(runs: int, concurrent: int) -> tuple[dict[str, list[float]], dict[
             http, url, proxy, replica, api = c.http, c.proxy_url, c.proxy, c.replica, c.api
             m = await c.create("hello", "mad", hello_config(), skip_launch=True)
             heap.settle()  # as each part does once it is ready, here all of them in one process
-            mid, direct = m["id"], f"http://{m['private_ip']}:{PORT}/"
+            mid, direct = m["id"], f"http://{hostport(m['private_ip'], PORT)}/"
             app = {"souk-app": "hello"}
             machine = f"/v1/apps/hello/machines/{mid}"
 

@@ -35,9 +35,10 @@ from _harness import pct, report, workdir, worker
 PORT = 18080
 SERVER = f"""
 import os, socket
-s = socket.socket()
+ip = os.environ["SOUK_PRIVATE_IP"]
+s = socket.socket(socket.AF_INET6 if ":" in ip else socket.AF_INET)
 s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-s.bind((os.environ["SOUK_PRIVATE_IP"], {PORT}))
+s.bind((ip, {PORT}))
 s.listen(64)
 while True:
     c, _ = s.accept()

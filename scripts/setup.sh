@@ -4,7 +4,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 debs=(nats-server runc iproute2 nftables docker-registry umoci busybox-static chromium e2fsprogs util-linux
-      gcc libc6-dev buildah qemu-system-x86 qemu-utils linux-image-cloud-amd64)
+      gcc libc6-dev wireguard-go wireguard-tools buildah qemu-system-x86 qemu-utils
+      linux-image-cloud-amd64)
 missing=()
 for pkg in "${debs[@]}"; do
     dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")

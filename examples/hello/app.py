@@ -1,14 +1,17 @@
 """The example app: a tiny HTTP service that says which machine answered.
 
-It binds the machine's private address (SOUK_PRIVATE_IP) so that several machines of one app can
-share a host, and the port in PORT (default 8080).
+It binds the machine's private address (SOUK_PRIVATE_IP: its IPv6 address on the app's private
+network, or a loopback one where machines share the host's network), where the proxy and the
+app's other machines reach it, and the port in PORT (default 8080).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import socket
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from socketserver import TCPServer
 
 
 class Hello(BaseHTTPRequestHandler):
@@ -42,12 +45,23 @@ class Server(ThreadingHTTPServer):
     # tries them again only a second later.
     request_queue_size = 128
 
+    def __init__(self, address: tuple[str, int], handler: type[Hello]) -> None:
+        if ":" in address[0]:
+            self.address_family = socket.AF_INET6
+        super().__init__(address, handler)
+
+    def server_bind(self) -> None:
+        """As HTTPServer's, without its reverse lookup of the address (a DNS query at start)."""
+        TCPServer.server_bind(self)
+        self.server_name, self.server_port = self.server_address[:2]
+
 
 def main() -> None:
     host = os.environ.get("SOUK_PRIVATE_IP", "127.0.0.1")
     port = int(os.environ.get("PORT", "8080"))
     server = Server((host, port), Hello)
-    print(f"hello listening on http://{host}:{port}", flush=True)
+    shown = f"[{host}]" if ":" in host else host
+    print(f"hello listening on http://{shown}:{port}", flush=True)
     server.serve_forever()
 
 

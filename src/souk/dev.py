@@ -40,7 +40,7 @@ from souk.proxy.server import ProxySettings, proxy_site
 from souk.secret_files import write_file, write_secret
 from souk.web.listener import DEFAULT_LIMITS, Limits
 from souk.web.tls import ServerCert
-from souk.worker import volume_disk
+from souk.worker import names, volume_disk
 from souk.worker.daemon import make_app as make_worker_app
 from souk.worker.daemon import make_driver, offering, publishing, running, tls_context
 from souk.worker.engine import Engine
@@ -185,6 +185,8 @@ async def dev_cluster(
                     stack, bus, settings, driver, host, tls, limits
                 )
                 engines.append(engine)
+        # One host: its first worker answers the machines' names for all (docs/network.md).
+        await stack.enter_async_context(names.answering(engines[0].settings, bus))
         # after the broker and proxy have closed (nothing starts machines any more), before the
         # workers do
         stack.push_async_callback(end_machines, engines)

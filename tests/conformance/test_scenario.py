@@ -16,7 +16,7 @@ M = f"{A}/machines"
 
 # Answers 200 only to HEAD with the check's header, so a passing check proves both were sent.
 PICKY = """
-import http.server, os
+import http.server, os, socket
 class H(http.server.BaseHTTPRequestHandler):
     def do_HEAD(self):
         self.send_response(200 if self.headers.get("X-Souk-Check") == "yes" else 418)
@@ -24,7 +24,10 @@ class H(http.server.BaseHTTPRequestHandler):
     do_GET = do_HEAD
     def log_message(self, *args):
         pass
-http.server.HTTPServer((os.environ["SOUK_PRIVATE_IP"], 8080), H).serve_forever()
+ip = os.environ["SOUK_PRIVATE_IP"]
+class S(http.server.HTTPServer):
+    address_family = socket.AF_INET6 if ":" in ip else socket.AF_INET
+S((ip, 8080), H).serve_forever()
 """
 
 

@@ -109,7 +109,7 @@ async def test_each_part_counts_what_the_workload_did(tmp_path: Path) -> None:
         targets = await c.api("GET", "/v1/prometheus/targets")
         assert targets == [
             {
-                "targets": [f"{watched['private_ip']}:{PORT}"],
+                "targets": [f"[{watched['private_ip']}]:{PORT}"],
                 "labels": {
                     "__metrics_path__": "/hi",
                     "__scheme__": "http",

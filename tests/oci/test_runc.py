@@ -213,3 +213,28 @@ async def test_a_start_resumed_after_a_crash_runs_what_its_first_try_prepared(
         assert await driver.prepare(another) == moved.digest
     finally:
         await driver.cleanup(machine)
+
+
+async def test_a_container_on_the_private_network_asks_its_workers_resolver(
+    registry: Registry,
+    client: RegistryClient,
+    busybox_base: Layer,
+    driver: RuncDriver,
+    tmp_path: Path,
+) -> None:
+    await push(client, registry, "bb:6pn", ImageSpec([busybox_base], env=["PATH=/bin"]))
+    script = "cat /etc/resolv.conf; cat /proc/net/if_inet6"
+    config = MachineConfig(
+        image=f"{registry.host}/bb:6pn", init=InitConfig(exec=["/bin/sh", "-c", script])
+    )
+    address = "fd73:6f75:6b00:5eef:7400:1:0:9"
+    machine = launch(tmp_path, config, address)
+    await driver.prepare(machine)
+    try:
+        await driver.spawn(machine)
+        assert await driver.wait(machine.machine_id) == 0
+        out = (machine.rundir / "stdout.log").read_text()
+        assert "nameserver fd73:6f75:6b00::3" in out
+        assert "fd736f756b005eef7400000100000009" in out and "eth0" in out
+    finally:
+        await driver.cleanup(machine)

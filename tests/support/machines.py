@@ -14,6 +14,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from souk.worker.oci import network
+
 CGROUPS = Path("/sys/fs/cgroup")
 
 
@@ -61,8 +63,10 @@ def kill_machine_processes(ids: set[str]) -> None:
 
 
 def remove_groups(ids: set[str]) -> None:
-    """These machines' cgroups, which a worker removes only when it destroys a machine, once
-    their processes (killed) are gone."""
+    """These machines' cgroups and network namespaces, which a worker removes only when it
+    destroys a machine, once their processes (killed) are gone."""
+    for machine_id in ids:
+        network.remove(machine_id)
     groups = [
         g
         for i in ids

@@ -14,6 +14,7 @@ import pytest
 
 from souk.clients.machines import MachinesClient
 from souk.dev import dev_cluster
+from souk.network import hostport
 from tests.support.registry import REGISTRY, running_registry
 from tests.support.worker_process import SOUK
 from tests.worker_images.test_image_machines import get_text
@@ -74,7 +75,9 @@ async def test_a_dockerfile_is_built_pushed_and_deployed_by_its_digest(tmp_path:
                 [m] = await api.machines("built")
                 assert m.config.image and m.config.image.startswith(f"{registry.host}/built:")
                 assert "@sha256:" in m.config.image  # deployed by digest
-                assert await get_text(f"http://{m.private_ip}:8080/index.html") == "built here\n"
+                assert m.private_ip is not None
+                url = f"http://{hostport(m.private_ip, 8080)}/index.html"
+                assert await get_text(url) == "built here\n"
 
                 (folder / "Dockerfile").write_text("FROM scratch\nCOPY missing /x\n")
                 code, out = await souk_deploy(folder, d.api, d.token)

@@ -55,7 +55,7 @@ async def test_a_deploy_pins_its_tag_a_pushed_tag_updates_and_a_rollback_runs_th
 
         async def page() -> str:
             [m] = await api.machines("site")
-            return await get_text(f"http://{m.private_ip}:8080/index.html")
+            return await get_text(f"http://[{m.private_ip}]:8080/index.html")
 
         try:
             with pytest.raises(DeployError, match="image_not_found"):

@@ -4,6 +4,7 @@ and its recovery after a crash."""
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import os
 import shutil
 import signal
@@ -62,8 +63,8 @@ async def test_an_image_machine_serves_restarts_and_is_adopted(
     machine = await engine.create(CreateMachine(app="web", config=config))
     ok, started = await engine.wait(machine.id, "started", 60, None)
     assert ok, started.state
-    assert machine.private_ip and machine.private_ip.startswith("10.")
-    url = f"http://{machine.private_ip}:8080/index.html"
+    assert machine.private_ip and ipaddress.ip_address(machine.private_ip).is_private
+    url = f"http://[{machine.private_ip}]:8080/index.html"
     assert await get_text(url) == "hello from an image\n"
     assert engine.drivers.image_cached(config.image)
     logged = engine.store.read.execute("SELECT ref FROM images").fetchall()
@@ -164,7 +165,7 @@ async def test_a_version_runs_the_image_its_first_start_found_until_it_is_update
         try:
             machine = await engine.create(CreateMachine(app="web", config=config))
             assert (await engine.wait(machine.id, "started", 60, None))[0]
-            url = f"http://{machine.private_ip}:8080/index.html"
+            url = f"http://[{machine.private_ip}]:8080/index.html"
             assert await get_text(url) == "first\n"
             moved = await push(client, registry, "moving:1", served("moved\n"))
             assert moved.digest != first.digest

@@ -36,6 +36,9 @@ PASSABLE = {
     "apps": 0o711,
     "volumes": 0o711,
 }
+# Files a machine's processes read as its own user, with their modes: its /etc/resolv.conf
+# (the worker's resolver, docs/network.md), written by root alone.
+READABLE = {"resolv.conf": 0o644}
 # Directories whose contents are not souk's data but the app's own, with the modes the app
 # (or its image) chose: a machine's home and an image's unpacked layers.
 THE_APPS_OWN = ("apps", "images/layers")
@@ -68,8 +71,11 @@ def too_open(base: Path) -> list[str]:
         for name in files:
             path = here / name
             st = os.lstat(path)
-            if not stat.S_ISLNK(st.st_mode) and stat.S_IMODE(st.st_mode) & 0o077:
-                found.append(f"{(here / name).relative_to(base)} {stat.S_IMODE(st.st_mode):o}")
+            mode = stat.S_IMODE(st.st_mode)
+            if stat.S_ISLNK(st.st_mode) or mode == READABLE.get(name):
+                continue
+            if mode & 0o077:
+                found.append(f"{(here / name).relative_to(base)} {mode:o}")
     return found
 
 

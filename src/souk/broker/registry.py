@@ -36,6 +36,7 @@ from souk.broker.errors import Refused
 from souk.catalog.protocol import GLOBAL_REGION, REGISTRY_OWNER, Change
 from souk.models.catalog import AppRow, RevocationRow
 from souk.models.secrets import MAX_SECRETS, SecretRecord
+from souk.models.wire import NETWORK_KEY
 from souk.schema import Schema, add_missing_columns, migrate, together
 from souk.secret_files import private_database
 
@@ -61,8 +62,13 @@ class MetadataRefused(Refused):
     """A metadata patch that breaks a limit."""
 
 
-def check_metadata_patch(set_: dict[str, str]) -> None:
-    """Refuse bad keys and oversized values before anything is read or written."""
+def check_metadata_patch(set_: dict[str, str], delete: Sequence[str] = ()) -> None:
+    """Refuse bad keys and oversized values before anything is read or written, and any change
+    of the app's private network (it is chosen when the app is created)."""
+    if NETWORK_KEY in set_ or NETWORK_KEY in delete:
+        raise MetadataRefused(
+            "invalid", f"{NETWORK_KEY}: an app's private network is set when it is created"
+        )
     for key, value in set_.items():
         if not METADATA_KEY.match(key):
             raise MetadataRefused(
@@ -182,8 +188,11 @@ class AppRegistry:
         rows = self._db.execute("SELECT * FROM apps WHERE deleted = 0 ORDER BY name").fetchall()
         return [self._row(r) for r in rows]
 
-    def create(self, name: str, org: str = "personal") -> AppRow:
-        """Create, or recreate a deleted name; an app that exists is refused."""
+    def create(self, name: str, org: str = "personal", network: str | None = None) -> AppRow:
+        """Create, or recreate a deleted name; an app that exists is refused. `network`: the
+        private network it shares with its org's apps created with the same (None: the org's
+        default), kept in its metadata where no patch reaches it."""
+        metadata = json.dumps({NETWORK_KEY: network} if network else {})
         with self._lock, self._db:
             self._db.execute("BEGIN IMMEDIATE")
             row = self._db.execute("SELECT deleted FROM apps WHERE name = ?", (name,)).fetchone()
@@ -192,8 +201,8 @@ class AppRegistry:
             seq = self.head() + 1
             self._db.execute(
                 "INSERT OR REPLACE INTO apps (name, org, created_at, deleted, seq, metadata,"
-                " secrets, secrets_version) VALUES (?, ?, ?, 0, ?, '{}', '{}', 0)",
-                (name, org, now_iso(), seq),
+                " secrets, secrets_version) VALUES (?, ?, ?, 0, ?, ?, '{}', 0)",
+                (name, org, now_iso(), seq, metadata),
             )
         return self._publish(name)
 
@@ -223,7 +232,7 @@ class AppRegistry:
     ) -> dict[str, str]:
         """Delete, then set, in one transaction; returns the app's metadata after the patch.
         Refused whole (MetadataRefused) when it breaks a limit."""
-        check_metadata_patch(set_)
+        check_metadata_patch(set_, delete)
         with self._lock, self._db:
             self._db.execute("BEGIN IMMEDIATE")
             row = self._db.execute(

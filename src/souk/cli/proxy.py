@@ -24,6 +24,7 @@ from souk.cli.serving import (
     refusals,
 )
 from souk.cli.tls import TLS_CERT, TLS_DIR_HELP, TLS_KEY, part_tls, server_cert
+from souk.models.wire import DEFAULT_PRIVATE_PREFIX, private_prefix_error
 
 
 def run(
@@ -71,6 +72,17 @@ def run(
     insecure: bool = typer.Option(
         False, help="Without --tls-dir: follow an open bus other than loopback, unsigned rows."
     ),
+    mesh_port: int | None = typer.Option(
+        None, help="Join the private network's WireGuard mesh on this UDP port (docs/network.md)."
+    ),
+    mesh_endpoint: str | None = typer.Option(
+        None, help="HOST:PORT other hosts reach --mesh-port at."
+    ),
+    mesh_dir: Path | None = typer.Option(None, help="Where the mesh key is kept (0600)."),
+    mesh_name: str = typer.Option("proxy", help="This host's name on the mesh."),
+    private_prefix: str = typer.Option(
+        DEFAULT_PRIVATE_PREFIX, help="The cluster's /48 of private addresses (a ULA prefix)."
+    ),
     metrics: bool = METRICS,
     max_connections: int = MAX_CONNECTIONS,
     max_connections_per_client: int = MAX_PER_CLIENT,
@@ -92,6 +104,8 @@ def run(
     tls = part_tls("proxy", tls_dir, tls_name, insecure, nats)
     listener = server_cert(tls_cert, tls_key)
     url = api_url(api)
+    if (why := private_prefix_error(private_prefix)) is not None:
+        raise typer.BadParameter(why, param_hint="--private-prefix")
     opts = ProxySettings(
         host=host,
         port=port,
@@ -108,6 +122,11 @@ def run(
         listener=listener,
         tls=tls,
         metrics=metrics,
+        mesh_port=mesh_port,
+        mesh_endpoint=mesh_endpoint,
+        mesh_dir=mesh_dir,
+        mesh_name=mesh_name,
+        private_prefix=private_prefix,
         limits=listener_limits(
             max_connections, max_connections_per_client, head_timeout, keepalive_timeout
         ),

@@ -24,6 +24,7 @@ from souk.cli.serving import (
 )
 from souk.cli.tls import TLS_DIR_HELP, loopback, part_tls
 from souk.models.machine import CpuKind
+from souk.models.wire import DEFAULT_PRIVATE_PREFIX, private_prefix_error
 from souk.worker.daemon import serve
 from souk.worker.settings import WorkerSettings
 from souk.worker.storage import DataDirUnusable
@@ -78,6 +79,15 @@ def run(
         help="Without --tls-dir: serve plain HTTP on an address other than loopback, and "
         "publish unsigned rows to a bus other than loopback.",
     ),
+    private_prefix: str = typer.Option(
+        DEFAULT_PRIVATE_PREFIX, help="The cluster's /48 of private addresses (a ULA prefix)."
+    ),
+    mesh_port: int | None = typer.Option(
+        None, help="Join the private network's WireGuard mesh on this UDP port (docs/network.md)."
+    ),
+    mesh_endpoint: str | None = typer.Option(
+        None, help="HOST:PORT other hosts reach --mesh-port at."
+    ),
     metrics: bool = METRICS,
     max_connections: int = MAX_CONNECTIONS,
     max_connections_per_client: int = MAX_PER_CLIENT,
@@ -110,6 +120,8 @@ def run(
             raise typer.BadParameter(f"unknown cpu kind {kind!r}", param_hint="--cpu-kind")
         kinds.append(kind)  # type: ignore[arg-type]
     labels = dict(item.split("=", 1) for item in label if "=" in item)
+    if (why := private_prefix_error(private_prefix)) is not None:
+        raise typer.BadParameter(why, param_hint="--private-prefix")
     settings = WorkerSettings(
         name=name,
         region=region,
@@ -125,6 +137,9 @@ def run(
         private_registries=tuple(private_registry),
         image_cache_mb=image_cache_mb,
         metrics=metrics,
+        private_prefix=private_prefix,
+        mesh_port=mesh_port,
+        mesh_endpoint=mesh_endpoint,
     )
     limits = listener_limits(
         max_connections, max_connections_per_client, head_timeout, keepalive_timeout

@@ -82,7 +82,8 @@ class CreateAppRequest(Strict):
 
     name: AppName = Field(max_length=63)
     org_slug: str = "personal"
-    network: str | None = None
+    # the private network it shares with the org's apps created with the same (docs/network.md)
+    network: str | None = Field(None, pattern=r"^[a-z0-9][a-z0-9_-]{0,62}$")
     enable_subdomains: bool | None = None
 
     @model_validator(mode="before")

@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from souk.models.capacity import Capacity
 from souk.models.machine import CpuKind, Machine, MachineMetrics, MachineState
 from souk.models.secrets import SecretRecord
+from souk.models.wire import NETWORK_KEY
 
 
 class Row(BaseModel):
@@ -25,6 +26,16 @@ class Row(BaseModel):
     row gains a field only from protocol 2 on."""
 
     model_config = ConfigDict(extra="ignore")
+
+
+class MeshPeer(BaseModel):
+    """A node on the WireGuard mesh (docs/network.md): its public key, where its WireGuard
+    listens (host:port), and its own address on the mesh."""
+
+    model_config = ConfigDict(extra="ignore")
+    public_key: str = Field(min_length=44, max_length=44)
+    endpoint: str = Field(min_length=3, max_length=300)
+    address: str = Field(max_length=45)
 
 
 class WorkerRow(Row):
@@ -44,6 +55,9 @@ class WorkerRow(Row):
     cordoned: bool = False
     draining: bool = False
     epoch: str
+    # On the mesh: left out of the row when None, so that a replica of the release before
+    # (which refuses a field it does not know) reads the rows of a worker without a mesh.
+    mesh: MeshPeer | None = None
     # Set by the replica that serves the row, never by its owner: how recently it was heard from.
     unreachable: bool = False
     last_heartbeat: float | None = None  # unix time
@@ -98,6 +112,12 @@ class AppRow(Row):
     # sealed (see `souk.models.secrets`)
     secrets: dict[str, SecretRecord] = Field(default_factory=dict)
     secrets_version: int = 0
+
+    @property
+    def network(self) -> str:
+        """Its private network, `<org>/<name>`: the org's `default` unless it was created on
+        another (docs/network.md)."""
+        return f"{self.org}/{self.metadata.get(NETWORK_KEY) or 'default'}"
 
 
 class VolumeRow(Row):

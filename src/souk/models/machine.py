@@ -767,6 +767,8 @@ class CreateMachine(Strict):
     name: str | None = Field(None, max_length=63)
     id: str | None = Field(None, pattern=r"^[0-9a-z]{6,32}$")
     start: bool = True
+    # The app's private network, as `<org>/<name>` (docs/network.md); None: the worker's default.
+    network: str | None = Field(None, max_length=128)
     # The app's secrets, opened by the broker: the machine's env at each start, and the content
     # of files that name one. Kept apart from the config, which GET shows and rows carry.
     secrets: dict[str, str] = Field(default_factory=dict, repr=False)

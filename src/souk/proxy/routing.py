@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from souk.catalog.view import CatalogView
 from souk.models.catalog import MachineRow
 from souk.models.wire import CORDON_KEY, HIDDEN_KEY, ROLE_KEY
+from souk.network import hostport
 from souk.proxy.policy import Policies, ServicePolicy
 
 APP_HEADER = "souk-app"
@@ -66,7 +67,7 @@ class Backend:
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        return f"http://{hostport(self.host, self.port)}"
 
 
 def backend_of(row: MachineRow) -> Backend | None:

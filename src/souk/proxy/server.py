@@ -20,11 +20,14 @@ from aiohttp import web
 
 from souk import heap
 from souk.catalog import node
+from souk.catalog.bus import Bus
 from souk.catalog.metrics import watch_replica
 from souk.catalog.replica import Replica, following
 from souk.catalog.view import CatalogView
 from souk.clients.machines import MachinesClient
 from souk.clients.workers import WorkerClient
+from souk.models.wire import DEFAULT_PRIVATE_PREFIX
+from souk.network import mesh
 from souk.node.signals import until_signalled
 from souk.node.site import served
 from souk.pki import NodeFiles
@@ -64,6 +67,13 @@ class ProxySettings:
     # False: send to whatever listens at a machine's address, unchecked (only for backends no
     # worker runs, as in tests over a hand-written catalog). See `souk.proxy.holders`.
     check_sockets: bool = True
+    # On the private network's mesh (docs/network.md): its UDP port, the host:port other hosts
+    # reach it at, where its key is kept, its name there, and the cluster's /48.
+    mesh_port: int | None = None
+    mesh_endpoint: str | None = None
+    mesh_dir: Path | None = None
+    mesh_name: str = "proxy"
+    private_prefix: str = DEFAULT_PRIVATE_PREFIX
     limits: Limits = DEFAULT_LIMITS  # of its listener
 
 
@@ -164,6 +174,33 @@ async def proxy_site(view: CatalogView, opts: ProxySettings) -> AsyncIterator[tu
         yield proxy, await stack.enter_async_context(site)
 
 
+@contextlib.asynccontextmanager
+async def on_the_mesh(opts: ProxySettings, bus: Bus, view: CatalogView) -> AsyncIterator[None]:
+    """This host on the mesh: every worker a peer (from the catalog), and itself announced on
+    the bus for the workers to take as theirs, so that it reaches machines on any host."""
+    if opts.mesh_endpoint is None or opts.mesh_dir is None or opts.mesh_port is None:
+        raise ValueError("the mesh needs --mesh-port, --mesh-endpoint and --mesh-dir")
+    opts.mesh_dir.mkdir(parents=True, exist_ok=True)
+    node = mesh.Mesh(
+        opts.mesh_name,
+        opts.private_prefix,
+        opts.mesh_dir / "mesh.key",
+        opts.mesh_port,
+        opts.mesh_endpoint,
+    )
+    await asyncio.to_thread(node.start)
+    tasks = [
+        asyncio.ensure_future(mesh.follow(node, view)),
+        asyncio.ensure_future(mesh.announce(bus, node.node, node.peer)),
+    ]
+    try:
+        yield
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
 async def serve(opts: ProxySettings) -> None:
     """`souk proxy`: a replica following NATS (signed, given node files), and the proxy over it,
     until a signal."""
@@ -177,6 +214,8 @@ async def serve(opts: ProxySettings) -> None:
             path = opts.catalog_dir / "catalog.db"
         trust = node.ca_trust(opts.tls) if opts.tls is not None else None
         replica = await stack.enter_async_context(following(bus, path, trust=trust))
+        if opts.mesh_port is not None:
+            await stack.enter_async_context(on_the_mesh(opts, bus, replica))
         _, url = await stack.enter_async_context(proxy_site(replica, opts))
         heap.settle()
         print(f"souk proxy ready on {url} (apps at <app>.{opts.domain})", flush=True)

@@ -23,6 +23,7 @@ from souk.models.machine import (
     MachineState,
     MetadataChange,
 )
+from souk.models.wire import DEFAULT_NETWORK
 from souk.worker import leases, queries, volumes
 from souk.worker.addresses import free_ip
 from souk.worker.drivers.base import Drivers
@@ -170,9 +171,12 @@ def create(
     machine_id: str,
     req: CreateMachine,
     hold_until: float | None = None,
+    *,
+    vms: bool = False,
 ) -> None:
     """Reserve the guest and record the machine; queue its start if asked. With `hold_until`,
-    the machine is provisional until then (see `holds`), in this same commit."""
+    the machine is provisional until then (see `holds`), in this same commit. `vms`: images
+    run as vm guests, off the private network (`addresses.free_ip`)."""
     guest = req.config.guest
     cap = capacity(tx, settings)
     found = _misfit(guest, guest.cpus, guest.memory_mb, cap, cordoned=cap.cordoned)
@@ -188,15 +192,11 @@ def create(
     if queries.machine_exists(tx, machine_id):
         raise AlreadyExists(f"machine {machine_id} already exists")
     instance_id, stamp = new_instance_id(), now_iso()
+    kind, network = Drivers.kind_of(req.config), req.network or DEFAULT_NETWORK
+    private = not (vms and kind == "image")
+    ip = free_ip(tx, kind, settings.private_prefix, network, settings.name, private)
     queries.insert_machine(
-        tx,
-        machine_id,
-        req.name or machine_id,
-        req.app,
-        instance_id,
-        req.config,
-        free_ip(tx, Drivers.kind_of(req.config)),
-        stamp,
+        tx, machine_id, req.name or machine_id, req.app, instance_id, req.config, ip, stamp
     )
     volumes.attach(tx, settings, req.app, machine_id, req.config)
     queries.add_version(tx, machine_id, instance_id, req.config, stamp)
@@ -206,7 +206,7 @@ def create(
         "create",
         "reserve",
         "created",
-        data={"app": req.app, "guest": guest.model_dump(), **_ignored(req)},
+        data={"app": req.app, "guest": guest.model_dump(), "private_ip": ip, **_ignored(req)},
     )
     reserve(tx, settings, guest.cpus, guest.memory_mb, 1, f"machine {machine_id}")
     if hold_until is not None:
@@ -251,6 +251,8 @@ def update(
     config: MachineConfig,
     start: bool | None,
     nonce: str | None,
+    *,
+    vms: bool = False,
 ) -> None:
     """Record the new config and instance id now, reserving the growth; queue the stop (if it
     runs), the update and the start (if it ran, or if asked)."""
@@ -269,8 +271,13 @@ def update(
         raise _refusal(found, message + "; create a new machine elsewhere instead", details)
     instance_id = new_instance_id()
     old = MachineConfig.model_validate_json(row["config"])
-    if Drivers.kind_of(old) != Drivers.kind_of(config):  # a command became an image
-        queries.set_private_ip(tx, machine_id, free_ip(tx, Drivers.kind_of(config)))
+    kind = Drivers.kind_of(config)
+    private = not (vms and kind == "image")
+    if Drivers.kind_of(old) != kind and (":" not in (row["private_ip"] or "") or not private):
+        # a command became an image, or the reverse, off the private network (whose address
+        # serves both, but for a vm guest)
+        ip = free_ip(tx, kind, settings.private_prefix, worker=settings.name, private=private)
+        queries.set_private_ip(tx, machine_id, ip)
     volumes.attach(tx, settings, row["app"], machine_id, config)
     stamp = now_iso()
     queries.set_config(tx, machine_id, config, stamp, instance_id)

@@ -32,6 +32,7 @@ import aiohttp
 from multidict import CIMultiDict
 
 from souk.models.machine import Check, CheckState, CheckStatus
+from souk.network import hostport
 from souk.worker.store import now_iso
 
 FIRST_DELAY = 0.2
@@ -116,7 +117,7 @@ class HealthChecks:
     async def probe(self, address: str, check: Check) -> tuple[bool, str]:
         """Whether the check passes now, and what was seen."""
         timeout = max(check.timeout, MIN_INTERVAL)
-        target = f"{address}:{check.port}"
+        target = hostport(address, check.port)
         if check.type == "tcp":
             try:
                 _, writer = await asyncio.wait_for(

@@ -26,6 +26,7 @@ from souk.catalog.connecting import ConnectingBus
 from souk.catalog.owner import Owner
 from souk.catalog.signing import Signer
 from souk.models.capacity import OfferCall, offers_subject
+from souk.models.catalog import MeshPeer
 from souk.node.signals import until_signalled
 from souk.node.site import served
 from souk.pki import NodeFiles, reloading_server_context, role_middleware
@@ -33,7 +34,7 @@ from souk.web import error_middleware
 from souk.web.body import MAX_BODY_BYTES
 from souk.web.listener import DEFAULT_LIMITS, Limits
 from souk.web.protocol import protocol_middleware
-from souk.worker import http, logs, schedules
+from souk.worker import http, logs, names, schedules
 from souk.worker.cgroups import Cgroups, worker_group
 from souk.worker.drivers import vm_boot
 from souk.worker.drivers.base import Drivers
@@ -133,11 +134,17 @@ async def running(engine: Engine) -> AsyncIterator[Engine]:
 
 @contextlib.asynccontextmanager
 async def publishing(
-    engine: Engine, bus: Bus, address: str | None = None, signer: Signer | None = None
+    engine: Engine,
+    bus: Bus,
+    address: str | None = None,
+    signer: Signer | None = None,
+    mesh: MeshPeer | None = None,
 ) -> AsyncIterator[Owner]:
     """The worker as the owner of its catalog rows: each commit published as it lands, signed
-    with its node key when given one (a signed catalog takes no other)."""
+    with its node key when given one (a signed catalog takes no other); its row says where it
+    is on the mesh, if it is."""
     rows = WorkerRows(engine, address or engine.settings.address)
+    rows.mesh = mesh
     owner = Owner(bus, rows, signer=signer)
     rows.attach(owner)
     await owner.start()
@@ -203,8 +210,14 @@ async def serve(
             connect = node.connector(nats, f"souk-worker-{settings.name}", tls, key)
             bus = ConnectingBus(connect, f"NATS {nats}")
             stack.push_async_callback(bus.close)
-            owner = await stack.enter_async_context(publishing(engine, bus, signer=key))
+            mesh = await names.joined(settings)
+            peer = mesh.peer if mesh is not None else None
+            owner = await stack.enter_async_context(publishing(engine, bus, None, key, peer))
             await stack.enter_async_context(offering(engine, bus))
+            trust = node.ca_trust(tls) if tls is not None else None
+            replica = await stack.enter_async_context(names.answering(settings, bus, trust))
+            if mesh is not None and replica is not None:
+                await stack.enter_async_context(names.meshed(mesh, replica, bus))
             bus.on_connect(owner.heartbeat)
             engine.bus_link = bus
             bus.start()

@@ -163,6 +163,15 @@ def ip_in_use(db: Db, ip: str) -> bool:
     return _one(db, sql, (ip,)) is not None
 
 
+def ip_named(db: Db, ip: str) -> bool:
+    """Whether any row names the address, a destroyed machine's too (a replica may still show
+    it): a live one through the index, a destroyed one by a scan of those alone."""
+    if ip_in_use(db, ip):
+        return True
+    sql = "SELECT 1 FROM machines WHERE state = 'destroyed' AND private_ip = ?"
+    return _one(db, sql, (ip,)) is not None
+
+
 def insert_machine(
     db: Db,
     machine_id: str,

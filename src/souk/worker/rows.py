@@ -12,7 +12,7 @@ from typing import Any
 
 from souk.catalog.owner import Owner
 from souk.catalog.protocol import Change
-from souk.models.catalog import ImageRow, VolumeRow, machine_row, worker_row
+from souk.models.catalog import ImageRow, MeshPeer, VolumeRow, machine_row, worker_row
 from souk.worker import queries
 from souk.worker.engine import Engine
 from souk.worker.store import Commit
@@ -29,6 +29,7 @@ class WorkerRows:
         self.epoch = engine.epoch
         self.address = address
         self.publisher: Owner | None = None
+        self.mesh: MeshPeer | None = None  # this node on the mesh (docs/network.md)
 
     def attach(self, publisher: Owner) -> None:
         self.publisher = publisher
@@ -43,9 +44,10 @@ class WorkerRows:
         return self.store.head()
 
     def _worker(self) -> dict[str, Any]:
-        return worker_row(self.engine.capacity(), self.address, self.epoch).model_dump(
-            mode="json", exclude={"unreachable", "last_heartbeat"}
-        )
+        row = worker_row(self.engine.capacity(), self.address, self.epoch)
+        row.mesh = self.mesh
+        left_out = {"unreachable", "last_heartbeat"} | ({"mesh"} if self.mesh is None else set())
+        return row.model_dump(mode="json", exclude=left_out)
 
     def _machine(self, machine_id: str) -> Change:
         """The machine's row and its version, read together."""

@@ -68,7 +68,7 @@ async def create_app(request: web.Request) -> web.Response:
     if b.registry is None:
         return await forward_registry(request, "POST", "/v1/apps", body.model_dump())
     try:
-        row = b.registry.create(body.name, body.org_slug)
+        row = b.registry.create(body.name, body.org_slug, body.network)
     except AppExists:
         raise ApiError(409, "already_exists", f"app {body.name} already exists") from None
     return reply(app_view(b, row), status=201)

@@ -37,6 +37,7 @@ from souk.models.machine import (
     MachineState,
     UpdateMachine,
 )
+from souk.models.wire import DEFAULT_NETWORK
 from souk.web import ApiError, number, read_json, read_model, reply
 from souk.web.body import BODY_KEY
 from souk.web.streams import while_allowed
@@ -131,6 +132,7 @@ async def create_machine(request: web.Request) -> web.StreamResponse:
         name=body.name,
         start=not body.skip_launch,
         secrets=secrets,
+        network=row.network if row.network != DEFAULT_NETWORK else None,
         ignored_fields=ignored or None,
     )
     prefix = idempotency_prefix(request, app)

@@ -1,7 +1,8 @@
 /* souk-launch: how the process driver starts what a machine runs.
  *
  *   souk-launch --serve FD
- *   souk-launch [--join FD]... [--ids UID:GID] [--no-new-privs] [--environ] -- COMMAND [ARG ...]
+ *   souk-launch [--netns FD] [--resolv FD] [--join FD]... [--ids UID:GID] [--no-new-privs]
+ *               [--environ] -- COMMAND [ARG ...]
  *   souk-launch [--netns FD] --exit-to FILE -- COMMAND [ARG ...]
  *   souk-launch --processes
  *   souk-launch --protocol
@@ -9,6 +10,8 @@
  * --serve FD  starts machines for the worker at the other end of FD, a SOCK_SEQPACKET socket, one
  *             request a message (below), until the worker closes it: a machine's start costs a
  *             fork of this small process, not an exec of one more program from the worker.
+ * --resolv FD  in a mount namespace of its own, mounts the file FD over /etc/resolv.conf (what
+ *             `ip netns exec` does): the machine asks its worker's DNS.
  * --join FD   writes "0" (itself) to FD, a `cgroup.procs` the worker opened, and closes it: the
  *             command runs in the machine's cgroups from its first instruction.
  * --ids U:G   drops to user U and group G with no supplementary groups (a root worker).
@@ -19,8 +22,9 @@
  *             SOUK_ENVS of them, each a NAME=value. A root launcher's own environment never holds
  *             a variable a machine chose (LD_*, GLIBC_TUNABLES, ...) under its own name: the
  *             machine's variables take effect at the command's exec, once the ids are dropped.
- * --netns FD  joins the network namespace FD (a root worker's machine's) before the rest: runc
- *             then runs inside it, and neither it nor `runc exec` has to join it themselves.
+ * --netns FD  first of all, joins the network namespace FD (a root worker's machine's own,
+ *             docs/network.md) before the rest: a command runs in it, and so does runc, so
+ *             that neither it nor `runc exec` has to join it themselves.
  * --processes the supervisor of a machine's several processes (Fly's `processes`): starts each
  *             as described in its environment (`supervise` below), each as its own ids when it
  *             runs as root, and exits when the first of them exits, with its status, once the
@@ -35,9 +39,10 @@
  * launcher.py): a worker finding an older build does not use it.
  *
  * A request (`_request` in spawner.py, in the host's byte order): five 32-bit words, flags (IDS,
- * NO_NEW_PRIVS), uid, gid, argc and envc; then the path to run, the working directory, the argv
- * and the environment, each string ending in a NUL; and as SCM_RIGHTS, the command's stdin,
- * stdout and stderr, then the cgroup.procs to join. Its child is made a child of the worker
+ * NO_NEW_PRIVS, NETNS, RESOLV), uid, gid, argc and envc; then the path to run, the working
+ * directory, the argv and the environment, each string ending in a NUL; and as SCM_RIGHTS, the
+ * command's stdin, stdout and stderr, the namespace (NETNS) and resolv.conf (RESOLV), then the
+ * cgroup.procs to join. Its child is made a child of the worker
  * (CLONE_PARENT): the worker reaps it and reads its exit. The answer, once the command runs or
  * has failed to: three 32-bit words, the child's pid, an errno (0: it runs) and the step that
  * failed (STEP_*). A failed child exits 127 at once; the worker reaps it too.
@@ -58,13 +63,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
-#define PROTOCOL 5 /* launcher.py's PROTOCOL: raised with every change to this interface */
+#define PROTOCOL 6 /* launcher.py's PROTOCOL: raised with every change to this interface */
 #define LAST_ID 4294967294UL /* (uid_t) -1 means "unchanged" to the kernel: never an id */
 #define MAX_JOIN 8
 #define MAX_PROCESSES 1024
@@ -72,19 +78,39 @@
 #define GRACE 10 /* seconds the other processes get once the first has exited */
 #define IDS 1u
 #define NO_NEW_PRIVS 2u
+#define NETNS 4u
+#define RESOLV 8u
 
 enum step { STEP_NONE, STEP_REQUEST, STEP_CLONE, STEP_CHDIR, STEP_JOIN, STEP_IDS,
-            STEP_NO_NEW_PRIVS, STEP_EXEC };
+            STEP_NO_NEW_PRIVS, STEP_EXEC, STEP_NETNS };
 
 struct confinement {
     const int *join;
     int joins;
+    int netns, resolv; /* -1: none */
     unsigned flags;
     unsigned long uid, gid;
 };
 
 /* Joins the groups, drops the ids, sets no-new-privs: 0, or the step that failed (errno set). */
 static enum step confine(const struct confinement *c) {
+    char link[32], source[4096];
+    ssize_t n = 0;
+    if (c->netns >= 0 && setns(c->netns, CLONE_NEWNET) != 0)
+        return STEP_NETNS;
+    /* by its path: a file open in the mount namespace left behind cannot be bound in another */
+    snprintf(link, sizeof link, "/proc/self/fd/%d", c->resolv);
+    if (c->resolv >= 0 && (n = readlink(link, source, sizeof source - 1)) < 0)
+        return STEP_NETNS;
+    source[n] = '\0';
+    if (c->resolv >= 0 && (unshare(CLONE_NEWNS) != 0 ||
+                           mount(NULL, "/", NULL, MS_REC | MS_SLAVE, NULL) != 0 ||
+                           mount(source, "/etc/resolv.conf", NULL, MS_BIND, NULL) != 0))
+        return STEP_NETNS;
+    if (c->netns >= 0)
+        close(c->netns); /* none of them reaches the command */
+    if (c->resolv >= 0)
+        close(c->resolv);
     for (int j = 0; j < c->joins; j++) {
         if (write(c->join[j], "0", 1) != 1)
             return STEP_JOIN;
@@ -152,7 +178,7 @@ static struct answer start(int sock, char *message, size_t size, const int *fds,
     struct request head;
     char *at = message + sizeof head, *cwd[2], *path[2], **argv = NULL, **env = NULL;
     int report[2];
-    if (size < sizeof head || nfds < 3 || nfds > 3 + MAX_JOIN)
+    if (size < sizeof head || nfds < 3 || nfds > 5 + MAX_JOIN)
         return answer;
     memcpy(&head, message, sizeof head);
     if (head.argc < 1 || head.argc > size || head.envc > size)
@@ -163,7 +189,15 @@ static struct answer start(int sock, char *message, size_t size, const int *fds,
         strings(&at, message + size, 1, cwd) || strings(&at, message + size, head.argc, argv) ||
         strings(&at, message + size, head.envc, env) || at != message + size)
         goto done;
-    struct confinement c = {fds + 3, nfds - 3, head.flags, head.uid, head.gid};
+    int extra = !!(head.flags & NETNS) + !!(head.flags & RESOLV);
+    if (nfds < 3 + extra)
+        goto done;
+    struct confinement c = {fds + 3 + extra, nfds - 3 - extra, -1, -1, head.flags, head.uid,
+                            head.gid};
+    if (head.flags & NETNS)
+        c.netns = fds[3];
+    if (head.flags & RESOLV)
+        c.resolv = fds[3 + !!(head.flags & NETNS)];
     if (pipe2(report, O_CLOEXEC) != 0) {
         answer = (struct answer){0, errno, STEP_CLONE};
         goto done;
@@ -204,7 +238,7 @@ static int serve(int sock) {
         }
         char *message = malloc((size_t)size);
         union {
-            char space[CMSG_SPACE(sizeof(int) * (3 + MAX_JOIN))];
+            char space[CMSG_SPACE(sizeof(int) * (5 + MAX_JOIN))];
             struct cmsghdr align;
         } control;
         struct iovec iov = {message, (size_t)size};
@@ -219,12 +253,12 @@ static int serve(int sock) {
                 continue;
             return got == 0 ? 0 : 125;
         }
-        int fds[3 + MAX_JOIN], nfds = 0;
+        int fds[5 + MAX_JOIN], nfds = 0;
         for (struct cmsghdr *c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c)) {
             if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
                 continue;
             int n = (int)((c->cmsg_len - CMSG_LEN(0)) / sizeof(int));
-            for (int k = 0; k < n && nfds < 3 + MAX_JOIN; k++)
+            for (int k = 0; k < n && nfds < 5 + MAX_JOIN; k++)
                 memcpy(&fds[nfds++], CMSG_DATA(c) + k * sizeof(int), sizeof(int));
         }
         struct answer answer = {0, EINVAL, STEP_REQUEST};
@@ -243,8 +277,8 @@ static int serve(int sock) {
 static int usage(const char *why) {
     fprintf(stderr, "souk-launch: %s\n", why);
     fprintf(stderr, "usage: souk-launch --serve FD\n"
-                    "       souk-launch [--join FD]... [--ids UID:GID] [--no-new-privs] [--environ]"
-                    " -- COMMAND\n"
+                    "       souk-launch [--netns FD] [--resolv FD] [--join FD]... [--ids UID:GID]"
+                    " [--no-new-privs] [--environ] -- COMMAND\n"
                     "       souk-launch [--netns FD] --exit-to FILE -- COMMAND\n"
                     "       souk-launch --processes\n");
     return 125;
@@ -476,9 +510,10 @@ static int record_exit(const char *file, char **argv) {
 int main(int argc, char **argv) {
     static const char *steps[] = {[STEP_JOIN] = "joining the machine's cgroup",
                                   [STEP_IDS] = "dropping to the app's ids",
-                                  [STEP_NO_NEW_PRIVS] = "--no-new-privs"};
+                                  [STEP_NO_NEW_PRIVS] = "--no-new-privs",
+                                  [STEP_NETNS] = "entering the machine's network"};
     int join[MAX_JOIN], i, sock;
-    struct confinement c = {join, 0, 0, 0, 0};
+    struct confinement c = {join, 0, -1, -1, 0, 0, 0};
     char **env = NULL;
     const char *rest;
     if (argc == 2 && strcmp(argv[1], "--protocol") == 0) {
@@ -507,6 +542,9 @@ int main(int argc, char **argv) {
         if (strcmp(argv[i], "--no-new-privs") == 0) {
             c.flags |= NO_NEW_PRIVS;
             i--; /* a flag without a value */
+        } else if (strcmp(argv[i], "--resolv") == 0) {
+            if ((c.resolv = descriptor(argv[i + 1])) < 0)
+                return usage("--resolv needs a descriptor above 2");
         } else if (strcmp(argv[i], "--environ") == 0) {
             env = environ;
             i--;

@@ -28,7 +28,7 @@ from souk.worker.drivers.base import HostUser
 log = logging.getLogger("souk.worker.launcher")
 
 NAME = "souk-launch"
-PROTOCOL = "5"  # its flags and its server's messages: launch.c's PROTOCOL, raised with them
+PROTOCOL = "6"  # its flags and its server's messages: launch.c's PROTOCOL, raised with them
 ASK_WAIT = 5.0  # at most this long for a launcher to say its protocol
 PR_SET_NO_NEW_PRIVS = 38  # <linux/prctl.h>
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -61,6 +61,30 @@ def find(path: str | None = None) -> str | None:
 
 
 LAUNCHER = find()
+
+
+@dataclass(frozen=True)
+class Network:
+    """A machine's own network namespace (a path under /var/run/netns), and the resolv.conf
+    its processes see in place of the host's (None: the host's)."""
+
+    netns: Path
+    resolv: Path | None = None
+
+
+@contextlib.contextmanager
+def entered(network: Network | None) -> Iterator[list[int]]:
+    """The namespace and resolv.conf open, for the child to enter and mount (in that order)."""
+    fds: list[int] = []
+    try:
+        if network is not None:
+            fds.append(os.open(network.netns, os.O_RDONLY | os.O_CLOEXEC))
+            if network.resolv is not None:
+                fds.append(os.open(network.resolv, os.O_RDONLY | os.O_CLOEXEC))
+        yield fds
+    finally:
+        for fd in fds:
+            os.close(fd)
 
 
 @dataclass
@@ -101,36 +125,70 @@ def handed_env(env: dict[str, str]) -> dict[str, str]:
 
 @contextlib.contextmanager
 def launching(
-    argv: list[str], user: HostUser | None, procs: list[Path], env: dict[str, str]
+    argv: list[str],
+    user: HostUser | None,
+    procs: list[Path],
+    env: dict[str, str],
+    network: Network | None = None,
 ) -> Iterator[Launching]:
-    """`argv` to run as `user` (None: as the worker) in `env`, having joined the cgroups whose
-    `cgroup.procs` are `procs`, with no new privileges, on the launcher's command line (which
-    gets `env` under other names, `handed_env`: it may be root until the exec). Without the
-    launcher, a worker that is not root (no `user`, no `procs`) runs it as it is: a `preexec_fn`
-    for no-new-privs alone would make Python fork the worker; Python applies `env` at the
-    exec, after the change of ids."""
+    """`argv` to run as `user` (None: as the worker) in `env` and `network`, having joined the
+    cgroups whose `cgroup.procs` are `procs`, with no new privileges, on the launcher's command
+    line (which gets `env` under other names, `handed_env`: it may be root until the exec).
+    Without the launcher, a worker that is not root (no `user`, no `procs`, no `network`) runs
+    it as it is: a `preexec_fn` for no-new-privs alone would make Python fork the worker; Python
+    applies `env` at the exec, after the change of ids."""
     popen: dict[str, Any]
-    with opened(procs) as fds:
+    with opened(procs) as fds, entered(network) as net:
         if LAUNCHER is not None:
-            flags = [f for fd in fds for f in ("--join", str(fd))] + ["--no-new-privs"]
+            flags = ["--netns", str(net[0])] if net else []  # first: joined before the rest
+            flags += [f for fd in fds for f in ("--join", str(fd))] + ["--no-new-privs"]
+            if len(net) > 1:
+                flags += ["--resolv", str(net[1])]
             if user is not None:
                 flags += ["--ids", f"{user.uid}:{user.gid}"]
-            popen = {"pass_fds": tuple(fds), "env": handed_env(env)}
+            popen = {"pass_fds": (*fds, *net), "env": handed_env(env)}
             yield Launching([LAUNCHER, *flags, "--environ", "--", *argv], popen)
-        elif user is None and not fds:
+        elif user is None and not fds and not net:
             yield Launching(argv, {"env": env})
         else:
-            popen = {"preexec_fn": _confiner(fds), "env": env}
-            if user is not None:
+            # Python changes ids before a preexec_fn; entering a namespace needs root's, so
+            # with a network the ids change in it, after.
+            later = user if net else None
+            popen = {"preexec_fn": _confiner(fds, net, later), "env": env}
+            if user is not None and later is None:
                 popen.update(user=user.uid, group=user.gid, extra_groups=[])
             yield Launching(argv, popen)
 
 
-def _confiner(fds: list[int]) -> Callable[[], None]:
-    def confine() -> None:  # in the child, as the app already: the kernel checks the opener's
-        for fd in fds:  # rights to a cgroup.procs
+def _confiner(fds: list[int], net: list[int], user: HostUser | None) -> Callable[[], None]:
+    def confine() -> None:  # in the child (as the app already, unless `user`): the kernel
+        if net:  # checks the opener's rights to a cgroup.procs
+            _enter_network(net)
+        for fd in fds:
             os.write(fd, b"0")
+        if user is not None:
+            os.setgroups([])
+            os.setresgid(user.gid, user.gid, user.gid)
+            os.setresuid(user.uid, user.uid, user.uid)
         if _libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
             raise OSError(ctypes.get_errno(), "no-new-privs")
 
     return confine
+
+
+CLONE_NEWNET, CLONE_NEWNS = 0x40000000, 0x00020000
+MS_BIND, MS_REC, MS_SLAVE = 0x1000, 0x4000, 1 << 19
+
+
+def _enter_network(net: list[int]) -> None:
+    """What souk-launch's --netns and --resolv do, in a forked child (one thread: it may)."""
+    if _libc.setns(net[0], CLONE_NEWNET) != 0:
+        raise OSError(ctypes.get_errno(), "entering the machine's network")
+    if len(net) > 1:
+        source = os.fsencode(os.readlink(f"/proc/self/fd/{net[1]}"))  # by path, as launch.c
+        if (
+            _libc.unshare(CLONE_NEWNS) != 0
+            or _libc.mount(None, b"/", None, MS_REC | MS_SLAVE, None) != 0
+            or _libc.mount(source, b"/etc/resolv.conf", None, MS_BIND, None) != 0
+        ):
+            raise OSError(ctypes.get_errno(), "mounting the machine's resolv.conf")

@@ -33,9 +33,11 @@ from souk.worker.cgroups import Cgroups
 from souk.worker.drivers import execs, launcher, processes
 from souk.worker.drivers.base import ExecResult, Handle, HostUser, Launch
 from souk.worker.drivers.exits import child_exit, poll_until_gone, thaw_to_die, until_gone
+from souk.worker.drivers.launcher import Network
 from souk.worker.drivers.processes import SPEC_ENV
 from souk.worker.drivers.spawner import Command, Spawner, TooLarge
 from souk.worker.files import write_files
+from souk.worker.oci import network
 
 POLL = 0.05
 log = logging.getLogger("souk.worker.process")
@@ -97,6 +99,9 @@ class ProcessDriver:
         if launch.config.files:  # relative to the working directory: no root of its own
             files, owner = launch.config.files, launch.file_owner()
             await asyncio.to_thread(write_files, workdir, files, launch.secrets, owner)
+        if _networked(launch):
+            await network.setup(launch.machine_id, launch.private_ip)
+            network.resolv_conf(launch.rundir, launch.private_ip)
         return None
 
     async def spawn(self, launch: Launch) -> Handle:
@@ -291,7 +296,7 @@ class ProcessDriver:
         env.pop("SOUK_MARKER", None)
         procs = self.cgroups.procs_files(launch.machine_id)
         try:
-            with launcher.launching(argv, launch.user, procs, env) as start:
+            with launcher.launching(argv, launch.user, procs, env, _network(launch)) as start:
                 return await execs.run(
                     start.argv, stdin, timeout, cwd=_workdir(launch), **start.popen
                 )
@@ -305,6 +310,7 @@ class ProcessDriver:
     async def cleanup(self, launch: Launch) -> None:
         self._exits.pop(launch.machine_id, None)
         self.cgroups.remove(launch.machine_id)
+        await network.teardown(launch.machine_id)
         if launch.home is not None:
             await asyncio.to_thread(shutil.rmtree, launch.home, True)
 
@@ -322,7 +328,24 @@ def _command(launch: Launch) -> Command:
     path = _found(argv[0], env, workdir)
     if launch.user is not None and not _open_to_others(workdir / path):  # a root worker's
         raise _not_for(launch.user, argv[0], errno.EACCES)
-    return Command(path, argv, env, launch.user)
+    return Command(path, argv, env, launch.user, _network(launch))
+
+
+def _networked(launch: Launch) -> bool:
+    """A machine on the private network (an IPv6 address) has a network namespace of its own;
+    one with a loopback address (a worker that is not root) shares the host's."""
+    return ":" in launch.private_ip
+
+
+def _network(launch: Launch) -> Network | None:
+    if not _networked(launch):
+        return None
+    return Network(network.path_of(launch.machine_id), _resolv(launch))
+
+
+def _resolv(launch: Launch) -> Path:
+    """The machine's /etc/resolv.conf (`network.resolv_conf`), mounted over the host's."""
+    return launch.rundir / "resolv.conf"
 
 
 def _supervisor(launch: Launch, env: dict[str, str]) -> Command:
@@ -333,7 +356,8 @@ def _supervisor(launch: Launch, env: dict[str, str]) -> Command:
     specs = process_specs(launch, ids=launcher.LAUNCHER is not None)
     if launcher.LAUNCHER is None:
         argv = [sys.executable, "-I", processes.__file__]  # stdlib only: runs as a file
-        return Command(argv[0], argv, {**env, SPEC_ENV: json.dumps(specs)}, launch.user)
+        spec_env = {**env, SPEC_ENV: json.dumps(specs)}
+        return Command(argv[0], argv, spec_env, launch.user, _network(launch))
     handed = {  # its own: how the worker finds it (`procfs`), and what it starts
         "SOUK_MACHINE_ID": launch.machine_id,
         "SOUK_MARKER": launch.marker,
@@ -345,7 +369,8 @@ def _supervisor(launch: Launch, env: dict[str, str]) -> Command:
         handed.update(launcher.numbered(f"SOUK_PROCESS{i}_ARG", spec["argv"]))
         pairs = [f"{name}={value}" for name, value in spec["env"].items()]
         handed.update(launcher.numbered(f"SOUK_PROCESS{i}_ENV", pairs))
-    return Command(launcher.LAUNCHER, [launcher.LAUNCHER, "--processes"], handed, None)
+    argv = [launcher.LAUNCHER, "--processes"]
+    return Command(launcher.LAUNCHER, argv, handed, None, _network(launch))
 
 
 def process_env(

@@ -137,7 +137,7 @@ class RuncDriver:
             cgroup=f"/{self.cgroup_parent}/{launch.machine_id}",
             annotations={MARKER: launch.marker, IMAGE: image.digest},
             user=launch.user,
-            volumes=launch.volumes,
+            volumes=(*launch.volumes, *_resolver(launch)),
         )
         bundle = launch.rundir / "bundle"
         bundle.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -342,6 +342,14 @@ class RuncDriver:
         await self.images.release_rootfs(_image_dir(launch))
         if launch.home is not None:
             await asyncio.to_thread(shutil.rmtree, launch.home, True)
+
+
+def _resolver(launch: Launch) -> tuple[tuple[str, Path], ...]:
+    """A machine on the private network asks its worker's DNS (docs/network.md): its
+    resolv.conf mounted over the image's."""
+    if ":" not in launch.private_ip:
+        return ()
+    return (("/etc/resolv.conf", network.resolv_conf(launch.rundir, launch.private_ip)),)
 
 
 @contextlib.contextmanager

@@ -29,9 +29,9 @@ from souk.readiness import resolve
 from souk.worker import procfs
 from souk.worker.drivers.base import HostUser
 from souk.worker.drivers.exits import child_exit
-from souk.worker.drivers.launcher import opened
+from souk.worker.drivers.launcher import Network, entered, opened
 
-IDS, NO_NEW_PRIVS = 1, 2  # launch.c's flags
+IDS, NO_NEW_PRIVS, NETNS, RESOLV = 1, 2, 4, 8  # launch.c's flags
 _REQUEST = struct.Struct("=5I")  # flags, uid, gid, argc, envc
 _ANSWER = struct.Struct("=3i")  # pid, errno, step
 # launch.c's `enum step`: what the server or the child could not do, for the error it says.
@@ -42,6 +42,7 @@ STEPS = {
     4: "joining the machine's cgroup",
     5: "dropping to the app's ids",
     6: "setting no-new-privs",
+    8: "entering the machine's network",
 }
 EXEC = 7
 SEND_BUFFER = 4 << 20  # the largest request: twice what execve takes of argv and env
@@ -59,6 +60,7 @@ class Command(NamedTuple):
     argv: list[str]
     env: dict[str, str]
     user: HostUser | None  # None: as the worker
+    network: Network | None = None  # None: the host's own network
 
 
 def _request(command: Command, cwd: Path) -> bytes:
@@ -72,6 +74,8 @@ def _request(command: Command, cwd: Path) -> bytes:
         raise ValueError("embedded null byte")
     user = command.user
     flags = NO_NEW_PRIVS | (IDS if user is not None else 0)
+    if command.network is not None:
+        flags |= NETNS | (RESOLV if command.network.resolv is not None else 0)
     ids = (user.uid, user.gid) if user is not None else (0, 0)
     head = _REQUEST.pack(flags, *ids, len(command.argv), len(command.env))
     return head + b"".join(text + b"\0" for text in encoded)
@@ -100,8 +104,8 @@ class Spawner:
         failed child is reaped. A spawn cancelled while it waits leaves its process running, to
         be adopted by its marker, as after a crash of the worker."""
         message = _request(command, cwd)
-        with opened(procs) as joins:
-            answer = await self._send(message, [*output, *joins])
+        with opened(procs) as joins, entered(command.network) as network:
+            answer = await self._send(message, [*output, *network, *joins])
         pid, error, step = await answer
         if not error:
             return pid

@@ -1,0 +1,95 @@
+"""The worker's `.internal` DNS (`souk.network.dns`), answered to its machines from a replica of
+the catalog that the worker follows beside the rows it owns, and its place on the mesh
+(`souk.network.mesh`), whose peers it sets from that replica (docs/network.md)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable
+
+from souk.catalog.bus import Bus
+from souk.catalog.replica import Replica
+from souk.catalog.trust import Trust
+from souk.network import dns, mesh
+from souk.worker.addresses import isolated
+from souk.worker.oci import network
+from souk.worker.settings import WorkerSettings
+
+CATCH_UP = 5.0  # seconds at most for the replica to catch up before the DNS answers anyway
+
+
+@contextlib.asynccontextmanager
+async def answering(
+    settings: WorkerSettings, bus: Bus, trust: Trust | None = None, port: int = 53
+) -> AsyncIterator[asyncio.Future[Replica] | None]:
+    """A replica following `bus` and the DNS over it, on the resolver's address, both made in
+    the background (the worker serves at once); the DNS answers once the replica has caught up
+    (a question before that is refused by the port, not answered from a partial catalog). None
+    (and no DNS) on a worker whose machines share the host's network."""
+    if not isolated():
+        yield None
+        return
+    await asyncio.to_thread(network.add_resolver, settings.private_prefix)
+    replica = Replica(bus, ":memory:", None, trust=trust)
+    closing: list[Callable[[], None]] = []
+
+    async def start() -> Replica:
+        await replica.start()
+        await replica.caught_up(CATCH_UP)
+        names = dns.Names(replica, settings.region, settings.private_prefix)
+        address = network.resolver(settings.private_prefix)
+        closing.append(await dns.serve(names, address, port, upstream=dns.host_resolver()))
+        return replica
+
+    started = asyncio.ensure_future(start())
+    try:
+        yield started
+    finally:
+        for close in closing:
+            close()
+        started.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await started
+        await replica.stop()
+
+
+async def joined(settings: WorkerSettings) -> mesh.Mesh | None:
+    """This node on the mesh, its interface up (None without `mesh_port`, or on a worker whose
+    machines share the host's network)."""
+    if settings.mesh_port is None or not isolated():
+        return None
+    endpoint = settings.mesh_endpoint
+    if endpoint is None:
+        raise mesh.MeshError("a mesh port needs the endpoint others reach it at (host:port)")
+    node = mesh.Mesh(
+        settings.name,
+        settings.private_prefix,
+        settings.data_dir / "mesh.key",
+        settings.mesh_port,
+        endpoint,
+    )
+    await asyncio.to_thread(node.start)
+    return node
+
+
+@contextlib.asynccontextmanager
+async def meshed(
+    node: mesh.Mesh, replica: asyncio.Future[Replica], bus: Bus
+) -> AsyncIterator[None]:
+    """The node's peers set from the replica once it has caught up (and the proxies' hosts
+    that announce themselves on the bus), and kept so."""
+    announced = mesh.Announced(node.cluster)
+    sub = await announced.listen(bus)
+
+    async def follow() -> None:
+        await mesh.follow(node, await asyncio.shield(replica), announced)
+
+    task = asyncio.ensure_future(follow())
+    try:
+        yield
+    finally:
+        await sub.unsubscribe()
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await task

@@ -1,0 +1,64 @@
+"""Two hosts joined by the WireGuard mesh (wireguard-go where the kernel has no WireGuard), each
+a network namespace with a real `souk worker` on it (`two_hosts.py`), a nats-server between
+them: a machine reaches one of its app on the other host by address and by name, and nothing
+of another network or of the other host itself."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.skipif(os.geteuid() != 0, reason="needs root"),
+    pytest.mark.skipif(not shutil.which("nats-server"), reason="needs nats-server"),
+    pytest.mark.skipif(not shutil.which("wg"), reason="needs wireguard-tools"),
+]
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def seen(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    tmp = tmp_path_factory.mktemp("two_hosts")
+    done = subprocess.run(
+        ["unshare", "-n", sys.executable, "-m", "tests.network.two_hosts", str(tmp)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    logs = "".join(p.read_text()[-2000:] for p in tmp.glob("*.log"))
+    assert done.returncode == 0, done.stderr[-3000:] + logs
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
+def test_a_machine_reaches_one_of_its_app_on_another_host(seen: dict[str, Any]) -> None:
+    assert seen["by_address"] == seen["ids"]["b1"]
+    assert seen["back"] == seen["ids"]["a1"]  # and the other way
+
+
+def test_and_by_name(seen: dict[str, Any]) -> None:
+    assert seen["by_name"] == seen["ids"]["b1"]
+    at = seen["addresses"]
+    assert seen["names"] == sorted([at["a1"], at["b1"]])  # both hosts' machines of the app
+
+
+def test_not_another_networks_machine_nor_the_other_host(seen: dict[str, Any]) -> None:
+    assert seen["to_other_network"] == "dropped"
+    assert seen["from_other_network"] == "dropped"
+    assert seen["other_host"] == "dropped"  # the other worker's API, on its own address
+
+
+def test_a_hosts_link_cut_and_restored_the_mesh_carries_on(seen: dict[str, Any]) -> None:
+    assert seen["link_down"] == "dropped"
+    assert seen["names_link_down"] == [seen["addresses"]["b1"]]  # its machine still runs
+    assert seen["link_up"] == seen["ids"]["b1"]  # by name again, with no change made

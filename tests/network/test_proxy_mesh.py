@@ -1,0 +1,50 @@
+"""A proxy on a host of its own reaches a machine two hosts away over the mesh, and scales it
+from zero (`three_hosts.py`: a broker and a worker on host A, a worker on B, `souk proxy
+--mesh-port` alone on C)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.skipif(os.geteuid() != 0, reason="needs root"),
+    pytest.mark.skipif(not shutil.which("nats-server"), reason="needs nats-server"),
+    pytest.mark.skipif(not shutil.which("wg"), reason="needs wireguard-tools"),
+]
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def seen(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    tmp = tmp_path_factory.mktemp("three_hosts")
+    done = subprocess.run(
+        ["unshare", "-n", sys.executable, "-m", "tests.network.three_hosts", str(tmp)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    logs = "".join(p.read_text()[-2000:] for p in tmp.glob("*.log"))
+    assert done.returncode == 0, done.stderr[-3000:] + logs
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
+def test_a_proxy_wakes_a_machine_two_hosts_away_and_is_answered_by_it(
+    seen: dict[str, Any],
+) -> None:
+    assert seen["worker"] == "wb"  # the machine is on host B; the proxy on C
+    assert seen["status"] == 200
+    assert seen["answered_by"] == seen["machine"]
+    assert seen["body"]["machine"] == seen["machine"] and seen["body"]["region"] == "ams"
+    assert seen["state"] == "started"  # started from zero by the request
