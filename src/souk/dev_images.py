@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import logging
 import shutil
+import signal
 import socket
 import urllib.error
 import urllib.request
@@ -25,6 +27,7 @@ log = logging.getLogger("souk.dev")
 REGISTRY_FILE = "oci-registry"  # in the dev data dir: HOST:PORT of its registry, for the CLI
 BASE_IMAGE = "localhost/busybox"
 READY_WITHIN = 10.0  # seconds for the registry to answer
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 def registry_program() -> str | None:
@@ -41,7 +44,7 @@ async def image_registry(root: Path, host: str, port: int) -> AsyncIterator[str 
         yield None
         return
     root.mkdir(parents=True, exist_ok=True, mode=0o700)
-    address = f"{host}:{port or _free_port(host)}"
+    address = f"{host}:{_bindable(host, port)}"
     config = root / "config.yml"
     config.write_text(
         "version: 0.1\n"
@@ -58,6 +61,7 @@ async def image_registry(root: Path, host: str, port: int) -> AsyncIterator[str 
             stdout=out,
             stderr=out,
             start_new_session=True,  # a Ctrl-C is souk dev's to handle, not the registry's
+            preexec_fn=_die_with_parent,
         )
     try:
         await _until_ready(proc, address)
@@ -89,10 +93,19 @@ async def _until_ready(proc: asyncio.subprocess.Process, address: str) -> None:
             await asyncio.sleep(0.05)
 
 
-def _free_port(host: str) -> int:
+def _bindable(host: str, port: int) -> int:
+    """`port` (0: any free one), found free: one in use is an `OSError` now, which `souk dev`
+    refuses to start on, rather than a registry that exits while another one answers there."""
     with socket.socket() as s:
-        s.bind((host, 0))
+        s.bind((host, port))
         return int(s.getsockname()[1])
+
+
+def _die_with_parent() -> None:
+    """In the registry's child before its exec: it ends with `souk dev`, however that ends
+    (a second Ctrl-C exits at once, with no time to stop it)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 async def ensure_base_image() -> str | None:

@@ -35,7 +35,16 @@ def test_a_port_in_use_is_one_line_and_exit_2(taken: int, tmp_path: Path) -> Non
     parts = {
         "worker": [*worker, "--data-dir", "w1", "--driver", "sim", "--listen", at],
         "broker": [*broker, "--listen", at],
-        "dev": ["dev", "--data-dir", "dev", "--driver", "sim", "--listen", at],
+        "dev": [
+            "dev",
+            "--data-dir",
+            "dev",
+            "--driver",
+            "sim",
+            "--image-registry-port=0",
+            "--listen",
+            at,
+        ],
     }
     for part, argv in parts.items():
         done = souk(*argv, cwd=tmp_path)

@@ -73,6 +73,7 @@ def souk_dev(data: Path) -> Iterator[Dev]:
     app's machines are destroyed and the whole process group is stopped."""
     port, proxy = free_port(), free_port()
     argv = ["souk", "dev", "--data-dir", str(data), "--listen", f"127.0.0.1:{port}"]
+    argv += ["--image-registry-port", "0"]  # any free port: tests run side by side
     argv += ["--proxy", f"127.0.0.1:{proxy}"]
     with (data / "dev.log").open("wb") as log:
         proc = subprocess.Popen(

@@ -36,7 +36,7 @@ class DevProcess:
             "--listen",
             self.url.removeprefix("http://"),
         ]
-        argv += ["--proxy", f"127.0.0.1:{free_port()}", *extra]
+        argv += ["--proxy", f"127.0.0.1:{free_port()}", "--image-registry-port", "0", *extra]
         self.log = data.parent / "dev.log"
         self.begins = self.log.stat().st_size if self.log.exists() else 0  # this run's output
         with self.log.open("ab") as log:

@@ -236,6 +236,17 @@ def test_souk_dev_ends_every_machine_from_every_state(tmp_path: Path, images: Im
         kill_machine_processes({h.mid for h in made})
 
 
+def running_on(data: Path) -> list[str]:
+    """Processes whose command line names `data`: what `souk dev` started there, still alive."""
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        with suppress(OSError):
+            argv = cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            if str(data) in argv:
+                found.append(argv)
+    return found
+
+
 def test_a_second_ctrl_c_ends_souk_dev_at_once_with_nothing_left_running(
     tmp_path: Path, images: Images
 ) -> None:
@@ -251,6 +262,7 @@ def test_a_second_ctrl_c_ends_souk_dev_at_once_with_nothing_left_running(
             os.kill(api.dev.proc.pid, signal.SIGTERM)
             ended(api.dev, 130)
             assert "exiting now" in api.dev.log.read_text()
+            assert running_on(tmp_path / "dev" / "image-registry") == []  # dies with souk dev
         assert {h.mid: machine_processes({h.mid}) for h in made} == {h.mid: [] for h in made}
         with souk_dev(tmp_path / "dev", images) as api:
             os.kill(api.dev.proc.pid, signal.SIGINT)
