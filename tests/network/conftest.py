@@ -27,18 +27,28 @@ async def client(tmp_path: Path) -> AsyncIterator[Client]:
         yield c
 
 
-@pytest.fixture(scope="session")
-def seen(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """What the machines of `one_host.py` reached, run once for the session's tests."""
-    tmp = tmp_path_factory.mktemp("one_host")
+def bed_findings(
+    tmp_path_factory: pytest.TempPathFactory, bed: str, timeout: float
+) -> dict[str, Any]:
+    """What the machines of the test bed `tests/network/<bed>.py` reached: it runs in a network
+    namespace of its own (its hosts, namespaces inside that one) and prints its findings as the
+    last line, JSON; its parts' logs are shown if it fails."""
+    tmp = tmp_path_factory.mktemp(bed)
     done = subprocess.run(
-        ["unshare", "-n", sys.executable, "-m", "tests.network.one_host", str(tmp)],
+        ["unshare", "-n", sys.executable, "-m", f"tests.network.{bed}", str(tmp)],
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=timeout,
         check=False,
     )
-    assert done.returncode == 0, done.stderr[-3000:]
+    logs = "".join(p.read_text()[-2000:] for p in tmp.glob("*.log"))
+    assert done.returncode == 0, done.stderr[-3000:] + logs
     result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
     return result
+
+
+@pytest.fixture(scope="session")
+def seen(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """What the machines of `one_host.py` reached, run once for the session's tests."""
+    return bed_findings(tmp_path_factory, "one_host", 120)

@@ -5,15 +5,14 @@ of another network or of the other host itself."""
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.network.conftest import bed_findings
 
 pytestmark = [
     pytest.mark.integration,
@@ -26,19 +25,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def seen(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    tmp = tmp_path_factory.mktemp("two_hosts")
-    done = subprocess.run(
-        ["unshare", "-n", sys.executable, "-m", "tests.network.two_hosts", str(tmp)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=180,
-        check=False,
-    )
-    logs = "".join(p.read_text()[-2000:] for p in tmp.glob("*.log"))
-    assert done.returncode == 0, done.stderr[-3000:] + logs
-    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
-    return result
+    return bed_findings(tmp_path_factory, "two_hosts", 180)
 
 
 def test_a_machine_reaches_one_of_its_app_on_another_host(seen: dict[str, Any]) -> None:

@@ -4,15 +4,14 @@ from zero (`three_hosts.py`: a broker and a worker on host A, a worker on B, `so
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.network.conftest import bed_findings
 
 pytestmark = [
     pytest.mark.integration,
@@ -25,19 +24,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def seen(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    tmp = tmp_path_factory.mktemp("three_hosts")
-    done = subprocess.run(
-        ["unshare", "-n", sys.executable, "-m", "tests.network.three_hosts", str(tmp)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=180,
-        check=False,
-    )
-    logs = "".join(p.read_text()[-2000:] for p in tmp.glob("*.log"))
-    assert done.returncode == 0, done.stderr[-3000:] + logs
-    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
-    return result
+    return bed_findings(tmp_path_factory, "three_hosts", 180)
 
 
 def test_a_proxy_wakes_a_machine_two_hosts_away_and_is_answered_by_it(
