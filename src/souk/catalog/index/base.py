@@ -4,7 +4,7 @@ view; and the rule of which owner may write which of its rows."""
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import ClassVar, TypeVar
+from typing import ClassVar, Generic, TypeVar
 
 from souk.models.catalog import Row
 
@@ -26,6 +26,28 @@ class TableIndex(ABC):
     def ownership_error(self, owner: str, region: str, key: str, row: Row) -> str | None:
         """Why `owner`, publishing in `region`, may not write `row` under `key`; None if it
         may. An owner writes only its own rows, and a row's key is its identity."""
+
+
+R = TypeVar("R", bound=Row)
+
+
+class KeyedIndex(TableIndex, Generic[R]):
+    """A table whose rows are held by their key alone, whoever owns them (apps, revocations,
+    volumes): subclasses name the `model` they hold and their ownership rule."""
+
+    model: ClassVar[type[Row]]
+
+    def __init__(self) -> None:
+        self.rows: dict[str, R] = {}
+
+    def put(self, owner: str, key: str, row: Row | None) -> None:
+        if isinstance(row, self.model):
+            self.rows[key] = row  # type: ignore[assignment]  # R is `model`
+        else:
+            self.rows.pop(key, None)
+
+    def get(self, owner: str, key: str) -> Row | None:
+        return self.rows.get(key)
 
 
 _Index = TypeVar("_Index", bound=type[TableIndex])

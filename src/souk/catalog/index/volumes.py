@@ -2,25 +2,14 @@
 
 from __future__ import annotations
 
-from souk.catalog.index.base import TableIndex, register
+from souk.catalog.index.base import KeyedIndex, register
 from souk.models.catalog import Row, VolumeRow
 
 
 @register
-class VolumeIndex(TableIndex):
+class VolumeIndex(KeyedIndex[VolumeRow]):
     table = "volumes"
-
-    def __init__(self) -> None:
-        self.rows: dict[str, VolumeRow] = {}
-
-    def put(self, owner: str, key: str, row: Row | None) -> None:
-        if isinstance(row, VolumeRow):
-            self.rows[key] = row
-        else:
-            self.rows.pop(key, None)
-
-    def get(self, owner: str, key: str) -> Row | None:
-        return self.rows.get(key)
+    model = VolumeRow
 
     def ownership_error(self, owner: str, region: str, key: str, row: Row) -> str | None:
         assert isinstance(row, VolumeRow)
