@@ -349,18 +349,7 @@ def across(args: argparse.Namespace, tmp: Path) -> list[Row]:
         return rows
     finally:
         bed.destroy_all()
-        for part in reversed(parts):
-            part.terminate()
-            try:
-                part.wait(10)
-            except subprocess.TimeoutExpired:
-                part.kill()
-                part.wait()
-        from souk.network.mesh import interface_name
-
-        subprocess.run(["ip", "link", "del", interface_name("wa")], capture_output=True)
-        subprocess.run(["ip", "-n", b, "link", "del", interface_name("wb")], capture_output=True)
-        subprocess.run(["ip", "netns", "del", b], capture_output=True, check=False)
+        bed.teardown(parts, b)
 
 
 if __name__ == "__main__":

@@ -185,16 +185,21 @@ def main() -> None:
         finally:
             destroy_all()
     finally:
-        for part in reversed(parts):
-            part.terminate()
-            try:
-                part.wait(10)
-            except subprocess.TimeoutExpired:
-                part.kill()
-                part.wait()
-        subprocess.run(["ip", "link", "del", interface_name("wa")], capture_output=True)
-        subprocess.run(["ip", "-n", b, "link", "del", interface_name("wb")], capture_output=True)
-        subprocess.run(["ip", "netns", "del", b], capture_output=True, check=False)
+        teardown(parts, b)
+
+
+def teardown(parts: list[subprocess.Popen[bytes]], b: str) -> None:
+    """The parts stopped, last first, then the mesh's interfaces and host B removed."""
+    for part in reversed(parts):
+        part.terminate()
+        try:
+            part.wait(10)
+        except subprocess.TimeoutExpired:
+            part.kill()
+            part.wait()
+    subprocess.run(["ip", "link", "del", interface_name("wa")], capture_output=True)
+    subprocess.run(["ip", "-n", b, "link", "del", interface_name("wb")], capture_output=True)
+    subprocess.run(["ip", "netns", "del", b], capture_output=True, check=False)
 
 
 if __name__ == "__main__":
