@@ -56,6 +56,16 @@ class Launch:
     # The app's secrets as the machine got them (in `config.env` already): for `config.files`.
     secrets: Mapping[str, str] = field(default_factory=dict, repr=False)
 
+    def identity_env(self) -> dict[str, str]:
+        """What every machine is told of itself in its environment, whatever runs it."""
+        return {
+            "SOUK_MACHINE_ID": self.machine_id,
+            "SOUK_APP_NAME": self.app,
+            "SOUK_REGION": self.region,
+            "SOUK_INSTANCE_ID": self.instance_id,
+            "SOUK_PRIVATE_IP": self.private_ip,
+        }
+
     def file_owner(self) -> tuple[int, int] | None:
         """Who owns the files written into the machine: the app's host user (a container's
         root) on a root worker; None (the worker's own user) otherwise."""

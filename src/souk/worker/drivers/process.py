@@ -51,16 +51,8 @@ def machine_env(launch: Launch) -> dict[str, str]:
         "LANG": "C.UTF-8",
     }
     env.update(launch.config.env)
-    env.update(
-        {
-            "SOUK_MACHINE_ID": launch.machine_id,
-            "SOUK_APP_NAME": launch.app,
-            "SOUK_REGION": launch.region,
-            "SOUK_INSTANCE_ID": launch.instance_id,
-            "SOUK_PRIVATE_IP": launch.private_ip,
-            "SOUK_MARKER": launch.marker,
-        }
-    )
+    env.update(launch.identity_env())
+    env["SOUK_MARKER"] = launch.marker
     if launch.volumes:  # a host process cannot have the volume at its path: it gets where it is
         env["SOUK_VOLUME_PATH"] = str(launch.volumes[0][1])
     return env

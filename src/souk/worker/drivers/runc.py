@@ -120,19 +120,12 @@ class RuncDriver:
         if launch.config.files:
             files, owner = launch.config.files, launch.file_owner()
             await asyncio.to_thread(write_files, rootfs, files, launch.secrets, owner)
-        env = {
-            "SOUK_MACHINE_ID": launch.machine_id,
-            "SOUK_APP_NAME": launch.app,
-            "SOUK_REGION": launch.region,
-            "SOUK_INSTANCE_ID": launch.instance_id,
-            "SOUK_PRIVATE_IP": launch.private_ip,
-        }
         spec = runtime_spec(
             image.config,
             launch.config,
             rootfs.resolve(),
             hostname=launch.machine_id,
-            extra_env=env,
+            extra_env=launch.identity_env(),
             netns=netns,
             cgroup=f"/{self.cgroup_parent}/{launch.machine_id}",
             annotations={MARKER: launch.marker, IMAGE: image.digest},

@@ -512,15 +512,7 @@ async def _read_exit(rundir: Path) -> int | None:
 
 def _machine_env(launch: Launch, image: Image) -> dict[str, str]:
     env = dict(e.partition("=")[::2] for e in image.config.environment(launch.config.env))
-    env.update(
-        {
-            "SOUK_MACHINE_ID": launch.machine_id,
-            "SOUK_APP_NAME": launch.app,
-            "SOUK_REGION": launch.region,
-            "SOUK_INSTANCE_ID": launch.instance_id,
-            "SOUK_PRIVATE_IP": launch.private_ip,
-        }
-    )
+    env.update(launch.identity_env())
     return env
 
 
