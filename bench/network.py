@@ -349,7 +349,7 @@ def across(args: argparse.Namespace, tmp: Path) -> list[Row]:
         return rows
     finally:
         bed.destroy_all()
-        bed.teardown(parts, b)
+        bed.teardown(parts, (b, "wb"))
 
 
 if __name__ == "__main__":

@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 from souk.broker.tokens import mint
-from souk.network.mesh import interface_name
 from souk.node.cluster_secret import new_secret, read_secret
 from souk.secret_files import write_secret
 from tests.network import two_hosts as bed
@@ -102,17 +101,7 @@ def main() -> None:
         finally:
             bed.destroy_all()
     finally:
-        for part in reversed(parts):
-            part.terminate()
-            try:
-                part.wait(10)
-            except subprocess.TimeoutExpired:
-                part.kill()
-                part.wait()
-        subprocess.run(["ip", "link", "del", interface_name("wa")], capture_output=True)
-        for netns, name in ((b, "wb"), (c, "pc")):
-            subprocess.run(["ip", "-n", netns, "link", "del", interface_name(name)], check=False)
-            subprocess.run(["ip", "netns", "del", netns], capture_output=True, check=False)
+        bed.teardown(parts, (b, "wb"), (c, "pc"))
 
 
 if __name__ == "__main__":

@@ -185,11 +185,12 @@ def main() -> None:
         finally:
             destroy_all()
     finally:
-        teardown(parts, b)
+        teardown(parts, (b, "wb"))
 
 
-def teardown(parts: list[subprocess.Popen[bytes]], b: str) -> None:
-    """The parts stopped, last first, then the mesh's interfaces and host B removed."""
+def teardown(parts: list[subprocess.Popen[bytes]], *hosts: tuple[str, str]) -> None:
+    """The parts stopped, last first, then the mesh's interfaces (this host's `wa`, and each
+    other host's by its name) and the other hosts removed."""
     for part in reversed(parts):
         part.terminate()
         try:
@@ -198,8 +199,11 @@ def teardown(parts: list[subprocess.Popen[bytes]], b: str) -> None:
             part.kill()
             part.wait()
     subprocess.run(["ip", "link", "del", interface_name("wa")], capture_output=True)
-    subprocess.run(["ip", "-n", b, "link", "del", interface_name("wb")], capture_output=True)
-    subprocess.run(["ip", "netns", "del", b], capture_output=True, check=False)
+    for netns, name in hosts:
+        subprocess.run(
+            ["ip", "-n", netns, "link", "del", interface_name(name)], capture_output=True
+        )
+        subprocess.run(["ip", "netns", "del", netns], capture_output=True, check=False)
 
 
 if __name__ == "__main__":
