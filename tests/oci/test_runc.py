@@ -136,12 +136,17 @@ async def test_exec_ps_pause_and_resume_in_a_container(
         script = "echo $WHO; hostname; id -u; tr '\\0' ' ' < /proc/1/cmdline; echo; exit 4"
         out = await driver.exec(machine, handle, ["/bin/sh", "-c", script], b"", 10)
         assert out.exit_code == 4
-        assert out.stdout.decode().splitlines() == ["machine", mid, "0", "/bin/sleep 600 "]
+        # PID 1 is souk-init, which runs the machine's command
+        assert out.stdout.decode().splitlines() == ["machine", mid, "0", "/.souk/init --container "]
         piped = await driver.exec(machine, handle, ["/bin/cat"], b"from stdin", 10)
         assert piped.stdout == b"from stdin"
         with pytest.raises(ExecTimeout):
             await driver.exec(machine, handle, ["/bin/sleep", "30"], b"", 1)
-        assert await driver.processes(mid, handle) == [handle.pid]  # the timed-out one is gone
+        pids = await driver.processes(mid, handle)  # the timed-out one is gone
+        assert sorted(procfs.arguments(pid) or [] for pid in pids) == [
+            [b"/.souk/init", b"--container"],
+            [b"/bin/sleep", b"600"],
+        ]
 
         # frozen through the container's freezer group where the host has one: runc reads
         # its state back from there
@@ -155,7 +160,7 @@ async def test_exec_ps_pause_and_resume_in_a_container(
         assert state is not None and state["status"] == "running"
         # a paused container still stops: the driver resumes it first
         await driver.freeze(mid, handle)
-        await driver.stop(mid, handle, "SIGKILL", 5.0)  # (pid 1 ignores SIGTERM)
+        await driver.stop(mid, handle, "SIGKILL", 5.0)
         assert not procfs.is_alive(handle.pid, handle.pid_start)
     finally:
         await driver.cleanup(machine)

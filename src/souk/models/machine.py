@@ -396,6 +396,8 @@ class MachineProcess(Strict):
     user: str | None = Field(None, max_length=32)
     ignore_app_secrets: bool | None = None
     secrets: list[dict[str, Any]] | None = None
+    # restarted in place by the machine's init (souk-init); None: by the machine's `restart`
+    restart: RestartConfig | None = None
 
     @field_validator("exec", "entrypoint", "cmd")
     @classmethod
@@ -680,6 +682,8 @@ class MachineConfig(Strict):
             # processes of images, the vm driver's, check)
             if not self.image and not all(p.argv(self.init) for p in self.processes):
                 raise ValueError("processes: each process needs a command (exec or cmd)")
+            if not self.image and any(p.restart for p in self.processes):
+                raise unsupported("processes.restart: for image machines (their init runs it)")
         elif not self.image and not self.init.exec:
             raise ValueError("a machine needs an image or init.exec (the command to run)")
         return self
@@ -689,7 +693,7 @@ class MachineConfig(Strict):
         image's command. Several (or one with its own user) need a guest init, which the vm
         driver's machines have: workers that cannot run them refuse them at admission."""
         return len(self.processes) == 1 and not (
-            self.processes[0].user or self.processes[0].env_from
+            self.processes[0].user or self.processes[0].env_from or self.processes[0].restart
         )
 
     def _one_process_as_command(self) -> None:

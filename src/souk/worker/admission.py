@@ -127,7 +127,7 @@ def check_runnable(drivers: Drivers, settings: WorkerSettings, config: MachineCo
         )
     if config.image and config.processes and not getattr(drivers.image, "runs_processes", False):
         raise NoRoom(
-            f"worker {settings.name} runs no processes of images (the vm driver does)",
+            f"worker {settings.name} runs no processes of images (vm driver, runc with souk-init)",
             {"image": config.image},
         )
 

@@ -5,7 +5,15 @@ in a session of its own, with output going to files: the shim and the container 
 crash, and the shim records the container's exit code in the machine's directory, where a
 restarted worker reads it. A spawn returns once runc has written the container's pid file
 (watched on inotify: `file_appears.py`). The container's annotations carry the spawn's marker,
-which is how adoption recognises it."""
+which is how adoption recognises it.
+
+The container's PID 1 is `souk-init --container` (`vm_init.c`, the vm driver's guest init),
+bind-mounted read-only from the host at `/.souk/init`: it starts the image's command or the
+config's `processes` (each restarted by its own policy), reaps orphans, passes the stop signal
+to every process and exits with the code of the first process to end for good. Its config (the
+processes' argv, ids, directory, env and restart) comes on its stdin from a private file of the
+bundle. `exec` stays `runc exec`, with the process the spec had before souk-init took its place.
+Without souk-init built, the image's command is PID 1 and `processes` are refused."""
 
 from __future__ import annotations
 
@@ -22,10 +30,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from souk.models.machine import MachineConfig, MachineProcess
 from souk.worker import logs, procfs
 from souk.worker.cgroups import Cgroups
-from souk.worker.drivers import execs, launcher
-from souk.worker.drivers.base import ExecResult, Handle, Launch
+from souk.worker.drivers import execs, launcher, vm_boot, vm_channel
+from souk.worker.drivers.base import ExecResult, Handle, HostUser, Launch
 from souk.worker.drivers.exits import (
     ExitCodes,
     child_exit,
@@ -34,14 +43,22 @@ from souk.worker.drivers.exits import (
     until_gone,
 )
 from souk.worker.drivers.file_appears import FileWatch
+from souk.worker.drivers.process import process_env
 from souk.worker.files import write_files
 from souk.worker.oci import network
+from souk.worker.oci.config import ImageConfig
 from souk.worker.oci.images import Image, ImageCache
-from souk.worker.oci.spec import runtime_spec
+from souk.worker.oci.spec import resolve_user, runtime_spec
 
 POLL = 0.02
 MARKER = "souk.marker"
 IMAGE = "souk.image"  # the digest of the image a bundle was prepared from
+INIT_PATH = "/.souk/init"  # where souk-init is mounted in the container
+# What souk-init needs beyond the container's capabilities to give each process its ids; it
+# takes them out of each process's bounding set before its exec (`drop_init_caps`).
+INIT_CAPS = ["CAP_SETUID", "CAP_SETGID", "CAP_SETPCAP"]
+INIT_CONFIG = "init.conf"  # souk-init's config, beside the runtime spec: its stdin
+EXEC_PROCESS = "process.json"  # the process `runc exec` starts from (the image's, not init's)
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
@@ -52,9 +69,16 @@ class RuncError(RuntimeError):
 class RuncDriver:
     name = "runc"
 
-    def __init__(self, images: ImageCache, state_dir: Path, cgroup_parent: str = "souk") -> None:
+    def __init__(
+        self,
+        images: ImageCache,
+        state_dir: Path,
+        cgroup_parent: str = "souk",
+        use_init: bool = True,
+    ) -> None:
         """`state_dir` is runc's own state root (`runc --root`), kept with the worker's data so
-        that several workers on one host never see each other's containers."""
+        that several workers on one host never see each other's containers. `use_init` False
+        runs the image's command as PID 1, as where souk-init is not built."""
         runc = shutil.which("runc")
         if not runc:
             raise RuncError("runc is not installed")
@@ -66,6 +90,12 @@ class RuncDriver:
         self.freezer = Cgroups(cgroup_parent)
         self._exits = ExitCodes()
         self._files = FileWatch()  # for runc's pid file
+        self.init = vm_boot.find_init() if use_init else None
+
+    @property
+    def runs_processes(self) -> bool:
+        """`processes` of an image machine: souk-init, PID 1 of the container, runs them."""
+        return self.init is not None
 
     @staticmethod
     def container_id(machine_id: str) -> str:
@@ -134,6 +164,13 @@ class RuncDriver:
         )
         bundle = launch.rundir / "bundle"
         bundle.mkdir(mode=0o700, parents=True, exist_ok=True)
+        if self.init is not None:
+            init_config = _init_config(launch, image.config, rootfs, spec["process"]["env"])
+            _write_private(bundle / EXEC_PROCESS, json.dumps(spec["process"]).encode())
+            _write_private(bundle / INIT_CONFIG, init_config)
+            spec = _with_init(spec, self.init)
+        elif launch.config.processes:
+            raise RuncError("processes of an image need souk-init: see scripts/setup.sh")
         # No indent: json's C encoder only writes without one (the pure-Python one took ~0.5 ms)
         _write_private(bundle / "config.json", json.dumps(spec).encode())
         return image.digest
@@ -153,12 +190,16 @@ class RuncDriver:
         self.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         run = [self.runc, "--root", str(self.state_dir), "run", "--bundle", "bundle"]
         run += ["--pid-file", pid_file.name, cid]
-        with logs.output_files(launch.rundir) as (out, err), _inside(launch) as (prefix, popen):
+        with (
+            logs.output_files(launch.rundir) as (out, err),
+            _inside(launch) as (prefix, popen),
+            _init_input(launch.rundir / "bundle") as stdin,
+        ):
             # Popen itself, without asyncio's child watcher (a thread per process): the exit is
             # read on a pidfd (`child_exit`).
             shim = subprocess.Popen(  # noqa: ASYNC220
                 _shim(run, prefix),
-                stdin=subprocess.DEVNULL,
+                stdin=stdin,
                 stdout=out,
                 stderr=err,
                 cwd=launch.rundir,
@@ -300,22 +341,41 @@ class RuncDriver:
             await self._runc("resume", self.container_id(machine_id))
 
     async def signal(self, machine_id: str, handle: Handle | None, signal: str) -> None:
-        if handle is not None and procfs.is_alive(handle.pid, handle.pid_start):
-            cid = self.container_id(machine_id)
-            await self._runc("kill", cid, str(signals.Signals[signal].value), check=False)
+        """To PID 1 where it is the machine's command; where it is souk-init, to each of its
+        children's process groups (its processes, each a session of its own, and orphans it
+        adopted) from the host: a signal souk-init itself gets means the machine stops."""
+        if handle is None or not procfs.is_alive(handle.pid, handle.pid_start):
+            return
+        number = signals.Signals[signal].value
+        if (procfs.arguments(handle.pid) or [])[:2] == [INIT_PATH.encode(), b"--container"]:
+            for child in procfs.children(handle.pid):
+                with contextlib.suppress(ProcessLookupError):
+                    try:
+                        os.killpg(child, number)
+                    except ProcessLookupError:  # not a group's leader: an orphan
+                        os.kill(child, number)
+            return
+        cid = self.container_id(machine_id)
+        await self._runc("kill", cid, str(number), check=False)
 
     async def exec(
         self, launch: Launch, handle: Handle | None, argv: list[str], stdin: bytes, timeout: float
     ) -> ExecResult:
         """`runc exec`, run inside the machine's network namespace as the container itself is
         (`_inside`): the container's other namespaces, cgroup, user, environment and working
-        directory, all from its runtime spec. On timeout runc is sent SIGTERM, which it passes
-        on to the command, then SIGKILL."""
+        directory, all from its runtime spec: the process souk-init replaced there, where it
+        did. On timeout runc is sent SIGTERM, which it passes on to the command, then SIGKILL."""
         cid = self.container_id(launch.machine_id)
-        runc = [self.runc, "--root", str(self.state_dir), "exec", cid, *argv]
-        with _inside(launch) as (prefix, popen):
-            runs = [*prefix, "--", *runc] if prefix else runc
-            return await execs.run(runs, stdin, timeout, on_timeout=signals.SIGTERM, **popen)
+        runc = [self.runc, "--root", str(self.state_dir), "exec"]
+        process = _exec_process(launch.rundir / "bundle", argv)
+        runc += ["--process", str(process), cid] if process else [cid, *argv]
+        try:
+            with _inside(launch) as (prefix, popen):
+                runs = [*prefix, "--", *runc] if prefix else runc
+                return await execs.run(runs, stdin, timeout, on_timeout=signals.SIGTERM, **popen)
+        finally:
+            if process is not None:
+                process.unlink(missing_ok=True)
 
     async def processes(self, machine_id: str, handle: Handle | None) -> list[int]:
         out = await self._runc("ps", "--format", "json", self.container_id(machine_id), check=False)
@@ -335,6 +395,99 @@ class RuncDriver:
         await self.images.release_rootfs(_image_dir(launch))
         if launch.home is not None:
             await asyncio.to_thread(shutil.rmtree, launch.home, True)
+
+
+def restart_of(process: MachineProcess | None, config: MachineConfig) -> str:
+    """A process's restart policy as souk-init reads it: its own, else the machine's; the
+    image's command (no `processes`) is restarted by the worker, with the whole machine."""
+    if process is None:
+        return "no"
+    restart = process.restart or config.restart
+    if restart.policy == "on-failure":
+        return f"on-failure:{restart.max_retries}"
+    return restart.policy
+
+
+def _init_config(launch: Launch, image: ImageConfig, rootfs: Path, env: list[str]) -> bytes:
+    """souk-init's config (a 'C' frame, as the guest's, without the guest's own parts): for
+    each process its restart, ids (the image's user, or the app's id + n a process's `user`
+    asks for), working directory, argv and env."""
+    uid, gid = resolve_user(image.user, rootfs)
+    machine_env = dict(e.partition("=")[::2] for e in env)
+    cwd = image.workdir or "/"
+    pairs: list[tuple[str, str]] = []
+    processes: list[MachineProcess | None] = [*launch.config.processes] or [None]
+    for process in processes:
+        own = process.argv(launch.config.init) if process is not None else []
+        argv = own or image.argv(launch.config.init)
+        if not argv:
+            raise ValueError("the image names no command and the machine config gives none")
+        ids, penv = f"{uid}:{gid}", env
+        if process is not None:
+            if process.user:
+                offset = process.uid_offset()
+                _within(launch.user, offset, process.user)
+                ids = f"{offset}:{offset}"
+            penv = [f"{k}={v}" for k, v in process_env(launch, process, machine_env).items()]
+        pairs += [("proc", restart_of(process, launch.config)), ("ids", ids), ("cwd", cwd)]
+        pairs += [("arg", a) for a in argv]
+        pairs += [("penv", e) for e in penv]
+    return vm_channel.frame(b"C", 0, (x.encode() for pair in pairs for x in pair))
+
+
+def _within(user: HostUser | None, offset: int, asked: str) -> None:
+    if user is not None and offset >= user.span:
+        raise PermissionError(f"user {asked}: outside the app's {user.span} ids")
+
+
+def _with_init(spec: dict[str, Any], init: Path) -> dict[str, Any]:
+    """The spec with souk-init as its process: the container's root (it gives each process
+    its ids), with the capabilities that takes, mounted read-only from the host."""
+    process = spec["process"]
+    caps = {kind: [*found, *INIT_CAPS] for kind, found in process["capabilities"].items()}
+    mount = {
+        "destination": INIT_PATH,
+        "type": "none",
+        "source": str(init),
+        "options": ["bind", "ro", "nosuid", "nodev"],
+    }
+    return {
+        **spec,
+        "process": {
+            **process,
+            "args": [INIT_PATH, "--container"],
+            "user": {"uid": 0, "gid": 0},
+            "capabilities": caps,
+        },
+        "mounts": [*spec["mounts"], mount],
+    }
+
+
+@contextlib.contextmanager
+def _init_input(bundle: Path) -> Iterator[int]:
+    """The shim's stdin: souk-init's config where the bundle has one (runc copies its stdin
+    into the container's), else nothing."""
+    try:
+        fd = os.open(bundle / INIT_CONFIG, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        yield subprocess.DEVNULL
+        return
+    try:
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def _exec_process(bundle: Path, argv: list[str]) -> Path | None:
+    """A process file for `runc exec` running `argv` as the image's process would have run
+    (its user, env, directory, capabilities), where souk-init took that process's place."""
+    try:
+        process = json.loads((bundle / EXEC_PROCESS).read_bytes())
+    except FileNotFoundError:
+        return None
+    path = bundle / f"exec-{os.urandom(6).hex()}.json"
+    _write_private(path, json.dumps({**process, "args": argv}).encode())
+    return path
 
 
 def _resolver(launch: Launch) -> tuple[tuple[str, Path], ...]:

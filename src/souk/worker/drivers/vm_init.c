@@ -11,8 +11,9 @@
  *   - mounts the root disk, the volumes, writes the files, moves into the new root, sets up
  *     the network, starts every process (each in a session of its own, as its ids), reports
  *     `started`;
- *   - reaps whatever exits (orphans included), restarts a process by its own policy, forwards
- *     signals the worker asks for to every process, runs `exec` and answers `ps`;
+ *   - reaps whatever exits (orphans included), restarts a process by its own policy (none once
+ *     the machine is told to stop: a 'T' frame, or any signal PID 1 gets), forwards signals the
+ *     worker asks for to every process, runs `exec` and answers `ps`;
  *   - once the first process exits for good, asks the others to stop (SIGTERM, then SIGKILL
  *     after GRACE seconds), reports the machine's exit code and powers the guest off: through
  *     the isa-debug-exit port where the machine has one (qemu then exits with (code << 1) | 1,
@@ -21,12 +22,15 @@
  * The channel's frames (vm_channel.py; big-endian): a 32-bit length of what follows, a type
  * byte, a 32-bit request id, then fields, each a 32-bit length and its bytes.
  *   worker -> guest: 'C' config (key, value, ...), 'E' exec (uid, gid, cwd, stdin, argv...),
- *                    'K' kill an exec (signal), 'S' signal the processes (signal), 'P' ps
+ *                    'K' kill an exec (signal), 'S' signal the processes (signal), 'T' stop
+ *                    them (signal: then nothing is restarted), 'P' ps
  *   guest -> worker: 'H' hello, 'R' started, 'F' failed (why), 'X' exit (code),
  *                    'O' exec done (code, signal, stdout, stderr), 'p' ps (one field a process)
  *
- * The same program is meant to become PID 1 of containers too (it needs no kernel of its own:
- * the steps it cannot take there are skipped). Built by scripts/setup.sh, static.
+ * With `--container` it is PID 1 of a runc container (`container_main`): the same processes,
+ * restarts, reaping and stop, without what only a guest needs (modules, mounts, root disk,
+ * network, channel); its config comes on stdin and its exit code is the machine's.
+ * Built by scripts/setup.sh, static.
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -34,6 +38,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <grp.h>
+#include <linux/capability.h>
 #include <net/if.h>
 #include <net/route.h>
 #include <netinet/in.h>
@@ -47,6 +52,7 @@
 #include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/mount.h>
+#include <sys/prctl.h>
 #include <sys/reboot.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
@@ -79,7 +85,10 @@ struct proc {
     gid_t gid;
     char cwd[512];
     int restart; /* 0 no, 1 always, 2 on-failure */
-    int max_retries, retries;
+    int max_retries, retries; /* max_retries < 0: no limit */
+    int quick;                /* restarts in a row of a process that ran briefly: the backoff */
+    long long started_ms, restart_at_ms; /* restart_at_ms: a restart waits for it (0: none) */
+    int last_code;
     pid_t pid;
     int done;
 };
@@ -107,6 +116,8 @@ static uid_t exec_uid;
 static gid_t exec_gid;
 static char exec_cwd[512] = "/";
 static int ending, exit_code = -1;
+static int in_container; /* `--container`: PID 1 of a runc container, not of a guest */
+static int stopping;     /* the machine was told to stop: no process is restarted */
 static time_t kill_at, chan_away_until;
 
 static void say(const char *what) {
@@ -388,11 +399,32 @@ static void network(const char *addr, const char *gw) {
 
 /* -- processes ------------------------------------------------------------------------------ */
 
+/* In a container souk-init holds the capabilities it needs to give each process its ids
+ * (CAP_SETUID, CAP_SETGID, and CAP_SETPCAP for this): taken out of the bounding set before the
+ * exec, so a process running as the container's root gets no more than the container's list. */
+static void drop_init_caps(void) {
+    if (!in_container)
+        return;
+    const int caps[] = {CAP_SETUID, CAP_SETGID, CAP_SETPCAP}; /* CAP_SETPCAP last: it allows it */
+    for (size_t i = 0; i < sizeof caps / sizeof caps[0]; i++)
+        if (prctl(PR_CAPBSET_DROP, caps[i], 0, 0, 0) != 0 && errno != EINVAL) {
+            dprintf(2, "souk-init: cannot drop capability %d: %s\n", caps[i], strerror(errno));
+            _exit(126);
+        }
+}
+
+static long long now_ms(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (long long)t.tv_sec * 1000 + t.tv_nsec / 1000000;
+}
+
 static void child_setup(uid_t uid, gid_t gid, const char *cwd) {
     sigset_t none;
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, NULL);
     setsid();
+    drop_init_caps();
     if (setgroups(0, NULL) != 0 || setgid(gid) != 0 || setuid(uid) != 0) {
         dprintf(2, "souk-init: cannot become %u:%u: %s\n", uid, gid, strerror(errno));
         _exit(126);
@@ -433,6 +465,7 @@ static int start(struct proc *p) {
         run(p->argv, p->env, p->envc);
     }
     p->pid = pid;
+    p->started_ms = now_ms();
     return 0;
 }
 
@@ -455,17 +488,59 @@ static void end_with(int code) {
     signal_all(SIGTERM);
 }
 
+/* The machine is told to stop (its stop signal, which reaches every process): nothing is
+ * restarted from now on, and a process waiting for its restart is done. */
+static void stop_all(int sig) {
+    stopping = 1;
+    signal_all(sig);
+    for (int i = 0; i < nprocs; i++)
+        if (procs[i].restart_at_ms) {
+            procs[i].restart_at_ms = 0;
+            procs[i].done = 1;
+            end_with(procs[i].last_code);
+        }
+}
+
+/* Restarted by its own policy (always; on-failure: a code other than 0, at most max_retries
+ * times), after a pause that doubles from 100 ms to 5 s while it keeps failing within 10 s of
+ * its start; otherwise done, which ends the machine with its code. */
 static void process_exited(struct proc *p, int status) {
     int code = status_code(status);
+    long long now = now_ms();
     p->pid = 0;
-    if (!ending && (p->restart == 1 || (p->restart == 2 && code != 0)) &&
-        (p->max_retries <= 0 || p->retries < p->max_retries)) {
+    p->last_code = code;
+    if (!ending && !stopping && (p->restart == 1 || (p->restart == 2 && code != 0)) &&
+        (p->restart == 1 || p->max_retries < 0 || p->retries < p->max_retries)) {
         p->retries++;
-        if (start(p) == 0)
-            return;
+        p->quick = now - p->started_ms >= 10000 ? 0 : p->quick + 1;
+        int wait = p->quick ? 100 << (p->quick > 6 ? 6 : p->quick - 1) : 0;
+        p->restart_at_ms = now + (wait > 5000 ? 5000 : wait) + 1;
+        dprintf(hvc_err, "souk-init: %s exited with %d: restarting it\n", p->argv[0], code);
+        return;
     }
     p->done = 1;
     end_with(code);
+}
+
+/* Starts the processes whose restart is due; how long until the next one is (-1: none). */
+static int restart_due(void) {
+    long long now = now_ms(), next = -1;
+    for (int i = 0; i < nprocs; i++) {
+        struct proc *p = &procs[i];
+        if (!p->restart_at_ms)
+            continue;
+        if (p->restart_at_ms > now) {
+            long long in = p->restart_at_ms - now;
+            next = next < 0 || in < next ? in : next;
+            continue;
+        }
+        p->restart_at_ms = 0;
+        if (start(p) != 0) {
+            p->done = 1;
+            end_with(125);
+        }
+    }
+    return (int)next;
 }
 
 /* -- exec ----------------------------------------------------------------------------------- */
@@ -595,12 +670,21 @@ static void request(char type, uint32_t id, struct field *f, int n) {
                 kill(-execs[i].pid, sig);
     } else if (type == 'S' && n >= 1) {
         signal_all(atoi(dup_field(f[0])));
+    } else if (type == 'T' && n >= 1) {
+        stop_all(atoi(dup_field(f[0])));
     } else if (type == 'P') {
         ps(id);
     }
 }
 
 /* -- the config ------------------------------------------------------------------------------ */
+
+/* "no", "always", or "on-failure" with ":N", at most N restarts (none: no limit). */
+static void restart_policy(struct proc *p, const char *val) {
+    p->restart = strcmp(val, "always") == 0 ? 1 : strncmp(val, "on-failure", 10) == 0 ? 2 : 0;
+    const char *colon = strchr(val, ':');
+    p->max_retries = colon ? atoi(colon + 1) : -1;
+}
 
 static int configure(struct field *f, int n, const char **addr, const char **gw) {
     struct proc *p = NULL;
@@ -654,10 +738,7 @@ static int configure(struct field *f, int n, const char **addr, const char **gw)
             }
         } else if (is(k, "proc") && nprocs < MAX_PROCS) { /* its restart: no|always|on-failure:N */
             p = &procs[nprocs++];
-            p->restart = strncmp(val, "always", 6) == 0 ? 1 : strncmp(val, "on-failure", 10) == 0;
-            p->restart = p->restart == 1 && val[0] == 'o' ? 2 : p->restart;
-            char *colon = strchr(val, ':');
-            p->max_retries = colon ? atoi(colon + 1) : 0;
+            restart_policy(p, val);
             snprintf(p->cwd, sizeof p->cwd, "/");
         } else if (p && is(k, "arg") && p->argc < 255) {
             p->argv[p->argc++] = val;
@@ -696,11 +777,144 @@ static void power_off(int code) {
         pause();
 }
 
-int main(void) {
-    if (getpid() != 1) {
-        fprintf(stderr, "souk-init: runs as PID 1 of a guest\n");
+/* The end of the machine: a container's PID 1 exits with its code (the kernel kills what is
+ * left in its namespace), a guest powers off. */
+static void finish(int code) {
+    if (in_container)
+        exit(code);
+    power_off(code);
+}
+
+static void start_all(void) {
+    for (int i = 0; i < nprocs; i++) {
+        if (start(&procs[i]) != 0) {
+            send_text('F', 0, "fork failed");
+            finish(125);
+        }
+    }
+    if (nprocs == 0)
+        end_with(0);
+}
+
+/* Reaps, restarts, forwards signals, answers the channel (a guest's), until the end. */
+static void supervise(int sigfd) {
+    char type;
+    uint32_t id;
+    static struct field fields[MAX_FIELDS];
+    int n;
+    char *storage;
+    for (;;) {
+        struct pollfd fds[2 + 2 * MAX_EXECS];
+        int nfds = 0;
+        fds[nfds++] = (struct pollfd){.fd = sigfd, .events = POLLIN};
+        /* With no worker at the host's end the port reads as hung up: asked again later. */
+        int away = time(NULL) < chan_away_until;
+        fds[nfds++] = (struct pollfd){.fd = away ? -1 : chan, .events = POLLIN};
+        for (int i = 0; i < MAX_EXECS; i++) {
+            fds[nfds++] = (struct pollfd){.fd = execs[i].out, .events = POLLIN};
+            fds[nfds++] = (struct pollfd){.fd = execs[i].err, .events = POLLIN};
+        }
+        int due = restart_due(), wait = ending || away ? 200 : -1;
+        wait = due >= 0 && (wait < 0 || due < wait) ? due : wait;
+        if (poll(fds, (nfds_t)nfds, wait) < 0 && errno != EINTR)
+            finish(125);
+        if (fds[0].revents & POLLIN) {
+            struct signalfd_siginfo si;
+            if (read(sigfd, &si, sizeof si) == sizeof si && si.ssi_signo != SIGCHLD)
+                stop_all((int)si.ssi_signo); /* PID 1 is told to stop: every process is */
+            int status;
+            pid_t pid;
+            while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
+                for (int i = 0; i < nprocs; i++)
+                    if (procs[i].pid == pid)
+                        process_exited(&procs[i], status);
+                for (int i = 0; i < MAX_EXECS; i++)
+                    if (execs[i].pid == pid) {
+                        execs[i].exited = 1;
+                        execs[i].status = status;
+                        execs[i].pid = 0;
+                        exec_done_maybe(&execs[i]);
+                    }
+            }
+        }
+        if (fds[1].revents & POLLIN) {
+            if (read_frame(&type, &id, fields, &n, &storage) == 0) {
+                request(type, id, fields, n);
+                free(storage);
+            } else {
+                chan_away_until = time(NULL) + 1;
+            }
+        } else if (fds[1].revents) {
+            chan_away_until = time(NULL) + 1;
+        }
+        for (int i = 0; i < MAX_EXECS; i++) {
+            if (fds[2 + 2 * i].revents)
+                drain(&execs[i], &execs[i].out, &execs[i].bout);
+            if (fds[3 + 2 * i].revents)
+                drain(&execs[i], &execs[i].err, &execs[i].berr);
+        }
+        if (ending) {
+            int left = 0;
+            for (int i = 0; i < nprocs; i++)
+                left += procs[i].pid > 0;
+            if (!left)
+                finish(exit_code);
+            if (time(NULL) >= kill_at)
+                signal_all(SIGKILL);
+        }
+    }
+}
+
+/* PID 1 of a runc container (`--container`, from the runc driver): /dev, /proc and /sys are
+ * runc's, the kernel is the host's, the network and hostname are set by then, and the image's
+ * files are in place. The config comes on stdin, one 'C' frame (the guest's, without root,
+ * network or files); the processes' output goes to stdout and stderr (the machine's logs); the
+ * machine's exit code is this program's. Every signal it is sent is the stop signal, passed on
+ * to every process; exec and ps are the driver's (runc exec, the container's cgroup). */
+static int container_main(void) {
+    in_container = 1;
+    hvc_out = 1;
+    hvc_err = 2;
+    for (int i = 0; i < MAX_EXECS; i++)
+        execs[i] = (struct exec){.out = -1, .err = -1};
+    sigset_t mask;
+    sigfillset(&mask);
+    const int own[] = {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGTRAP, SIGABRT, SIGSYS};
+    for (size_t i = 0; i < sizeof own / sizeof own[0]; i++)
+        sigdelset(&mask, own[i]);
+    sigprocmask(SIG_BLOCK, &mask, NULL);
+    int sigfd = signalfd(-1, &mask, SFD_CLOEXEC);
+
+    char type;
+    uint32_t id;
+    static struct field fields[MAX_FIELDS];
+    int n;
+    char *storage;
+    chan = 0;
+    if (read_frame(&type, &id, fields, &n, &storage) < 0 || type != 'C') {
+        say("no config on stdin");
         return 125;
     }
+    chan = -1;
+    const char *addr = NULL, *gw = NULL;
+    if (configure(fields, n, &addr, &gw) != 0)
+        return 125;
+    free(storage);
+    int null = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    if (null >= 0)
+        dup2(null, 0); /* the config's pipe, closed */
+    start_all();
+    supervise(sigfd);
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    if (getpid() != 1) {
+        fprintf(stderr, "souk-init: runs as PID 1 of a guest or a container\n");
+        return 125;
+    }
+    if (argc > 1 && strcmp(argv[1], "--container") == 0)
+        return container_main();
     for (int i = 0; i < MAX_EXECS; i++)
         execs[i] = (struct exec){.out = -1, .err = -1};
     mount("devtmpfs", "/dev", "devtmpfs", MS_NOSUID, NULL);
@@ -751,72 +965,7 @@ int main(void) {
     }
     free(storage);
     network(addr, gw);
-    for (int i = 0; i < nprocs; i++) {
-        if (start(&procs[i]) != 0) {
-            send_text('F', 0, "fork failed");
-            power_off(125);
-        }
-    }
+    start_all();
     send_text('R', 0, "");
-    if (nprocs == 0)
-        end_with(0);
-
-    for (;;) {
-        struct pollfd fds[2 + 2 * MAX_EXECS];
-        int nfds = 0;
-        fds[nfds++] = (struct pollfd){.fd = sigfd, .events = POLLIN};
-        /* With no worker at the host's end the port reads as hung up: asked again later. */
-        int away = time(NULL) < chan_away_until;
-        fds[nfds++] = (struct pollfd){.fd = away ? -1 : chan, .events = POLLIN};
-        for (int i = 0; i < MAX_EXECS; i++) {
-            fds[nfds++] = (struct pollfd){.fd = execs[i].out, .events = POLLIN};
-            fds[nfds++] = (struct pollfd){.fd = execs[i].err, .events = POLLIN};
-        }
-        if (poll(fds, (nfds_t)nfds, ending || away ? 200 : -1) < 0 && errno != EINTR)
-            power_off(125);
-        if (fds[0].revents & POLLIN) {
-            struct signalfd_siginfo si;
-            if (read(sigfd, &si, sizeof si) == sizeof si && si.ssi_signo != SIGCHLD)
-                signal_all((int)si.ssi_signo);
-            int status;
-            pid_t pid;
-            while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
-                for (int i = 0; i < nprocs; i++)
-                    if (procs[i].pid == pid)
-                        process_exited(&procs[i], status);
-                for (int i = 0; i < MAX_EXECS; i++)
-                    if (execs[i].pid == pid) {
-                        execs[i].exited = 1;
-                        execs[i].status = status;
-                        execs[i].pid = 0;
-                        exec_done_maybe(&execs[i]);
-                    }
-            }
-        }
-        if (fds[1].revents & POLLIN) {
-            if (read_frame(&type, &id, fields, &n, &storage) == 0) {
-                request(type, id, fields, n);
-                free(storage);
-            } else {
-                chan_away_until = time(NULL) + 1;
-            }
-        } else if (fds[1].revents) {
-            chan_away_until = time(NULL) + 1;
-        }
-        for (int i = 0; i < MAX_EXECS; i++) {
-            if (fds[2 + 2 * i].revents)
-                drain(&execs[i], &execs[i].out, &execs[i].bout);
-            if (fds[3 + 2 * i].revents)
-                drain(&execs[i], &execs[i].err, &execs[i].berr);
-        }
-        if (ending) {
-            int left = 0;
-            for (int i = 0; i < nprocs; i++)
-                left += procs[i].pid > 0;
-            if (!left)
-                power_off(exit_code);
-            if (time(NULL) >= kill_at)
-                signal_all(SIGKILL);
-        }
-    }
+    supervise(sigfd);
 }
