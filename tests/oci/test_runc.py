@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import shutil
 import uuid
-from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -14,10 +13,10 @@ import pytest
 
 from souk.models.machine import InitConfig, MachineConfig
 from souk.worker import procfs
-from souk.worker.drivers.base import ExecTimeout, Launch
+from souk.worker.drivers.base import ExecTimeout
 from souk.worker.drivers.runc import RuncDriver
-from souk.worker.oci.images import ImageCache
 from souk.worker.oci.registry import RegistryClient
+from tests.oci.conftest import launch
 from tests.support.images import ImageSpec, Layer, busybox_layer, layer
 from tests.support.registry import Registry, push
 
@@ -27,26 +26,6 @@ pytestmark = pytest.mark.skipif(shutil.which("runc") is None, reason="runc is no
 @pytest.fixture(scope="session")
 def web_layer() -> Layer:
     return layer(busybox_layer().file("www/index.html", b"hello from a container\n").bytes())
-
-
-@pytest.fixture
-async def driver(
-    make_cache: Callable[..., ImageCache], tmp_path: Path
-) -> AsyncIterator[RuncDriver]:
-    parent = f"souk-test-{uuid.uuid4().hex[:6]}"
-    yield RuncDriver(make_cache(), tmp_path / "runc", cgroup_parent=parent)
-    for made in Path("/sys/fs/cgroup").glob(f"*/{parent}"):  # runc made it, empty by now
-        for child in made.iterdir():
-            if child.is_dir():
-                child.rmdir()
-        made.rmdir()
-
-
-def launch(tmp_path: Path, config: MachineConfig, ip: str) -> Launch:
-    machine_id = uuid.uuid4().hex[:12]
-    rundir = tmp_path / "machines" / machine_id
-    rundir.mkdir(parents=True)
-    return Launch(machine_id, "app", "mad", "i1", config, uuid.uuid4().hex, rundir, ip)
 
 
 async def test_http_service_on_private_address_and_adoption(

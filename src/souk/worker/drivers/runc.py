@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from souk.models.machine import MachineConfig, MachineProcess
+from souk.models.machine import InitConfig, MachineConfig, MachineProcess
 from souk.worker import logs, procfs
 from souk.worker.cgroups import Cgroups
 from souk.worker.drivers import execs, launcher, vm_boot, vm_channel
@@ -150,9 +150,13 @@ class RuncDriver:
         if launch.config.files:
             files, owner = launch.config.files, launch.file_owner()
             await asyncio.to_thread(write_files, rootfs, files, launch.secrets, owner)
+        # With souk-init, the image's command is only in its config: the processes may have
+        # their own and the image none.
+        init_exec = InitConfig(exec=[INIT_PATH, "--container"])
+        config = launch.config.model_copy(update={"init": init_exec}) if self.init else None
         spec = runtime_spec(
             image.config,
-            launch.config,
+            config or launch.config,
             rootfs.resolve(),
             hostname=launch.machine_id,
             extra_env=launch.identity_env(),

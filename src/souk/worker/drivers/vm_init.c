@@ -522,6 +522,18 @@ static void process_exited(struct proc *p, int status) {
     end_with(code);
 }
 
+/* A signal a machine can be told to stop with (the API's list, but SIGKILL): runc passes on
+ * every signal it gets, its runtime's own (SIGURG, which preempts goroutines) included. */
+static int stop_signal(int sig) {
+    switch (sig) {
+    case SIGHUP: case SIGINT: case SIGQUIT: case SIGILL: case SIGTRAP: case SIGABRT: case SIGFPE:
+    case SIGUSR1: case SIGSEGV: case SIGUSR2: case SIGPIPE: case SIGALRM: case SIGTERM:
+        return 1;
+    default:
+        return 0;
+    }
+}
+
 /* Starts the processes whose restart is due; how long until the next one is (-1: none). */
 static int restart_due(void) {
     long long now = now_ms(), next = -1;
@@ -820,7 +832,7 @@ static void supervise(int sigfd) {
             finish(125);
         if (fds[0].revents & POLLIN) {
             struct signalfd_siginfo si;
-            if (read(sigfd, &si, sizeof si) == sizeof si && si.ssi_signo != SIGCHLD)
+            if (read(sigfd, &si, sizeof si) == sizeof si && stop_signal((int)si.ssi_signo))
                 stop_all((int)si.ssi_signo); /* PID 1 is told to stop: every process is */
             int status;
             pid_t pid;
@@ -869,8 +881,9 @@ static void supervise(int sigfd) {
  * runc's, the kernel is the host's, the network and hostname are set by then, and the image's
  * files are in place. The config comes on stdin, one 'C' frame (the guest's, without root,
  * network or files); the processes' output goes to stdout and stderr (the machine's logs); the
- * machine's exit code is this program's. Every signal it is sent is the stop signal, passed on
- * to every process; exec and ps are the driver's (runc exec, the container's cgroup). */
+ * machine's exit code is this program's. Every signal is blocked (a fault of its own still kills
+ * it): one a machine can be stopped with is the stop signal, passed on to every process; others
+ * are dropped. exec and ps are the driver's (runc exec, the container's cgroup). */
 static int container_main(void) {
     in_container = 1;
     hvc_out = 1;
@@ -879,9 +892,6 @@ static int container_main(void) {
         execs[i] = (struct exec){.out = -1, .err = -1};
     sigset_t mask;
     sigfillset(&mask);
-    const int own[] = {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGTRAP, SIGABRT, SIGSYS};
-    for (size_t i = 0; i < sizeof own / sizeof own[0]; i++)
-        sigdelset(&mask, own[i]);
     sigprocmask(SIG_BLOCK, &mask, NULL);
     int sigfd = signalfd(-1, &mask, SFD_CLOEXEC);
 
