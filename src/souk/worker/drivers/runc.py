@@ -12,8 +12,11 @@ bind-mounted read-only from the host at `/.souk/init`: it starts the image's com
 config's `processes` (each restarted by its own policy), reaps orphans, passes the stop signal
 to every process and exits with the code of the first process to end for good. Its config (the
 processes' argv, ids, directory, env and restart) comes on its stdin from a private file of the
-bundle. `exec` stays `runc exec`, with the process the spec had before souk-init took its place.
-Without souk-init built, the image's command is PID 1 and `processes` are refused."""
+bundle. It runs as the image's process would have (user, capabilities), unless some process
+runs as other ids: then as the container's root, with what giving ids takes. `exec` stays
+`runc exec`, with the process the spec had before souk-init took its place; `signal` goes to
+the processes, not to souk-init, for which any signal means stop. Without souk-init built, the
+image's command is PID 1 and `processes` are refused."""
 
 from __future__ import annotations
 
@@ -169,10 +172,10 @@ class RuncDriver:
         bundle = launch.rundir / "bundle"
         bundle.mkdir(mode=0o700, parents=True, exist_ok=True)
         if self.init is not None:
-            init_config = _init_config(launch, image.config, rootfs, spec["process"]["env"])
+            ids, init_config = _init_config(launch, image.config, rootfs, spec["process"]["env"])
             _write_private(bundle / EXEC_PROCESS, json.dumps(spec["process"]).encode())
             _write_private(bundle / INIT_CONFIG, init_config)
-            spec = _with_init(spec, self.init)
+            spec = _with_init(spec, self.init, ids)
         elif launch.config.processes:
             raise RuncError("processes of an image need souk-init: see scripts/setup.sh")
         # No indent: json's C encoder only writes without one (the pure-Python one took ~0.5 ms)
@@ -412,14 +415,18 @@ def restart_of(process: MachineProcess | None, config: MachineConfig) -> str:
     return restart.policy
 
 
-def _init_config(launch: Launch, image: ImageConfig, rootfs: Path, env: list[str]) -> bytes:
+def _init_config(
+    launch: Launch, image: ImageConfig, rootfs: Path, env: list[str]
+) -> tuple[bool, bytes]:
     """souk-init's config (a 'C' frame, as the guest's, without the guest's own parts): for
     each process its restart, ids (the image's user, or the app's id + n a process's `user`
-    asks for), working directory, argv and env."""
+    asks for), working directory, argv and env. With whether some process runs as other ids
+    than the image's user (souk-init must then be able to give them)."""
     uid, gid = resolve_user(image.user, rootfs)
     machine_env = dict(e.partition("=")[::2] for e in env)
     cwd = image.workdir or "/"
     pairs: list[tuple[str, str]] = []
+    others = False
     processes: list[MachineProcess | None] = [*launch.config.processes] or [None]
     for process in processes:
         own = process.argv(launch.config.init) if process is not None else []
@@ -432,11 +439,12 @@ def _init_config(launch: Launch, image: ImageConfig, rootfs: Path, env: list[str
                 offset = process.uid_offset()
                 _within(launch.user, offset, process.user)
                 ids = f"{offset}:{offset}"
+                others = others or (offset, offset) != (uid, gid)
             penv = [f"{k}={v}" for k, v in process_env(launch, process, machine_env).items()]
         pairs += [("proc", restart_of(process, launch.config)), ("ids", ids), ("cwd", cwd)]
         pairs += [("arg", a) for a in argv]
         pairs += [("penv", e) for e in penv]
-    return vm_channel.frame(b"C", 0, (x.encode() for pair in pairs for x in pair))
+    return others, vm_channel.frame(b"C", 0, (x.encode() for pair in pairs for x in pair))
 
 
 def _within(user: HostUser | None, offset: int, asked: str) -> None:
@@ -444,27 +452,22 @@ def _within(user: HostUser | None, offset: int, asked: str) -> None:
         raise PermissionError(f"user {asked}: outside the app's {user.span} ids")
 
 
-def _with_init(spec: dict[str, Any], init: Path) -> dict[str, Any]:
-    """The spec with souk-init as its process: the container's root (it gives each process
-    its ids), with the capabilities that takes, mounted read-only from the host."""
-    process = spec["process"]
-    caps = {kind: [*found, *INIT_CAPS] for kind, found in process["capabilities"].items()}
+def _with_init(spec: dict[str, Any], init: Path, ids: bool) -> dict[str, Any]:
+    """The spec with souk-init as its process, mounted read-only from the host. As the image's
+    process would have run; with `ids` (processes of other ids), as the container's root with
+    the capabilities that giving ids takes."""
+    process = {**spec["process"], "args": [INIT_PATH, "--container"]}
+    if ids:
+        caps = process["capabilities"]
+        process["capabilities"] = {kind: [*found, *INIT_CAPS] for kind, found in caps.items()}
+        process["user"] = {"uid": 0, "gid": 0}
     mount = {
         "destination": INIT_PATH,
         "type": "none",
         "source": str(init),
         "options": ["bind", "ro", "nosuid", "nodev"],
     }
-    return {
-        **spec,
-        "process": {
-            **process,
-            "args": [INIT_PATH, "--container"],
-            "user": {"uid": 0, "gid": 0},
-            "capabilities": caps,
-        },
-        "mounts": [*spec["mounts"], mount],
-    }
+    return {**spec, "process": process, "mounts": [*spec["mounts"], mount]}
 
 
 @contextlib.contextmanager

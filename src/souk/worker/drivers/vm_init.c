@@ -399,15 +399,17 @@ static void network(const char *addr, const char *gw) {
 
 /* -- processes ------------------------------------------------------------------------------ */
 
-/* In a container souk-init holds the capabilities it needs to give each process its ids
- * (CAP_SETUID, CAP_SETGID, and CAP_SETPCAP for this): taken out of the bounding set before the
- * exec, so a process running as the container's root gets no more than the container's list. */
+/* In a container whose processes run as several ids souk-init holds the capabilities it needs
+ * to give each its own (CAP_SETUID, CAP_SETGID, and CAP_SETPCAP for this): taken out of the
+ * bounding set before the exec, so a process running as the container's root gets no more than
+ * the container's list. Where all run as souk-init does, it holds none of them. */
 static void drop_init_caps(void) {
     if (!in_container)
         return;
     const int caps[] = {CAP_SETUID, CAP_SETGID, CAP_SETPCAP}; /* CAP_SETPCAP last: it allows it */
     for (size_t i = 0; i < sizeof caps / sizeof caps[0]; i++)
-        if (prctl(PR_CAPBSET_DROP, caps[i], 0, 0, 0) != 0 && errno != EINVAL) {
+        if (prctl(PR_CAPBSET_READ, caps[i], 0, 0, 0) == 1 &&
+            prctl(PR_CAPBSET_DROP, caps[i], 0, 0, 0) != 0) {
             dprintf(2, "souk-init: cannot drop capability %d: %s\n", caps[i], strerror(errno));
             _exit(126);
         }
@@ -425,7 +427,9 @@ static void child_setup(uid_t uid, gid_t gid, const char *cwd) {
     sigprocmask(SIG_SETMASK, &none, NULL);
     setsid();
     drop_init_caps();
-    if (setgroups(0, NULL) != 0 || setgid(gid) != 0 || setuid(uid) != 0) {
+    /* as souk-init runs: nothing to change (nor, in a container, the right to) */
+    int same = getuid() == uid && geteuid() == uid && getgid() == gid && getegid() == gid;
+    if (!same && (setgroups(0, NULL) != 0 || setgid(gid) != 0 || setuid(uid) != 0)) {
         dprintf(2, "souk-init: cannot become %u:%u: %s\n", uid, gid, strerror(errno));
         _exit(126);
     }
