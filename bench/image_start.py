@@ -1,6 +1,7 @@
 """Machine start times from an image: cold (pull + unpack + run), warm (a new machine of a cached
 image, named by its tag), pinned (the same, named as a deploy names it, `name:tag@sha256:...`),
-again (a stopped machine started again: its version's image, root filesystem and network kept)
+again (a stopped machine started again: its version's image, root filesystem and network kept),
+warm without souk-init as PID 1 (the image's command is, as before souk-init ran containers),
 and a bare `runc run` of the same bundle, as ratios to the bare run. Needs root, runc,
 docker-registry and busybox. Run: python bench/image_start.py [--runs N] [--dir DIR]"""
 
@@ -90,15 +91,19 @@ async def main(runs: int, where: Path | None = None) -> None:
                 spec = ImageSpec([layer(busybox_layer().bytes())], cmd=SLEEP)
                 await push_image(client, ImageRef(host, "bench", "1"), spec)
             image = f"{host}/bench:1"
-            cold, warm, pinned, again, bare = [], [], [], [], []
+            cold, warm, pinned, again, no_init, bare = [], [], [], [], [], []
             for i in range(runs):
                 cache = ImageCache(work / f"cache-{i}", RegistryClient(config))
                 driver = RuncDriver(cache, work / "runc")
-                cold.append(await start_machine(driver, work, image, 4 * i + 2))
-                warm.append(await start_machine(driver, work, image, 4 * i + 3))
+                if driver.init is None:
+                    raise SystemExit("souk-init is not built: scripts/setup.sh builds it")
+                plain = RuncDriver(cache, work / "runc", use_init=False)
+                cold.append(await start_machine(driver, work, image, 5 * i + 2))
+                warm.append(await start_machine(driver, work, image, 5 * i + 3))
+                no_init.append(await start_machine(plain, work, image, 5 * i + 6))
                 deployed = await cache.resolve(image)  # once per release, not per machine
-                pinned.append(await start_machine(driver, work, deployed, 4 * i + 4))
-                again.append(await start_again(driver, work, image, 4 * i + 5))
+                pinned.append(await start_machine(driver, work, deployed, 5 * i + 4))
+                again.append(await start_again(driver, work, image, 5 * i + 5))
                 # The bare run: the same image's bundle, already prepared, started by runc alone.
                 pulled = await cache.pull(image)
                 bundle = work / f"bare-{i}"
@@ -119,11 +124,20 @@ async def main(runs: int, where: Path | None = None) -> None:
                 await cache.release_rootfs(bundle / "image")
                 await cache.client.close()
     base = statistics.median(bare)
-    print(f"{'':>6} {'median ms':>10} {'x bare runc run':>16}")
-    rows = (("cold", cold), ("warm", warm), ("pinned", pinned), ("again", again), ("bare", bare))
+    print(f"{'':>7} {'median ms':>10} {'x bare runc run':>16}")
+    rows = (
+        ("cold", cold),
+        ("warm", warm),
+        ("no-init", no_init),
+        ("pinned", pinned),
+        ("again", again),
+        ("bare", bare),
+    )
     for name, values in rows:
         m = statistics.median(values)
-        print(f"{name:>6} {m * 1000:>10.1f} {m / base:>16.2f}")
+        print(f"{name:>7} {m * 1000:>10.1f} {m / base:>16.2f}")
+    ratio = statistics.median(warm) / statistics.median(no_init)
+    print(f"warm with souk-init as PID 1 / without: {ratio:.2f}x")
 
 
 if __name__ == "__main__":

@@ -456,7 +456,8 @@ def _with_init(spec: dict[str, Any], init: Path, ids: bool) -> dict[str, Any]:
     """The spec with souk-init as its process, mounted read-only from the host. As the image's
     process would have run; with `ids` (processes of other ids), as the container's root with
     the capabilities that giving ids takes."""
-    process = {**spec["process"], "args": [INIT_PATH, "--container"]}
+    # none of the machine's env: souk-init hands each process its own, and reads no variable
+    process = {**spec["process"], "args": [INIT_PATH, "--container"], "env": []}
     if ids:
         caps = process["capabilities"]
         process["capabilities"] = {kind: [*found, *INIT_CAPS] for kind, found in caps.items()}

@@ -42,7 +42,7 @@ from souk.worker.drivers.base import ExecResult, ExecTimeout, Handle, Launch
 from souk.worker.drivers.exits import ExitCodes, child_exit, poll_until_gone, until_gone
 from souk.worker.drivers.file_appears import FileWatch
 from souk.worker.drivers.process import process_env
-from souk.worker.drivers.runc import _shim
+from souk.worker.drivers.runc import _shim, restart_of
 from souk.worker.drivers.vm_channel import Channel, ChannelClosed
 from souk.worker.oci import network
 from souk.worker.oci.images import Image, ImageCache
@@ -252,7 +252,8 @@ class VmDriver:
                 ids = f"{offset}:{offset}" if process.user else f"{uid}:{gid}"
             if not argv:
                 raise VmError("the image names no command and the machine config gives none")
-            pairs += [("proc", "no"), ("ids", ids), ("cwd", image.config.workdir or "/")]
+            pairs += [("proc", restart_of(process, launch.config)), ("ids", ids)]
+            pairs += [("cwd", image.config.workdir or "/")]
             pairs += [("arg", a) for a in argv]
             pairs += [("penv", e) for e in _process_env(launch, env, process)]
         return [x if isinstance(x, bytes) else x.encode() for pair in pairs for x in pair]
@@ -314,8 +315,11 @@ class VmDriver:
         if handle is None or not procfs.is_alive(handle.pid, handle.pid_start):
             return
         await self.thaw(machine_id, handle)
-        with contextlib.suppress(ChannelClosed, OSError):
-            await self.signal(machine_id, handle, signal)
+        rundir = _rundir(handle)
+        with contextlib.suppress(ChannelClosed, OSError):  # 'T': a stop, nothing restarted
+            if rundir is not None:
+                channel = await self._connect(machine_id, rundir)
+                await channel.send(b"T", [str(signals.Signals[signal].value).encode()])
         try:
             await asyncio.wait_for(self._gone(machine_id, handle), timeout)
             return
