@@ -4,18 +4,28 @@ the machine's."""
 
 from __future__ import annotations
 
+import os
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from souk.models.machine import InitConfig, MachineConfig, MachineProcess, RestartConfig
+from souk.models.machine import (
+    CreateMachine,
+    InitConfig,
+    MachineConfig,
+    MachineProcess,
+    RestartConfig,
+)
 from souk.worker import admission, procfs
+from souk.worker.daemon import make_driver, running
 from souk.worker.drivers.base import Drivers
 from souk.worker.drivers.runc import RuncDriver
+from souk.worker.engine import Engine
 from souk.worker.oci.registry import RegistryClient
 from tests.oci.conftest import launch
-from tests.support.engines import settings
+from tests.support.engines import destroy_all, settings
 from tests.support.images import ImageSpec, Layer
 from tests.support.registry import Registry, push
 from tests.support.waiting import eventually
@@ -187,3 +197,46 @@ def test_a_runc_worker_admits_processes_of_images(driver: RuncDriver, tmp_path: 
     without = RuncDriver(driver.images, driver.state_dir, driver.cgroup_parent, use_init=False)
     with pytest.raises(Exception, match="runs no processes of images"):
         admission.check_runnable(Drivers(command=without, image=without), s, config)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only a root worker gives apps ids of their own")
+async def test_processes_of_an_app_in_its_user_namespace_through_the_worker(
+    registry: Registry, client: RegistryClient, busybox_base: Layer, tmp_path: Path
+) -> None:
+    """A root worker's container has a user namespace of the app's ids: each process runs as
+    the app's host id + its `user`, under souk-init."""
+    image = await _image(client, registry, busybox_base, "duo:1")
+    s = replace(settings(tmp_path), insecure_registries=(registry.host,))
+    config = MachineConfig.model_validate(
+        {
+            "image": image,
+            "processes": [
+                {"exec": _sh("echo root up; exec sleep 600")},
+                {"exec": _sh("echo user up; exec sleep 600"), "user": "1000"},
+            ],
+        }
+    )
+    async with running(Engine(s, make_driver("process", s))) as engine:
+        try:
+            m = await engine.create(CreateMachine(app="duo", config=config))
+            ok, found = await engine.wait(m.id, "started", 15, None)
+            assert ok, found.state
+            log = s.rundir(m.id)
+            await eventually(lambda: {"root up", "user up"} <= set(_log(log)))
+            row = engine.store.read.execute("SELECT pid FROM machines WHERE id = ?", (m.id,))
+            init = int(row.fetchone()["pid"])
+            (app_uid,) = engine.store.read.execute(
+                "SELECT uid FROM app_users WHERE app = 'duo'"
+            ).fetchone()
+            uids = sorted(_host_uid(pid) for pid in procfs.children(init))
+            assert uids == [app_uid, app_uid + 1000]
+            assert _host_uid(init) == app_uid  # souk-init: the container's root
+            pids = await engine.pids(m.id)
+            assert init in pids and len(pids) == 3
+        finally:
+            await destroy_all(engine)
+
+
+def _host_uid(pid: int) -> int:
+    status = Path(f"/proc/{pid}/status").read_text().splitlines()
+    return int(next(x for x in status if x.startswith("Uid:")).split()[1])
