@@ -187,6 +187,34 @@ async def test_ids_capabilities_and_a_signal_that_is_not_a_stop(
         await driver.cleanup(machine)
 
 
+async def test_many_processes_with_large_environments_all_run(
+    registry: Registry,
+    client: RegistryClient,
+    busybox_base: Layer,
+    driver: RuncDriver,
+    tmp_path: Path,
+) -> None:
+    """The API's most processes, each with a thousand variables of the machine's: nothing of
+    the config is cut short on its way to souk-init."""
+    config = MachineConfig(
+        image=await _image(client, registry, busybox_base, "many:1"),
+        env={f"V{i}": str(i) for i in range(1000)},
+        processes=[
+            MachineProcess(exec=_sh(f"echo p{n} $V999 $OWN; exec sleep 600"), env={"OWN": "x"})
+            for n in range(32)
+        ],
+    )
+    machine = launch(tmp_path, config, "10.213.8.5")
+    await driver.prepare(machine)
+    handle = await driver.spawn(machine)
+    try:
+        want = {f"p{n} 999 x" for n in range(32)}
+        await eventually(lambda: want <= set(_log(machine.rundir)))
+    finally:
+        await driver.stop(machine.machine_id, handle, "SIGKILL", 1.0)
+        await driver.cleanup(machine)
+
+
 def test_a_runc_worker_admits_processes_of_images(driver: RuncDriver, tmp_path: Path) -> None:
     config = MachineConfig.model_validate(
         {"image": "r.example/a:1", "processes": [{"cmd": ["a"]}, {"cmd": ["b"]}]}

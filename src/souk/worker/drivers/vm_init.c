@@ -65,9 +65,12 @@
 #define PORT_NAME "souk.0"
 #define DEBUG_EXIT 0xf4
 #define GRACE 10
-#define MAX_PROCS 16
+#define MAX_PROCS 32 /* the API's limit of `processes` */
 #define MAX_EXECS 32
-#define MAX_FIELDS 4096
+/* Fields of one frame: a config holds every process's argv and env (the API allows 32 of each
+ * up to a few thousand); the array is untouched memory beyond what a frame uses. */
+#define MAX_FIELDS (1 << 19)
+#define MAX_PS 4096
 #define MAX_OUTPUT (1 << 20)
 #define NEWROOT "/newroot"
 
@@ -76,11 +79,14 @@ struct field {
     uint32_t len;
 };
 
+/* A growing list of strings, NULL after the last (an argv, an environment). */
+struct strs {
+    char **v;
+    int n, cap;
+};
+
 struct proc {
-    char *argv[256];
-    int argc;
-    char *env[512];
-    int envc;
+    struct strs argv, env;
     uid_t uid;
     gid_t gid;
     char cwd[512];
@@ -110,8 +116,7 @@ static int chan = -1, hvc_out = -1, hvc_err = -1;
 static struct proc procs[MAX_PROCS];
 static int nprocs;
 static struct exec execs[MAX_EXECS];
-static char *menv[512];
-static int menvc;
+static struct strs menv;
 static uid_t exec_uid;
 static gid_t exec_gid;
 static char exec_cwd[512] = "/";
@@ -235,6 +240,17 @@ static char *dup_field(struct field f) {
     memcpy(s, f.data, f.len);
     s[f.len] = 0;
     return s;
+}
+
+static void push(struct strs *list, char *s) {
+    if (list->n + 1 >= list->cap) {
+        list->cap = list->cap ? 2 * list->cap : 16;
+        list->v = realloc(list->v, (size_t)list->cap * sizeof *list->v);
+        if (!list->v)
+            exit(1);
+    }
+    list->v[list->n++] = s;
+    list->v[list->n] = NULL;
 }
 
 static int is(struct field f, const char *key) {
@@ -466,7 +482,7 @@ static int start(struct proc *p) {
         dup2(hvc_out, 1);
         dup2(hvc_err, 2);
         child_setup(p->uid, p->gid, p->cwd);
-        run(p->argv, p->env, p->envc);
+        run(p->argv.v, p->env.v, p->env.n);
     }
     p->pid = pid;
     p->started_ms = now_ms();
@@ -519,7 +535,7 @@ static void process_exited(struct proc *p, int status) {
         p->quick = now - p->started_ms >= 10000 ? 0 : p->quick + 1;
         int wait = p->quick ? 100 << (p->quick > 6 ? 6 : p->quick - 1) : 0;
         p->restart_at_ms = now + (wait > 5000 ? 5000 : wait) + 1;
-        dprintf(hvc_err, "souk-init: %s exited with %d: restarting it\n", p->argv[0], code);
+        dprintf(hvc_err, "souk-init: %s exited with %d: restarting it\n", p->argv.v[0], code);
         return;
     }
     p->done = 1;
@@ -592,7 +608,7 @@ static void start_exec(uint32_t id, struct field *f, int n) {
         dup2(out[1], 1);
         dup2(err[1], 2);
         child_setup(uid, gid, cwd);
-        run(argv, menv, menvc);
+        run(argv, menv.v, menv.n);
     }
     close(in);
     close(out[1]);
@@ -640,12 +656,12 @@ static void drain(struct exec *e, int *fd, struct buf *b) {
 /* -- requests ------------------------------------------------------------------------------- */
 
 static void ps(uint32_t id) {
-    struct field f[MAX_FIELDS];
-    static char lines[MAX_FIELDS][300];
+    static struct field f[MAX_PS];
+    static char lines[MAX_PS][300];
     int n = 0;
     DIR *dir = opendir("/proc");
     struct dirent *d;
-    while (dir && (d = readdir(dir)) && n < MAX_FIELDS) {
+    while (dir && (d = readdir(dir)) && n < MAX_PS) {
         if (d->d_name[0] < '0' || d->d_name[0] > '9')
             continue;
         char path[300], comm[32] = {0}, arg;
@@ -737,8 +753,7 @@ static int configure(struct field *f, int n, const char **addr, const char **gw)
             if (wait_for(val, 100) != 0 || mount_under(val, space + 1, "ext4", MS_NOSUID, NULL))
                 return -1;
         } else if (is(k, "env")) {
-            if (menvc < 511)
-                menv[menvc++] = val;
+            push(&menv, val);
         } else if (is(k, "exec_ids")) {
             sscanf(val, "%u:%u", &exec_uid, &exec_gid);
         } else if (is(k, "exec_cwd")) {
@@ -756,10 +771,10 @@ static int configure(struct field *f, int n, const char **addr, const char **gw)
             p = &procs[nprocs++];
             restart_policy(p, val);
             snprintf(p->cwd, sizeof p->cwd, "/");
-        } else if (p && is(k, "arg") && p->argc < 255) {
-            p->argv[p->argc++] = val;
-        } else if (p && is(k, "penv") && p->envc < 511) {
-            p->env[p->envc++] = val;
+        } else if (p && is(k, "arg")) {
+            push(&p->argv, val);
+        } else if (p && is(k, "penv")) {
+            push(&p->env, val);
         } else if (p && is(k, "ids")) {
             sscanf(val, "%u:%u", &p->uid, &p->gid);
         } else if (p && is(k, "cwd")) {
