@@ -145,6 +145,35 @@ async def test_a_process_that_ends_for_good_ends_the_machine_with_its_code(
         await driver.cleanup(machine)
 
 
+async def test_always_restarts_a_process_that_succeeds_until_the_stop(
+    registry: Registry,
+    client: RegistryClient,
+    busybox_base: Layer,
+    driver: RuncDriver,
+    tmp_path: Path,
+) -> None:
+    """`always` restarts a process that exits 0 (after a pause that grows), and a stop ends
+    the machine whether that process runs or waits for its restart."""
+    config = MachineConfig(
+        image=await _image(client, registry, busybox_base, "always:1"),
+        processes=[
+            MachineProcess(exec=_sh(WEB)),
+            MachineProcess(exec=_sh("echo tick"), restart=RestartConfig(policy="always")),
+        ],
+    )
+    machine = launch(tmp_path, config, "10.213.8.6")
+    await driver.prepare(machine)
+    handle = await driver.spawn(machine)
+    try:
+        await eventually(lambda: _log(machine.rundir).count("tick") >= 3)
+        await driver.stop(machine.machine_id, handle, "SIGTERM", 10.0)
+        assert await driver.wait(machine.machine_id) == 0  # ended by souk-init, not killed
+        assert "web got TERM" in _log(machine.rundir)
+        assert not procfs.is_alive(handle.pid, handle.pid_start)
+    finally:
+        await driver.cleanup(machine)
+
+
 async def test_ids_capabilities_and_a_signal_that_is_not_a_stop(
     registry: Registry,
     client: RegistryClient,

@@ -554,13 +554,19 @@ static int stop_signal(int sig) {
     }
 }
 
-/* Starts the processes whose restart is due; how long until the next one is (-1: none). */
+/* Starts the processes whose restart is due, unless the machine ends; how long until the next
+ * one is (-1: none). */
 static int restart_due(void) {
     long long now = now_ms(), next = -1;
     for (int i = 0; i < nprocs; i++) {
         struct proc *p = &procs[i];
         if (!p->restart_at_ms)
             continue;
+        if (ending || stopping) { /* the machine ends: this one is done too */
+            p->restart_at_ms = 0;
+            p->done = 1;
+            continue;
+        }
         if (p->restart_at_ms > now) {
             long long in = p->restart_at_ms - now;
             next = next < 0 || in < next ? in : next;
