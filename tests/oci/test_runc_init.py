@@ -33,7 +33,11 @@ from tests.support.waiting import eventually
 pytestmark = pytest.mark.skipif(shutil.which("runc") is None, reason="runc is not installed")
 
 # Each loops until the stop signal, which it reports before it exits.
-WEB = "trap 'echo web got TERM; exit 0' TERM; echo web up; while :; do sleep 0.1; done"
+WEB = (
+    "trap 'echo web got TERM; exit 0' TERM; echo web up; touch /tmp/web;"
+    " while :; do sleep 0.1; done"
+)
+AFTER_WEB = "while [ ! -e /tmp/web ]; do sleep 0.05; done; "  # its trap is set by then
 # Fails its first run (the container's /tmp keeps a mark), then runs as `WEB` does; its orphan,
 # a background sleep whose parent exits at once, is left to PID 1 to reap.
 FLAKY = (
@@ -90,7 +94,7 @@ async def test_two_processes_one_restarted_by_its_policy_both_stopped(
     handle = await driver.spawn(machine)
     mid = machine.machine_id
     try:
-        await eventually(lambda: "flaky up" in _log(machine.rundir))
+        await eventually(lambda: {"flaky up", "web up"} <= set(_log(machine.rundir)))
         lines = _log(machine.rundir)
         assert lines.count("web up") == 1 and lines.count("flaky fails") == 1
         # both run in the one container, under souk-init (ps sees all three)
@@ -131,7 +135,7 @@ async def test_a_process_that_ends_for_good_ends_the_machine_with_its_code(
         restart=RestartConfig(policy="on-failure", max_retries=1),
         processes=[
             MachineProcess(exec=_sh(WEB)),
-            MachineProcess(exec=_sh("echo try; sleep 0.2; exit 7")),
+            MachineProcess(exec=_sh(AFTER_WEB + "echo try; exit 7")),
         ],
     )
     machine = launch(tmp_path, config, "10.213.8.3")
@@ -158,7 +162,9 @@ async def test_always_restarts_a_process_that_succeeds_until_the_stop(
         image=await _image(client, registry, busybox_base, "always:1"),
         processes=[
             MachineProcess(exec=_sh(WEB)),
-            MachineProcess(exec=_sh("echo tick"), restart=RestartConfig(policy="always")),
+            MachineProcess(
+                exec=_sh(AFTER_WEB + "echo tick"), restart=RestartConfig(policy="always")
+            ),
         ],
     )
     machine = launch(tmp_path, config, "10.213.8.6")
@@ -184,13 +190,13 @@ async def test_ids_capabilities_and_a_signal_that_is_not_a_stop(
     """Each process runs as its own ids; souk-init's own capabilities (to give ids) reach no
     process, root's included; `signal` reaches the processes and stops nothing."""
     caps = "grep -E '^Cap(Bnd|Eff)' /proc/self/status"
-    hup = "trap 'echo got HUP' HUP; while :; do sleep 0.1; done"
+    trap, loop = "trap 'echo got HUP' HUP", "echo ready; while :; do sleep 0.1; done"
     config = MachineConfig(
         image=await _image(client, registry, busybox_base, "ids:1"),
-        init=InitConfig(exec=_sh(f"echo root $(id -u):$(id -g); {caps}; {hup}")),
+        init=InitConfig(exec=_sh(f"{trap}; echo root $(id -u):$(id -g); {caps}; {loop}")),
         processes=[
             MachineProcess(),  # init's command
-            MachineProcess(user="1000", exec=_sh(f"echo user $(id -u):$(id -g); {hup}")),
+            MachineProcess(user="1000", exec=_sh(f"{trap}; echo user $(id -u):$(id -g); {loop}")),
         ],
     )
     machine = launch(tmp_path, config, "10.213.8.4")
@@ -198,7 +204,7 @@ async def test_ids_capabilities_and_a_signal_that_is_not_a_stop(
     handle = await driver.spawn(machine)
     mid = machine.machine_id
     try:
-        await eventually(lambda: len([x for x in _log(machine.rundir) if "Cap" in x]) == 2)
+        await eventually(lambda: _log(machine.rundir).count("ready") == 2)  # traps set
         lines = _log(machine.rundir)
         assert "root 0:0" in lines and "user 1000:1000" in lines
         # CAP_KILL, CAP_NET_BIND_SERVICE, CAP_AUDIT_WRITE: the container's, not souk-init's
