@@ -51,7 +51,7 @@ async def bare_boot(engine: Engine, machine_id: str) -> float:
     launch = engine._launch_of(engine.store.read.execute(
         "SELECT * FROM machines WHERE id = ?", (machine_id,)).fetchone())  # fmt: skip
     image = await driver.images.pull(launch.config.image or "")
-    config = driver._config(launch, image)
+    config = driver._config(launch, image, "")  # no network: a bare boot has none
     bare = rundir.parent / f"{machine_id}-bare"
     bare.mkdir(exist_ok=True)
     shutil.copyfile(rundir / "root.qcow2", bare / "root.qcow2")

@@ -120,7 +120,9 @@ async def test_two_processes_run_in_one_guest_on_the_machines_address(guest: Gue
     first = await guest.count()
     await asyncio.sleep(0.5)
     assert await guest.count() > first  # the counter runs...
-    url = f"http://{guest.machine.private_ip}:8080/index.html"
+    address = guest.machine.private_ip or ""
+    assert ":" in address  # on the private network, as every other machine
+    url = f"http://[{address}]:8080/index.html"
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as http:
         for _ in range(100):
             try:
