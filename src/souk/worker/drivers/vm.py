@@ -10,10 +10,11 @@ the machine's config over a virtio-serial port (`vm_channel.py`), never on the k
 line, and answers `exec`, signals and `ps` over it.
 
 The root disk is the image made into ext4 once per digest, shared read-only, under a qcow2 layer
-of the machine's own (`vm_rootfs.py`). The network is the runc machines' namespace and address
+of the machine's own (`vm_rootfs.py`); volumes are further disks, lent by the host while the
+guest runs (`vm_volumes.py`). The network is the runc machines' namespace and addresses
 (`oci/network.py`): in the namespace a tap device, joined to the namespace's eth0 by two tc
-redirects (what arrives on one leaves by the other), so the guest holds the machine's address
-itself. Its stdout and stderr are the guest's two virtio consoles, written by qemu to the
+redirects (what arrives on one leaves by the other), so the guest holds the machine's private
+address and IPv4 address itself, and the host's isolation rules apply to it unchanged. Its stdout and stderr are the guest's two virtio consoles, written by qemu to the
 machine's log files; the kernel's own console goes to `console.log` beside them.
 
 A worker restarted after a crash finds each guest by qemu's pid file and the spawn's marker in
