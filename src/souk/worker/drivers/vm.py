@@ -14,12 +14,14 @@ of the machine's own (`vm_rootfs.py`); volumes are further disks, lent by the ho
 guest runs (`vm_volumes.py`). The network is the runc machines' namespace and addresses
 (`oci/network.py`): in the namespace a tap device, joined to the namespace's eth0 by two tc
 redirects (what arrives on one leaves by the other), so the guest holds the machine's private
-address and IPv4 address itself, and the host's isolation rules apply to it unchanged. Its stdout and stderr are the guest's two virtio consoles, written by qemu to the
-machine's log files; the kernel's own console goes to `console.log` beside them.
+address and IPv4 address itself, and the host's isolation rules apply to it unchanged. Its
+stdout and stderr are the guest's two virtio consoles, written by qemu to the machine's log
+files; the kernel's own console goes to `console.log` beside them.
 
 A worker restarted after a crash finds each guest by qemu's pid file and the spawn's marker in
-qemu's environment, and reconnects to its channel. Suspend pauses the guest and saves its memory
-to `memory.snap` through the monitor (`vm_qmp.py`); resume lets it run on."""
+qemu's environment, and reconnects to its channel. Suspend pauses the guest through the monitor
+(`vm_qmp.py`), saves its memory to `memory.snap` and frees it (`vm_memory.py`); resume writes it
+back and lets the guest run on, in the same qemu."""
 
 from __future__ import annotations
 
@@ -39,7 +41,7 @@ from typing import Any
 from souk.models.machine import MachineProcess
 from souk.worker import logs, procfs, volume_disk
 from souk.worker.cgroups import Cgroups
-from souk.worker.drivers import launcher, vm_boot, vm_qmp, vm_rootfs, vm_volumes
+from souk.worker.drivers import launcher, vm_boot, vm_memory, vm_qmp, vm_rootfs, vm_volumes
 from souk.worker.drivers.base import ExecResult, ExecTimeout, Handle, Launch
 from souk.worker.drivers.exits import ExitCodes, child_exit, poll_until_gone, until_gone
 from souk.worker.drivers.file_appears import FileWatch
@@ -62,6 +64,7 @@ DEBUG_EXIT = "isa-debug-exit,iobase=0xf4,iosize=0x04"
 # take. Everything else of qemu's sandbox is on.
 SANDBOX = "on,obsolete=deny,elevateprivileges=allow,spawn=deny,resourcecontrol=deny"
 STATE = "vm.json"  # the spawn's marker and image, beside qemu's files
+SNAPSHOT = "memory.snap"  # a suspended guest's memory
 
 
 class VmError(RuntimeError):
@@ -210,10 +213,13 @@ class VmDriver:
         argv = [self.qemu, "-name", f"souk-{launch.machine_id}", "-nodefaults", "-no-user-config"]
         argv += ["-display", "none", "-no-reboot", "-m", str(guest.memory_mb)]
         argv += ["-smp", str(guest.cpus), "-pidfile", "qemu.pid"]
+        # the guest's RAM a memfd, which a suspend saves to disk and frees (`vm_memory`)
+        argv += ["-object", f"memory-backend-memfd,id=ram,size={guest.memory_mb}M"]
         if micro:
-            argv += ["-accel", "kvm", "-cpu", "host", "-M", "microvm,x-option-roms=off,rtc=off"]
+            argv += ["-accel", "kvm", "-cpu", "host"]
+            argv += ["-M", "microvm,x-option-roms=off,rtc=off,memory-backend=ram"]
         else:
-            argv += ["-accel", f"tcg,tb-size={TCG_CACHE_MB}", "-M", "q35"]
+            argv += ["-accel", f"tcg,tb-size={TCG_CACHE_MB}", "-M", "q35,memory-backend=ram"]
         argv += ["-kernel", str(self.guest.kernel.image), "-initrd", str(self.guest.initramfs)]
         argv += ["-append", "console=ttyS0 panic=-1 quiet loglevel=3"]
         argv += ["-serial", "file:console.log", "-device", DEBUG_EXIT]
@@ -357,21 +363,40 @@ class VmDriver:
         return [handle.pid]
 
     async def freeze(self, machine_id: str, handle: Handle | None) -> None:
-        """Pause the guest and save its memory to disk (`memory.snap`); idempotent."""
+        """Pause the guest, save its memory to disk (`memory.snap`) and free it (`vm_memory`);
+        idempotent."""
         rundir = _rundir(handle)
-        if rundir is None:
+        if rundir is None or handle is None:
             return
-        if await vm_qmp.status(rundir / "qmp.sock") in ("paused", "postmigrate"):
-            return
-        await vm_qmp.save(rundir / "qmp.sock", rundir / "memory.snap")
+        await vm_qmp.pause(rundir / "qmp.sock")
+        await asyncio.to_thread(vm_memory.save, handle.pid, rundir / SNAPSHOT)
 
     async def thaw(self, machine_id: str, handle: Handle | None) -> None:
+        """The saved memory back in the guest, then the guest on; a no-op for one that runs."""
         rundir = _rundir(handle)
-        if rundir is None:
+        if rundir is None or handle is None:
             return
+        snapshot = rundir / SNAPSHOT
+        if snapshot.exists():
+            await self._restore(machine_id, handle.pid, snapshot)
+            snapshot.unlink()  # before the guest runs: never a snapshot beside a running guest
         if await vm_qmp.status(rundir / "qmp.sock") in ("paused", "postmigrate"):
             await vm_qmp.cont(rundir / "qmp.sock")
-        (rundir / "memory.snap").unlink(missing_ok=True)
+
+    async def _restore(self, machine_id: str, pid: int, snapshot: Path) -> None:
+        """The snapshot's pages written back into qemu's RAM by a process in the machine's
+        cgroups, which are charged for them as they were for the guest's own."""
+        argv = vm_memory.restore_argv(pid, snapshot)
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+        procs = self.cgroups.procs_files(machine_id)
+        with launcher.launching(argv, None, procs, env) as start:
+            proc = await asyncio.create_subprocess_exec(
+                *start.argv, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
+                **start.popen,
+            )  # fmt: skip
+        _, err = await proc.communicate()
+        if proc.returncode != 0:
+            raise VmError(f"the guest's memory was not restored: {err.decode().strip()}")
 
     async def signal(self, machine_id: str, handle: Handle | None, signal: str) -> None:
         rundir = _rundir(handle)
@@ -427,7 +452,7 @@ class VmDriver:
         await network.teardown(launch.machine_id)
         self.cgroups.remove(launch.machine_id)
         await _give_back_volumes(launch.rundir)
-        for name in ("root.qcow2", "root.qcow2.base", "memory.snap", STATE):
+        for name in ("root.qcow2", "root.qcow2.base", SNAPSHOT, f"{SNAPSHOT}.tmp", STATE):
             (launch.rundir / name).unlink(missing_ok=True)
         self.images.store.unpin(_pin(launch))
         await asyncio.to_thread(vm_rootfs.collect, self.images)
