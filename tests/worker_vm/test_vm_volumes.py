@@ -17,6 +17,7 @@ from souk.worker.daemon import make_driver, running
 from souk.worker.drivers import vm_volumes
 from souk.worker.engine import Engine
 from souk.worker.settings import WorkerSettings
+from souk.worker.volumes import VolumeFailed
 from tests.support.volumes import sweep
 
 _REFUSED = volume_disk.unsupported_reason()
@@ -68,9 +69,12 @@ async def test_a_volumes_data_outlives_its_vm_machine(
             assert " /data ext4 " in out  # the guest's own disk, not a host directory
             assert vm_volumes.lent(p)  # the host's mount stands aside while the guest runs...
             assert not (p.mountpoint / "note").exists()
+            with pytest.raises(VolumeFailed, match="freeze"):  # no copy of a disk in use
+                await engine.snapshot_volume(VOLUME)
             await destroy(engine, first)
             assert not vm_volumes.lent(p)  # ...and the volume is the host's again after it
             assert (p.mountpoint / "note").read_text() == "kept\n"
+            await engine.snapshot_volume(VOLUME)  # the host's again: it snapshots as any
 
             second = await machine_with_volume(engine, busybox_image)
             assert await run(engine, second, "cat /data/note") == (0, "kept\n")

@@ -118,7 +118,8 @@ class VmDriver:
             if isinstance(result, BaseException):
                 raise result
         await _tap(launch.machine_id)
-        state = {"marker": launch.marker, "image": image.digest}
+        # the volumes an earlier guest held stay recorded until they are given back
+        state = {**_state(launch.rundir), "marker": launch.marker, "image": image.digest}
         (launch.rundir / STATE).write_text(json.dumps(state))
         return image.digest
 
