@@ -1,7 +1,7 @@
 """A volume attached to a vm machine is a virtio disk of its guest, mounted by its init at the
 mount's path; the host lends it (its own mount swapped for a placeholder) while the guest runs,
 and mounts it again once qemu is gone. Its data outlives the machine: a new machine mounting
-it reads what the first wrote."""
+it reads what the first wrote, and a worker restarted meanwhile never mounts it twice."""
 
 from __future__ import annotations
 
@@ -67,8 +67,13 @@ async def test_a_volumes_data_outlives_its_vm_machine(
             code, out = await run(engine, first, "cat /proc/mounts; echo kept > /data/note")
             assert code == 0, out
             assert " /data ext4 " in out  # the guest's own disk, not a host directory
+        # the worker dies and comes back: it mounts every volume it finds unmounted, and must
+        # find this one in use, not mount it a second time
+        async with running(Engine(s, make_driver("vm", s))) as engine:
+            assert (await engine.wait(first, "started", 30, None))[0]
             assert vm_volumes.lent(p)  # the host's mount stands aside while the guest runs...
             assert not (p.mountpoint / "note").exists()
+            assert await run(engine, first, "cat /data/note") == (0, "kept\n")
             with pytest.raises(VolumeFailed, match="freeze"):  # no copy of a disk in use
                 await engine.snapshot_volume(VOLUME)
             await destroy(engine, first)
