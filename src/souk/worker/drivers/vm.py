@@ -447,9 +447,10 @@ class VmDriver:
     async def cleanup(self, launch: Launch) -> None:
         self._exits.pop(launch.machine_id)
         await self._drop_channel(launch.machine_id)
-        if (pid := _pid(launch.rundir)) is not None and procfs.has_marker(pid, launch.marker):
+        if (found := _running(launch.rundir, launch.marker)) is not None:
             with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signals.SIGKILL)
+                os.kill(found.pid, signals.SIGKILL)
+            await poll_until_gone(found, POLL)  # before its volumes are the host's again
         await network.teardown(launch.machine_id)
         self.cgroups.remove(launch.machine_id)
         await _give_back_volumes(launch.rundir)
@@ -560,9 +561,9 @@ async def _read_exit(rundir: Path) -> int | None:
 
 def _network_config(private_ip: str, ipv4: str) -> list[tuple[str, str | bytes]]:
     """The guest's addresses and routes, as a runc machine's namespace has them
-    (`oci/network.py`), and on the private network its resolver (docs/network.md): the
-    machine's IPv4 address (/32) with the default route through the host's veth, and its
-    private IPv6 address (/128) with the default route through the veth's `fe80::1`."""
+    (`oci/network.py`): the machine's IPv4 address (/32) with the default route through the
+    host's veth, and on the private network (docs/network.md) its private IPv6 address (/128)
+    with the default route through the veth's `fe80::1`."""
     pairs: list[tuple[str, str | bytes]] = [("addr", ipv4), ("gw", network.GATEWAY)]
     if ":" in private_ip:  # else off the private network (a machine made before it)
         pairs += [("addr6", private_ip), ("gw6", network.GATEWAY6)]
