@@ -76,6 +76,9 @@ async def test_a_volumes_data_outlives_its_vm_machine(
             assert await run(engine, first, "cat /data/note") == (0, "kept\n")
             with pytest.raises(VolumeFailed, match="freeze"):  # no copy of a disk in use
                 await engine.snapshot_volume(VOLUME)
+            with pytest.raises(VolumeFailed, match="e2fsck"):  # nor its file system grown
+                await engine.extend_volume(VOLUME, 32)
+            assert await run(engine, first, "cat /data/note") == (0, "kept\n")
             await destroy(engine, first)
             assert not vm_volumes.lent(p)  # ...and the volume is the host's again after it
             assert (p.mountpoint / "note").read_text() == "kept\n"
