@@ -86,6 +86,15 @@ async def test_a_volumes_data_outlives_its_vm_machine(
 
             second = await machine_with_volume(engine, busybox_image)
             assert await run(engine, second, "cat /data/note") == (0, "kept\n")
+            # written to the guest's page cache, then suspended (its memory on disk, not in
+            # the host's) and stopped: the stop brings the memory back and the guest syncs
+            assert (await run(engine, second, "echo again > /data/more"))[0] == 0
+            await engine.submit(second, "suspend", {})
+            assert (await engine.wait(second, "suspended", 120, None))[0]
+            await engine.submit(second, "stop", {})
+            assert (await engine.wait(second, "stopped", 120, None))[0]
+            assert not vm_volumes.lent(p)
+            assert (p.mountpoint / "more").read_text() == "again\n"
             await destroy(engine, second)
             await engine.destroy_volume(VOLUME)
     finally:
