@@ -9,6 +9,7 @@ who reaches it, and prints what it saw as JSON. Nothing it makes outlives it."""
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import json
 import os
 import socket
@@ -66,7 +67,7 @@ else echo dropped; fi
 async def guest_image(registry: Registry) -> str:
     """A busybox image whose httpd answers on 8080, in the registry: its reference."""
     tar = busybox_layer().file("www/index.html", b"a guest\n")
-    for applet in ("nc", "nslookup", "grep", "sed", "head", "tail", "hostname"):
+    for applet in ("nc", "nslookup", "grep", "sed", "head", "tail", "hostname", "ip"):
         tar.symlink(f"bin/{applet}", "busybox")
     spec = ImageSpec([layer(tar.bytes())], cmd=["httpd", "-f", "-p", "8080", "-h", "/www"])
     async with registry.client() as client:
@@ -163,6 +164,18 @@ async def machines(e: Engine, image: str, seen: dict[str, Any]) -> None:
         listener.kill()
         out, _ = listener.communicate()
     seen["internet_saw"] = out.strip()
+    # last, as it changes the guest's routes: its kernel is its own, so it may send from any
+    # address it likes. The host routes that address back to it (as if it were its own), so
+    # that nothing but the host's rule on sources stands in its way: the host drops what does
+    # not come from the machine's own address
+    spoofed = str(ipaddress.IPv6Address(at["vm"] or "") + 1)
+    veth = network.names(vm)[1]
+    back = ["ip", "-6", "route", "add", f"{spoofed}/128", "dev", veth]
+    await asyncio.to_thread(subprocess.run, back, check=True)
+    await run(e, vm, "ip", "-6", "addr", "add", f"{spoofed}/128", "dev", "eth0")
+    route = ["ip", "-6", "route", "replace", "default", "via", network.GATEWAY6, "dev", "eth0"]
+    await run(e, vm, *route, "metric", "1", "src", spoofed)
+    seen["spoofed"] = await probe(e, vm, a2.private_ip, 8080)
 
 
 def main() -> None:

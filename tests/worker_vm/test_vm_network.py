@@ -61,6 +61,11 @@ def test_networks_do_not_reach_each_other_either_way(seen: dict[str, Any]) -> No
     assert seen["from_other_network"] == "dropped"
 
 
+def test_the_guest_cannot_send_from_an_address_not_its_machines(seen: dict[str, Any]) -> None:
+    assert seen["by_address"] == seen["ids"]["a2"]  # from its own, it is answered
+    assert seen["spoofed"] == "dropped"  # from another of its network's, it is not
+
+
 def test_the_guest_reaches_none_of_its_hosts_services(seen: dict[str, Any]) -> None:
     assert seen["api_from_host"] == ["open", "open"]
     assert set(seen["host"].values()) == {"dropped"}, seen["host"]
