@@ -49,11 +49,12 @@ BOOT = 400.0  # a guest under TCG on a busy host
 # `probe HOST PORT`: the body an HTTP GET gets, or "refused", or "dropped" (no answer within
 # the timeout). busybox's nc, not its wget: a static glibc busybox crashes looking a service
 # name up, and resolves no name (the host's NSS modules are not in the image), so a name is
-# asked of the resolver by busybox's own nslookup first.
+# asked of the resolver by busybox's own nslookup first (an address other than the asker's).
 PROBE = """
 host=$1
 case $host in *.internal)
-  host=$(nslookup -type=AAAA "$host" | sed -n 's/^Address: //p' | head -n 1);;
+  host=$(nslookup -type=AAAA "$host" | sed -n 's/^Address: //p' |
+         grep -vx "$SOUK_PRIVATE_IP" | head -n 1);;  # another machine than this one
 esac
 out=$(printf 'GET / HTTP/1.0\\r\\n\\r\\n' | nc -w 4 "$host" "$2" 2>/tmp/probe.err)
 if [ -n "$out" ]; then printf '%s\\n' "$out" | tail -n 1  # the body: one line
@@ -140,6 +141,7 @@ async def machines(e: Engine, image: str, seen: dict[str, Any]) -> None:
     seen["by_address"] = await probe(e, vm, a2.private_ip, 8080)
     seen["names"] = await run(e, vm, "nslookup", "-type=AAAA", "alpha.internal")
     seen["by_name"] = await probe(e, vm, f"{a2.id}.vm.alpha.internal", 8080)
+    seen["by_app_name"] = await probe(e, vm, "alpha.internal", 8080)
     seen["back"] = await reach(e, a2.id, at["vm"] or "", 8080, body=True)
     seen["to_other_network"] = await probe(e, vm, b1.private_ip, 8080)
     seen["from_other_network"] = await reach(e, b1.id, at["vm"] or "", 8080)

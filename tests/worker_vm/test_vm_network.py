@@ -52,6 +52,7 @@ def test_the_guest_reaches_a_machine_of_its_app_by_address_and_by_name(
     at = seen["addresses"]
     assert seen["by_address"] == seen["ids"]["a2"]
     assert seen["by_name"] == seen["ids"]["a2"]
+    assert seen["by_app_name"] == seen["ids"]["a2"]  # <app>.internal, the other machine of it
     assert at["a2"] in seen["names"] and at["vm"] in seen["names"]  # alpha.internal: both
     assert seen["back"] == "a guest"  # and the other machine reaches the guest
 
