@@ -51,7 +51,7 @@ async def bare_boot(engine: Engine, machine_id: str) -> float:
     launch = engine._launch_of(engine.store.read.execute(
         "SELECT * FROM machines WHERE id = ?", (machine_id,)).fetchone())  # fmt: skip
     image = await driver.images.pull(launch.config.image or "")
-    config = driver._config(launch, image)
+    config = driver._config(launch, image, "")  # no network: a bare boot has none
     bare = rundir.parent / f"{machine_id}-bare"
     bare.mkdir(exist_ok=True)
     shutil.copyfile(rundir / "root.qcow2", bare / "root.qcow2")
@@ -93,15 +93,28 @@ async def overhead_mb(engine: Engine, machine_id: str) -> float:
     return (rss_kb(pid) - used) / 1024
 
 
-async def suspend_resume(engine: Engine, machine_id: str) -> tuple[float, float]:
+def guest_ram_mb(engine: Engine, machine_id: str) -> float:
+    """What of qemu's memory is its guest's RAM (a memfd, shared memory): what suspend frees."""
+    pid = engine.store.read.execute(
+        "SELECT pid FROM machines WHERE id = ?", (machine_id,)
+    ).fetchone()[0]
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(status.split("\nRssShmem:")[1].split()[0]) / 1024
+
+
+async def suspend_resume(engine: Engine, machine_id: str) -> tuple[float, float, float, float]:
+    """Suspend and resume times, and the guest's RAM in the host's memory before and while
+    suspended."""
+    running_mb = guest_ram_mb(engine, machine_id)
     began = time.perf_counter()
     await engine.submit(machine_id, "suspend", {})
     assert (await engine.wait(machine_id, "suspended", BOOT, None))[0]
     suspended = time.perf_counter() - began
+    suspended_mb = guest_ram_mb(engine, machine_id)
     began = time.perf_counter()
     await engine.submit(machine_id, "resume", {})
     assert (await engine.wait(machine_id, "started", BOOT, None))[0]
-    return suspended, time.perf_counter() - began
+    return suspended, time.perf_counter() - began, running_mb, suspended_mb
 
 
 async def main(runs: int, parallel: int, root: Path) -> dict[str, object]:
@@ -113,13 +126,17 @@ async def main(runs: int, parallel: int, root: Path) -> dict[str, object]:
         s = replace(settings(root), insecure_registries=(registry.host,))
         async with running(Engine(s, make_driver("vm", s))) as engine:
             ratios, overheads, suspends, resumes, bares = [], [], [], [], []
+            ram: list[tuple[float, float]] = []
             for _ in range(runs):
                 took, machine_id = await worker_start(engine, image)
                 bare = await bare_boot(engine, machine_id)
                 ratios.append(took / bare)
                 bares.append(bare)
                 overheads.append(await overhead_mb(engine, machine_id))
-                suspended, resumed = await suspend_resume(engine, machine_id)
+                suspended, resumed, running_mb, suspended_mb = await suspend_resume(
+                    engine, machine_id
+                )
+                ram.append((running_mb, suspended_mb))
                 suspends.append(suspended / bare)
                 resumes.append(resumed / bare)
                 await destroy_all(engine)
@@ -133,6 +150,7 @@ async def main(runs: int, parallel: int, root: Path) -> dict[str, object]:
                 "qemu_overhead_mb": overheads,
                 "suspend_over_bare_boot": suspends,
                 "resume_over_bare_boot": resumes,
+                "guest_ram_mb_running_then_suspended": ram,
                 # under TCG a rate is of emulation: given per bare boot's time as well
                 "guests_started_per_second": per_second,
                 "guests_started_per_bare_boot": per_second * min(bares),

@@ -120,7 +120,9 @@ async def test_two_processes_run_in_one_guest_on_the_machines_address(guest: Gue
     first = await guest.count()
     await asyncio.sleep(0.5)
     assert await guest.count() > first  # the counter runs...
-    url = f"http://{guest.machine.private_ip}:8080/index.html"
+    address = guest.machine.private_ip or ""
+    assert ":" in address  # on the private network, as every other machine
+    url = f"http://[{address}]:8080/index.html"
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as http:
         for _ in range(100):
             try:
@@ -147,19 +149,30 @@ async def test_the_guest_sees_its_files_not_the_hosts(guest: Guest, tmp_path: Pa
     assert (await guest.run("cat", "/proc/sys/kernel/hostname"))[1].strip() == guest.machine.id
 
 
-async def test_suspend_saves_memory_and_resume_goes_on(guest: Guest) -> None:
+def guest_memory_kb(pid: int) -> int:
+    """What of qemu's memory is the guest's RAM (a memfd: shared memory)."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(status.split("\nRssShmem:")[1].split()[0])
+
+
+async def test_suspend_saves_memory_frees_it_and_resume_goes_on(guest: Guest) -> None:
     engine, machine_id, pid = guest.engine, guest.machine.id, guest.pid()
     before = await guest.count()
+    held = guest_memory_kb(pid)
+    assert held > 8 << 10  # the guest's kernel and processes, in the host's memory
     await engine.submit(machine_id, "suspend", {})
     assert (await engine.wait(machine_id, "suspended", 120, None))[0]
     snapshot = guest.settings.rundir(machine_id) / "memory.snap"
-    assert snapshot.stat().st_size > 1 << 20  # the guest's memory, on disk
+    assert snapshot.stat().st_blocks * 512 > 8 << 20  # the guest's memory, on disk...
     assert snapshot.stat().st_mode & 0o777 == 0o600
+    assert guest_memory_kb(pid) < held // 8  # ...and no longer in the host's
     await engine.submit(machine_id, "resume", {})
     assert (await engine.wait(machine_id, "started", 60, None))[0]
     after = await guest.count()
     assert after >= before  # the shell's counter went on from where it was, not from 1
     assert guest.pid() == pid and not snapshot.exists()
+    await asyncio.sleep(0.5)
+    assert await guest.count() > after  # it runs on
 
 
 async def test_a_restarted_worker_adopts_the_running_guest(guest: Guest) -> None:

@@ -56,14 +56,11 @@ def free_ip(
     cluster: str = DEFAULT_PREFIX,
     network: str = DEFAULT_NETWORK,
     worker: str = "",
-    private: bool = True,
 ) -> str:
-    """On an isolating worker: an address in the worker's /96 of the app's network (unless not
-    `private`: a vm guest, whose init configures IPv4 alone, gets one of 10.200.0.0/13 as
-    before). Else a host command gets a loopback address (all of 127.0.0.0/8 is the host's).
-    Drawn at random, so that the several workers of one host (as in `souk dev`) almost never
-    draw the same."""
-    prefix = worker_prefix(cluster, network, worker) if isolated() and private else None
+    """On an isolating worker: an address in the worker's /96 of the app's network. Else a host
+    command gets a loopback address (all of 127.0.0.0/8 is the host's). Drawn at random, so
+    that the several workers of one host (as in `souk dev`) almost never draw the same."""
+    prefix = worker_prefix(cluster, network, worker) if isolated() else None
     while True:
         a, b, c = os.urandom(3)
         if prefix is not None:

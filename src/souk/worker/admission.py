@@ -171,12 +171,9 @@ def create(
     machine_id: str,
     req: CreateMachine,
     hold_until: float | None = None,
-    *,
-    vms: bool = False,
 ) -> None:
     """Reserve the guest and record the machine; queue its start if asked. With `hold_until`,
-    the machine is provisional until then (see `holds`), in this same commit. `vms`: images
-    run as vm guests, off the private network (`addresses.free_ip`)."""
+    the machine is provisional until then (see `holds`), in this same commit."""
     guest = req.config.guest
     cap = capacity(tx, settings)
     found = _misfit(guest, guest.cpus, guest.memory_mb, cap, cordoned=cap.cordoned)
@@ -193,8 +190,7 @@ def create(
         raise AlreadyExists(f"machine {machine_id} already exists")
     instance_id, stamp = new_instance_id(), now_iso()
     kind, network = Drivers.kind_of(req.config), req.network or DEFAULT_NETWORK
-    private = not (vms and kind == "image")
-    ip = free_ip(tx, kind, settings.private_prefix, network, settings.name, private)
+    ip = free_ip(tx, kind, settings.private_prefix, network, settings.name)
     queries.insert_machine(
         tx, machine_id, req.name or machine_id, req.app, instance_id, req.config, ip, stamp
     )
@@ -251,8 +247,6 @@ def update(
     config: MachineConfig,
     start: bool | None,
     nonce: str | None,
-    *,
-    vms: bool = False,
 ) -> None:
     """Record the new config and instance id now, reserving the growth; queue the stop (if it
     runs), the update and the start (if it ran, or if asked)."""
@@ -272,11 +266,10 @@ def update(
     instance_id = new_instance_id()
     old = MachineConfig.model_validate_json(row["config"])
     kind = Drivers.kind_of(config)
-    private = not (vms and kind == "image")
-    if Drivers.kind_of(old) != kind and (":" not in (row["private_ip"] or "") or not private):
+    if Drivers.kind_of(old) != kind and ":" not in (row["private_ip"] or ""):
         # a command became an image, or the reverse, off the private network (whose address
-        # serves both, but for a vm guest)
-        ip = free_ip(tx, kind, settings.private_prefix, worker=settings.name, private=private)
+        # serves both)
+        ip = free_ip(tx, kind, settings.private_prefix, worker=settings.name)
         queries.set_private_ip(tx, machine_id, ip)
     volumes.attach(tx, settings, row["app"], machine_id, config)
     stamp = now_iso()

@@ -189,8 +189,7 @@ class Engine:
         until = None if hold is None else time.time() + min(max(hold, 0.0), holds.MAX_HOLD)
 
         def accept_create(tx: Tx) -> None:
-            vms = self.drivers.vm is not None
-            admission.create(tx, self.settings, machine_id, req, until, vms=vms)
+            admission.create(tx, self.settings, machine_id, req, until)
             machine_secrets.record(tx, self.sealer, req.app, machine_id, req.secrets)
 
         waits = req.start and wait > 0 and self._starts_at_once(req.config)
@@ -294,8 +293,7 @@ class Engine:
         admission.check_runnable(self.drivers, self.settings, config)
 
         def accept(tx: Tx) -> None:
-            vms = self.drivers.vm is not None
-            admission.update(tx, self.settings, machine_id, config, start, nonce, vms=vms)
+            admission.update(tx, self.settings, machine_id, config, start, nonce)
             app = queries.existing_machine(tx, machine_id)["app"]
             machine_secrets.record(tx, self.sealer, app, machine_id, secrets or {})
 

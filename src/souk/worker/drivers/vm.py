@@ -10,15 +10,18 @@ the machine's config over a virtio-serial port (`vm_channel.py`), never on the k
 line, and answers `exec`, signals and `ps` over it.
 
 The root disk is the image made into ext4 once per digest, shared read-only, under a qcow2 layer
-of the machine's own (`vm_rootfs.py`). The network is the runc machines' namespace and address
+of the machine's own (`vm_rootfs.py`); volumes are further disks, lent by the host while the
+guest runs (`vm_volumes.py`). The network is the runc machines' namespace and addresses
 (`oci/network.py`): in the namespace a tap device, joined to the namespace's eth0 by two tc
-redirects (what arrives on one leaves by the other), so the guest holds the machine's address
-itself. Its stdout and stderr are the guest's two virtio consoles, written by qemu to the
-machine's log files; the kernel's own console goes to `console.log` beside them.
+redirects (what arrives on one leaves by the other), so the guest holds the machine's private
+address and IPv4 address itself, and the host's isolation rules apply to it unchanged. Its
+stdout and stderr are the guest's two virtio consoles, written by qemu to the machine's log
+files; the kernel's own console goes to `console.log` beside them.
 
 A worker restarted after a crash finds each guest by qemu's pid file and the spawn's marker in
-qemu's environment, and reconnects to its channel. Suspend pauses the guest and saves its memory
-to `memory.snap` through the monitor (`vm_qmp.py`); resume lets it run on."""
+qemu's environment, and reconnects to its channel. Suspend pauses the guest through the monitor
+(`vm_qmp.py`), saves its memory to `memory.snap` and frees it (`vm_memory.py`); resume writes it
+back and lets the guest run on, in the same qemu."""
 
 from __future__ import annotations
 
@@ -26,6 +29,7 @@ import asyncio
 import contextlib
 import hashlib
 import json
+import logging
 import os
 import shutil
 import signal as signals
@@ -35,9 +39,9 @@ from pathlib import Path
 from typing import Any
 
 from souk.models.machine import MachineProcess
-from souk.worker import logs, procfs
+from souk.worker import logs, procfs, volume_disk
 from souk.worker.cgroups import Cgroups
-from souk.worker.drivers import launcher, vm_boot, vm_qmp, vm_rootfs
+from souk.worker.drivers import launcher, vm_boot, vm_memory, vm_qmp, vm_rootfs, vm_volumes
 from souk.worker.drivers.base import ExecResult, ExecTimeout, Handle, Launch
 from souk.worker.drivers.exits import ExitCodes, child_exit, poll_until_gone, until_gone
 from souk.worker.drivers.file_appears import FileWatch
@@ -48,8 +52,10 @@ from souk.worker.oci import network
 from souk.worker.oci.images import Image, ImageCache
 from souk.worker.oci.spec import resolve_user
 
+log = logging.getLogger("souk.worker.vm")
 POLL = 0.05
 BOOT_SECONDS = 300.0  # to the guest init's `started`: emulation on a busy host is slow
+KILL_GRACE = 10.0  # for a guest told to kill its processes to sync and power off
 OVERHEAD_MB = 160  # qemu's own memory beside the guest's, in the machine's cgroup
 TCG_CACHE_MB = 64  # TCG's translation cache (its default is a gigabyte)
 DEBUG_EXIT = "isa-debug-exit,iobase=0xf4,iosize=0x04"
@@ -58,6 +64,7 @@ DEBUG_EXIT = "isa-debug-exit,iobase=0xf4,iosize=0x04"
 # take. Everything else of qemu's sandbox is on.
 SANDBOX = "on,obsolete=deny,elevateprivileges=allow,spawn=deny,resourcecontrol=deny"
 STATE = "vm.json"  # the spawn's marker and image, beside qemu's files
+SNAPSHOT = "memory.snap"  # a suspended guest's memory
 
 
 class VmError(RuntimeError):
@@ -99,8 +106,6 @@ class VmDriver:
     async def prepare(self, launch: Launch) -> str | None:
         if not launch.config.image:
             raise VmError("the vm driver runs images; this machine names none")
-        if launch.volumes:
-            raise VmError("the vm driver does not attach volumes yet")
         digest = launch.image_digest or _prepared(launch)
         image = await self.images.pull(launch.config.image, digest)
         if digest != image.digest:
@@ -113,7 +118,8 @@ class VmDriver:
             if isinstance(result, BaseException):
                 raise result
         await _tap(launch.machine_id)
-        state = {"marker": launch.marker, "image": image.digest}
+        # the volumes an earlier guest held stay recorded until they are given back
+        state = {**_state(launch.rundir), "marker": launch.marker, "image": image.digest}
         (launch.rundir / STATE).write_text(json.dumps(state))
         return image.digest
 
@@ -135,9 +141,15 @@ class VmDriver:
             await self.prepare(launch)
             state = _state(rundir)
         image = await self.images.pull(launch.config.image or "", state["image"])
-        config = self._config(launch, image)
+        ipv4: str | None = launch.private_ip
+        if ":" in launch.private_ip:  # on the private network: the namespace's IPv4 beside it
+            ipv4 = await asyncio.to_thread(network.egress, launch.machine_id)
+        if ipv4 is None:
+            raise VmError("the machine's network namespace has no IPv4 address")
+        config = self._config(launch, image, ipv4)
         for name in ("qemu.pid", "exit_code", "guest_exit", "ctl.sock", "qmp.sock"):
             (rundir / name).unlink(missing_ok=True)
+        await _lend_volumes(launch)
         guest = launch.config.guest
         procs = self.cgroups.prepare(launch.machine_id, guest.cpus, guest.memory_mb + OVERHEAD_MB)
         netns = network.NETNS_DIR / network.names(launch.machine_id)[0]
@@ -165,6 +177,7 @@ class VmDriver:
                     os.kill(pid, signals.SIGKILL)
             await asyncio.wait([exited])
             await self._drop_channel(launch.machine_id)
+            await _give_back_volumes(rundir)
             raise
         self._exits.expect(launch.machine_id, self._exit_code(exited, rundir))
         return handle
@@ -201,16 +214,23 @@ class VmDriver:
         argv = [self.qemu, "-name", f"souk-{launch.machine_id}", "-nodefaults", "-no-user-config"]
         argv += ["-display", "none", "-no-reboot", "-m", str(guest.memory_mb)]
         argv += ["-smp", str(guest.cpus), "-pidfile", "qemu.pid"]
+        # the guest's RAM a memfd, which a suspend saves to disk and frees (`vm_memory`)
+        argv += ["-object", f"memory-backend-memfd,id=ram,size={guest.memory_mb}M"]
         if micro:
-            argv += ["-accel", "kvm", "-cpu", "host", "-M", "microvm,x-option-roms=off,rtc=off"]
+            argv += ["-accel", "kvm", "-cpu", "host"]
+            argv += ["-M", "microvm,x-option-roms=off,rtc=off,memory-backend=ram"]
         else:
-            argv += ["-accel", f"tcg,tb-size={TCG_CACHE_MB}", "-M", "q35"]
+            argv += ["-accel", f"tcg,tb-size={TCG_CACHE_MB}", "-M", "q35,memory-backend=ram"]
         argv += ["-kernel", str(self.guest.kernel.image), "-initrd", str(self.guest.initramfs)]
         argv += ["-append", "console=ttyS0 panic=-1 quiet loglevel=3"]
         argv += ["-serial", "file:console.log", "-device", DEBUG_EXIT]
         argv += ["-qmp", "unix:qmp.sock,server=on,wait=off"]
         argv += ["-drive", "if=none,id=root,file=root.qcow2,format=qcow2,discard=unmap"]
         argv += ["-device", f"virtio-blk-{bus},drive=root"]
+        for i, (_, mountpoint) in enumerate(launch.volumes):
+            disk = vm_volumes.disk_of(mountpoint)
+            argv += ["-drive", f"if=none,id={_serial(i)},file={disk},format=raw,cache=none"]
+            argv += ["-device", f"virtio-blk-{bus},drive={_serial(i)},serial={_serial(i)}"]
         mac = _mac(launch.machine_id)
         argv += ["-netdev", "tap,id=net,ifname=tap0,script=no,downscript=no"]
         argv += ["-device", f"virtio-net-{bus},netdev=net,mac={mac}"]
@@ -224,16 +244,17 @@ class VmDriver:
             argv += ["-runas", f"{launch.user.uid}:{launch.user.gid}"]
         return [*argv, "-sandbox", SANDBOX]
 
-    def _config(self, launch: Launch, image: Image) -> list[bytes]:
+    def _config(self, launch: Launch, image: Image, ipv4: str) -> list[bytes]:
         """What the guest init reads on its channel: key, value, key, value..."""
         _, etc = vm_rootfs.base_paths(self.images, image.digest)
         uid, gid = resolve_user(image.config.user, etc)
         env = _machine_env(launch, image)
         pairs: list[tuple[str, str | bytes]] = [
             ("hostname", launch.machine_id),
-            ("addr", launch.private_ip),
-            ("gw", network.GATEWAY),
+            *_network_config(launch.private_ip, ipv4),
             ("root", "/dev/vda"),
+            *(("volume", f"{_serial(i)} {path}") for i, (path, _) in enumerate(launch.volumes)),
+            *_resolver_file(launch.private_ip),
             *(("env", f"{k}={v}") for k, v in env.items()),
             ("exec_ids", f"{uid}:{gid}"),
             ("exec_cwd", image.config.workdir or "/"),
@@ -281,6 +302,7 @@ class VmDriver:
 
     async def _exit_code(self, exited: asyncio.Future[int], rundir: Path) -> int | None:
         await exited
+        await _give_back_volumes(rundir)
         return await _read_exit(rundir)
 
     # -- the rest of the protocol ----------------------------------------------------------
@@ -304,6 +326,7 @@ class VmDriver:
         with contextlib.suppress(ChannelClosed, OSError):
             await self._connect(machine_id, rundir)
         await until_gone(handle, POLL)
+        await _give_back_volumes(rundir)
         return await _read_exit(rundir)
 
     async def wait(self, machine_id: str) -> int | None:
@@ -314,6 +337,11 @@ class VmDriver:
     ) -> None:
         if handle is None or not procfs.is_alive(handle.pid, handle.pid_start):
             return
+        if signal == "SIGKILL":
+            # The guest's init kills its processes at once, then syncs and powers off: what
+            # they wrote reaches the disks (a volume's included), as a killed container's does.
+            # qemu itself is killed only if the guest does not end within the grace.
+            timeout = max(timeout, KILL_GRACE)
         await self.thaw(machine_id, handle)
         rundir = _rundir(handle)
         with contextlib.suppress(ChannelClosed, OSError):  # 'T': a stop, nothing restarted
@@ -340,21 +368,40 @@ class VmDriver:
         return [handle.pid]
 
     async def freeze(self, machine_id: str, handle: Handle | None) -> None:
-        """Pause the guest and save its memory to disk (`memory.snap`); idempotent."""
+        """Pause the guest, save its memory to disk (`memory.snap`) and free it (`vm_memory`);
+        idempotent."""
         rundir = _rundir(handle)
-        if rundir is None:
+        if rundir is None or handle is None:
             return
-        if await vm_qmp.status(rundir / "qmp.sock") in ("paused", "postmigrate"):
-            return
-        await vm_qmp.save(rundir / "qmp.sock", rundir / "memory.snap")
+        await vm_qmp.pause(rundir / "qmp.sock")
+        await asyncio.to_thread(vm_memory.save, handle.pid, rundir / SNAPSHOT)
 
     async def thaw(self, machine_id: str, handle: Handle | None) -> None:
+        """The saved memory back in the guest, then the guest on; a no-op for one that runs."""
         rundir = _rundir(handle)
-        if rundir is None:
+        if rundir is None or handle is None:
             return
+        snapshot = rundir / SNAPSHOT
+        if snapshot.exists():
+            await self._restore(machine_id, handle.pid, snapshot)
+            snapshot.unlink()  # before the guest runs: never a snapshot beside a running guest
         if await vm_qmp.status(rundir / "qmp.sock") in ("paused", "postmigrate"):
             await vm_qmp.cont(rundir / "qmp.sock")
-        (rundir / "memory.snap").unlink(missing_ok=True)
+
+    async def _restore(self, machine_id: str, pid: int, snapshot: Path) -> None:
+        """The snapshot's pages written back into qemu's RAM by a process in the machine's
+        cgroups, which are charged for them as they were for the guest's own."""
+        argv = vm_memory.restore_argv(pid, snapshot)
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+        procs = self.cgroups.procs_files(machine_id)
+        with launcher.launching(argv, None, procs, env) as start:
+            proc = await asyncio.create_subprocess_exec(
+                *start.argv, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
+                **start.popen,
+            )  # fmt: skip
+        _, err = await proc.communicate()
+        if proc.returncode != 0:
+            raise VmError(f"the guest's memory was not restored: {err.decode().strip()}")
 
     async def signal(self, machine_id: str, handle: Handle | None, signal: str) -> None:
         rundir = _rundir(handle)
@@ -404,12 +451,14 @@ class VmDriver:
     async def cleanup(self, launch: Launch) -> None:
         self._exits.pop(launch.machine_id)
         await self._drop_channel(launch.machine_id)
-        if (pid := _pid(launch.rundir)) is not None and procfs.has_marker(pid, launch.marker):
+        if (found := _running(launch.rundir, launch.marker)) is not None:
             with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signals.SIGKILL)
+                os.kill(found.pid, signals.SIGKILL)
+            await poll_until_gone(found, POLL)  # before its volumes are the host's again
         await network.teardown(launch.machine_id)
         self.cgroups.remove(launch.machine_id)
-        for name in ("root.qcow2", "root.qcow2.base", "memory.snap", STATE):
+        await _give_back_volumes(launch.rundir)
+        for name in ("root.qcow2", "root.qcow2.base", SNAPSHOT, f"{SNAPSHOT}.tmp", STATE):
             (launch.rundir / name).unlink(missing_ok=True)
         self.images.store.unpin(_pin(launch))
         await asyncio.to_thread(vm_rootfs.collect, self.images)
@@ -514,6 +563,31 @@ async def _read_exit(rundir: Path) -> int | None:
     return None
 
 
+def _network_config(private_ip: str, ipv4: str) -> list[tuple[str, str | bytes]]:
+    """The guest's addresses and routes, as a runc machine's namespace has them
+    (`oci/network.py`): the machine's IPv4 address (/32) with the default route through the
+    host's veth, and on the private network (docs/network.md) its private IPv6 address (/128)
+    with the default route through the veth's `fe80::1`."""
+    pairs: list[tuple[str, str | bytes]] = [("addr", ipv4), ("gw", network.GATEWAY)]
+    if ":" in private_ip:  # else off the private network (a machine made before it)
+        pairs += [("addr6", private_ip), ("gw6", network.GATEWAY6)]
+    return pairs
+
+
+def _resolver_file(private_ip: str) -> list[tuple[str, str | bytes]]:
+    """/etc/resolv.conf naming the worker's DNS, once the root disk is mounted and before the
+    machine's own `files` (which may replace it)."""
+    if ":" not in private_ip:
+        return []
+    resolv = f"nameserver {network.resolver(private_ip)}\n"
+    return [("file_path", "/etc/resolv.conf"), ("file_mode", "644"), ("file_data", resolv)]
+
+
+def _serial(index: int) -> str:
+    """The serial number of a volume's disk, by which the guest init finds it."""
+    return f"vol{index}"
+
+
 def _machine_env(launch: Launch, image: Image) -> dict[str, str]:
     env = dict(e.partition("=")[::2] for e in image.config.environment(launch.config.env))
     env.update(launch.identity_env())
@@ -548,6 +622,30 @@ async def _tap(machine_id: str) -> None:
         _, err = await proc.communicate()
         if proc.returncode != 0 and b"exists" not in err and b"busy" not in err:
             raise VmError(f"{' '.join(step[3:])}: {err.decode().strip()}")
+
+
+async def _lend_volumes(launch: Launch) -> None:
+    """The launch's volumes lent to its guest (`vm_volumes`), recorded beside qemu's files first
+    so that whoever sees qemu gone gives them back, this worker or the next; a volume an earlier
+    spawn held and this one does not is given back."""
+    state = _state(launch.rundir)
+    roots = [str(vm_volumes.paths(mountpoint).root) for _, mountpoint in launch.volumes]
+    for root in state.get("volumes", []):
+        if root not in roots:
+            await asyncio.to_thread(vm_volumes.give_back, volume_disk.VolumePaths(Path(root)))
+    state["volumes"] = roots
+    (launch.rundir / STATE).write_text(json.dumps(state))
+    for root in roots:
+        await asyncio.to_thread(vm_volumes.lend, volume_disk.VolumePaths(Path(root)))
+
+
+async def _give_back_volumes(rundir: Path) -> None:
+    """The volumes of the guest that ran in `rundir` mounted on the host again (qemu is gone)."""
+    for root in _state(rundir).get("volumes", []):
+        try:
+            await asyncio.to_thread(vm_volumes.give_back, volume_disk.VolumePaths(Path(root)))
+        except (OSError, volume_disk.DiskError) as exc:
+            log.error("volume %s could not be mounted again: %s", Path(root).name, exc)
 
 
 def _launcher_prefix() -> list[str]:

@@ -340,6 +340,55 @@ static int mount_under(const char *src, const char *dir, const char *type, unsig
     return 0;
 }
 
+/* The disk whose serial is `serial` (the worker names each volume's disk): /dev/vdX. */
+static int find_disk(const char *serial, char *dev, size_t size) {
+    for (int tries = 0; tries < 1000; tries++) {
+        DIR *dir = opendir("/sys/block");
+        struct dirent *d;
+        while (dir && (d = readdir(dir))) {
+            char path[300], found[64] = {0};
+            if (strncmp(d->d_name, "vd", 2) != 0)
+                continue;
+            snprintf(path, sizeof path, "/sys/block/%s/serial", d->d_name);
+            int fd = open(path, O_RDONLY | O_CLOEXEC);
+            if (fd < 0)
+                continue;
+            ssize_t n = read(fd, found, sizeof found - 1);
+            close(fd);
+            found[strcspn(found, "\n")] = 0;
+            if (n > 0 && strcmp(found, serial) == 0) {
+                snprintf(dev, size, "/dev/%s", d->d_name);
+                closedir(dir);
+                return wait_for(dev, 100);
+            }
+        }
+        if (dir)
+            closedir(dir);
+        usleep(10000);
+    }
+    return -1;
+}
+
+/* A volume: "SERIAL PATH", its disk mounted at PATH below the new root, its root the guest's
+ * root's (as a container's root owns its volumes). */
+static int mount_volume(char *spec) {
+    char dev[300], full[1024];
+    char *space = strchr(spec, ' ');
+    if (!space || space[1] != '/' || strstr(space, ".."))
+        return -1;
+    *space = 0;
+    if (find_disk(spec, dev, sizeof dev) != 0) {
+        sayerr("no disk for the volume", spec);
+        return -1;
+    }
+    if (mount_under(dev, space + 1, "ext4", MS_NOSUID | MS_NODEV, NULL) != 0)
+        return -1;
+    snprintf(full, sizeof full, NEWROOT "%s", space + 1);
+    if (chown(full, 0, 0) != 0)
+        sayerr("cannot own", space + 1);
+    return 0;
+}
+
 /* A file of `files`, below the new root, followed through no link at its last part. */
 static int write_file(const char *path, mode_t mode, struct field data) {
     char full[1024];
@@ -399,17 +448,84 @@ static int add_route(int s, const char *dst, const char *gw, const char *dev) {
     return ioctl(s, SIOCADDRT, &rt);
 }
 
+/* -- network, IPv6: the machine's private address (/128), the default route through the host's
+ * veth (fe80::1 on the link). Without `addr6` (a machine off the private network) IPv4 alone. */
+
+static const char *addr6, *gw6;
+
+/* A key of the config that is the network's (1: taken). */
+static int net_option(struct field k, const char *val) {
+    if (is(k, "addr6"))
+        addr6 = val;
+    else if (is(k, "gw6"))
+        gw6 = val;
+    else
+        return 0;
+    return 1;
+}
+
+static void sysctl_write(const char *path, const char *value) {
+    int fd = open(path, O_WRONLY | O_CLOEXEC);
+    if (fd < 0)
+        return;
+    if (write(fd, value, strlen(value)) < 0)
+        sayerr("cannot set", path);
+    close(fd);
+}
+
+/* Before eth0 is up: no duplicate address detection (the address would stay tentative for a
+ * second; the host's end is the link's only other node) and no router advertisements (the
+ * routes are the worker's, not the link's). */
+static void network6_before_up(void) {
+    static const char *const knobs[] = {"accept_dad", "accept_ra", "autoconf"};
+    static const char *const links[] = {"all", "default", "eth0"};
+    if (!addr6)
+        return;
+    for (size_t l = 0; l < sizeof links / sizeof *links; l++)
+        for (size_t k = 0; k < sizeof knobs / sizeof *knobs; k++) {
+            char path[128];
+            snprintf(path, sizeof path, "/proc/sys/net/ipv6/conf/%s/%s", links[l], knobs[k]);
+            sysctl_write(path, "0");
+        }
+}
+
+struct ifreq6 { /* linux/ipv6.h's in6_ifreq, which clashes with netinet/in.h */
+    struct in6_addr addr;
+    uint32_t prefixlen;
+    int ifindex;
+};
+
+static void network6(int s4) {
+    if (!addr6)
+        return;
+    int s = socket(AF_INET6, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    int index = (int)if_nametoindex("eth0");
+    struct ifreq6 req = {.prefixlen = 128, .ifindex = index};
+    struct in6_rtmsg rt = {.rtmsg_flags = RTF_UP | RTF_GATEWAY, .rtmsg_metric = 1,
+                           .rtmsg_ifindex = index};
+    if (s < 0 || index == 0 || inet_pton(AF_INET6, addr6, &req.addr) != 1 ||
+        link_up(s4, "eth0") != 0 || ioctl(s, SIOCSIFADDR, &req) != 0)
+        sayerr("cannot set the private address on", "eth0");
+    else if (gw6 &&
+             (inet_pton(AF_INET6, gw6, &rt.rtmsg_gateway) != 1 || ioctl(s, SIOCADDRT, &rt) != 0))
+        sayerr("cannot route through", gw6);
+    if (s >= 0)
+        close(s);
+}
+
 static void network(const char *addr, const char *gw) {
     int s = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
     if (s < 0)
         return;
     link_up(s, "lo");
+    network6_before_up();
     if (addr && gw) {
         if (set_addr(s, "eth0", SIOCSIFADDR, addr) != 0 ||
             set_addr(s, "eth0", SIOCSIFNETMASK, "255.255.255.255") != 0 || link_up(s, "eth0") != 0 ||
             add_route(s, gw, NULL, "eth0") != 0 || add_route(s, NULL, gw, "eth0") != 0)
             sayerr("cannot set up", "eth0");
     }
+    network6(s);
     close(s);
 }
 
@@ -751,13 +867,10 @@ static int configure(struct field *f, int n, const char **addr, const char **gw)
             mount_under("shm", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777");
             mount_under("tmpfs", "/run", "tmpfs", MS_NOSUID | MS_NODEV, "mode=755");
             rooted = 1;
-        } else if (is(k, "volume")) { /* "DEVICE PATH" */
-            char *space = strchr(val, ' ');
-            if (!space || wait_for(val, 0) != 0)
-                continue;
-            *space = 0;
-            if (wait_for(val, 100) != 0 || mount_under(val, space + 1, "ext4", MS_NOSUID, NULL))
+        } else if (is(k, "volume")) { /* "SERIAL PATH" */
+            if (mount_volume(val) != 0)
                 return -1;
+        } else if (net_option(k, val)) {
         } else if (is(k, "env")) {
             push(&menv, val);
         } else if (is(k, "exec_ids")) {

@@ -1,15 +1,13 @@
 """qemu's monitor (QMP) on its unix socket, for what only the monitor does: pause and continue a
-guest, and save its memory to a file (suspend).
+guest (suspend and resume; its memory is saved by `vm_memory.py`).
 
 Each call is a short connection of its own, run in a thread: qemu takes one monitor client at a
 time, and a worker restarted after a crash finds the socket again by its path in the machine's
-directory. The memory is written through a descriptor passed to qemu (`getfd`): qemu runs as the
-app's user by then, and the file is the worker's (0600)."""
+directory."""
 
 from __future__ import annotations
 
 import json
-import os
 import socket
 from pathlib import Path
 from typing import Any
@@ -74,23 +72,6 @@ def _status(path: Path) -> str:
         monitor.close()
 
 
-def _save(path: Path, memory: Path) -> None:
-    """Pause the guest and write its memory to `memory` (an ELF core, 0600, replaced whole).
-    A migration's stream would also restore into a new qemu, but qemu 7 ends one by giving up
-    its disks (`bdrv_inactivate_all`), which fails on a qcow2 layer over a read-only base."""
-    monitor = _Monitor(path)
-    tmp = memory.with_name(memory.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-    try:
-        monitor.call("stop")
-        monitor.call("getfd", fds=[fd], fdname="souk-memory")
-        monitor.call("dump-guest-memory", paging=False, protocol="fd:souk-memory")
-        os.replace(tmp, memory)
-    finally:
-        os.close(fd)
-        monitor.close()
-
-
 async def pause(path: Path) -> None:
     await to_thread_to_its_end(_with_monitor, path, "stop")
 
@@ -101,7 +82,3 @@ async def cont(path: Path) -> None:
 
 async def status(path: Path) -> str:
     return await to_thread_to_its_end(_status, path)
-
-
-async def save(path: Path, memory: Path) -> None:
-    await to_thread_to_its_end(_save, path, memory)

@@ -409,6 +409,12 @@ def path_of(machine_id: str) -> Path:
     return NETNS_DIR / names(machine_id)[0]
 
 
+def egress(machine_id: str) -> str | None:
+    """The IPv4 address the machine's namespace holds (drawn by `setup`, never stored): what a
+    vm guest, which holds its machine's addresses itself, is told to take."""
+    return _address_of(path_of(machine_id), False)
+
+
 async def setup(machine_id: str, address: str) -> Path:
     """Create (or find complete) the machine's namespace; its path (`path_of`)."""
     veth = names(machine_id)[1]
