@@ -3,10 +3,10 @@
 A part serving requests allocates thousands of short-lived objects per second (models, dicts,
 futures) and holds a large heap that lives as long as it does (modules, pydantic's schemas, the
 catalog's rows). At the interpreter's default thresholds the collector runs a young collection
-every 700 allocations, and walks again whatever survived: in a broker placing at full speed
-that was a third of its CPU per create (docs/benchmarks.md, "The floor under a create, and the
-collector"). So: a young generation about thirty times larger, and what a part has built by the
-time it is ready frozen out of the collector's walks. Nothing is freed later than reference
+every 700 allocations, and walks again whatever survived, a heap it can never free: CPU spent on
+every request for nothing (docs/benchmarks.md, "The floor under a create, and the collector").
+So: a young generation about thirty times larger, and what a part has built by the time it is
+ready frozen out of the collector's walks. Nothing is freed later than reference
 counting frees it; only objects in reference cycles wait a little longer for a collection.
 """
 
@@ -21,9 +21,8 @@ from typing import Any
 YOUNG = 20_000  # allocations between young collections (Python's default: 700)
 OLDER = 10  # young collections per middle one, and middle per full one (the default)
 GENERATIONS = 3
-# Seconds. A young collection of a quiet part takes well under a millisecond; one that walks
-# every row a replica replaced since it froze them, hundreds (docs/benchmarks.md, "Catalog at
-# 10,000 owners").
+# Seconds: from a quiet part's young collection to one that walks every row a replica replaced
+# since it froze them (docs/benchmarks.md, "Catalog at 10,000 owners").
 PAUSE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
 
 

@@ -66,15 +66,17 @@ def _make_private(path: Path, flags: int) -> None:
         os.close(fd)
 
 
-def _sync_dir(directory: Path) -> None:
-    """The rename itself survives a crash once the directory is synced."""
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
+def fsync_path(path: Path) -> None:
+    """fsync what `path` names, a file or a directory: opened read-only, which is all fsync
+    needs, and closed whatever happens."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
         os.fsync(fd)
-    except OSError:
-        pass
     finally:
         os.close(fd)
+
+
+def _sync_dir(directory: Path) -> None:
+    """The rename itself survives a crash once the directory is synced (where it can be)."""
+    with contextlib.suppress(OSError):
+        fsync_path(directory)

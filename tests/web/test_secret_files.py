@@ -14,7 +14,7 @@ from souk.broker.tokens import verify
 from souk.cli.main import app
 from souk.dev import dev_cluster
 from souk.node.cluster_secret import read_secret
-from souk.secret_files import write_secret
+from souk.secret_files import fsync_path, write_secret
 
 
 @pytest.fixture
@@ -66,3 +66,13 @@ async def test_souk_dev_writes_its_operator_token_and_secret_0600(
         assert token.read_text().strip() == dev.token
         assert mode(token) == 0o600 and mode(tmp_path / "secret") == 0o600
         assert verify(dev.token, read_secret(tmp_path / "secret")).operator
+
+
+def test_fsync_path_syncs_files_and_directories_and_names_a_missing_one(tmp_path: Path) -> None:
+    """A missing path is the caller's to judge (a log not made yet, say): it is raised, not
+    passed over."""
+    (tmp_path / "file").write_bytes(b"x")
+    fsync_path(tmp_path / "file")
+    fsync_path(tmp_path)
+    with pytest.raises(FileNotFoundError):
+        fsync_path(tmp_path / "absent")

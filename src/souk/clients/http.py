@@ -15,25 +15,23 @@ from typing import Any, Self, TypeVar
 import aiohttp
 from pydantic import BaseModel, ValidationError
 
-from souk.models.errors import ErrorBody
+from souk.models.errors import ErrorAnswer, ErrorBody
 
 STREAM_CONNECT_TIMEOUT = 10.0  # a stream has no total timeout, only one to connect
 # A TLS client keeps idle connections longer than aiohttp's 15 s: each new one costs a handshake.
 TLS_KEEPALIVE = 60.0
 
 
-class ClientError(Exception):
+class ClientError(ErrorAnswer):
     """The server refused (its HTTP status, reason and message), or did not answer in time or
-    at all (`http_status` 0, reason `timeout` or `unreachable`)."""
+    at all (`http_status` 0, reason `timeout` or `unreachable`). `details` is never None."""
+
+    details: dict[str, Any]
 
     def __init__(
         self, http_status: int, reason: str, message: str, details: dict[str, Any] | None = None
     ) -> None:
-        super().__init__(message)
-        self.http_status = http_status
-        self.reason = reason
-        self.message = message
-        self.details = details or {}
+        super().__init__(http_status, reason, message, details or {})
 
 
 E = TypeVar("E", bound=ClientError)

@@ -60,22 +60,17 @@ class MachinesApiError(ClientError):
         return text
 
 
+def _path(collection: str, app: str, item: str, verb: str) -> str:
+    """`/v1/apps/{app}/{collection}`, then the item's id and the verb where given."""
+    return "/".join(part for part in (f"/v1/apps/{app}/{collection}", item, verb) if part)
+
+
 def _machine_path(app: str, machine_id: str = "", verb: str = "") -> str:
-    path = f"/v1/apps/{app}/machines"
-    if machine_id:
-        path += f"/{machine_id}"
-    if verb:
-        path += f"/{verb}"
-    return path
+    return _path("machines", app, machine_id, verb)
 
 
 def _volume_path(app: str, volume_id: str = "", verb: str = "") -> str:
-    path = f"/v1/apps/{app}/volumes"
-    if volume_id:
-        path += f"/{volume_id}"
-    if verb:
-        path += f"/{verb}"
-    return path
+    return _path("volumes", app, volume_id, verb)
 
 
 _VOLUMES = TypeAdapter(list[Volume])

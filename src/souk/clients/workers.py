@@ -165,21 +165,6 @@ class WorkerClient(HttpClient):
         payload = await self.send(fail, method, url, body, params, headers, timeout, accept, name)
         return orjson.loads(payload) if payload else None
 
-    async def _action(
-        self,
-        worker: str,
-        base: str,
-        method: str,
-        path: str,
-        body: BaseModel | None = None,
-        params: dict[str, str] | None = None,
-        nonce: str | None = None,
-        timeout: float = DEFAULT_TIMEOUT,
-    ) -> Machine:
-        """A call answered with the machine."""
-        data = await self._request(worker, base, method, path, body, params, timeout, nonce)
-        return Machine.model_validate(data)
-
     # --- the worker --------------------------------------------------------------------
 
     async def capacity(self, worker: str, base: str, timeout: float = DEFAULT_TIMEOUT) -> Capacity:
@@ -256,7 +241,8 @@ class WorkerClient(HttpClient):
     async def machine(
         self, worker: str, base: str, machine_id: str, timeout: float = DEFAULT_TIMEOUT
     ) -> Machine:
-        return await self._action(worker, base, "GET", _path(machine_id), timeout=timeout)
+        data = await self._request(worker, base, "GET", _path(machine_id), timeout=timeout)
+        return Machine.model_validate(data)
 
     async def machines(
         self, worker: str, base: str, app: str | None = None, include_deleted: bool = False
@@ -271,13 +257,15 @@ class WorkerClient(HttpClient):
     async def update(
         self, worker: str, base: str, machine_id: str, req: UpdateMachine, nonce: str | None
     ) -> Machine:
-        return await self._action(worker, base, "PUT", _path(machine_id), req, nonce=nonce)
+        data = await self._request(worker, base, "PUT", _path(machine_id), req, nonce=nonce)
+        return Machine.model_validate(data)
 
     async def patch_metadata(
         self, worker: str, base: str, machine_id: str, change: MetadataChange, nonce: str | None
     ) -> Machine:
         path = _path(machine_id, "metadata")
-        return await self._action(worker, base, "PATCH", path, change, nonce=nonce)
+        data = await self._request(worker, base, "PATCH", path, change, nonce=nonce)
+        return Machine.model_validate(data)
 
     async def verb(
         self,
@@ -290,7 +278,9 @@ class WorkerClient(HttpClient):
     ) -> Machine:
         """A lifecycle verb (start, stop, restart, suspend): one call for all, as each is one
         row of the worker's route table (`souk.worker.http.lifecycle`)."""
-        return await self._action(worker, base, "POST", _path(machine_id, op), body, nonce=nonce)
+        path = _path(machine_id, op)
+        data = await self._request(worker, base, "POST", path, body, nonce=nonce)
+        return Machine.model_validate(data)
 
     async def signal(
         self, worker: str, base: str, machine_id: str, req: SignalRequest, nonce: str | None
@@ -339,9 +329,10 @@ class WorkerClient(HttpClient):
         if fence:
             params["fence"] = "true"
         path = _path(machine_id)
-        return await self._action(
-            worker, base, "DELETE", path, None, params or None, nonce, timeout
+        data = await self._request(
+            worker, base, "DELETE", path, None, params or None, timeout, nonce
         )
+        return Machine.model_validate(data)
 
     async def wait(
         self, worker: str, base: str, machine_id: str, params: dict[str, str], timeout: float

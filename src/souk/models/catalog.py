@@ -16,9 +16,9 @@ from souk.models.wire import NETWORK_KEY
 class Row(BaseModel):
     """Sequences in rows are tuples: a replica holds a row per worker and per machine of the
     fleet and replaces one at each change. Python's collector walks a list at every collection
-    that reaches it, a tuple of strings or numbers only at its first (an empty one never). At
-    10,000 owners and 2,000 changes a second, walking the rows a replica churned set its
-    longest pauses (docs/benchmarks.md, "Catalog at 10,000 owners").
+    that reaches it, a tuple of strings or numbers only at its first (an empty one never), and
+    in a big fleet the rows a replica churned are what sets its longest pauses
+    (docs/benchmarks.md, "Catalog at 10,000 owners").
 
     A field a row does not know is ignored, not refused: rows come from their owners, and in a
     rolling upgrade an owner one protocol version ahead may write a field this release does not

@@ -1,4 +1,4 @@
-"""The one error body every souk HTTP API answers with."""
+"""The one error body every souk HTTP API answers with, and the exception that carries one."""
 
 from __future__ import annotations
 
@@ -16,3 +16,18 @@ class ErrorBody(BaseModel):
     status: str
     code: str
     details: dict[str, Any] | None = None
+
+
+class ErrorAnswer(Exception):
+    """An error answer as an exception: its HTTP status and the fields of its `ErrorBody`. A
+    server raises one to answer with it (`souk.web.ApiError`); a client raises one it was
+    answered with (`souk.clients.http.ClientError`)."""
+
+    def __init__(
+        self, http_status: int, reason: str, message: str, details: dict[str, Any] | None = None
+    ) -> None:
+        super().__init__(message)
+        self.http_status = http_status
+        self.reason = reason
+        self.message = message
+        self.details = details

@@ -42,15 +42,19 @@ def misfit(
     `cpus` and `memory_mb` are what is asked on top of what is reserved: a whole guest for a
     create, the growth for a resize.
     """
-    if cordoned:
-        return Misfit("cordoned", "cordoned")
-    if draining:
-        return Misfit("draining", "draining")
+    if cordoned or draining:
+        return _closed(cordoned)
     if cpu_kind not in kinds:
         return Misfit("cpu_kind", f"no {cpu_kind} cpus")
     if cpus > cpus_free or memory_mb > memory_mb_free:
         return Misfit("room", f"not enough room: free {cpus_free} cpus, {memory_mb_free} MB")
     return None
+
+
+def _closed(cordoned: bool) -> Misfit:
+    """A worker that takes nothing new, for guests and volumes alike: cordoned comes first."""
+    kind: MisfitKind = "cordoned" if cordoned else "draining"
+    return Misfit(kind, kind)
 
 
 def disk_misfit(
@@ -62,10 +66,8 @@ def disk_misfit(
     draining: bool = False,
 ) -> Misfit | None:
     """None if a volume of `size_mb` (or a growth by it) fits in the disk the worker offers."""
-    if cordoned:
-        return Misfit("cordoned", "cordoned")
-    if draining:
-        return Misfit("draining", "draining")
+    if cordoned or draining:
+        return _closed(cordoned)
     if volumes_refused is not None:
         return Misfit("volumes", f"makes no volumes: {volumes_refused}")
     if size_mb > disk_mb_free:

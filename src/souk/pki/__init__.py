@@ -15,13 +15,12 @@ from souk.pki.files import (
 from souk.pki.identity import ROLES, Identity, PkiError, identity_of
 from souk.pki.issue import issue, new_ca, new_key, verify_issued_by, verify_issued_by_one_of
 from souk.pki.tls import (
-    Reloader,
     client_context,
     reloading_client_context,
     reloading_server_context,
     server_context,
-    switching,
 )
+from souk.web.tls import Reloader, switching
 
 __all__ = [
     "ANYONE",

@@ -39,9 +39,11 @@ def peer_identity(request: web.Request) -> Identity | None:
 
 @functools.lru_cache(maxsize=4096)
 def _identity(der: bytes) -> Identity:
-    """Parsed once per certificate, not per request (about 40 µs each): the handshake has
-    verified it already, and what is read from it does not change; its expiry is checked by
-    the caller on every request. A certificate that is no souk identity raises, uncached."""
+    """Parsed once per certificate, not per request, as parsing costs far more than the rest
+    of a request's check (docs/benchmarks.md, "A certificate's identity, parsed once"): the
+    handshake has verified it already, and what is read from it does not change; its expiry is
+    checked by the caller on every request. A certificate that is no souk identity raises,
+    uncached."""
     return identity_of(x509.load_der_x509_certificate(der))
 
 

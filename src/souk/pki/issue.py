@@ -1,4 +1,5 @@
-"""The cluster CA and the node certificates it issues, all Ed25519."""
+"""The cluster CA and the node certificates it issues, all Ed25519; and what every souk
+certificate is made of, the public listeners' (`public.py`) too."""
 
 from __future__ import annotations
 
@@ -8,7 +9,10 @@ from datetime import UTC, datetime, timedelta
 
 from cryptography import x509
 from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.asymmetric.types import CertificatePublicKeyTypes
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from souk.pki.identity import (
@@ -24,18 +28,76 @@ NODE_DAYS = 30
 _WHEN = "%Y-%m-%d %H:%M UTC"
 CLOCK_SKEW = timedelta(minutes=5)  # a certificate is valid a little before it is made
 
-_NO_USAGE = {
-    "content_commitment": False,
-    "key_encipherment": False,
-    "data_encipherment": False,
-    "key_agreement": False,
-    "encipher_only": False,
-    "decipher_only": False,
-}
-
 
 def new_key() -> Ed25519PrivateKey:
     return Ed25519PrivateKey.generate()
+
+
+def subject(common_name: str, role: str | None = None) -> x509.Name:
+    """O=souk, then OU=role for a certificate that acts as one, then CN."""
+    unit = [] if role is None else [x509.NameAttribute(NameOID.ORGANIZATIONAL_UNIT_NAME, role)]
+    return x509.Name(
+        [
+            x509.NameAttribute(NameOID.ORGANIZATION_NAME, ORGANIZATION),
+            *unit,
+            x509.NameAttribute(NameOID.COMMON_NAME, common_name),
+        ]
+    )
+
+
+def builder(
+    name: x509.Name,
+    issuer: x509.Name,
+    public: CertificatePublicKeyTypes,
+    not_before: datetime,
+    not_after: datetime,
+    *,
+    ca: bool,
+) -> x509.CertificateBuilder:
+    """What every souk certificate starts with, the cluster's and the public ones alike: a CA's
+    key signs certificates only (and no CA below it), any other's signs handshakes only."""
+    return (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(issuer)
+        .public_key(public)
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(not_before - CLOCK_SKEW)
+        .not_valid_after(not_after)
+        .add_extension(x509.BasicConstraints(ca=ca, path_length=0 if ca else None), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=not ca,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=ca,
+                crl_sign=ca,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+    )
+
+
+def self_signed(
+    key: Ed25519PrivateKey | ec.EllipticCurvePrivateKey,
+    common_name: str,
+    days: int,
+    now: datetime,
+) -> x509.Certificate:
+    """A CA of its own key: Ed25519 (the cluster's) or ECDSA (the public one, which browsers
+    take), each signed as its key type wants (Ed25519 hashes inside the signature)."""
+    name = subject(common_name)
+    public = key.public_key()
+    algorithm = None if isinstance(key, Ed25519PrivateKey) else hashes.SHA256()
+    return (
+        builder(name, name, public, now, now + timedelta(days=days), ca=True)
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(public), critical=False)
+        .sign(key, algorithm)
+    )
 
 
 def new_ca(
@@ -45,30 +107,7 @@ def new_ca(
     now: datetime | None = None,
 ) -> x509.Certificate:
     """A self-signed CA that may sign node certificates only, not other CAs."""
-    now = now or datetime.now(UTC)
-    name = x509.Name(
-        [
-            x509.NameAttribute(NameOID.ORGANIZATION_NAME, ORGANIZATION),
-            x509.NameAttribute(NameOID.COMMON_NAME, common_name),
-        ]
-    )
-    public = key.public_key()
-    return (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(public)
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - CLOCK_SKEW)
-        .not_valid_after(now + timedelta(days=days))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(
-            x509.KeyUsage(digital_signature=False, key_cert_sign=True, crl_sign=True, **_NO_USAGE),
-            critical=True,
-        )
-        .add_extension(x509.SubjectKeyIdentifier.from_public_key(public), critical=False)
-        .sign(key, None)
-    )
+    return self_signed(key, common_name, days, now or datetime.now(UTC))
 
 
 def parse_san(value: str) -> x509.GeneralName:
@@ -77,6 +116,16 @@ def parse_san(value: str) -> x509.GeneralName:
         return x509.IPAddress(ipaddress.ip_address(value))
     except ValueError:
         return x509.DNSName(check_name(value.lower()))
+
+
+def with_sans(names: Sequence[x509.GeneralName], sans: Sequence[str]) -> list[x509.GeneralName]:
+    """`names`, then each of `sans` (a name or an address) not among them yet."""
+    out = list(names)
+    for value in sans:
+        found = parse_san(value)
+        if found not in out:
+            out.append(found)
+    return out
 
 
 def issue(
@@ -102,37 +151,11 @@ def issue(
             f"the CA expires on {ca_cert.not_valid_after_utc:%Y-%m-%d}, before this certificate "
             "would; issue a shorter one or make a new CA"
         )
-    names: list[x509.GeneralName] = [
-        x509.UniformResourceIdentifier(identity_uri(role, name)),
-        x509.DNSName(name),
-    ]
-    for san in sans:
-        extra = parse_san(san)
-        if extra not in names:
-            names.append(extra)
+    own = [x509.UniformResourceIdentifier(identity_uri(role, name)), x509.DNSName(name)]
     public = node_key.public_key()
     ca_public = ca_key.public_key()
     return (
-        x509.CertificateBuilder()
-        .subject_name(
-            x509.Name(
-                [
-                    x509.NameAttribute(NameOID.ORGANIZATION_NAME, ORGANIZATION),
-                    x509.NameAttribute(NameOID.ORGANIZATIONAL_UNIT_NAME, role),
-                    x509.NameAttribute(NameOID.COMMON_NAME, name),
-                ]
-            )
-        )
-        .issuer_name(ca_cert.subject)
-        .public_key(public)
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - CLOCK_SKEW)
-        .not_valid_after(not_after)
-        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(
-            x509.KeyUsage(digital_signature=True, key_cert_sign=False, crl_sign=False, **_NO_USAGE),
-            critical=True,
-        )
+        builder(subject(name, role), ca_cert.subject, public, now, not_after, ca=False)
         .add_extension(
             x509.ExtendedKeyUsage(
                 [
@@ -142,7 +165,7 @@ def issue(
             ),
             critical=False,
         )
-        .add_extension(x509.SubjectAlternativeName(names), critical=False)
+        .add_extension(x509.SubjectAlternativeName(with_sans(own, sans)), critical=False)
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(public), critical=False)
         .add_extension(
             x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_public), critical=False

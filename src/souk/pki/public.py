@@ -15,31 +15,15 @@ from pathlib import Path
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+from cryptography.x509.oid import ExtendedKeyUsageOID
 
 from souk.pki.files import CA_CERT, CERT_MODE, KEY_MODE, make_dir
-from souk.pki.identity import ORGANIZATION, PkiError
-from souk.pki.issue import CA_DAYS, CLOCK_SKEW, parse_san
+from souk.pki.identity import PkiError
+from souk.pki.issue import CA_DAYS, builder, self_signed, subject, with_sans
 from souk.secret_files import write_file
 
 PUBLIC_DAYS = 90  # what browsers accept of a certificate's life, with room to renew
-_NO_USAGE = {
-    "content_commitment": False,
-    "data_encipherment": False,
-    "key_agreement": False,
-    "encipher_only": False,
-    "decipher_only": False,
-}
 PUBLIC_CA_KEY = "public-ca.key"
-
-
-def _name(common_name: str) -> x509.Name:
-    return x509.Name(
-        [
-            x509.NameAttribute(NameOID.ORGANIZATION_NAME, ORGANIZATION),
-            x509.NameAttribute(NameOID.COMMON_NAME, common_name),
-        ]
-    )
 
 
 def _pem_key(key: ec.EllipticCurvePrivateKey) -> bytes:
@@ -56,30 +40,7 @@ def init_public_ca(directory: Path, common_name: str = "souk public CA") -> Path
     if (directory / PUBLIC_CA_KEY).exists() and cert_path.exists():
         return cert_path
     key = ec.generate_private_key(ec.SECP256R1())
-    now = datetime.now(UTC)
-    public = key.public_key()
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(_name(common_name))
-        .issuer_name(_name(common_name))
-        .public_key(public)
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - CLOCK_SKEW)
-        .not_valid_after(now + timedelta(days=CA_DAYS))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=False,
-                key_encipherment=False,
-                key_cert_sign=True,
-                crl_sign=True,
-                **_NO_USAGE,
-            ),
-            critical=True,
-        )
-        .add_extension(x509.SubjectKeyIdentifier.from_public_key(public), critical=False)
-        .sign(key, hashes.SHA256())
-    )
+    cert = self_signed(key, common_name, CA_DAYS, datetime.now(UTC))
     write_file(directory / PUBLIC_CA_KEY, _pem_key(key), mode=KEY_MODE, replace=True)
     write_file(
         cert_path, cert.public_bytes(serialization.Encoding.PEM), mode=CERT_MODE, replace=True
@@ -100,34 +61,13 @@ def issue_public(
         raise PkiError(f"no public CA in {ca_dir}: {exc}") from exc
     if not isinstance(ca_key, ec.EllipticCurvePrivateKey):
         raise PkiError(f"{ca_dir / PUBLIC_CA_KEY} is not an ECDSA key")
-    names: list[x509.GeneralName] = []
-    for value in (name, *sans):
-        found = parse_san(value)
-        if found not in names:
-            names.append(found)
     key = ec.generate_private_key(ec.SECP256R1())
     now = datetime.now(UTC)
+    not_after = min(now + timedelta(days=days), ca_cert.not_valid_after_utc)
     cert = (
-        x509.CertificateBuilder()
-        .subject_name(_name(name))
-        .issuer_name(ca_cert.subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - CLOCK_SKEW)
-        .not_valid_after(min(now + timedelta(days=days), ca_cert.not_valid_after_utc))
-        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                key_encipherment=False,
-                key_cert_sign=False,
-                crl_sign=False,
-                **_NO_USAGE,
-            ),
-            critical=True,
-        )
+        builder(subject(name), ca_cert.subject, key.public_key(), now, not_after, ca=False)
         .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-        .add_extension(x509.SubjectAlternativeName(names), critical=False)
+        .add_extension(x509.SubjectAlternativeName(with_sans([], (name, *sans))), critical=False)
         .sign(ca_key, hashes.SHA256())
     )
     make_dir(out)

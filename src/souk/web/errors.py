@@ -8,7 +8,7 @@ from typing import Any
 
 from aiohttp import web
 
-from souk.models.errors import ErrorBody
+from souk.models.errors import ErrorAnswer, ErrorBody
 
 log = logging.getLogger("souk.web")
 
@@ -34,17 +34,8 @@ _STATUS_REASONS = {
 }
 
 
-class ApiError(Exception):
+class ApiError(ErrorAnswer):
     """Raised anywhere in a handler; `reason` is the machine-readable status."""
-
-    def __init__(
-        self, http_status: int, reason: str, message: str, details: dict[str, Any] | None = None
-    ) -> None:
-        super().__init__(message)
-        self.http_status = http_status
-        self.reason = reason
-        self.message = message
-        self.details = details
 
 
 def error_body(reason: str, message: str, details: dict[str, Any] | None = None) -> ErrorBody:

@@ -249,8 +249,9 @@ def add_routes(
     """Serve the routes and their /openapi.json (`openapi_roles`: who may read it over mutual
     TLS), and declare them for the middlewares that read the matched route."""
 
-    # Written on first request, not at start: the models' schemas take a worker about 170 ms
-    # to generate, which every start (a restart after a crash included) would otherwise pay.
+    # Written on first request, not at start: generating the models' schemas would otherwise
+    # lengthen every start, a restart after a crash included (docs/benchmarks.md, "The OpenAPI
+    # document, on its first request").
     @functools.cache
     def document() -> bytes:
         return json.dumps(openapi_document(routes, title, version)).encode()
