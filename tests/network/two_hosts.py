@@ -110,7 +110,41 @@ def create(host: str, app: str, network: str | None = None) -> dict[str, Any]:
     return made
 
 
-def scenario(b: str) -> dict[str, Any]:
+def peers_of(netns: str | None, node: str) -> list[str]:
+    """The public keys host `netns` (this one if None) takes packets from on the mesh."""
+    argv = ["wg", "show", interface_name(node), "peers"]
+    if netns is not None:
+        argv = ["ip", "netns", "exec", netns, *argv]
+    return subprocess.run(argv, capture_output=True, text=True, check=True).stdout.split()
+
+
+def rotated(tmp: Path, b: str, a1: dict[str, Any], b1: dict[str, Any]) -> dict[str, Any]:
+    """Host A's key rotated as an operator does it: B takes the new key in place of the old,
+    and a1 reaches b1 again."""
+    seen: dict[str, Any] = {"peers_before": peers_of(b, "wb")}
+    began = time.monotonic()
+    argv = [str(SOUK), "mesh", "rotate", "--dir", str(tmp / "wa"), "--json"]
+    keys = json.loads(subprocess.run(argv, capture_output=True, text=True, check=True).stdout)
+    seen["old"], seen["new"] = keys["old_public_key"], keys["public_key"]
+    reach = [sys.executable, "-c", REACH]
+    seen["peers_after"] = until(
+        "B takes A's new key", lambda: seen["new"] in peers_of(b, "wb") and peers_of(b, "wb")
+    )
+    seen["a_key"] = subprocess.run(
+        ["wg", "show", interface_name("wa"), "public-key"], capture_output=True, text=True
+    ).stdout.strip()
+    seen["reached"] = until(
+        "a1 reaches b1 after the rotation",
+        lambda: (
+            (r := run_in(A, a1["id"], [*reach, b1["private_ip"], "8080", "body"])) == b1["id"] and r
+        ),
+    )
+    seen["reached_in_s"] = time.monotonic() - began
+    seen["back"] = run_in(B, b1["id"], [*reach, a1["private_ip"], "8080", "body"])
+    return seen
+
+
+def scenario(tmp: Path, b: str) -> dict[str, Any]:
     seen: dict[str, Any] = {}
     for host in (A, B):
         until(f"worker at {host}", lambda host=host: call(host, "GET", "/v1/machines") == [])
@@ -151,6 +185,7 @@ def scenario(b: str) -> dict[str, Any]:
         lambda: (r := run_in(A, a1["id"], [*reach, name, "8080", "body"])) == b1["id"] and r,
     )
     seen["converged_s"] = time.monotonic() - restored
+    seen["rotation"] = rotated(tmp, b, a1, b1)
     return seen
 
 
@@ -181,7 +216,7 @@ def main() -> None:
         parts.append(worker(tmp, "wa", A, None))
         parts.append(worker(tmp, "wb", B, b))
         try:
-            print(json.dumps(scenario(b)))
+            print(json.dumps(scenario(tmp, b)))
         finally:
             destroy_all()
     finally:
