@@ -101,13 +101,35 @@ def run_in(host: str, machine: str, argv: list[str]) -> str:
     return str(out["stdout"] or out["stderr"]).strip()
 
 
+# SERVE on a second port too, 9090, which is no service of the machine's
+SERVE_TWO = SERVE.replace(
+    'S(("::", 8080), H).serve_forever()',
+    "import threading\n"
+    'threading.Thread(target=S(("::", 9090), H).serve_forever, daemon=True).start()\n'
+    'S(("::", 8080), H).serve_forever()',
+)
+
+
 def create(host: str, app: str, network: str | None = None) -> dict[str, Any]:
-    body: dict[str, Any] = {"app": app, "config": {"init": {"exec": [sys.executable, "-c", SERVE]}}}
+    """A machine of `app` serving on 8080, its one service, and 9090."""
+    config = {
+        "init": {"exec": [sys.executable, "-c", SERVE_TWO]},
+        "services": [{"internal_port": 8080}],
+    }
+    body: dict[str, Any] = {"app": app, "config": config}
     if network:
         body["network"] = network
     made: dict[str, Any] = call(host, "POST", "/v1/machines", body)
     call(host, "GET", f"/v1/machines/{made['id']}/wait?state=started&timeout=30")
     return made
+
+
+def probe(address: str, port: int) -> str:
+    """From this host (A): "open", "refused" or "dropped", as REACH says it."""
+    done = subprocess.run(
+        [sys.executable, "-c", REACH, address, str(port)], capture_output=True, text=True
+    )
+    return done.stdout.strip()
 
 
 def peers_of(netns: str | None, node: str) -> list[str]:
@@ -172,6 +194,11 @@ def scenario(tmp: Path, b: str) -> dict[str, Any]:
     seen["to_other_network"] = run_in(A, a1["id"], [*reach, c1["private_ip"], "8080"])
     seen["from_other_network"] = run_in(B, c1["id"], [*reach, a1["private_ip"], "8080"])
     seen["other_host"] = run_in(A, a1["id"], [*reach, B, str(API)])
+    # host A itself (as a proxy on it would, from its mesh address) reaches b1's service port
+    # and no other; a1, of b1's network, reaches both
+    seen["host_to_service"] = probe(b1["private_ip"], 8080)
+    seen["host_to_other_port"] = probe(b1["private_ip"], 9090)
+    seen["machine_to_other_port"] = run_in(A, a1["id"], [*reach, b1["private_ip"], "9090", "body"])
     seen["ids"] = {"a1": a1["id"], "b1": b1["id"], "c1": c1["id"]}
     # host B's link cut: nothing passes; restored: the mesh carries on by itself, and the names
     # never went (its machines run on)

@@ -13,7 +13,7 @@ from souk.catalog.owner import Owner
 from souk.catalog.replica import Replica
 from souk.catalog.trust import Trust
 from souk.models.catalog import MeshPeer
-from souk.network import dns, mesh
+from souk.network import dns, mesh, services
 from souk.worker.addresses import isolated
 from souk.worker.engine import Engine
 from souk.worker.oci import network
@@ -27,7 +27,8 @@ CATCH_UP = 5.0  # seconds at most for the replica to catch up before the DNS ans
 async def answering(
     settings: WorkerSettings, bus: Bus, trust: Trust | None = None, port: int = 53
 ) -> AsyncIterator[asyncio.Future[Replica] | None]:
-    """A replica following `bus` and the DNS over it, on the resolver's address, both made in
+    """A replica following `bus`, the DNS over it on the resolver's address, and the service
+    ports of the worker's machines kept in the firewall from it, all made in
     the background (the worker serves at once); the DNS answers once the replica has caught up
     (a question before that is refused by the port, not answered from a partial catalog). None
     (and no DNS) on a worker whose machines share the host's network."""
@@ -36,7 +37,7 @@ async def answering(
         return
     await asyncio.to_thread(network.add_resolver, settings.private_prefix)
     replica = Replica(bus, ":memory:", None, trust=trust)
-    closing: list[Callable[[], None]] = []
+    closing: list[Callable[[], object]] = []
 
     async def start() -> Replica:
         await replica.start()
@@ -44,6 +45,8 @@ async def answering(
         names = dns.Names(replica, settings.region, settings.private_prefix)
         address = network.resolver(settings.private_prefix)
         closing.append(await dns.serve(names, address, port, upstream=dns.host_resolver()))
+        ports = services.follow(settings.name, settings.private_prefix, replica)
+        closing.append(asyncio.ensure_future(ports).cancel)  # what hosts reach of its machines
         return replica
 
     started = asyncio.ensure_future(start())
