@@ -104,14 +104,20 @@ def connect(api: str | None, token: str | None, optional_token: bool = False) ->
     return MachinesClient(api_url(api), found, TIMEOUT, ca=api_ca(_chosen["ca"], api))
 
 
-def call(api: str | None, token: str | None, fn: Callable[[MachinesClient], Awaitable[T]]) -> T:
-    """One call with a client of its own, errors reported the CLI's way."""
+def call(
+    api: str | None,
+    token: str | None,
+    fn: Callable[[MachinesClient], Awaitable[T]],
+    as_json: bool = False,
+) -> T:
+    """One call with a client of its own, errors reported the CLI's way (as JSON with
+    `as_json`)."""
 
     async def go() -> T:
         async with connect(api, token) as client:
             return await fn(client)
 
-    return run(go())
+    return run(go(), as_json)
 
 
 @dataclass(frozen=True)
@@ -124,8 +130,8 @@ class Broker:
     def client(self) -> MachinesClient:
         return connect(self.api, self.token)
 
-    def call(self, fn: Callable[[MachinesClient], Awaitable[T]]) -> T:
-        return call(self.api, self.token, fn)
+    def call(self, fn: Callable[[MachinesClient], Awaitable[T]], as_json: bool = False) -> T:
+        return call(self.api, self.token, fn, as_json)
 
 
 def broker(api: ApiOption = None, token: TokenOption = None) -> Broker:
