@@ -33,8 +33,6 @@ TokenOption = Annotated[
 ]
 AppOption = Annotated[str, typer.Option("--app", "-a", help="The app.")]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
-API = typer.Option(None, "--api", help="Broker URL (default: $SOUK_API, or souk dev's).")
-TOKEN = typer.Option(None, "--token", help="Bearer token (default: $SOUK_TOKEN, or souk dev's).")
 CA = typer.Option(
     None,
     "--ca",

@@ -8,14 +8,13 @@ import sys
 
 import typer
 
-from souk.cli.client import API, TOKEN, connect
-from souk.cli.command import run, show
-from souk.models.secrets import AppSecret, AppSecretsUpdateResp
+from souk.cli.client import AppOption, Broker, JsonOption, broker
+from souk.cli.command import show
+from souk.cli.options import grouped
+from souk.models.secrets import AppSecret
 
 app = typer.Typer(help="An app's secrets: set, list, unset.", no_args_is_help=True)
 
-APP = typer.Option(..., "--app", "-a", help="The app.")
-JSON = typer.Option(False, "--json", help="Print JSON instead of a table.")
 COLUMNS = ["name", "digest", "updated_at"]
 ROLL_OUT = "machines get them at their next update: run `souk deploy`"
 
@@ -41,57 +40,43 @@ def _rows(secrets: list[AppSecret]) -> list[dict[str, str]]:
     return [s.model_dump() for s in secrets]
 
 
-def _update(
-    api: str | None, token: str | None, app: str, values: dict[str, str | None]
-) -> AppSecretsUpdateResp:
-    async def go() -> AppSecretsUpdateResp:
-        async with connect(api, token) as client:
-            return await client.update_secrets(app, values)
-
-    return run(go())
+def _changed(broker: Broker, app: str, values: dict[str, str | None], as_json: bool) -> None:
+    """The app's secrets changed to `values` (None: removed), in one step, and shown."""
+    answer = broker.call(lambda client: client.update_secrets(app, values), as_json)
+    show(_rows(answer.secrets), COLUMNS, as_json, title=f"secrets of {app}")
+    if not as_json:
+        typer.echo(f"secrets version {answer.version}; {ROLL_OUT}", err=True)
 
 
 @app.command("set")
+@grouped(broker=broker)
 def set_(
     pairs: list[str] = typer.Argument(..., help="NAME=VALUE (NAME=- reads the value from stdin)."),
-    app_name: str = APP,
-    api: str | None = API,
-    token: str | None = TOKEN,
-    as_json: bool = JSON,
+    *,
+    app_name: AppOption,
+    broker: Broker,
+    as_json: JsonOption = False,
 ) -> None:
     """Set secrets, all in one step: `souk secrets set -a web DB_URL=postgres://...`."""
-    answer = _update(api, token, app_name, dict(parse_pairs(pairs)))
-    show(_rows(answer.secrets), COLUMNS, as_json, title=f"secrets of {app_name}")
-    if not as_json:
-        typer.echo(f"secrets version {answer.version}; {ROLL_OUT}", err=True)
+    _changed(broker, app_name, dict(parse_pairs(pairs)), as_json)
 
 
 @app.command("unset")
+@grouped(broker=broker)
 def unset(
     names: list[str] = typer.Argument(..., help="Names of the secrets to remove."),
-    app_name: str = APP,
-    api: str | None = API,
-    token: str | None = TOKEN,
-    as_json: bool = JSON,
+    *,
+    app_name: AppOption,
+    broker: Broker,
+    as_json: JsonOption = False,
 ) -> None:
     """Remove secrets, all in one step."""
-    answer = _update(api, token, app_name, dict.fromkeys(names))
-    show(_rows(answer.secrets), COLUMNS, as_json, title=f"secrets of {app_name}")
-    if not as_json:
-        typer.echo(f"secrets version {answer.version}; {ROLL_OUT}", err=True)
+    _changed(broker, app_name, dict.fromkeys(names), as_json)
 
 
 @app.command("list")
-def list_(
-    app_name: str = APP,
-    api: str | None = API,
-    token: str | None = TOKEN,
-    as_json: bool = JSON,
-) -> None:
+@grouped(broker=broker)
+def list_(*, app_name: AppOption, broker: Broker, as_json: JsonOption = False) -> None:
     """The app's secrets: names and digests (a digest changes when the value does)."""
-
-    async def go() -> list[AppSecret]:
-        async with connect(api, token) as client:
-            return (await client.secrets(app_name)).secrets
-
-    show(_rows(run(go())), COLUMNS, as_json, title=f"secrets of {app_name}")
+    found = broker.call(lambda client: client.secrets(app_name), as_json)
+    show(_rows(found.secrets), COLUMNS, as_json, title=f"secrets of {app_name}")
