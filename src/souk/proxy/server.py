@@ -99,8 +99,6 @@ class Proxy:
         self.forwarder = Forwarder(
             self.router,
             self.waker,
-            self.loads,
-            self.marks,
             self.broker,
             self.session,
             opts.domain,
