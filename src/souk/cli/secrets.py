@@ -8,7 +8,7 @@ import sys
 
 import typer
 
-from souk.cli.client import AppOption, Broker, JsonOption, broker
+from souk.cli.client import AppOption, Broker, JsonOption, OnApp, broker
 from souk.cli.command import show
 from souk.cli.options import grouped
 from souk.models.secrets import AppSecret
@@ -40,43 +40,44 @@ def _rows(secrets: list[AppSecret]) -> list[dict[str, str]]:
     return [s.model_dump() for s in secrets]
 
 
-def _changed(broker: Broker, app: str, values: dict[str, str | None], as_json: bool) -> None:
+@grouped(broker=broker)
+def _app_secrets(app_name: AppOption, *, broker: Broker, as_json: JsonOption = False) -> OnApp:
+    """`--app` (required: secrets are never the default app's by accident), `--api`,
+    `--token` and `--json`."""
+    return OnApp(app_name, broker, as_json)
+
+
+def _changed(on: OnApp, values: dict[str, str | None]) -> None:
     """The app's secrets changed to `values` (None: removed), in one step, and shown."""
-    answer = broker.call(lambda client: client.update_secrets(app, values), as_json)
-    show(_rows(answer.secrets), COLUMNS, as_json, title=f"secrets of {app}")
-    if not as_json:
+    answer = on.call(lambda client: client.update_secrets(on.app, values))
+    show(_rows(answer.secrets), COLUMNS, on.as_json, title=f"secrets of {on.app}")
+    if not on.as_json:
         typer.echo(f"secrets version {answer.version}; {ROLL_OUT}", err=True)
 
 
 @app.command("set")
-@grouped(broker=broker)
+@grouped(on=_app_secrets)
 def set_(
     pairs: list[str] = typer.Argument(..., help="NAME=VALUE (NAME=- reads the value from stdin)."),
     *,
-    app_name: AppOption,
-    broker: Broker,
-    as_json: JsonOption = False,
+    on: OnApp,
 ) -> None:
     """Set secrets, all in one step: `souk secrets set -a web DB_URL=postgres://...`."""
-    _changed(broker, app_name, dict(parse_pairs(pairs)), as_json)
+    _changed(on, dict(parse_pairs(pairs)))
 
 
 @app.command("unset")
-@grouped(broker=broker)
+@grouped(on=_app_secrets)
 def unset(
-    names: list[str] = typer.Argument(..., help="Names of the secrets to remove."),
-    *,
-    app_name: AppOption,
-    broker: Broker,
-    as_json: JsonOption = False,
+    names: list[str] = typer.Argument(..., help="Names of the secrets to remove."), *, on: OnApp
 ) -> None:
     """Remove secrets, all in one step."""
-    _changed(broker, app_name, dict.fromkeys(names), as_json)
+    _changed(on, dict.fromkeys(names))
 
 
 @app.command("list")
-@grouped(broker=broker)
-def list_(*, app_name: AppOption, broker: Broker, as_json: JsonOption = False) -> None:
+@grouped(on=_app_secrets)
+def list_(*, on: OnApp) -> None:
     """The app's secrets: names and digests (a digest changes when the value does)."""
-    found = broker.call(lambda client: client.secrets(app_name), as_json)
-    show(_rows(found.secrets), COLUMNS, as_json, title=f"secrets of {app_name}")
+    found = on.call(lambda client: client.secrets(on.app))
+    show(_rows(found.secrets), COLUMNS, on.as_json, title=f"secrets of {on.app}")
