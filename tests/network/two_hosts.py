@@ -152,6 +152,7 @@ def rotated(tmp: Path, b: str, a1: dict[str, Any], b1: dict[str, Any]) -> dict[s
     seen["peers_after"] = until(
         "B takes A's new key", lambda: seen["new"] in peers_of(b, "wb") and peers_of(b, "wb")
     )
+    seen["peers_in_s"] = time.monotonic() - began
     seen["a_key"] = subprocess.run(
         ["wg", "show", interface_name("wa"), "public-key"], capture_output=True, text=True
     ).stdout.strip()
