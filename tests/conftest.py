@@ -119,9 +119,12 @@ IMPLIED = {"netns": "root"}  # namespaces of its own: made by root
 
 
 def _code_names(code: types.CodeType) -> Iterator[str]:
+    """The names a function's code refers to, and its string constants (a program it runs)."""
     yield from code.co_names
     for const in code.co_consts:
-        if isinstance(const, types.CodeType):  # closures, comprehensions
+        if isinstance(const, str):
+            yield const
+        elif isinstance(const, types.CodeType):  # closures, comprehensions
             yield from _code_names(const)
 
 
