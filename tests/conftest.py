@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Iterator
+import types
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -87,6 +90,80 @@ def _temp_dirs_reachable(tmp_path_factory: pytest.TempPathFactory) -> Iterator[N
 
     tmp_path_factory.mktemp = mktemp_reachable  # type: ignore[method-assign]
     yield
+
+
+@dataclass(frozen=True)
+class Need:
+    """How a test shows it needs something of the host: a name its code, or its fixtures' code,
+    refers to (`names`); a module its own module holds (`modules`, by prefix); a reason of one
+    of its skip marks (`reasons`)."""
+
+    names: frozenset[str] = frozenset()
+    modules: tuple[str, ...] = ()
+    reasons: re.Pattern[str] | None = None
+
+
+# The markers (declared in pyproject.toml) put on each test from what it uses, not written in
+# test files: a test keeps its markers wherever it moves, and a new one gets them by itself.
+# `pytest -m "not (root or netns or registry or browser)"` runs what any host can.
+NEEDS = {
+    "root": Need(reasons=re.compile(r"\broot\b")),
+    "netns": Need(
+        names=frozenset({"bed_findings", "NetBed", "unshare"}),
+        modules=("souk.worker.oci.network",),
+    ),
+    "registry": Need(names=frozenset({"registry_or_skip"})),
+    "browser": Need(names=frozenset({"sync_playwright"}), modules=("playwright",)),
+}
+IMPLIED = {"netns": "root"}  # namespaces of its own: made by root
+
+
+def _code_names(code: types.CodeType) -> Iterator[str]:
+    """The names a function's code refers to, and its string constants (a program it runs)."""
+    yield from code.co_names
+    for const in code.co_consts:
+        if isinstance(const, str):
+            yield const
+        elif isinstance(const, types.CodeType):  # closures, comprehensions
+            yield from _code_names(const)
+
+
+def _functions(item: pytest.Function) -> Iterable[object]:
+    yield item.function
+    for defs in item._fixtureinfo.name2fixturedefs.values():
+        for fixturedef in defs:
+            yield fixturedef.func
+
+
+def needs(item: pytest.Function) -> set[str]:
+    """The markers of NEEDS that `item` shows it needs."""
+    names: set[str] = set()
+    for function in _functions(item):
+        code = getattr(getattr(function, "__wrapped__", function), "__code__", None)
+        if code is not None:
+            names.update(_code_names(code))
+    modules = [
+        value.__name__
+        for value in vars(item.module).values()
+        if isinstance(value, types.ModuleType)
+    ]
+    reasons = [str(mark.kwargs.get("reason", "")) for mark in item.iter_markers("skipif")]
+    found = set()
+    for marker, need in NEEDS.items():
+        if (
+            names & need.names
+            or any(m.startswith(need.modules) for m in modules if need.modules)
+            or (need.reasons is not None and any(need.reasons.search(r) for r in reasons))
+        ):
+            found.add(marker)
+    return found | {IMPLIED[m] for m in found if m in IMPLIED}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if isinstance(item, pytest.Function):
+            for marker in sorted(needs(item) - {m.name for m in item.iter_markers()}):
+                item.add_marker(marker)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

@@ -133,8 +133,19 @@ print(" ".join(sorted({f[4][0] for f in found})))
 """
 
 
-async def ask(e: Engine, machine: str, name: str) -> list[str]:
-    result = await e.exec(machine, ExecRequest(command=[sys.executable, "-c", ASK, name]))
+# `ask_tcp NAME`: the AAAA answers for NAME from the machine's resolver, asked over TCP.
+ASK_TCP = """
+import sys
+from dnslib import DNSRecord
+server = open("/etc/resolv.conf").read().split()[1]
+question = DNSRecord.question(sys.argv[1], "AAAA")
+answer = DNSRecord.parse(question.send(server, 53, tcp=True, ipv6=True, timeout=5))
+print(" ".join(sorted(str(rr.rdata) for rr in answer.rr)) or "none")
+"""
+
+
+async def ask(e: Engine, machine: str, name: str, script: str = ASK) -> list[str]:
+    result = await e.exec(machine, ExecRequest(command=[sys.executable, "-c", script, name]))
     return (result.stdout or result.stderr).split()
 
 
@@ -240,6 +251,7 @@ async def names_seen(e: Engine, made: dict[str, Machine], seen: dict[str, Any]) 
         "beta_from_alpha": await ask(e, a1.id, "beta.internal"),
         "alpha_from_beta": await ask(e, b1.id, "alpha.internal"),
         "nothing": await ask(e, a1.id, "nothing.internal"),
+        "alpha_tcp": await ask(e, a1.id, "alpha.internal", ASK_TCP),
     }
     seen["addresses"] = {name: m.private_ip for name, m in made.items()}
     seen["by_name"] = await reach(e, a1.id, f"{a2.id}.vm.alpha.internal", 8080, body=True)

@@ -45,7 +45,23 @@ def test_not_another_networks_machine_nor_the_other_host(seen: dict[str, Any]) -
     assert seen["other_host"] == "dropped"  # the other worker's API, on its own address
 
 
+def test_another_host_reaches_a_machines_service_ports_only(seen: dict[str, Any]) -> None:
+    assert seen["host_to_service"] == "open"
+    assert seen["host_to_other_port"] == "dropped"
+    assert seen["machine_to_other_port"] == seen["ids"]["b1"]  # its network reaches every port
+
+
 def test_a_hosts_link_cut_and_restored_the_mesh_carries_on(seen: dict[str, Any]) -> None:
     assert seen["link_down"] == "dropped"
     assert seen["names_link_down"] == [seen["addresses"]["b1"]]  # its machine still runs
     assert seen["link_up"] == seen["ids"]["b1"]  # by name again, with no change made
+
+
+def test_a_hosts_key_rotated_its_peers_follow_and_traffic_flows(seen: dict[str, Any]) -> None:
+    turn = seen["rotation"]
+    assert turn["old"] in turn["peers_before"] and turn["new"] != turn["old"]
+    assert turn["a_key"] == turn["new"]  # A's interface runs on the key the command wrote
+    assert turn["new"] in turn["peers_after"]
+    assert turn["old"] not in turn["peers_after"]  # the old key opens nothing on B any more
+    assert turn["reached"] == seen["ids"]["b1"]
+    assert turn["back"] == seen["ids"]["a1"]

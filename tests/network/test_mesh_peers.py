@@ -76,3 +76,14 @@ def test_an_announcement_is_taken_only_for_a_hosts_address() -> None:
     announced.heard(Announcement(node="t", peer=thief).model_dump_json().encode())
     announced.heard(b"not json")
     assert set(announced.peers()) == {KEY_P}
+
+
+def test_a_proxy_that_rotated_its_key_is_a_peer_by_its_new_key_alone() -> None:
+    announced = Announced(DEFAULT_PREFIX)
+    address = node_address(DEFAULT_PREFIX, "p")
+    for key in (KEY_P, KEY_A):  # its announcement, then the same node's after `souk mesh rotate`
+        peer = MeshPeer(public_key=key, endpoint="p:51820", address=address)
+        announced.changed.clear()
+        announced.heard(Announcement(node="p", peer=peer).model_dump_json().encode())
+        assert announced.changed.is_set()
+    assert announced.peers() == {KEY_A: ("p:51820", [f"{address}/128"])}

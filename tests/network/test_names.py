@@ -28,6 +28,10 @@ def test_an_apps_names_give_its_started_machines(seen: dict[str, Any]) -> None:
     assert names["nothing"] == ["nxdomain"]
 
 
+def test_a_machine_asks_over_tcp_and_gets_the_same_answer(seen: dict[str, Any]) -> None:
+    assert seen["names"]["alpha_tcp"] == seen["names"]["alpha"]
+
+
 def test_a_network_does_not_see_anothers_names(seen: dict[str, Any]) -> None:
     assert seen["names"]["beta_from_alpha"] == ["nxdomain"]
     assert seen["names"]["alpha_from_beta"] == ["nxdomain"]

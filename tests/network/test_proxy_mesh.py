@@ -35,3 +35,10 @@ def test_a_proxy_wakes_a_machine_two_hosts_away_and_is_answered_by_it(
     assert seen["answered_by"] == seen["machine"]
     assert seen["body"]["machine"] == seen["machine"] and seen["body"]["region"] == "ams"
     assert seen["state"] == "started"  # started from zero by the request
+
+
+def test_the_proxy_hosts_key_rotated_the_workers_follow(seen: dict[str, Any]) -> None:
+    turn = seen["rotation"]
+    assert turn["old"] in turn["peers_before"]
+    assert turn["new"] in turn["peers_after"] and turn["old"] not in turn["peers_after"]
+    assert turn["status"] == 200 and turn["answered_by"] == seen["machine"]

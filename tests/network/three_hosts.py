@@ -45,7 +45,7 @@ def through_proxy(path: str = "/") -> tuple[int, dict[str, str], str]:
         return resp.status, dict(resp.headers), resp.read().decode()
 
 
-def scenario(tmp: Path, token: str) -> dict[str, Any]:
+def scenario(tmp: Path, token: str, b: str) -> dict[str, Any]:
     call = broker(tmp, token)
     seen: dict[str, Any] = {}
     bed.until("the broker sees both workers", lambda: len(call("GET", "/v1/workers")) == 2)
@@ -65,6 +65,25 @@ def scenario(tmp: Path, token: str) -> dict[str, Any]:
     seen["answered_by"] = headers.get("souk-machine", "")
     seen["body"] = json.loads(body)
     seen["state"] = call("GET", f"/v1/apps/hello/machines/{mid}")["state"]
+    seen["rotation"] = rotated(tmp, b)
+    return seen
+
+
+def rotated(tmp: Path, b: str) -> dict[str, Any]:
+    """The proxy's host key rotated (`souk mesh rotate`): host B takes its new key in place of
+    the old from its next announcement, and the proxy is answered by the machine again."""
+    seen: dict[str, Any] = {"peers_before": bed.peers_of(b, "wb")}
+    argv = [str(SOUK), "mesh", "rotate", "--dir", str(tmp / "proxy"), "--json"]
+    keys = json.loads(subprocess.run(argv, capture_output=True, text=True, check=True).stdout)
+    seen["old"], seen["new"] = keys["old_public_key"], keys["public_key"]
+    began = time.monotonic()
+    seen["peers_after"] = bed.until(
+        "B takes the proxy's new key",
+        lambda: (peers := bed.peers_of(b, "wb")) and seen["old"] not in peers and peers,
+    )
+    status, headers, _ = bed.until("the proxy answers again", lambda: through_proxy())
+    seen["answered_in_s"] = time.monotonic() - began
+    seen["status"], seen["answered_by"] = status, headers.get("souk-machine", "")
     return seen
 
 
@@ -97,7 +116,7 @@ def main() -> None:
         proxy += ["--mesh-dir", str(tmp / "proxy"), "--mesh-name", "pc"]
         parts.append(bed.started(tmp, "proxy", ["ip", "netns", "exec", c, *proxy]))
         try:
-            print(json.dumps(scenario(tmp, token)))
+            print(json.dumps(scenario(tmp, token, b)))
         finally:
             bed.destroy_all()
     finally:

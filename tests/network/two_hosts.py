@@ -101,8 +101,22 @@ def run_in(host: str, machine: str, argv: list[str]) -> str:
     return str(out["stdout"] or out["stderr"]).strip()
 
 
+# SERVE on a second port too, 9090, which is no service of the machine's
+SERVE_TWO = SERVE.replace(
+    'S(("::", 8080), H).serve_forever()',
+    "import threading\n"
+    'threading.Thread(target=S(("::", 9090), H).serve_forever, daemon=True).start()\n'
+    'S(("::", 8080), H).serve_forever()',
+)
+
+
 def create(host: str, app: str, network: str | None = None) -> dict[str, Any]:
-    body: dict[str, Any] = {"app": app, "config": {"init": {"exec": [sys.executable, "-c", SERVE]}}}
+    """A machine of `app` serving on 8080, its one service, and 9090."""
+    config = {
+        "init": {"exec": [sys.executable, "-c", SERVE_TWO]},
+        "services": [{"internal_port": 8080}],
+    }
+    body: dict[str, Any] = {"app": app, "config": config}
     if network:
         body["network"] = network
     made: dict[str, Any] = call(host, "POST", "/v1/machines", body)
@@ -110,7 +124,50 @@ def create(host: str, app: str, network: str | None = None) -> dict[str, Any]:
     return made
 
 
-def scenario(b: str) -> dict[str, Any]:
+def probe(address: str, port: int) -> str:
+    """From this host (A): "open", "refused" or "dropped", as REACH says it."""
+    done = subprocess.run(
+        [sys.executable, "-c", REACH, address, str(port)], capture_output=True, text=True
+    )
+    return done.stdout.strip()
+
+
+def peers_of(netns: str | None, node: str) -> list[str]:
+    """The public keys host `netns` (this one if None) takes packets from on the mesh."""
+    argv = ["wg", "show", interface_name(node), "peers"]
+    if netns is not None:
+        argv = ["ip", "netns", "exec", netns, *argv]
+    return subprocess.run(argv, capture_output=True, text=True, check=True).stdout.split()
+
+
+def rotated(tmp: Path, b: str, a1: dict[str, Any], b1: dict[str, Any]) -> dict[str, Any]:
+    """Host A's key rotated as an operator does it: B takes the new key in place of the old,
+    and a1 reaches b1 again."""
+    seen: dict[str, Any] = {"peers_before": peers_of(b, "wb")}
+    began = time.monotonic()
+    argv = [str(SOUK), "mesh", "rotate", "--dir", str(tmp / "wa"), "--json"]
+    keys = json.loads(subprocess.run(argv, capture_output=True, text=True, check=True).stdout)
+    seen["old"], seen["new"] = keys["old_public_key"], keys["public_key"]
+    reach = [sys.executable, "-c", REACH]
+    seen["peers_after"] = until(
+        "B takes A's new key", lambda: seen["new"] in peers_of(b, "wb") and peers_of(b, "wb")
+    )
+    seen["peers_in_s"] = time.monotonic() - began
+    seen["a_key"] = subprocess.run(
+        ["wg", "show", interface_name("wa"), "public-key"], capture_output=True, text=True
+    ).stdout.strip()
+    seen["reached"] = until(
+        "a1 reaches b1 after the rotation",
+        lambda: (
+            (r := run_in(A, a1["id"], [*reach, b1["private_ip"], "8080", "body"])) == b1["id"] and r
+        ),
+    )
+    seen["reached_in_s"] = time.monotonic() - began
+    seen["back"] = run_in(B, b1["id"], [*reach, a1["private_ip"], "8080", "body"])
+    return seen
+
+
+def scenario(tmp: Path, b: str) -> dict[str, Any]:
     seen: dict[str, Any] = {}
     for host in (A, B):
         until(f"worker at {host}", lambda host=host: call(host, "GET", "/v1/machines") == [])
@@ -138,6 +195,11 @@ def scenario(b: str) -> dict[str, Any]:
     seen["to_other_network"] = run_in(A, a1["id"], [*reach, c1["private_ip"], "8080"])
     seen["from_other_network"] = run_in(B, c1["id"], [*reach, a1["private_ip"], "8080"])
     seen["other_host"] = run_in(A, a1["id"], [*reach, B, str(API)])
+    # host A itself (as a proxy on it would, from its mesh address) reaches b1's service port
+    # and no other; a1, of b1's network, reaches both
+    seen["host_to_service"] = probe(b1["private_ip"], 8080)
+    seen["host_to_other_port"] = probe(b1["private_ip"], 9090)
+    seen["machine_to_other_port"] = run_in(A, a1["id"], [*reach, b1["private_ip"], "9090", "body"])
     seen["ids"] = {"a1": a1["id"], "b1": b1["id"], "c1": c1["id"]}
     # host B's link cut: nothing passes; restored: the mesh carries on by itself, and the names
     # never went (its machines run on)
@@ -151,6 +213,7 @@ def scenario(b: str) -> dict[str, Any]:
         lambda: (r := run_in(A, a1["id"], [*reach, name, "8080", "body"])) == b1["id"] and r,
     )
     seen["converged_s"] = time.monotonic() - restored
+    seen["rotation"] = rotated(tmp, b, a1, b1)
     return seen
 
 
@@ -181,7 +244,7 @@ def main() -> None:
         parts.append(worker(tmp, "wa", A, None))
         parts.append(worker(tmp, "wb", B, b))
         try:
-            print(json.dumps(scenario(b)))
+            print(json.dumps(scenario(tmp, b)))
         finally:
             destroy_all()
     finally:

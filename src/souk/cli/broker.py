@@ -8,27 +8,15 @@ from pathlib import Path
 import typer
 
 from souk.broker import runtime
-from souk.cli.config_file import CONFIG, PRINT_CONFIG, show_config
-from souk.cli.serving import (
-    HEAD_TIMEOUT,
-    KEEPALIVE_TIMEOUT,
-    LOG_FORMAT,
-    LOG_LEVEL,
-    MAX_CONNECTIONS,
-    MAX_PER_CLIENT,
-    METRICS,
-    check_homes_reachable,
-    listener_limits,
-    log_to_stderr,
-    parse_listen,
-    refusals,
-    secret_option,
-)
+from souk.cli import serving
+from souk.cli.options import grouped
+from souk.cli.serving import log_to_stderr
 from souk.cli.tls import TLS_CERT, TLS_DIR_HELP, TLS_KEY, part_tls, server_cert
+from souk.web.listener import Limits
 
 
+@grouped(part=serving.part_options)
 def run(
-    ctx: typer.Context,
     listen: str = typer.Option("127.0.0.1:4280", help="HOST:PORT of the Machines API."),
     secret_file: Path = typer.Option(
         ..., help="The cluster secret tokens are signed with.", resolve_path=True
@@ -73,25 +61,15 @@ def run(
     insecure: bool = typer.Option(
         False, help="Without --tls-dir: follow an open bus other than loopback, unsigned rows."
     ),
-    metrics: bool = METRICS,
-    max_connections: int = MAX_CONNECTIONS,
-    max_connections_per_client: int = MAX_PER_CLIENT,
-    head_timeout: float = HEAD_TIMEOUT,
-    keepalive_timeout: float = KEEPALIVE_TIMEOUT,
-    log_level: str = LOG_LEVEL,
-    log_format: str = LOG_FORMAT,
-    config: Path | None = CONFIG,
-    print_config: bool = PRINT_CONFIG,
+    *,
+    part: serving.Part,
 ) -> None:
     """Serve the public Machines API and place machines on workers."""
-    if print_config:
-        show_config(ctx)
-        return
-    log_to_stderr(log_level, log_format, "broker", "broker")
-    host, port = parse_listen(listen)
+    log_to_stderr(part.logs.level, part.logs.format, "broker", "broker")
+    host, port = serving.parse_listen(listen)
     tls = part_tls("broker", tls_dir, tls_name, insecure, nats)
     listener = server_cert(tls_cert, tls_key)
-    secret = secret_option(secret_file)
+    secret = serving.secret_option(secret_file)
     if not nats and not worker:
         raise typer.BadParameter("give --nats (a catalog) or at least one --worker")
     opts = runtime.BrokerSettings(
@@ -108,18 +86,17 @@ def run(
         tls=tls,
         listener=listener,
         default_region=default_region,
-        metrics=metrics,
-        limits=listener_limits(
-            max_connections, max_connections_per_client, head_timeout, keepalive_timeout
-        ),
+        metrics=part.metrics,
+        limits=part.limits,
     )
-    with refusals("broker"):
+    with serving.refusals("broker"):
         runtime.run(runtime.serve(opts))
 
 
 DEV_DISK_MB = 1024  # a sparse file per volume: only what a volume holds takes room
 
 
+@grouped(limits=serving.listener)
 def dev(
     data_dir: Path = typer.Option(
         Path(".souk-dev"), help="Where every worker keeps its data.", resolve_path=True
@@ -145,26 +122,21 @@ def dev(
         help="Port of its image registry on loopback (Debian's docker-registry): workers pull"
         " from it, a Dockerfile's build is pushed to it (0: none).",
     ),
-    max_connections: int = MAX_CONNECTIONS,
-    max_connections_per_client: int = MAX_PER_CLIENT,
-    head_timeout: float = HEAD_TIMEOUT,
-    keepalive_timeout: float = KEEPALIVE_TIMEOUT,
+    *,
+    limits: Limits,
 ) -> None:
     """A whole cluster in one process: 3 regions x 2 workers, a broker and a proxy, on loopback."""
     from souk.dev import run_dev
     from souk.worker import volume_disk
 
     log_to_stderr("warning")
-    host, port = parse_listen(listen)
-    _, proxy_port = parse_listen(proxy)
-    check_homes_reachable("dev", data_dir, driver)
+    host, port = serving.parse_listen(listen)
+    _, proxy_port = serving.parse_listen(proxy)
+    serving.check_homes_reachable("dev", data_dir, driver)
     registries = tuple(insecure_registry)
     if disk_mb is None and driver != "sim" and volume_disk.unsupported_reason() is None:
         disk_mb = DEV_DISK_MB  # volumes can be tried at once, as the quick start does
-    limits = listener_limits(
-        max_connections, max_connections_per_client, head_timeout, keepalive_timeout
-    )
-    with refusals("dev"):
+    with serving.refusals("dev"):
         asyncio.run(
             run_dev(
                 data_dir,

@@ -26,15 +26,12 @@ from souk.catalog.replica import Replica, following
 from souk.catalog.trust import CaTrust, Trust
 from souk.cli.client import connect
 from souk.cli.command import console, run
+from souk.cli.options import grouped
 from souk.cli.serving import (
-    HEAD_TIMEOUT,
-    KEEPALIVE_TIMEOUT,
-    LOG_FORMAT,
-    LOG_LEVEL,
-    MAX_CONNECTIONS,
-    MAX_PER_CLIENT,
-    listener_limits,
+    Logging,
+    listener,
     log_to_stderr,
+    logging_options,
     parse_listen,
     secret_option,
 )
@@ -49,6 +46,7 @@ app = typer.Typer(help="The catalog: every worker's rows, replicated.", no_args_
 
 
 @app.command()
+@grouped(logs=logging_options, limits=listener)
 def serve(
     nats: str = typer.Option(..., help="NATS server URL(s), comma-separated."),
     listen: str = typer.Option("127.0.0.1:4290", help="HOST:PORT of its catalog HTTP API."),
@@ -60,8 +58,6 @@ def serve(
         help="The cluster secret: with it every request needs a token, checked as a broker"
         " does; without, anyone who reaches it reads everything.",
     ),
-    log_level: str = LOG_LEVEL,
-    log_format: str = LOG_FORMAT,
     tls_dir: Path | None = typer.Option(
         None,
         file_okay=False,
@@ -75,14 +71,13 @@ def serve(
         None, dir_okay=False, help="The cluster CA alone: only signed rows, on an open bus."
     ),
     insecure: bool = typer.Option(False, help="Apply unsigned rows (a bus like `souk dev`'s)."),
-    max_connections: int = MAX_CONNECTIONS,
-    max_connections_per_client: int = MAX_PER_CLIENT,
-    head_timeout: float = HEAD_TIMEOUT,
-    keepalive_timeout: float = KEEPALIVE_TIMEOUT,
+    *,
+    logs: Logging,
+    limits: Limits,
 ) -> None:
     """Follow the catalog and serve it over HTTP (read-only). Without --secret-file it checks
     no tokens: bind it to a private address."""
-    log_to_stderr(log_level, log_format, "catalog", "catalog")
+    log_to_stderr(logs.level, logs.format, "catalog", "catalog")
     host, port = parse_listen(listen)
     secret = secret_option(secret_file) if secret_file is not None else None
     if [tls_dir is not None, ca is not None, insecure].count(True) != 1:
@@ -98,9 +93,6 @@ def serve(
             trust = CaTrust(load_cas(ca))
     except PkiError as exc:
         raise typer.BadParameter(str(exc)) from None
-    limits = listener_limits(
-        max_connections, max_connections_per_client, head_timeout, keepalive_timeout
-    )
     asyncio.run(
         _serve(
             nats,

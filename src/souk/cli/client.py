@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import os
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import Annotated, TypeVar
 
 import typer
 
 from souk.cli.command import run
+from souk.cli.options import grouped
 from souk.clients.machines import MachinesClient
 
 T = TypeVar("T")
@@ -22,10 +24,15 @@ DEV_CA = Path("tls") / "trust.crt"  # below DEV_DIR: `souk dev --secure`'s CAs, 
 DEFAULT_API = "http://127.0.0.1:4280"
 TIMEOUT = 120.0  # for one answer; streams (logs --follow) have none
 
-API = typer.Option(None, "--api", help="Broker URL (default: $SOUK_API, or souk dev's).")
-JSON = typer.Option(False, "--json", help="Print JSON instead of a table.")
-APP = typer.Option("demo", "--app", "-a", help="The app.")
-TOKEN = typer.Option(None, "--token", help="Bearer token (default: $SOUK_TOKEN, or souk dev's).")
+ApiOption = Annotated[
+    str | None, typer.Option("--api", help="Broker URL (default: $SOUK_API, or souk dev's).")
+]
+TokenOption = Annotated[
+    str | None,
+    typer.Option("--token", help="Bearer token (default: $SOUK_TOKEN, or souk dev's)."),
+]
+AppOption = Annotated[str, typer.Option("--app", "-a", help="The app.")]
+JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
 CA = typer.Option(
     None,
     "--ca",
@@ -95,11 +102,55 @@ def connect(api: str | None, token: str | None, optional_token: bool = False) ->
     return MachinesClient(api_url(api), found, TIMEOUT, ca=api_ca(_chosen["ca"], api))
 
 
-def call(api: str | None, token: str | None, fn: Callable[[MachinesClient], Awaitable[T]]) -> T:
-    """One call with a client of its own, errors reported the CLI's way."""
+def call(
+    api: str | None,
+    token: str | None,
+    fn: Callable[[MachinesClient], Awaitable[T]],
+    as_json: bool = False,
+) -> T:
+    """One call with a client of its own, errors reported the CLI's way (as JSON with
+    `as_json`)."""
 
     async def go() -> T:
         async with connect(api, token) as client:
             return await fn(client)
 
-    return run(go())
+    return run(go(), as_json)
+
+
+@dataclass(frozen=True)
+class Broker:
+    """The broker a command asks, as `--api` and `--token` (or where they default to) say."""
+
+    api: str | None
+    token: str | None
+
+    def client(self) -> MachinesClient:
+        return connect(self.api, self.token)
+
+    def call(self, fn: Callable[[MachinesClient], Awaitable[T]], as_json: bool = False) -> T:
+        return call(self.api, self.token, fn, as_json)
+
+
+def broker(api: ApiOption = None, token: TokenOption = None) -> Broker:
+    """`--api` and `--token` (`grouped(broker=broker)`)."""
+    return Broker(api, token)
+
+
+@dataclass(frozen=True)
+class OnApp:
+    """What a command about one app's machines or volumes is given: the app, the broker it
+    asks, and whether it prints JSON."""
+
+    app: str
+    broker: Broker
+    as_json: bool
+
+    def call(self, fn: Callable[[MachinesClient], Awaitable[T]]) -> T:
+        return self.broker.call(fn)
+
+
+@grouped(broker=broker)
+def on_app(app: AppOption = "demo", *, broker: Broker, as_json: JsonOption = False) -> OnApp:
+    """`--app`, `--api`, `--token` and `--json` (`grouped(on=on_app)`)."""
+    return OnApp(app, broker, as_json)

@@ -10,8 +10,9 @@ from typing import Any
 import typer
 from pydantic import ValidationError
 
-from souk.cli.client import API, APP, JSON, TOKEN, call
+from souk.cli.client import AppOption, Broker, JsonOption, OnApp, broker, on_app
 from souk.cli.command import CommandError, problems, show
+from souk.cli.options import grouped
 from souk.clients.machines import MachinesApiError, MachinesClient
 from souk.models.api import CreateAppRequest, CreateMachineRequest, PublicMachine
 from souk.models.machine import GuestConfig, InitConfig, MachineConfig, MachineState
@@ -49,18 +50,17 @@ def _one(m: PublicMachine, as_json: bool) -> None:
 
 
 @machines.command("run")
+@grouped(on=on_app)
 def run_machine(
     command: list[str] = typer.Argument(..., help="The command, after --."),
     region: str = typer.Option(..., "--region", "-r", help="The one region to place it in."),
-    app: str = APP,
     name: str | None = typer.Option(None, help="A name for the machine."),
     cpus: int = typer.Option(1, help="CPUs."),
     memory_mb: int = typer.Option(256, help="Memory in MB."),
     env: list[str] = typer.Option([], "--env", "-e", help="KEY=VALUE (repeatable)."),
     strategy: str = typer.Option("auto", help="auto, offers, p2c or catalog."),
-    api: str | None = API,
-    token: str | None = TOKEN,
-    as_json: bool = JSON,
+    *,
+    on: OnApp,
 ) -> None:
     """Place and start a machine running COMMAND: `souk machines run -r mad -- sleep 60`."""
     try:
@@ -75,40 +75,34 @@ def run_machine(
         )
     except ValidationError as exc:
         raise typer.BadParameter(problems(exc)) from None
-    _one(call(api, token, lambda c: c.create(app, req, strategy)), as_json)
+    _one(on.call(lambda c: c.create(on.app, req, strategy)), on.as_json)
 
 
 @machines.command("list")
+@grouped(on=on_app)
 def list_(
-    app: str = APP,
     region: str | None = typer.Option(None, help="Only this region."),
     state: str | None = typer.Option(None, help="Only these states, comma-separated."),
     all_: bool = typer.Option(False, "--all", help="Include destroyed machines."),
-    api: str | None = API,
-    token: str | None = TOKEN,
-    as_json: bool = JSON,
+    *,
+    on: OnApp,
 ) -> None:
     """List an app's machines."""
     states = [s for s in (state or "").split(",") if s]
-    rows = call(api, token, lambda c: c.machines(app, region, states, all_))
-    show([_flat(m) for m in rows], COLUMNS, as_json, title=f"machines of {app}")
+    rows = on.call(lambda c: c.machines(on.app, region, states, all_))
+    show([_flat(m) for m in rows], COLUMNS, on.as_json, title=f"machines of {on.app}")
 
 
 WHY_COLUMNS = ["worker", "outcome", "score", "rank", "cpus_free", "memory_mb_free", "reason"]
 
 
 @machines.command("why")
-def why(
-    machine_id: str,
-    app: str = APP,
-    api: str | None = API,
-    token: str | None = TOKEN,
-    as_json: bool = JSON,
-) -> None:
+@grouped(on=on_app)
+def why(machine_id: str, *, on: OnApp) -> None:
     """Why a machine is where it is: every worker looked at, its score or why it refused.
     Operator tokens; only the broker that placed the machine knows (docs/observability.md)."""
-    found = call(api, token, lambda c: c.placement(app, machine_id))
-    if as_json:
+    found = on.call(lambda c: c.placement(on.app, machine_id))
+    if on.as_json:
         print(json.dumps(found.model_dump(mode="json"), indent=2))
         return
     rows = [
@@ -122,15 +116,10 @@ def why(
 
 
 @machines.command("status")
-def status(
-    machine_id: str,
-    app: str = APP,
-    api: str | None = API,
-    token: str | None = TOKEN,
-    as_json: bool = JSON,
-) -> None:
+@grouped(on=on_app)
+def status(machine_id: str, *, on: OnApp) -> None:
     """One machine."""
-    _one(call(api, token, lambda c: c.machine(app, machine_id)), as_json)
+    _one(on.call(lambda c: c.machine(on.app, machine_id)), on.as_json)
 
 
 Action = Callable[[MachinesClient, str, str], Awaitable[PublicMachine]]
@@ -172,19 +161,12 @@ async def acted(
 def _verb(verb: str, act: Action, state: MachineState, doc: str) -> None:
     """`souk machines start|stop ID`: one command for each verb."""
 
-    def command(
-        machine_id: str,
-        app: str = APP,
-        detach: bool = DETACH,
-        api: str | None = API,
-        token: str | None = TOKEN,
-        as_json: bool = JSON,
-    ) -> None:
-        found = call(api, token, lambda c: acted(c, act, app, machine_id, state, detach))
-        _one(found, as_json)
+    def command(machine_id: str, detach: bool = DETACH, *, on: OnApp) -> None:
+        found = on.call(lambda c: acted(c, act, on.app, machine_id, state, detach))
+        _one(found, on.as_json)
 
     command.__doc__ = doc
-    machines.command(verb)(command)
+    machines.command(verb)(grouped(on=on_app)(command))
 
 
 _verb("start", MachinesClient.start, "started", "Start a stopped machine; waits until it runs.")
@@ -197,14 +179,13 @@ _verb(
 
 
 @machines.command("destroy")
+@grouped(on=on_app)
 def destroy(
     machine_id: str,
-    app: str = APP,
     force: bool = typer.Option(False, "--force", help="Even if it is running (it is killed)."),
     detach: bool = DETACH,
-    api: str | None = API,
-    token: str | None = TOKEN,
-    as_json: bool = JSON,
+    *,
+    on: OnApp,
 ) -> None:
     """Destroy a machine and release its reservation; waits until it is destroyed."""
 
@@ -219,17 +200,19 @@ def destroy(
                 " (it is killed)"
             ) from None
 
-    _one(call(api, token, lambda c: acted(c, act, app, machine_id, "destroyed", detach)), as_json)
+    found = on.call(lambda c: acted(c, act, on.app, machine_id, "destroyed", detach))
+    _one(found, on.as_json)
 
 
 @machines.command("logs")
+@grouped(broker=broker)
 def logs(
     machine_id: str,
-    app: str = APP,
+    app: AppOption = "demo",
     stderr: bool = typer.Option(False, help="stderr instead of stdout."),
     follow: bool = typer.Option(False, "--follow", "-f", help="Keep streaming."),
-    api: str | None = API,
-    token: str | None = TOKEN,
+    *,
+    broker: Broker,
 ) -> None:
     """A machine's output."""
     stream = "stderr" if stderr else "stdout"
@@ -239,40 +222,41 @@ def logs(
             sys.stdout.buffer.write(chunk)
             sys.stdout.buffer.flush()
 
-    call(api, token, copy)
+    broker.call(copy)
 
 
 @apps.command("create")
+@grouped(broker=broker)
 def create_app(
     name: str,
     org: str = typer.Option("personal", help="Organisation slug."),
-    api: str | None = API,
-    token: str | None = TOKEN,
-    as_json: bool = JSON,
+    *,
+    broker: Broker,
+    as_json: JsonOption = False,
 ) -> None:
     """Create an app."""
     try:
         req = CreateAppRequest(name=name, org_slug=org)
     except ValidationError as exc:
         raise typer.BadParameter(problems(exc)) from None
-    app = call(api, token, lambda c: c.create_app(req))
+    app = broker.call(lambda c: c.create_app(req))
     show([app.model_dump(mode="json")], APP_COLUMNS, as_json)
 
 
 @apps.command("list")
-def list_apps(api: str | None = API, token: str | None = TOKEN, as_json: bool = JSON) -> None:
+@grouped(broker=broker)
+def list_apps(*, broker: Broker, as_json: JsonOption = False) -> None:
     """Apps this token can see."""
-    data = call(api, token, lambda c: c.apps())
+    data = broker.call(lambda c: c.apps())
     rows = [a.model_dump(mode="json") for a in data.apps]
     show(rows, APP_COLUMNS, as_json, title="apps")
 
 
 @apps.command("destroy")
-def destroy_app(
-    name: str, api: str | None = API, token: str | None = TOKEN, as_json: bool = JSON
-) -> None:
+@grouped(broker=broker)
+def destroy_app(name: str, *, broker: Broker, as_json: JsonOption = False) -> None:
     """Delete an app that has no machines left."""
-    call(api, token, lambda c: c.delete_app(name))
+    broker.call(lambda c: c.delete_app(name))
     if as_json:
         print(json.dumps({"deleted": name}))
     else:

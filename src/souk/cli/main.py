@@ -13,6 +13,7 @@ from souk.cli import (
     catalog,
     client,
     machines,
+    mesh,
     nats,
     operations,
     pki,
@@ -51,6 +52,7 @@ app.add_typer(nats.app, name="nats")
 app.command("proxy")(proxy.run)
 app.add_typer(pki.ca, name="ca")
 app.add_typer(pki.certs, name="certs")
+app.add_typer(mesh.app, name="mesh")
 app.add_typer(operations.backups, name="backup")
 app.add_typer(operations.units, name="systemd")
 deploy.register(app)  # deploy, releases, rollback, scale, status, logs

@@ -8,27 +8,16 @@ from pathlib import Path
 
 import typer
 
+from souk.cli import serving
 from souk.cli.client import CA, api_ca, api_token, api_url
-from souk.cli.config_file import CONFIG, PRINT_CONFIG, show_config
-from souk.cli.serving import (
-    HEAD_TIMEOUT,
-    KEEPALIVE_TIMEOUT,
-    LOG_FORMAT,
-    LOG_LEVEL,
-    MAX_CONNECTIONS,
-    MAX_PER_CLIENT,
-    METRICS,
-    listener_limits,
-    log_to_stderr,
-    parse_listen,
-    refusals,
-)
+from souk.cli.options import grouped
+from souk.cli.serving import log_to_stderr
 from souk.cli.tls import TLS_CERT, TLS_DIR_HELP, TLS_KEY, part_tls, server_cert
-from souk.models.wire import DEFAULT_PRIVATE_PREFIX, private_prefix_error
+from souk.models.wire import DEFAULT_PRIVATE_PREFIX
 
 
+@grouped(part=serving.part_options)
 def run(
-    ctx: typer.Context,
     listen: str = typer.Option("127.0.0.1:4300", help="HOST:PORT the proxy listens on."),
     nats: str = typer.Option(..., help="NATS server URL(s), comma-separated: the catalog."),
     domain: str = typer.Option(
@@ -72,40 +61,22 @@ def run(
     insecure: bool = typer.Option(
         False, help="Without --tls-dir: follow an open bus other than loopback, unsigned rows."
     ),
-    mesh_port: int | None = typer.Option(
-        None, help="Join the private network's WireGuard mesh on this UDP port (docs/network.md)."
-    ),
-    mesh_endpoint: str | None = typer.Option(
-        None, help="HOST:PORT other hosts reach --mesh-port at."
-    ),
+    mesh_port: serving.MeshPort = None,
+    mesh_endpoint: serving.MeshEndpoint = None,
     mesh_dir: Path | None = typer.Option(None, help="Where the mesh key is kept (0600)."),
     mesh_name: str = typer.Option("proxy", help="This host's name on the mesh."),
-    private_prefix: str = typer.Option(
-        DEFAULT_PRIVATE_PREFIX, help="The cluster's /48 of private addresses (a ULA prefix)."
-    ),
-    metrics: bool = METRICS,
-    max_connections: int = MAX_CONNECTIONS,
-    max_connections_per_client: int = MAX_PER_CLIENT,
-    head_timeout: float = HEAD_TIMEOUT,
-    keepalive_timeout: float = KEEPALIVE_TIMEOUT,
-    log_level: str = LOG_LEVEL,
-    log_format: str = LOG_FORMAT,
-    config: Path | None = CONFIG,
-    print_config: bool = PRINT_CONFIG,
+    private_prefix: serving.PrivatePrefix = DEFAULT_PRIVATE_PREFIX,
+    *,
+    part: serving.Part,
 ) -> None:
     """Serve HTTP for every app: route to started machines, scale from zero, stop idle ones."""
-    if print_config:
-        show_config(ctx)
-        return
     from souk.proxy.server import ProxySettings, serve
 
-    log_to_stderr(log_level, log_format, "proxy", "proxy")
-    host, port = parse_listen(listen)
+    log_to_stderr(part.logs.level, part.logs.format, "proxy", "proxy")
+    host, port = serving.parse_listen(listen)
     tls = part_tls("proxy", tls_dir, tls_name, insecure, nats)
     listener = server_cert(tls_cert, tls_key)
     url = api_url(api)
-    if (why := private_prefix_error(private_prefix)) is not None:
-        raise typer.BadParameter(why, param_hint="--private-prefix")
     opts = ProxySettings(
         host=host,
         port=port,
@@ -121,15 +92,13 @@ def run(
         ca=api_ca(ca, api),
         listener=listener,
         tls=tls,
-        metrics=metrics,
+        metrics=part.metrics,
         mesh_port=mesh_port,
         mesh_endpoint=mesh_endpoint,
         mesh_dir=mesh_dir,
         mesh_name=mesh_name,
         private_prefix=private_prefix,
-        limits=listener_limits(
-            max_connections, max_connections_per_client, head_timeout, keepalive_timeout
-        ),
+        limits=part.limits,
     )
-    with refusals("proxy"):
+    with serving.refusals("proxy"):
         asyncio.run(serve(opts))

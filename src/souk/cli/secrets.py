@@ -8,14 +8,13 @@ import sys
 
 import typer
 
-from souk.cli.client import API, TOKEN, connect
-from souk.cli.command import run, show
-from souk.models.secrets import AppSecret, AppSecretsUpdateResp
+from souk.cli.client import AppOption, Broker, JsonOption, OnApp, broker
+from souk.cli.command import show
+from souk.cli.options import grouped
+from souk.models.secrets import AppSecret
 
 app = typer.Typer(help="An app's secrets: set, list, unset.", no_args_is_help=True)
 
-APP = typer.Option(..., "--app", "-a", help="The app.")
-JSON = typer.Option(False, "--json", help="Print JSON instead of a table.")
 COLUMNS = ["name", "digest", "updated_at"]
 ROLL_OUT = "machines get them at their next update: run `souk deploy`"
 
@@ -41,57 +40,44 @@ def _rows(secrets: list[AppSecret]) -> list[dict[str, str]]:
     return [s.model_dump() for s in secrets]
 
 
-def _update(
-    api: str | None, token: str | None, app: str, values: dict[str, str | None]
-) -> AppSecretsUpdateResp:
-    async def go() -> AppSecretsUpdateResp:
-        async with connect(api, token) as client:
-            return await client.update_secrets(app, values)
+@grouped(broker=broker)
+def _app_secrets(app_name: AppOption, *, broker: Broker, as_json: JsonOption = False) -> OnApp:
+    """`--app` (required: secrets are never the default app's by accident), `--api`,
+    `--token` and `--json`."""
+    return OnApp(app_name, broker, as_json)
 
-    return run(go())
+
+def _changed(on: OnApp, values: dict[str, str | None]) -> None:
+    """The app's secrets changed to `values` (None: removed), in one step, and shown."""
+    answer = on.call(lambda client: client.update_secrets(on.app, values))
+    show(_rows(answer.secrets), COLUMNS, on.as_json, title=f"secrets of {on.app}")
+    if not on.as_json:
+        typer.echo(f"secrets version {answer.version}; {ROLL_OUT}", err=True)
 
 
 @app.command("set")
+@grouped(on=_app_secrets)
 def set_(
     pairs: list[str] = typer.Argument(..., help="NAME=VALUE (NAME=- reads the value from stdin)."),
-    app_name: str = APP,
-    api: str | None = API,
-    token: str | None = TOKEN,
-    as_json: bool = JSON,
+    *,
+    on: OnApp,
 ) -> None:
     """Set secrets, all in one step: `souk secrets set -a web DB_URL=postgres://...`."""
-    answer = _update(api, token, app_name, dict(parse_pairs(pairs)))
-    show(_rows(answer.secrets), COLUMNS, as_json, title=f"secrets of {app_name}")
-    if not as_json:
-        typer.echo(f"secrets version {answer.version}; {ROLL_OUT}", err=True)
+    _changed(on, dict(parse_pairs(pairs)))
 
 
 @app.command("unset")
+@grouped(on=_app_secrets)
 def unset(
-    names: list[str] = typer.Argument(..., help="Names of the secrets to remove."),
-    app_name: str = APP,
-    api: str | None = API,
-    token: str | None = TOKEN,
-    as_json: bool = JSON,
+    names: list[str] = typer.Argument(..., help="Names of the secrets to remove."), *, on: OnApp
 ) -> None:
     """Remove secrets, all in one step."""
-    answer = _update(api, token, app_name, dict.fromkeys(names))
-    show(_rows(answer.secrets), COLUMNS, as_json, title=f"secrets of {app_name}")
-    if not as_json:
-        typer.echo(f"secrets version {answer.version}; {ROLL_OUT}", err=True)
+    _changed(on, dict.fromkeys(names))
 
 
 @app.command("list")
-def list_(
-    app_name: str = APP,
-    api: str | None = API,
-    token: str | None = TOKEN,
-    as_json: bool = JSON,
-) -> None:
+@grouped(on=_app_secrets)
+def list_(*, on: OnApp) -> None:
     """The app's secrets: names and digests (a digest changes when the value does)."""
-
-    async def go() -> list[AppSecret]:
-        async with connect(api, token) as client:
-            return (await client.secrets(app_name)).secrets
-
-    show(_rows(run(go())), COLUMNS, as_json, title=f"secrets of {app_name}")
+    found = on.call(lambda client: client.secrets(on.app))
+    show(_rows(found.secrets), COLUMNS, on.as_json, title=f"secrets of {on.app}")

@@ -9,64 +9,140 @@ import logging
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
-from typing import NoReturn
+from typing import Annotated, NoReturn
 
 import typer
 
 from souk import logsetup
+from souk.cli.config_file import CONFIG, PRINT_CONFIG, show_config
+from souk.cli.options import grouped
+from souk.models.wire import private_prefix_error
 from souk.node.cluster_secret import read_secret
 from souk.schema import SchemaTooNew
 from souk.web.listener import DEFAULT_LIMITS as _LIMITS
 from souk.web.listener import Limits
 from souk.worker.app_users import closed_above
 
-LOG_LEVEL = typer.Option("info", "--log-level", help="debug, info, warning or error.")
-LOG_FORMAT = typer.Option(
-    "text",
-    "--log-format",
-    help="text, or json: one object per line, each with the resource it is about and its state.",
-)
-METRICS = typer.Option(
-    True,
-    "--metrics/--no-metrics",
-    help="--no-metrics: hot paths record nothing; /metrics still answers with the figures read "
-    "at scrape time.",
-)
+LogLevel = Annotated[str, typer.Option("--log-level", help="debug, info, warning or error.")]
+LogFormat = Annotated[
+    str,
+    typer.Option(
+        "--log-format",
+        help="text, or json: one object per line, each with the resource it is about and its "
+        "state.",
+    ),
+]
+MaxConnections = Annotated[
+    int,
+    typer.Option(
+        "--max-connections",
+        min=1,
+        help="Connections open at once, at most; one more is closed as it comes.",
+    ),
+]
+MaxPerClient = Annotated[
+    int,
+    typer.Option(
+        "--max-connections-per-client",
+        min=1,
+        help="Connections open at once from one address (IPv6: one /64); behind a load "
+        "balancer or NAT, raise it to --max-connections.",
+    ),
+]
+HeadTimeout = Annotated[
+    float,
+    typer.Option(
+        "--head-timeout",
+        min=0.1,
+        help="Seconds a client has for its TLS handshake and a request's head; slower, it is cut.",
+    ),
+]
+KeepaliveTimeout = Annotated[
+    float,
+    typer.Option(
+        "--keepalive-timeout", min=0.1, help="Seconds an idle kept-alive connection stays open."
+    ),
+]
+Metrics = Annotated[
+    bool,
+    typer.Option(
+        "--metrics/--no-metrics",
+        help="--no-metrics: hot paths record nothing; /metrics still answers with the figures "
+        "read at scrape time.",
+    ),
+]
 
 
-MAX_CONNECTIONS = typer.Option(
-    _LIMITS.max_connections,
-    "--max-connections",
-    min=1,
-    help="Connections open at once, at most; one more is closed as it comes.",
-)
-MAX_PER_CLIENT = typer.Option(
-    _LIMITS.max_per_client,
-    "--max-connections-per-client",
-    min=1,
-    help="Connections open at once from one address (IPv6: one /64); behind a load balancer "
-    "or NAT, raise it to --max-connections.",
-)
-HEAD_TIMEOUT = typer.Option(
-    _LIMITS.head_timeout,
-    "--head-timeout",
-    min=0.1,
-    help="Seconds a client has for its TLS handshake and a request's head; slower, it is cut.",
-)
-KEEPALIVE_TIMEOUT = typer.Option(
-    _LIMITS.keepalive_timeout,
-    "--keepalive-timeout",
-    min=0.1,
-    help="Seconds an idle kept-alive connection stays open.",
-)
+def _prefix(value: str) -> str:
+    if (why := private_prefix_error(value)) is not None:
+        raise typer.BadParameter(why)
+    return value
 
 
-def listener_limits(
-    max_connections: int, per_client: int, head_timeout: float, keepalive_timeout: float
+PrivatePrefix = Annotated[
+    str,
+    typer.Option(help="The cluster's /48 of private addresses (a ULA prefix).", callback=_prefix),
+]
+MeshPort = Annotated[
+    int | None,
+    typer.Option(
+        help="Join the private network's WireGuard mesh on this UDP port (docs/network.md)."
+    ),
+]
+MeshEndpoint = Annotated[
+    str | None, typer.Option(help="HOST:PORT other hosts reach --mesh-port at.")
+]
+
+
+def listener(
+    max_connections: MaxConnections = _LIMITS.max_connections,
+    max_connections_per_client: MaxPerClient = _LIMITS.max_per_client,
+    head_timeout: HeadTimeout = _LIMITS.head_timeout,
+    keepalive_timeout: KeepaliveTimeout = _LIMITS.keepalive_timeout,
 ) -> Limits:
-    """The four listener options as the `Limits` every site of the command gets."""
-    return Limits(max_connections, per_client, head_timeout, keepalive_timeout)
+    """The listener's options (`grouped(limits=listener)`): the `Limits` of every site the
+    command serves."""
+    return Limits(max_connections, max_connections_per_client, head_timeout, keepalive_timeout)
+
+
+@dataclass(frozen=True)
+class Logging:
+    level: str
+    format: str
+
+
+def logging_options(log_level: LogLevel = "info", log_format: LogFormat = "text") -> Logging:
+    """How the command logs (`grouped(logs=logging_options)`)."""
+    return Logging(log_level, log_format)
+
+
+@dataclass(frozen=True)
+class Part:
+    """What every long-running part (worker, broker, proxy) takes alike from its flags."""
+
+    metrics: bool
+    limits: Limits
+    logs: Logging
+
+
+@grouped(limits=listener, logs=logging_options)
+def part_options(
+    ctx: typer.Context,
+    *,
+    metrics: Metrics = True,
+    limits: Limits,
+    logs: Logging,
+    config: Path | None = CONFIG,
+    print_config: bool = PRINT_CONFIG,
+) -> Part:
+    """A part's shared options (`grouped(part=part_options)`); `--print-config` prints the
+    settings in effect (`--config`'s file and the flags) and ends the command there."""
+    if print_config:
+        show_config(ctx)
+        raise typer.Exit(0)
+    return Part(metrics, limits, logs)
 
 
 def parse_listen(listen: str) -> tuple[str, int]:

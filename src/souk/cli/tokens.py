@@ -9,8 +9,8 @@ from pathlib import Path
 import typer
 
 from souk.broker import tokens as tk
-from souk.cli.client import API, TOKEN, connect
-from souk.cli.command import run
+from souk.cli.client import Broker, broker
+from souk.cli.options import grouped
 from souk.models.catalog import RevocationRow
 from souk.models.duration import parse_duration
 from souk.node.cluster_secret import create_secret, read_secret
@@ -143,21 +143,17 @@ def inspect(
 
 
 @app.command("revoke")
+@grouped(broker=broker)
 def revoke(
     token_id: str = typer.Argument(..., help="The token id (souk tokens inspect shows it)."),
-    api: str | None = API,
-    token: str | None = TOKEN,
+    *,
+    broker: Broker,
 ) -> None:
     """Revoke a token id, and so every token attenuated from it, on every broker (an operator
     token)."""
     if not tk.TOKEN_ID.fullmatch(token_id):
         raise typer.BadParameter("a token id is 16 hex digits; souk tokens inspect shows it")
-
-    async def revoke_it() -> RevocationRow:
-        async with connect(api, token) as client:
-            return await client.revoke_token(token_id)
-
-    row = run(revoke_it())
+    row: RevocationRow = broker.call(lambda client: client.revoke_token(token_id))
     print(f"revoked {row.id} at {row.revoked_at}")
 
 

@@ -8,8 +8,9 @@ from typing import Any
 import typer
 from pydantic import BaseModel, ValidationError
 
-from souk.cli.client import API, APP, JSON, TOKEN, call
+from souk.cli.client import OnApp, on_app
 from souk.cli.command import problems, show
+from souk.cli.options import grouped
 from souk.clients.machines import MachinesClient
 from souk.models.volume import CreateVolumeRequest, ExtendVolumeRequest, Volume
 
@@ -32,6 +33,7 @@ def _size(size_gb: int | None, size_mb: int | None) -> dict[str, int]:
 
 
 @volumes.command("create")
+@grouped(on=on_app)
 def create(
     name: str = typer.Argument(..., help="The volume's name (a machine's mount names its id)."),
     region: str | None = typer.Option(None, "--region", "-r", help="The region to make it in."),
@@ -42,10 +44,8 @@ def create(
     unique: bool = typer.Option(
         True, "--require-unique-zone/--no-require-unique-zone", help="Apart from its namesakes."
     ),
-    app: str = APP,
-    api: str | None = API,
-    token: str | None = TOKEN,
-    as_json: bool = JSON,
+    *,
+    on: OnApp,
 ) -> None:
     """Make a volume on a worker with the disk for it."""
     if size_gb is None and size_mb is None and snapshot is None:
@@ -61,79 +61,76 @@ def create(
         )
     except ValidationError as exc:
         raise typer.BadParameter(problems(exc)) from None
-    _one(call(api, token, lambda c: c.create_volume(app, req)), COLUMNS, as_json)
+    _one(on.call(lambda c: c.create_volume(on.app, req)), COLUMNS, on.as_json)
 
 
 @volumes.command("list")
-def list_(
-    app: str = APP, api: str | None = API, token: str | None = TOKEN, as_json: bool = JSON
-) -> None:
+@grouped(on=on_app)
+def list_(*, on: OnApp) -> None:
     """List an app's volumes."""
-    rows: list[Volume] = call(api, token, lambda c: c.volumes(app))
-    show([v.model_dump(mode="json") for v in rows], COLUMNS, as_json, title=f"volumes of {app}")
+    rows: list[Volume] = on.call(lambda c: c.volumes(on.app))
+    show(
+        [v.model_dump(mode="json") for v in rows], COLUMNS, on.as_json, title=f"volumes of {on.app}"
+    )
 
 
 @volumes.command("show")
+@grouped(on=on_app)
 def show_(
     volume_id: str,
-    app: str = APP,
-    api: str | None = API,
-    token: str | None = TOKEN,
-    as_json: bool = JSON,
+    *,
+    on: OnApp,
 ) -> None:
     """One volume, with its use of its file system."""
     columns = [*COLUMNS, "bytes_total", "bytes_used"]
-    _one(call(api, token, lambda c: c.volume(app, volume_id)), columns, as_json)
+    _one(on.call(lambda c: c.volume(on.app, volume_id)), columns, on.as_json)
 
 
 @volumes.command("extend")
+@grouped(on=on_app)
 def extend(
     volume_id: str,
     size_gb: int | None = typer.Option(None, "--size-gb", "-s", help="New size in GB."),
     size_mb: int | None = typer.Option(None, "--size-mb", help="New size in MB."),
-    app: str = APP,
-    api: str | None = API,
-    token: str | None = TOKEN,
-    as_json: bool = JSON,
+    *,
+    on: OnApp,
 ) -> None:
     """Grow a volume (online: its machine keeps running)."""
     try:
         req = ExtendVolumeRequest(**_size(size_gb, size_mb))
     except ValidationError as exc:
         raise typer.BadParameter(problems(exc)) from None
-    reply = call(api, token, lambda c: c.extend_volume(app, volume_id, req))
-    if as_json:
+    reply = on.call(lambda c: c.extend_volume(on.app, volume_id, req))
+    if on.as_json:
         print(json.dumps(reply.model_dump(mode="json"), indent=2))
     else:
         _one(reply.volume, COLUMNS, False)
 
 
 @volumes.command("snapshots")
+@grouped(on=on_app)
 def snapshots(
     volume_id: str,
     take: bool = typer.Option(False, "--take", help="Take one now, then list."),
-    app: str = APP,
-    api: str | None = API,
-    token: str | None = TOKEN,
-    as_json: bool = JSON,
+    *,
+    on: OnApp,
 ) -> None:
     """A volume's snapshots (oldest first); --take takes one first."""
 
     async def go(c: MachinesClient) -> list[dict[str, Any]]:
         if take:
-            await c.snapshot_volume(app, volume_id)
-        return [s.model_dump(mode="json") for s in await c.snapshots(app, volume_id)]
+            await c.snapshot_volume(on.app, volume_id)
+        return [s.model_dump(mode="json") for s in await c.snapshots(on.app, volume_id)]
 
-    show(call(api, token, go), SNAPSHOT_COLUMNS, as_json, title=f"snapshots of {volume_id}")
+    show(on.call(go), SNAPSHOT_COLUMNS, on.as_json, title=f"snapshots of {volume_id}")
 
 
 @volumes.command("destroy")
+@grouped(on=on_app)
 def destroy(
     volume_id: str,
-    app: str = APP,
-    api: str | None = API,
-    token: str | None = TOKEN,
-    as_json: bool = JSON,
+    *,
+    on: OnApp,
 ) -> None:
     """Destroy a volume and its snapshots (refused while a machine mounts it)."""
-    _one(call(api, token, lambda c: c.destroy_volume(app, volume_id)), COLUMNS, as_json)
+    _one(on.call(lambda c: c.destroy_volume(on.app, volume_id)), COLUMNS, on.as_json)

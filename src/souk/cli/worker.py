@@ -7,31 +7,19 @@ from pathlib import Path
 
 import typer
 
-from souk.cli.config_file import CONFIG, PRINT_CONFIG, show_config
-from souk.cli.serving import (
-    HEAD_TIMEOUT,
-    KEEPALIVE_TIMEOUT,
-    LOG_FORMAT,
-    LOG_LEVEL,
-    MAX_CONNECTIONS,
-    MAX_PER_CLIENT,
-    METRICS,
-    check_homes_reachable,
-    listener_limits,
-    log_to_stderr,
-    parse_listen,
-    refusals,
-)
+from souk.cli import serving
+from souk.cli.options import grouped
+from souk.cli.serving import log_to_stderr
 from souk.cli.tls import TLS_DIR_HELP, loopback, part_tls
 from souk.models.machine import CpuKind
-from souk.models.wire import DEFAULT_PRIVATE_PREFIX, private_prefix_error
+from souk.models.wire import DEFAULT_PRIVATE_PREFIX
 from souk.worker.daemon import serve
 from souk.worker.settings import WorkerSettings
 from souk.worker.storage import DataDirUnusable
 
 
+@grouped(part=serving.part_options)
 def run(
-    ctx: typer.Context,
     name: str = typer.Option(..., help="This worker's id, unique in the fleet."),
     region: str = typer.Option(..., help="The region it belongs to, e.g. mad."),
     listen: str = typer.Option("127.0.0.1:7100", help="HOST:PORT of its HTTP API."),
@@ -79,32 +67,16 @@ def run(
         help="Without --tls-dir: serve plain HTTP on an address other than loopback, and "
         "publish unsigned rows to a bus other than loopback.",
     ),
-    private_prefix: str = typer.Option(
-        DEFAULT_PRIVATE_PREFIX, help="The cluster's /48 of private addresses (a ULA prefix)."
-    ),
-    mesh_port: int | None = typer.Option(
-        None, help="Join the private network's WireGuard mesh on this UDP port (docs/network.md)."
-    ),
-    mesh_endpoint: str | None = typer.Option(
-        None, help="HOST:PORT other hosts reach --mesh-port at."
-    ),
-    metrics: bool = METRICS,
-    max_connections: int = MAX_CONNECTIONS,
-    max_connections_per_client: int = MAX_PER_CLIENT,
-    head_timeout: float = HEAD_TIMEOUT,
-    keepalive_timeout: float = KEEPALIVE_TIMEOUT,
-    log_level: str = LOG_LEVEL,
-    log_format: str = LOG_FORMAT,
-    config: Path | None = CONFIG,
-    print_config: bool = PRINT_CONFIG,
+    private_prefix: serving.PrivatePrefix = DEFAULT_PRIVATE_PREFIX,
+    mesh_port: serving.MeshPort = None,
+    mesh_endpoint: serving.MeshEndpoint = None,
+    *,
+    part: serving.Part,
 ) -> None:
     """Run a worker daemon: the source of truth for every machine on this host."""
-    if print_config:
-        show_config(ctx)
-        return
-    log_to_stderr(log_level, log_format, name, "worker")
-    host, port = parse_listen(listen)
-    check_homes_reachable("worker", data_dir, driver)
+    log_to_stderr(part.logs.level, part.logs.format, name, "worker")
+    host, port = serving.parse_listen(listen)
+    serving.check_homes_reachable("worker", data_dir, driver)
     tls = part_tls("worker", tls_dir, name, insecure, nats)
     if tls is not None and advertise is not None and not advertise.startswith("https://"):
         raise typer.BadParameter("with --tls-dir, an https:// URL", param_hint="--advertise")
@@ -120,8 +92,6 @@ def run(
             raise typer.BadParameter(f"unknown cpu kind {kind!r}", param_hint="--cpu-kind")
         kinds.append(kind)  # type: ignore[arg-type]
     labels = dict(item.split("=", 1) for item in label if "=" in item)
-    if (why := private_prefix_error(private_prefix)) is not None:
-        raise typer.BadParameter(why, param_hint="--private-prefix")
     settings = WorkerSettings(
         name=name,
         region=region,
@@ -136,17 +106,14 @@ def run(
         insecure_registries=tuple(insecure_registry),
         private_registries=tuple(private_registry),
         image_cache_mb=image_cache_mb,
-        metrics=metrics,
+        metrics=part.metrics,
         private_prefix=private_prefix,
         mesh_port=mesh_port,
         mesh_endpoint=mesh_endpoint,
     )
-    limits = listener_limits(
-        max_connections, max_connections_per_client, head_timeout, keepalive_timeout
-    )
     try:
-        with refusals("worker"):
-            asyncio.run(serve(settings, driver, host, port, nats, tls, limits))
+        with serving.refusals("worker"):
+            asyncio.run(serve(settings, driver, host, port, nats, tls, part.limits))
     except DataDirUnusable as exc:  # one line, not a traceback: nothing to debug but the host
         typer.echo(f"souk worker: {exc}", err=True)
         raise typer.Exit(1) from None

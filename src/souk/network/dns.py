@@ -8,16 +8,23 @@ milliseconds. A machine sees the names of its own private network only (the netw
 address it asks from); the host itself sees every network's. Anything not under `.internal`
 is passed to the host's own resolver and its answer returned as it came.
 
-Wire format by dnslib; the questions are small and one datagram each (UDP only: a TCP query
-gets no answer, and the resolver's library retries over UDP as glibc and musl do)."""
+Wire format by dnslib. UDP and TCP on the same address and port, with the same answers: an
+answer too long for the asker's datagram (512 bytes, or the size its EDNS offers) goes out
+truncated (TC), and its library asks again over TCP, as glibc and musl do. What one machine can
+make the resolver hold is bounded, as on every listener of souk: TCP connections in all and per
+asking address (one over is closed at once), the wait for each question on one (an idle or
+trickling connection is closed), and the questions forwarded upstream at once, in all and per
+asker (one over gets no answer, as from a busy resolver)."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ipaddress
 import logging
 import socket
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
@@ -25,6 +32,7 @@ from dnslib import AAAA, QTYPE, RCODE, RR, TXT, DNSRecord
 from dnslib.dns import DNSError
 
 from souk.models.catalog import MachineRow
+from souk.web.limits import Admission, Limits
 
 log = logging.getLogger("souk.network.dns")
 
@@ -32,6 +40,22 @@ TTL = 5  # seconds: a machine's address changes only with the machine
 UPSTREAM_TIMEOUT = 3.0
 MAX_ANSWERS = 64
 IPV6_FREEBIND = 78  # <linux/in6.h>: bind before the address is on the loopback
+UDP_SIZE = 512  # bytes of an answer in a datagram, unless the question's EDNS offers more
+EDNS_MAX = 1232  # bytes at most, whatever it offers: no fragments (DNS flag day 2020)
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """What the resolver holds for its askers at most (an asker is a machine's address)."""
+
+    tcp_connections: int = 64
+    tcp_per_asker: int = 4
+    tcp_idle: float = 5.0  # seconds for the next whole question on a connection (RFC 7766)
+    forwards: int = 256  # questions being asked upstream at once
+    forwards_per_asker: int = 16
+
+
+BOUNDS = Bounds()
 
 
 class Machines(Protocol):
@@ -143,12 +167,116 @@ def internal(query: DNSRecord) -> bool:
     return str(query.q.qname).rstrip(".").lower().endswith(".internal")
 
 
-class Resolver(asyncio.DatagramProtocol):
-    """The worker's DNS: `.internal` from `names`, the rest from `upstream`."""
+def room(query: DNSRecord) -> int:
+    """How long a datagram answer to `query` may be: what its EDNS record offers, else 512."""
+    for rr in query.ar:
+        if rr.rtype == QTYPE.OPT:
+            return max(UDP_SIZE, min(int(rr.rclass), EDNS_MAX))
+    return UDP_SIZE
 
-    def __init__(self, names: Names, upstream: tuple[str, int] | None) -> None:
+
+def failed(query: DNSRecord, rcode: int = RCODE.SERVFAIL) -> bytes:
+    reply = query.reply()
+    reply.header.rcode = rcode
+    return bytes(reply.pack())
+
+
+def counter(most: int, per_asker: int) -> Admission:
+    """Counts of what askers hold, in all and per asker (their exact address: a machine's is
+    its own, where a listener's /64 would lump a host's machines together)."""
+    return Admission(Limits(max_connections=most, max_per_client=per_asker), lambda _: None)
+
+
+class Resolver:
+    """The worker's DNS: `.internal` from `names`, the rest from `upstream`, over UDP
+    (`datagrams`) and TCP (`connection`)."""
+
+    def __init__(
+        self, names: Names, upstream: tuple[str, int] | None, bounds: Bounds = BOUNDS
+    ) -> None:
         self.names = names
         self.upstream = upstream
+        self.bounds = bounds
+        self.forwards = counter(bounds.forwards, bounds.forwards_per_asker)
+        self.connections = counter(bounds.tcp_connections, bounds.tcp_per_asker)
+        self.writers: set[asyncio.StreamWriter] = set()
+
+    async def resolve(self, data: bytes, query: DNSRecord, asker: str, tcp: bool) -> bytes | None:
+        """The answer to `query` (its bytes `data`) as it goes back; None: none (too many of
+        the asker's questions are upstream already)."""
+        if internal(query):
+            return self.local(query, asker, tcp)
+        if self.upstream is None:
+            return failed(query)
+        slot = self.forwards.admit(asker)
+        if slot is None:
+            return None
+        try:
+            asking = ask_tcp if tcp else ask
+            return await asyncio.wait_for(asking(self.upstream, data), UPSTREAM_TIMEOUT)
+        except (OSError, TimeoutError, asyncio.IncompleteReadError):
+            return failed(query)
+        finally:
+            slot.release()
+
+    def local(self, query: DNSRecord, asker: str, tcp: bool) -> bytes:
+        """A `.internal` answer, from memory; truncated (TC, no records) for a datagram it
+        does not fit."""
+        answer = bytes(self.names.answer(query, asker).pack())
+        if not tcp and len(answer) > room(query):
+            truncated = query.reply()
+            truncated.header.tc = 1
+            return bytes(truncated.pack())
+        return answer
+
+    def datagrams(self) -> Datagrams:
+        return Datagrams(self)
+
+    async def connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """One TCP connection: questions answered in turn (two-byte length, then the message),
+        each to arrive whole within `tcp_idle`; closed at the first that does not, or that is
+        not DNS, and at once if its asker holds its share of connections already."""
+        asker = str(writer.get_extra_info("peername")[0]).split("%")[0]
+        slot = self.connections.admit(asker)
+        if slot is None:
+            writer.transport.abort()
+            return
+        self.writers.add(writer)
+        try:
+            while True:
+                try:
+                    data = await asyncio.wait_for(message(reader), self.bounds.tcp_idle)
+                    query = DNSRecord.parse(data)
+                except (TimeoutError, ConnectionError, asyncio.IncompleteReadError):
+                    return
+                except (DNSError, ValueError, IndexError):
+                    return
+                if not query.questions:
+                    return
+                answer = await self.resolve(data, query, asker, tcp=True)
+                if answer is None:
+                    return
+                writer.write(len(answer).to_bytes(2, "big") + answer)
+                await asyncio.wait_for(writer.drain(), self.bounds.tcp_idle)
+        except (TimeoutError, ConnectionError):
+            return
+        finally:
+            slot.release()
+            self.writers.discard(writer)
+            writer.transport.abort()
+
+
+async def message(reader: asyncio.StreamReader) -> bytes:
+    """One DNS message of a TCP stream (RFC 1035 4.2.2: its length first, two bytes)."""
+    size = int.from_bytes(await reader.readexactly(2), "big")
+    return await reader.readexactly(size)
+
+
+class Datagrams(asyncio.DatagramProtocol):
+    """The resolver over UDP: an answer a datagram each, forwarded questions as tasks."""
+
+    def __init__(self, resolver: Resolver) -> None:
+        self.resolver = resolver
         self.transport: asyncio.DatagramTransport | None = None
         self._pending: set[asyncio.Task[None]] = set()
 
@@ -162,27 +290,19 @@ class Resolver(asyncio.DatagramProtocol):
             return  # not a DNS question: no answer, as a resolver does
         if self.transport is None or not query.questions:
             return
-        if internal(query):
-            self.transport.sendto(self.names.answer(query, str(addr[0])).pack(), addr)
+        asker = str(addr[0]).split("%")[0]
+        if internal(query):  # at once, from memory
+            self.transport.sendto(self.resolver.local(query, asker, tcp=False), addr)
             return
-        task = asyncio.ensure_future(self._forward(data, query, addr))
+        task = asyncio.ensure_future(self._forward(data, query, asker, addr))
         self._pending.add(task)
         task.add_done_callback(self._pending.discard)
 
-    async def _forward(self, data: bytes, query: DNSRecord, addr: tuple[str | int, ...]) -> None:
-        answer: bytes
-        if self.upstream is None:
-            failed = query.reply()
-            failed.header.rcode = RCODE.SERVFAIL
-            answer = failed.pack()
-        else:
-            try:
-                answer = await asyncio.wait_for(ask(self.upstream, data), UPSTREAM_TIMEOUT)
-            except (OSError, TimeoutError):
-                failed = query.reply()
-                failed.header.rcode = RCODE.SERVFAIL
-                answer = failed.pack()
-        if self.transport is not None:
+    async def _forward(
+        self, data: bytes, query: DNSRecord, asker: str, addr: tuple[str | int, ...]
+    ) -> None:
+        answer = await self.resolver.resolve(data, query, asker, tcp=False)
+        if answer is not None and self.transport is not None:
             self.transport.sendto(answer, addr)
 
 
@@ -208,12 +328,22 @@ async def ask(server: tuple[str, int], data: bytes) -> bytes:
         transport.close()
 
 
-async def serve(
-    names: Names, address: str, port: int = 53, upstream: tuple[str, int] | None = None
-) -> Callable[[], None]:
-    """Answers on [address]:port (SO_REUSEPORT: the several workers of one host share it);
-    returns what closes it."""
-    sock = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
+async def ask_tcp(server: tuple[str, int], data: bytes) -> bytes:
+    """One question to another resolver over TCP (asked so: an answer too long for a
+    datagram), its answer as it came."""
+    reader, writer = await asyncio.open_connection(*server)
+    try:
+        writer.write(len(data).to_bytes(2, "big") + data)
+        await writer.drain()
+        return await message(reader)
+    finally:
+        writer.transport.abort()
+
+
+def _socket(kind: int, address: str, port: int) -> socket.socket:
+    """Bound with SO_REUSEPORT (the several workers of one host share the port) and
+    FREEBIND (before the address is on the loopback)."""
+    sock = socket.socket(socket.AF_INET6, kind)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         sock.setsockopt(socket.IPPROTO_IPV6, IPV6_FREEBIND, 1)
@@ -221,7 +351,42 @@ async def serve(
     except OSError:
         sock.close()
         raise
+    return sock
+
+
+async def serve(
+    names: Names,
+    address: str,
+    port: int = 53,
+    upstream: tuple[str, int] | None = None,
+    bounds: Bounds = BOUNDS,
+) -> Callable[[], None]:
+    """Answers on [address]:port, UDP and TCP; returns what closes both (and every open
+    connection)."""
+    resolver = Resolver(names, upstream, bounds)
     loop = asyncio.get_running_loop()
-    transport, _ = await loop.create_datagram_endpoint(lambda: Resolver(names, upstream), sock=sock)
-    log.info("names: .internal answered on [%s]:%d, the rest asked of %s", address, port, upstream)
-    return transport.close
+    udp = _socket(socket.SOCK_DGRAM, address, port)
+    transport, _ = await loop.create_datagram_endpoint(resolver.datagrams, sock=udp)
+    try:
+        tcp = _socket(socket.SOCK_STREAM, address, udp.getsockname()[1])
+        server = await asyncio.start_server(
+            resolver.connection, sock=tcp, backlog=bounds.tcp_connections
+        )
+    except OSError:
+        transport.close()
+        raise
+    log.info(
+        "names: .internal answered on [%s]:%d (UDP, TCP), the rest asked of %s",
+        address,
+        port,
+        upstream,
+    )
+
+    def close() -> None:
+        transport.close()
+        server.close()
+        for writer in list(resolver.writers):
+            with contextlib.suppress(Exception):
+                writer.transport.abort()
+
+    return close

@@ -8,8 +8,9 @@ its rules never match them.
 - It reaches machines of its own network (`nets`: veth . network's /72), on any host, and the
   internet (IPv4, masqueraded by the host); nothing else private: not other networks, not other
   hosts' addresses, not its own host's services except its resolver's port 53.
-- A machine is reached by machines of its network and by the cluster's hosts (`INFRA`: the
-  proxies and workers on the mesh); from the internet only as answers.
+- A machine is reached by machines of its network, and by the cluster's hosts (`infra`: the
+  proxies and workers on the mesh) on its service ports only (`ports`: address . port, kept
+  from the catalog by `souk.network.services`); from the internet only as answers.
 """
 
 from __future__ import annotations
@@ -35,12 +36,27 @@ def infra(cluster: ipaddress.IPv6Network) -> ipaddress.IPv6Network:
     return ipaddress.IPv6Network((int(cluster.network_address), 72))
 
 
+PORTS = "type ipv6_addr . inet_service;"
+
+
+def to_machine(cluster: ipaddress.IPv6Network) -> list[str]:
+    """The rules of what reaches a machine (chain `to_machine`)."""
+    return [
+        "ct state established,related accept",
+        "oifname . ip6 saddr @nets accept",
+        f"ip6 saddr {infra(cluster)} ip6 daddr . th dport @ports accept",
+        "drop",
+    ]
+
+
 def ruleset(cluster: ipaddress.IPv6Network, resolver: str) -> str:
+    reaching = "\n    ".join(to_machine(cluster))
     return f"""
 table {TABLE} {{
   set veths {{ type ifname; }}
   set addrs {{ type ifname . ipv6_addr; }}
   set nets {{ type ifname . ipv6_addr; flags interval; }}
+  set ports {{ {PORTS} }}
   chain forward {{
     type filter hook forward priority filter; policy accept;
     iifname @veths jump from_machine
@@ -54,10 +70,7 @@ table {TABLE} {{
     ip daddr {{ {PRIVATE4} }} drop
   }}
   chain to_machine {{
-    ct state established,related accept
-    ip6 saddr {infra(cluster)} accept
-    oifname . ip6 saddr @nets accept
-    drop
+    {reaching}
   }}
   chain input {{
     type filter hook input priority filter; policy accept;
@@ -89,7 +102,22 @@ def ensure(cluster: ipaddress.IPv6Network, resolver: str) -> None:
         except RuntimeError:
             nft().run(ruleset(cluster, resolver))
             log.info("isolation: nftables table %s made for %s", TABLE, cluster)
+        else:
+            _upgrade(cluster)
         _ready.add(key)
+
+
+def _upgrade(cluster: ipaddress.IPv6Network) -> None:
+    """A table of the release before, whose hosts reached every port of a machine: its
+    `to_machine` rules replaced in one transaction, its machines' elements kept."""
+    try:
+        nft().run(f"list set {TABLE} ports")
+        return
+    except RuntimeError:
+        pass
+    rules = "".join(f"add rule {TABLE} to_machine {rule}\n" for rule in to_machine(cluster))
+    nft().run(f"add set {TABLE} ports {{ {PORTS} }}\nflush chain {TABLE} to_machine\n{rules}")
+    log.info("isolation: %s upgraded: hosts reach machines' service ports only", TABLE)
 
 
 def admit(veth: str, address: str, cluster: ipaddress.IPv6Network, resolver: str) -> None:

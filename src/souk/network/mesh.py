@@ -9,7 +9,13 @@ goes to the peer whose allowed IPs hold it, and nowhere if none does.
 
 Kernel WireGuard where the kernel has it; `wireguard-go` (a TUN device) where it does not: the
 same `wg` configuration either way, chosen at start and logged. The interface outlives the
-node's process (machines outlive their worker): a node started again takes it as it is."""
+node's process (machines outlive their worker): a node started again takes it as it is.
+
+The key rotates as a node's certificate does (`souk mesh rotate` writes a new one in its
+place): a running node looks at the file every `RELOAD_INTERVAL` seconds, sets the new key on its
+interface and says its new public key where its old one was said (its worker row, or its
+announcement), and every peer replaces the old key by the new one as that arrives. A key the
+file no longer holds is a peer of no one."""
 
 from __future__ import annotations
 
@@ -22,7 +28,7 @@ import logging
 import shutil
 import subprocess
 import time
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
 
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
@@ -47,6 +53,8 @@ ANNOUNCE_EVERY = 5.0  # seconds between a proxy host's announcements
 ANNOUNCE_FOR = 20.0  # seconds an announcement holds
 KEEPALIVE = 25  # seconds: keeps a NAT's mapping, and tells a peer this end's new address
 SETTLE = 0.005  # seconds of quiet in the catalog's changes before the peers are set again
+KEY_FILE = "mesh.key"  # in a worker's data directory, a proxy's --mesh-dir
+RELOAD_INTERVAL = 2.0  # seconds between two looks at the key file, as at a node's certificate
 
 
 def interface_name(node: str) -> str:
@@ -62,18 +70,48 @@ def node_address(cluster: str, node: str) -> str:
     return str(ipaddress.IPv6Address(int(base.network_address) | bits << 32 | 1))
 
 
+def new_key() -> str:
+    """A private key, base64 as `wg` reads it, with its newline."""
+    raw = X25519PrivateKey.generate().private_bytes(Encoding.Raw, PrivateFormat.Raw, NoEncryption())
+    return base64.b64encode(raw).decode() + "\n"
+
+
+def public_of(private: str) -> str:
+    """The public half of a base64 private key; ValueError if it is not one."""
+    try:
+        raw = base64.b64decode(private.strip(), validate=True)
+        key = X25519PrivateKey.from_private_bytes(raw)
+    except (ValueError, TypeError) as exc:
+        raise ValueError(f"not a WireGuard private key: {exc}") from exc
+    return base64.b64encode(key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)).decode()
+
+
 def load_key(path: Path) -> tuple[str, str]:
     """(private, public) keys, base64 as `wg` reads them; made once, 0600."""
     if not path.exists():
-        raw = X25519PrivateKey.generate().private_bytes(
-            Encoding.Raw, PrivateFormat.Raw, NoEncryption()
-        )
         with contextlib.suppress(FileExistsError):  # another start made it first
-            write_secret(path, base64.b64encode(raw).decode() + "\n", replace=False)
+            write_secret(path, new_key(), replace=False)
     private = path.read_text().strip()
-    key = X25519PrivateKey.from_private_bytes(base64.b64decode(private))
-    public = key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
-    return private, base64.b64encode(public).decode()
+    return private, public_of(private)
+
+
+def rotate_key(path: Path) -> tuple[str, str]:
+    """A new key in place of the one at `path` (0600, atomically: a node reading it sees the old
+    key or the new, never half of one): (old public key, new public key). FileNotFoundError if
+    there is none: a node makes its own at its first start, and a path that holds none is a
+    mistake, not a node."""
+    old = public_of(path.read_text())
+    private = new_key()
+    write_secret(path, private)
+    return old, public_of(private)
+
+
+def _stamp(path: Path) -> tuple[int, int, int] | None:
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return (st.st_mtime_ns, st.st_size, st.st_ino)
 
 
 def _run(*argv: str) -> subprocess.CompletedProcess[str]:
@@ -123,6 +161,7 @@ class Mesh:
         self.interface = interface_name(node)
         self.address = node_address(cluster, node)
         self.private, self.public = load_key(key)
+        self._stamp = _stamp(key)
         self.kind = ""
         self._peers: dict[str, tuple[str, list[str]]] = {}
 
@@ -144,8 +183,7 @@ class Mesh:
                 self.kind = "wireguard-go"
         else:
             self.kind = "found"
-        port = str(self.port)
-        _must("wg", "set", self.interface, "private-key", str(self.key), "listen-port", port)
+        self._set_key(self.private, "listen-port", str(self.port))
         _must("ip", "-6", "addr", "replace", f"{self.address}/128", "dev", self.interface)
         _must("ip", "link", "set", self.interface, "up")
         _must("ip", "-6", "route", "replace", self.cluster, "dev", self.interface)
@@ -158,6 +196,34 @@ class Mesh:
             self.port,
             self.public,
         )
+
+    def _set_key(self, private: str, *more: str) -> None:
+        """The interface's private key (`wg` reads it from its standard input: what it sets is
+        what this node computed its public key from, whatever the file holds by then)."""
+        argv = ("wg", "set", self.interface, "private-key", "/dev/stdin", *more)
+        done = subprocess.run(argv, input=private + "\n", capture_output=True, text=True)
+        if done.returncode != 0:
+            raise MeshError(f"wg set {self.interface} private-key: {done.stderr.strip()}")
+
+    def reload(self) -> bool:
+        """The key file looked at: a new key there set on the interface (True). A file caught
+        unreadable or holding no key leaves the key in use, said, and looked at again next time."""
+        stamp = _stamp(self.key)
+        if stamp is None or stamp == self._stamp:
+            return False
+        try:
+            private = self.key.read_text().strip()
+            public = public_of(private)
+        except (OSError, ValueError) as exc:
+            log.warning("mesh: %s changed but cannot be used: %s", self.key, exc)
+            return False
+        self._stamp = stamp
+        if public == self.public:
+            return False
+        self._set_key(private)
+        self.private, self.public = private, public
+        log.info("mesh: %s rotated its key, public key now %s", self.node, public)
+        return True
 
     def apply(self, peers: dict[str, tuple[str, list[str]]]) -> None:
         """The interface's peers made `peers`: new and changed ones set, gone ones removed."""
@@ -225,13 +291,38 @@ class Announcement(BaseModel):
     peer: MeshPeer
 
 
-async def announce(bus: Bus, node: str, peer: MeshPeer) -> None:
-    """This node's place on the mesh, said on the bus every `ANNOUNCE_EVERY`, until cancelled."""
-    data = Announcement(node=node, peer=peer).model_dump_json().encode()
+async def announce(bus: Bus, mesh: Mesh, again: asyncio.Event | None = None) -> None:
+    """This node's place on the mesh, said on the bus every `ANNOUNCE_EVERY` (and at once when
+    `again` is set: its key rotated), until cancelled."""
+    again = again or asyncio.Event()
     while True:
+        data = Announcement(node=mesh.node, peer=mesh.peer).model_dump_json().encode()
         with contextlib.suppress(Exception):  # a bus between connections: said again soon
             await bus.publish(ANNOUNCE_SUBJECT, data)
-        await asyncio.sleep(ANNOUNCE_EVERY)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(again.wait(), ANNOUNCE_EVERY)
+        again.clear()
+
+
+async def keep_key(
+    mesh: Mesh,
+    rotated: Callable[[MeshPeer], Awaitable[None]],
+    every: float = RELOAD_INTERVAL,
+) -> None:
+    """Looks at the key file every `every` seconds; a new key is set on the interface, then
+    `rotated` is told the node's new place (to say it where the old was said), until cancelled.
+    Told again at the next look if it failed."""
+    told = True
+    while True:
+        await asyncio.sleep(every)
+        try:
+            if await asyncio.to_thread(mesh.reload):
+                told = False
+            if not told:
+                await rotated(mesh.peer)
+                told = True
+        except Exception as exc:  # a rotation must never stop the next look
+            log.warning("mesh: the new key is not said yet: %s", exc)
 
 
 async def follow(mesh: Mesh, view: CatalogView, announced: Announced | None = None) -> None:

@@ -28,16 +28,16 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from datetime import datetime
 
 import aiohttp
 from aiohttp import web
-from multidict import CIMultiDict
+from multidict import CIMultiDict, CIMultiDictProxy
 
 from souk.clients.machines import MachinesApiError, MachinesClient
 from souk.proxy.holders import TARGET, CheckedConnector, ForeignListener, Holders
-from souk.proxy.routing import APP_HEADER, FAILED_FOR, Backend, Choice, Loads, Marks, Router
+from souk.proxy.routing import APP_HEADER, FAILED_FOR, Backend, Choice, Router
 from souk.proxy.wake import Waker, port_open
 from souk.web.errors import json_error
 from souk.web.metrics import OFF, Off
@@ -118,23 +118,29 @@ class RequestBody:
             yield chunk
 
 
-def upstream_headers(request: web.Request) -> CIMultiDict[str]:
-    named = {
-        token.strip().lower()
-        for value in request.headers.getall("Connection", [])
-        for token in value.split(",")
-    }
-    headers: CIMultiDict[str] = CIMultiDict()
-    for key, value in request.headers.items():
+def end_to_end(
+    headers: CIMultiDictProxy[str], dropped: Callable[[str], bool] = lambda _: False
+) -> CIMultiDict[str]:
+    """The headers meant for the far end of a hop: not the hop-by-hop ones, nor those its
+    Connection header names, nor those `dropped` says of (by lower-case name)."""
+    values = headers.getall("Connection", [])
+    named = {token.strip().lower() for value in values for token in value.split(",")}
+    kept: CIMultiDict[str] = CIMultiDict()
+    for key, value in headers.items():
         lower = key.lower()
-        if (
-            lower in HOP_BY_HOP
-            or lower in named
-            or lower in FORWARDING
-            or lower.startswith("x-forwarded-")
-        ):
+        if lower in HOP_BY_HOP or lower in named or dropped(lower):
             continue
-        headers.add(key, value)
+        kept.add(key, value)
+    return kept
+
+
+def _forwarding(lower: str) -> bool:
+    """Said by the client of where it came from: said again by the proxy itself."""
+    return lower in FORWARDING or lower.startswith("x-forwarded-")
+
+
+def upstream_headers(request: web.Request) -> CIMultiDict[str]:
+    headers = end_to_end(request.headers, _forwarding)
     headers["X-Forwarded-For"] = request.remote or ""
     headers["X-Forwarded-Host"] = request.host
     headers["X-Forwarded-Proto"] = request.scheme
@@ -145,18 +151,7 @@ def upstream_headers(request: web.Request) -> CIMultiDict[str]:
 
 
 def downstream_headers(upstream: aiohttp.ClientResponse) -> CIMultiDict[str]:
-    named = {
-        token.strip().lower()
-        for value in upstream.headers.getall("Connection", [])
-        for token in value.split(",")
-    }
-    headers: CIMultiDict[str] = CIMultiDict()
-    for key, value in upstream.headers.items():
-        lower = key.lower()
-        if lower in HOP_BY_HOP or lower in named:
-            continue
-        headers.add(key, value)
-    return headers
+    return end_to_end(upstream.headers)
 
 
 def started_recently(updated_at: str, within: float) -> bool:
@@ -223,8 +218,6 @@ class Forwarder:
         self,
         router: Router,
         waker: Waker,
-        loads: Loads,
-        marks: Marks,
         broker: MachinesClient,
         session: aiohttp.ClientSession,
         domain: str,
@@ -232,8 +225,7 @@ class Forwarder:
     ) -> None:
         self.router = router
         self.waker = waker
-        self.loads = loads
-        self.marks = marks
+        self.loads, self.marks = router.loads, router.marks  # one account of both, the router's
         self.broker = broker
         self.session = session
         self.domain = domain

@@ -26,6 +26,7 @@ from souk.catalog.replica import Replica, following
 from souk.catalog.view import CatalogView
 from souk.clients.machines import MachinesClient
 from souk.clients.workers import WorkerClient
+from souk.models.catalog import MeshPeer
 from souk.models.wire import DEFAULT_PRIVATE_PREFIX
 from souk.network import mesh
 from souk.node.signals import until_signalled
@@ -98,8 +99,6 @@ class Proxy:
         self.forwarder = Forwarder(
             self.router,
             self.waker,
-            self.loads,
-            self.marks,
             self.broker,
             self.session,
             opts.domain,
@@ -184,14 +183,20 @@ async def on_the_mesh(opts: ProxySettings, bus: Bus, view: CatalogView) -> Async
     node = mesh.Mesh(
         opts.mesh_name,
         opts.private_prefix,
-        opts.mesh_dir / "mesh.key",
+        opts.mesh_dir / mesh.KEY_FILE,
         opts.mesh_port,
         opts.mesh_endpoint,
     )
     await asyncio.to_thread(node.start)
+    again = asyncio.Event()  # its key rotated (`souk mesh rotate`): announced at once
+
+    async def rotated(_: MeshPeer) -> None:
+        again.set()
+
     tasks = [
         asyncio.ensure_future(mesh.follow(node, view)),
-        asyncio.ensure_future(mesh.announce(bus, node.node, node.peer)),
+        asyncio.ensure_future(mesh.announce(bus, node, again)),
+        asyncio.ensure_future(mesh.keep_key(node, rotated)),
     ]
     try:
         yield

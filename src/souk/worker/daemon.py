@@ -217,7 +217,8 @@ async def serve(
             trust = node.ca_trust(tls) if tls is not None else None
             replica = await stack.enter_async_context(names.answering(settings, bus, trust))
             if mesh is not None and replica is not None:
-                await stack.enter_async_context(names.meshed(mesh, replica, bus))
+                said = names.said_in_row(engine, owner)
+                await stack.enter_async_context(names.meshed(mesh, replica, bus, said))
             bus.on_connect(owner.heartbeat)
             engine.bus_link = bus
             bus.start()

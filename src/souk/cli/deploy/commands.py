@@ -7,11 +7,11 @@ import asyncio
 import json
 import sys
 from pathlib import Path
-from typing import Any, cast, get_args
+from typing import Annotated, Any, cast, get_args
 
 import typer
 
-from souk.cli.client import API, TOKEN, connect
+from souk.cli.client import Broker, broker
 from souk.cli.command import console, fail, run
 from souk.cli.command import table as command_table
 from souk.cli.deploy import config as cfgmod
@@ -23,25 +23,32 @@ from souk.cli.deploy.progress import Progress
 from souk.cli.deploy.releases import AppRecord, RollbackError
 from souk.cli.deploy.run import deploy, views
 from souk.cli.deploy.secrets import carried
+from souk.cli.options import grouped
 from souk.clients.machines import MachinesClient
 
-JSON = typer.Option(False, "--json", help="Machine-readable output.")
-CONFIG = typer.Option(
-    Path("souk.toml"), "--config", "-c", help="The app's souk.toml.", resolve_path=True
-)
-APP = typer.Option(None, "--app", "-a", help="The app (default: souk.toml's).")
+JsonOutput = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
+ConfigFile = Annotated[
+    Path, typer.Option("--config", "-c", help="The app's souk.toml.", resolve_path=True)
+]
+AppName = Annotated[str | None, typer.Option("--app", "-a", help="The app (default: souk.toml's).")]
 STRATEGY = typer.Option(None, "--strategy", help="rolling, immediate, canary or bluegreen.")
 
 scale = typer.Typer(help="Change how many instances an app runs.", no_args_is_help=True)
 
 
 def _app_name(app: str | None, config: Path) -> str:
+    """The app a command is about: --app, else souk.toml's."""
     if app:
         return app
     try:
         return cfgmod.load(config).app
     except ConfigError as exc:
         raise typer.BadParameter(f"no app given and {exc}", param_hint="--app") from None
+
+
+def app_named(config: ConfigFile = Path("souk.toml"), app: AppName = None) -> str:
+    """`--config` and `--app` (`grouped(name=app_named)`): the app's name."""
+    return _app_name(app, config)
 
 
 def _strategy(value: str | None) -> StrategyName | None:
@@ -53,8 +60,7 @@ def _strategy(value: str | None) -> StrategyName | None:
 
 
 async def _deploy(
-    api_url: str | None,
-    token: str | None,
+    broker: Broker,
     cfg: AppConfig,
     progress: Progress,
     strategy: StrategyName | None,
@@ -63,7 +69,7 @@ async def _deploy(
     release: int | None = None,
     keep_secrets: bool = False,
 ) -> Outcome | DeployError:
-    async with connect(api_url, token) as api:
+    async with broker.client() as api:
         try:
             return await deploy(
                 api, cfg, progress, strategy, description, counts, release, keep_secrets
@@ -72,15 +78,16 @@ async def _deploy(
             return exc
 
 
+@grouped(broker=broker)
 def deploy_command(
-    config: Path = CONFIG,
-    app: str | None = APP,
+    config: ConfigFile = Path("souk.toml"),
+    app: AppName = None,
     image: str | None = typer.Option(None, help="Deploy this image instead of souk.toml's."),
     strategy: str | None = STRATEGY,
     message: str = typer.Option("", "--message", "-m", help="A note kept with the release."),
-    api: str | None = API,
-    token: str | None = TOKEN,
-    as_json: bool = JSON,
+    *,
+    broker: Broker,
+    as_json: JsonOutput = False,
 ) -> None:
     """Deploy souk.toml as a new release.
 
@@ -99,27 +106,26 @@ def deploy_command(
     except ConfigError as exc:
         fail(str(exc), as_json, exc.code)
     progress = Progress(quiet=as_json)
-    result = run(_deploy(api, token, cfg, progress, _strategy(strategy), message), as_json)
+    result = run(_deploy(broker, cfg, progress, _strategy(strategy), message), as_json)
     report(result, progress, as_json)
 
 
+@grouped(name=app_named, broker=broker)
 def rollback(
     version: int | None = typer.Argument(
         None, help="The release to go back to (default: the previous)."
     ),
-    config: Path = CONFIG,
-    app: str | None = APP,
     strategy: str | None = STRATEGY,
-    api: str | None = API,
-    token: str | None = TOKEN,
-    as_json: bool = JSON,
+    *,
+    name: str,
+    broker: Broker,
+    as_json: JsonOutput = False,
 ) -> None:
     """Deploy an earlier release again, as a new release."""
-    name = _app_name(app, config)
     progress = Progress(quiet=as_json)
 
     async def go() -> Outcome | DeployError:
-        async with connect(api, token) as client:
+        async with broker.client() as client:
             known = await AppRecord.read(client, name)
             target = known.rollback_target(version)
         cfg = cfgmod.parse({**known.deployable(target), "app": name})
@@ -127,26 +133,15 @@ def rollback(
         why, keep = f"rollback to {target.version}", carried(target)
         if keep:
             progress.step("env: the app's secrets stay as they are now")
-        return await _deploy(api, token, cfg, progress, _strategy(strategy), why, keep_secrets=keep)
+        return await _deploy(broker, cfg, progress, _strategy(strategy), why, keep_secrets=keep)
 
     report(run(go(), as_json), progress, as_json)
 
 
-def releases_command(
-    config: Path = CONFIG,
-    app: str | None = APP,
-    api: str | None = API,
-    token: str | None = TOKEN,
-    as_json: bool = JSON,
-) -> None:
+@grouped(name=app_named, broker=broker)
+def releases_command(*, name: str, broker: Broker, as_json: JsonOutput = False) -> None:
     """The app's releases, newest first."""
-    name = _app_name(app, config)
-
-    async def go() -> AppRecord:
-        async with connect(api, token) as client:
-            return await AppRecord.read(client, name)
-
-    known = run(go(), as_json)
+    known = broker.call(lambda client: AppRecord.read(client, name), as_json)
     cur = known.current
     rows = known.releases
     if as_json:
@@ -163,25 +158,24 @@ def releases_command(
 
 
 @scale.command("count")
+@grouped(name=app_named, broker=broker)
 def scale_count(
     count: int = typer.Argument(..., min=0, help="Instances wanted in the region."),
     region: str = typer.Option(..., "--region", "-r", help="The region to scale."),
-    config: Path = CONFIG,
-    app: str | None = APP,
-    api: str | None = API,
-    token: str | None = TOKEN,
-    as_json: bool = JSON,
+    *,
+    name: str,
+    broker: Broker,
+    as_json: JsonOutput = False,
 ) -> None:
     """Add or remove instances in one region, on the current release.
 
     An instance is a primary and its standby. Lasts until the next deploy, which brings
     souk.toml's counts back.
     """
-    name = _app_name(app, config)
     progress = Progress(quiet=as_json)
 
     async def go() -> Outcome | DeployError:
-        async with connect(api, token) as client:
+        async with broker.client() as client:
             known = await AppRecord.read(client, name)
             cur, record = known.current, known.current_release()
             if cur is None:
@@ -192,26 +186,19 @@ def scale_count(
         cfg = cfgmod.parse({**known.deployable(record), "app": name})
         counts = sort_fleet(machines).counts()
         counts[region] = count
-        return await _deploy(api, token, cfg, progress, None, "", counts, cur)
+        return await _deploy(broker, cfg, progress, None, "", counts, cur)
 
     report(run(go(), as_json), progress, as_json)
 
 
-def status(
-    config: Path = CONFIG,
-    app: str | None = APP,
-    api: str | None = API,
-    token: str | None = TOKEN,
-    as_json: bool = JSON,
-) -> None:
+@grouped(name=app_named, broker=broker)
+def status(*, name: str, broker: Broker, as_json: JsonOutput = False) -> None:
     """The app's machines per region and state, their health and release."""
-    name = _app_name(app, config)
 
-    async def go() -> tuple[AppRecord, list[MachineView]]:
-        async with connect(api, token) as client:
-            return await asyncio.gather(AppRecord.read(client, name), views(client, name))
+    async def both(client: MachinesClient) -> tuple[AppRecord, list[MachineView]]:
+        return await asyncio.gather(AppRecord.read(client, name), views(client, name))
 
-    known, machines = run(go(), as_json)
+    known, machines = broker.call(both, as_json)
     cur = known.current
     rows = sorted(
         (machine_row(m) for m in machines),
@@ -235,22 +222,21 @@ def status(
     table(rows, f"machines of {name}")
 
 
+@grouped(name=app_named, broker=broker)
 def logs(
     machine_id: str | None = typer.Argument(None, help="One machine (default: every machine)."),
-    config: Path = CONFIG,
-    app: str | None = APP,
     stderr: bool = typer.Option(False, "--stderr", help="stderr instead of stdout."),
     lines: int = typer.Option(50, "--lines", "-n", help="Last lines per machine (0: all)."),
     follow: bool = typer.Option(False, "--follow", "-f", help="Keep streaming."),
-    api: str | None = API,
-    token: str | None = TOKEN,
+    *,
+    name: str,
+    broker: Broker,
 ) -> None:
     """Output of one machine, or of all of the app's machines (each line prefixed)."""
-    name = _app_name(app, config)
     stream = "stderr" if stderr else "stdout"
 
     async def go() -> None:
-        async with connect(api, token) as client:
+        async with broker.client() as client:
             if machine_id:
                 ids = [(machine_id, "")]
             else:

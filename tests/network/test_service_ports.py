@@ -1,0 +1,108 @@
+"""Which ports of its machines a worker opens to the cluster's hosts (`souk.network.services`):
+their services' and metrics ports, from the catalog's rows; and a host's table of the release
+before, whose hosts reached every port, brought to this rule in place, its machines kept."""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from souk.models.catalog import MachineRow
+from souk.models.machine import MachineMetrics
+from souk.network.services import wanted
+from souk.worker.addresses import DEFAULT_PREFIX, worker_prefix
+
+ROOT = Path(__file__).resolve().parents[2]
+CLUSTER = ipaddress.IPv6Network(DEFAULT_PREFIX)
+MINE = worker_prefix(DEFAULT_PREFIX, "acme/default", "w1")
+THEIRS = worker_prefix(DEFAULT_PREFIX, "acme/default", "w2")
+
+
+def row(mid: str, ip: str | None, worker: str = "w1", **kw: object) -> MachineRow:
+    fields = {"state": "stopped", "ports": (8080,), **kw}
+    return MachineRow.model_validate(
+        {
+            "id": mid,
+            "app": "a",
+            "region": "mad",
+            "worker_id": worker,
+            "instance_id": "i",
+            "cpu_kind": "shared",
+            "cpus": 1,
+            "memory_mb": 256,
+            "private_ip": ip,
+            "updated_at": "t",
+            **fields,
+        }
+    )
+
+
+def test_a_workers_live_machines_at_their_service_and_metrics_ports() -> None:
+    rows = [
+        row("m1", str(MINE[1]), ports=(8080, 8443)),  # stopped: a proxy may wake it
+        row("m2", str(MINE[2]), ports=(), metrics=MachineMetrics(port=9091)),
+        row("m3", str(MINE[3]), state="destroyed"),
+        row("m4", str(THEIRS[4]), worker="w2"),  # another worker's: its own to open
+        row("m5", "127.0.0.5"),  # not on the private network
+        row("m6", None),
+    ]
+    assert wanted("w1", CLUSTER, rows) == {
+        (str(MINE[1]), 8080),
+        (str(MINE[1]), 8443),
+        (str(MINE[2]), 9091),
+    }
+
+
+# The table as the release before made it: hosts reached every port of a machine.
+BEFORE = """
+table inet souk {
+  set veths { type ifname; }
+  set addrs { type ifname . ipv6_addr; }
+  set nets { type ifname . ipv6_addr; flags interval; }
+  chain forward {
+    type filter hook forward priority filter; policy accept;
+    oifname @veths jump to_machine
+  }
+  chain to_machine {
+    ct state established,related accept
+    ip6 saddr fd73:6f75:6b00::/72 accept
+    oifname . ip6 saddr @nets accept
+    drop
+  }
+}
+add element inet souk addrs { "sk0" . fd73:6f75:6b00:1::7 }
+"""
+
+UPGRADE = f"""
+import ipaddress, json
+from souk.network import firewall
+from souk.network.nft import nft
+nft().run({BEFORE!r})
+firewall.ensure(ipaddress.IPv6Network({DEFAULT_PREFIX!r}), "fd73:6f75:6b00::3")
+print(json.dumps(nft().run("list table inet souk")))
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root")
+@pytest.mark.skipif(not shutil.which("nft"), reason="needs nftables")
+def test_a_table_of_the_release_before_is_upgraded_in_place() -> None:
+    done = subprocess.run(
+        ["unshare", "-n", sys.executable, "-c", UPGRADE],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    table = json.loads(done.stdout.strip().splitlines()[-1])
+    assert "set ports" in table
+    assert "ip6 saddr fd73:6f75:6b00::/72 ip6 daddr . th dport @ports accept" in table
+    assert "ip6 saddr fd73:6f75:6b00::/72 accept" not in table  # every port: gone
+    assert '"sk0" . fd73:6f75:6b00:1::7' in table  # its machines' elements kept
