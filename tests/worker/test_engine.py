@@ -20,7 +20,7 @@ from souk.worker.drivers.process import ProcessDriver
 from souk.worker.engine import Engine
 from souk.worker.errors import WorkerError
 from souk.worker.http import http_error
-from souk.worker.store import Commit
+from souk.worker.state.store import Commit
 from tests.support.engines import destroy_all, settings
 from tests.support.waiting import eventually
 

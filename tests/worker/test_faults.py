@@ -25,7 +25,7 @@ from souk.worker.errors import StorageFull
 from souk.worker.fsm import OPERATIONS
 from souk.worker.http import http_error
 from souk.worker.progress import enqueue
-from souk.worker.storage import StorageWatch, free_bytes
+from souk.worker.state.storage import StorageWatch, free_bytes
 from souk.worker.supervision import BACKOFF_MAX, backoff
 from tests.support.clients import Client
 from tests.support.disks import fill, needs_mount, tmpfs

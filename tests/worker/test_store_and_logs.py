@@ -11,7 +11,7 @@ import pytest
 
 from souk.worker import logs
 from souk.worker.errors import StorageFault
-from souk.worker.store import Commit, Store, Tx
+from souk.worker.state.store import Commit, Store, Tx
 
 
 async def test_a_failing_write_rolls_back_alone_within_a_shared_commit(tmp_path: Path) -> None:
@@ -143,7 +143,7 @@ async def test_a_deferred_commit_is_made_durable_on_request_or_by_itself(
     assert not store.unsynced and store.head() == 1
     assert [c.touched for c in commits] == [frozenset({("machine", "m1")})]
 
-    monkeypatch.setattr("souk.worker.store.SYNC_WITHIN", 0.05)
+    monkeypatch.setattr("souk.worker.state.store.SYNC_WITHIN", 0.05)
     await store.write(logs_one("m2"), durable=False)
     assert store.unsynced
     for _ in range(100):  # nobody asks: it is made durable within SYNC_WITHIN all the same

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from souk.schema import version_of
-from souk.worker.store import WORKER_SCHEMA
+from souk.worker.state.schema import WORKER_SCHEMA
 from tests.support.worker_process import SOUK, WorkerProcess
 
 pytestmark = pytest.mark.integration

@@ -13,9 +13,9 @@ import ipaddress
 import os
 
 from souk.models.wire import DEFAULT_NETWORK, DEFAULT_PRIVATE_PREFIX
-from souk.worker import queries
 from souk.worker.drivers.base import DriverKind
-from souk.worker.queries import Db
+from souk.worker.state import queries
+from souk.worker.state.queries import Db
 
 DEFAULT_PREFIX = DEFAULT_PRIVATE_PREFIX
 

@@ -24,7 +24,7 @@ from souk.models.machine import (
     MetadataChange,
 )
 from souk.models.wire import DEFAULT_NETWORK
-from souk.worker import leases, queries, volumes
+from souk.worker import leases, volumes
 from souk.worker.addresses import free_ip
 from souk.worker.drivers.base import Drivers
 from souk.worker.errors import (
@@ -37,9 +37,10 @@ from souk.worker.errors import (
 )
 from souk.worker.fsm import OPERATIONS, Operation
 from souk.worker.progress import enqueue, force_destroy
-from souk.worker.queries import Db
 from souk.worker.settings import WorkerSettings
-from souk.worker.store import Tx, now_iso
+from souk.worker.state import queries
+from souk.worker.state.queries import Db
+from souk.worker.state.store import Tx, now_iso
 
 
 def new_machine_id() -> str:

@@ -35,9 +35,9 @@ from dataclasses import replace
 from pathlib import Path
 
 from souk.models.base import APP_NAME
-from souk.worker import queries
 from souk.worker.drivers.base import HostUser, Launch
-from souk.worker.store import Store, Tx, now_iso
+from souk.worker.state import queries
+from souk.worker.state.store import Store, Tx, now_iso
 
 BASE = 200_000
 SPAN = 65_536  # a container's ids 0..65535: every id an image's files normally use

@@ -11,9 +11,9 @@ import json
 from typing import Any
 
 from souk.models.machine import Check, CheckStatus, Service, named_checks
-from souk.worker import queries
 from souk.worker.checks import HealthChecks, RunKey
-from souk.worker.store import Commit, Store
+from souk.worker.state import queries
+from souk.worker.state.store import Commit, Store
 
 
 def _run_key(row: Any) -> RunKey:

@@ -33,7 +33,7 @@ from multidict import CIMultiDict
 
 from souk.models.machine import Check, CheckState, CheckStatus
 from souk.network import hostport
-from souk.worker.store import now_iso
+from souk.worker.state.store import now_iso
 
 FIRST_DELAY = 0.2
 GROWTH = 1.25

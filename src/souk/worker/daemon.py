@@ -46,9 +46,9 @@ from souk.worker.engine import Engine
 from souk.worker.inherited_signals import catch_ignored
 from souk.worker.oci.images import ImageCache
 from souk.worker.oci.registry import RegistryClient, RegistryConfig
-from souk.worker.rows import WorkerRows
 from souk.worker.settings import WorkerSettings
-from souk.worker.storage import check_data_dir, unusable
+from souk.worker.state.rows import WorkerRows
+from souk.worker.state.storage import check_data_dir, unusable
 
 log = logging.getLogger("souk.worker")
 

@@ -32,7 +32,7 @@ from souk.models.machine import (
 from souk.models.machine_ops import ExecRequest, ExecResponse, MachineVersion, ProcessStat
 from souk.models.volume import CreateVolume, UpdateVolumeRequest, Volume, VolumeSnapshot
 from souk.sealing import Sealer, worker_key
-from souk.worker import admission, app_users, holds, leases, ps, queries, volume_disk
+from souk.worker import admission, app_users, holds, leases, ps, volume_disk
 from souk.worker import secrets as machine_secrets
 from souk.worker import volumes as volume_ops
 from souk.worker.cgroups import Cgroups, worker_group
@@ -44,9 +44,10 @@ from souk.worker.fsm import OPERATIONS
 from souk.worker.metrics import WorkerMetrics
 from souk.worker.runner import Runner
 from souk.worker.settings import WorkerSettings
+from souk.worker.state import queries, volume_queries
+from souk.worker.state.storage import free_bytes
+from souk.worker.state.store import Commit, Store, Tx
 from souk.worker.status import BusLink, StorageStatus, WorkerStatus, bus_status
-from souk.worker.storage import free_bytes
-from souk.worker.store import Commit, Store, Tx
 from souk.worker.supervision import Supervisor
 from souk.worker.volumes import VolumeRunner
 
@@ -471,7 +472,7 @@ class Engine:
     ) -> Volume:
         """The volume once its queue has run (or `wait`); the operation's error, if it failed."""
         await self.volumes.settled(volume_id, wait)
-        error = None if op_id is None else queries.volume_operation_error(
+        error = None if op_id is None else volume_queries.volume_operation_error(
             self.store.read, volume_id, op_id
         )  # fmt: skip
         if error is not None:
@@ -513,18 +514,18 @@ class Engine:
         return self.volume(volume_id)
 
     def volume(self, volume_id: str, include_destroyed: bool = False) -> Volume:
-        row = queries.volume(self.store.read, volume_id)
+        row = volume_queries.volume(self.store.read, volume_id)
         if row is None or (row["state"] == "destroyed" and not include_destroyed):
             raise NotFound(f"no volume {volume_id} on worker {self.settings.name}")
         return volume_ops.volume_from_row(row, self.settings)
 
     def list_volumes(self, app: str | None = None) -> list[Volume]:
-        rows = queries.volumes(self.store.read, app)
+        rows = volume_queries.volumes(self.store.read, app)
         return [volume_ops.volume_from_row(row, self.settings) for row in rows]
 
     def snapshots(self, volume_id: str) -> list[VolumeSnapshot]:
-        queries.existing_volume(self.store.read, volume_id)
-        rows = queries.snapshots(self.store.read, volume_id)
+        volume_queries.existing_volume(self.store.read, volume_id)
+        rows = volume_queries.snapshots(self.store.read, volume_id)
         return [volume_ops.snapshot_from_row(row) for row in rows]
 
     async def wait(

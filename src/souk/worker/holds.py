@@ -17,10 +17,10 @@ import logging
 import time
 from collections.abc import Callable
 
-from souk.worker import queries
 from souk.worker.fsm import HOLD_TRANSITIONS, HoldState
 from souk.worker.progress import force_destroy
-from souk.worker.store import Store, Tx
+from souk.worker.state import queries
+from souk.worker.state.store import Store, Tx
 
 log = logging.getLogger("souk.worker")
 

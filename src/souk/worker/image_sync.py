@@ -6,8 +6,8 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING
 
-from souk.worker import queries
-from souk.worker.store import Store, Tx
+from souk.worker.state import queries
+from souk.worker.state.store import Store, Tx
 
 if TYPE_CHECKING:
     from souk.worker.oci.images import ImageCache

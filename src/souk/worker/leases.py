@@ -10,10 +10,10 @@ import secrets
 import time
 
 from souk.models.api import NONCE_HEADER, Lease
-from souk.worker import queries
 from souk.worker.errors import LeaseHeld, NotFound
-from souk.worker.queries import Db
-from souk.worker.store import Tx
+from souk.worker.state import queries
+from souk.worker.state.queries import Db
+from souk.worker.state.store import Tx
 
 
 def check(db: Db, machine_id: str, nonce: str | None) -> None:

@@ -12,9 +12,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from souk.models.machine import MachineState
-from souk.worker import queries
 from souk.worker.fsm import OPERATIONS, TRANSITIONS, Operation, Step, check_transition
-from souk.worker.store import Store, Tx, now_iso
+from souk.worker.state import queries
+from souk.worker.state.store import Store, Tx, now_iso
 
 
 class Superseded(Exception):

@@ -18,7 +18,6 @@ import time
 from aiohttp import ClientError
 
 from souk.logsetup import about
-from souk.worker import queries
 from souk.worker.errors import WorkerError
 from souk.worker.fsm import OPERATIONS
 from souk.worker.machine_tasks import MachineTasks
@@ -28,9 +27,10 @@ from souk.worker.oci.manifest import ManifestError
 from souk.worker.oci.reference import ReferenceError as BadReference
 from souk.worker.oci.registry import RegistryError
 from souk.worker.progress import StepRun, Superseded, fail
+from souk.worker.state import queries
+from souk.worker.state.storage import patiently
+from souk.worker.state.store import Store
 from souk.worker.steps import STEPS, StepHost
-from souk.worker.storage import patiently
-from souk.worker.store import Store
 
 log = logging.getLogger("souk.worker")
 # Failures that are the request's or a registry's (no such image, a bad reference, a refusal, a

@@ -14,8 +14,8 @@ from datetime import datetime
 from typing import TYPE_CHECKING
 
 from souk.node.periodic import every
-from souk.worker import queries
 from souk.worker.errors import WorkerError
+from souk.worker.state import queries
 
 if TYPE_CHECKING:
     from souk.worker.engine import Engine

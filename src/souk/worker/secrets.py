@@ -12,9 +12,9 @@ import json
 
 from souk.models.machine import MachineConfig
 from souk.sealing import WORKER_KEY_FILE, Sealer, Unsealable
-from souk.worker import queries
-from souk.worker.queries import Db
-from souk.worker.store import Tx
+from souk.worker.state import queries
+from souk.worker.state.queries import Db
+from souk.worker.state.store import Tx
 
 _KEY = "secrets"
 

@@ -21,7 +21,7 @@ from typing import Protocol
 
 from souk.models.machine import MachineConfig, StopConfig, normalize_signal
 from souk.sealing import Sealer
-from souk.worker import app_users, queries, volume_disk, volumes
+from souk.worker import app_users, volume_disk, volumes
 from souk.worker import secrets as machine_secrets
 from souk.worker.admission import reserve
 from souk.worker.drivers.base import Drivers, Launch
@@ -29,7 +29,8 @@ from souk.worker.fsm import OPERATIONS, STEP_NAMES
 from souk.worker.image_sync import sync_images
 from souk.worker.progress import StepRun, Superseded, advance, skip
 from souk.worker.settings import WorkerSettings
-from souk.worker.store import Store, Tx, now_iso
+from souk.worker.state import queries
+from souk.worker.state.store import Store, Tx, now_iso
 from souk.worker.supervision import Supervisor
 from souk.worker.threads import to_its_end
 

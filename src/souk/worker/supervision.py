@@ -17,14 +17,14 @@ from dataclasses import dataclass
 
 from souk.models.machine import MachineConfig, MachineState, RestartConfig
 from souk.web.metrics import OFF, Off
-from souk.worker import queries
 from souk.worker.drivers.base import Driver, Drivers, Handle
 from souk.worker.errors import StorageFault
 from souk.worker.fsm import OPERATIONS
 from souk.worker.machine_tasks import MachineTasks
 from souk.worker.progress import enqueue
-from souk.worker.storage import patiently
-from souk.worker.store import Store, Tx, now_iso
+from souk.worker.state import queries
+from souk.worker.state.storage import patiently
+from souk.worker.state.store import Store, Tx, now_iso
 
 log = logging.getLogger("souk.worker")
 

@@ -29,7 +29,7 @@ from souk.models.volume import (
     VolumeState,
     size_gb_of,
 )
-from souk.worker import queries, volume_disk
+from souk.worker import volume_disk
 from souk.worker.errors import Conflict, Cordoned, InvalidState, NoRoom, NotFound, WorkerError
 from souk.worker.fsm import (
     VOLUME_OPERATIONS,
@@ -38,10 +38,11 @@ from souk.worker.fsm import (
     check_volume_transition,
 )
 from souk.worker.machine_tasks import MachineTasks
-from souk.worker.queries import Db
 from souk.worker.settings import WorkerSettings
-from souk.worker.storage import patiently
-from souk.worker.store import Store, Tx, now_iso
+from souk.worker.state import queries, volume_queries
+from souk.worker.state.queries import Db
+from souk.worker.state.storage import patiently
+from souk.worker.state.store import Store, Tx, now_iso
 
 log = logging.getLogger("souk.worker.volumes")
 NO_DISK = "it offers no disk (start it with --disk-mb)"
@@ -82,7 +83,7 @@ def new_snapshot_id(volume_id: str) -> str:
 
 def disk(db: Db, settings: WorkerSettings) -> tuple[int, int]:
     """(offered, reserved) MB of disk for volumes."""
-    return settings.disk_mb or 0, queries.reserved_disk_mb(db)
+    return settings.disk_mb or 0, volume_queries.reserved_disk_mb(db)
 
 
 def _check_fits(db: Db, settings: WorkerSettings, grow_mb: int, refused: str | None) -> None:
@@ -103,20 +104,20 @@ def _check_fits(db: Db, settings: WorkerSettings, grow_mb: int, refused: str | N
 
 
 def _enqueue(tx: Tx, volume_id: str, op: VolumeOperation, params: dict[str, Any]) -> int:
-    op_id = queries.insert_volume_operation(tx, volume_id, op.name, params)
+    op_id = volume_queries.insert_volume_operation(tx, volume_id, op.name, params)
     tx.log("volume", volume_id, op.name, "accepted", None, op_id, params)
     return op_id
 
 
 def create(tx: Tx, settings: WorkerSettings, req: CreateVolume, refused: str | None) -> int:
-    if queries.volume(tx, req.id) is not None:
+    if volume_queries.volume(tx, req.id) is not None:
         raise Conflict(f"volume {req.id} already exists")
     size_mb, op, params = req.size_mb, VOLUME_OPERATIONS["create"], {}
     if req.snapshot_id is not None:
-        snap = queries.snapshot(tx, req.snapshot_id)
+        snap = volume_queries.snapshot(tx, req.snapshot_id)
         if snap is None:
             raise VolumeUnavailable(f"no snapshot {req.snapshot_id} on worker {settings.name}")
-        source = queries.existing_volume(tx, snap["volume"])
+        source = volume_queries.existing_volume(tx, snap["volume"])
         if source["app"] != req.app:
             raise VolumeUnavailable(f"snapshot {req.snapshot_id} belongs to another app")
         at_least = -(-snap["volume_size"] // (1 << 20))
@@ -126,7 +127,7 @@ def create(tx: Tx, settings: WorkerSettings, req: CreateVolume, refused: str | N
     assert size_mb is not None  # the model requires one or the other
     _check_fits(tx, settings, size_mb, refused)
     state = "restoring" if op.name == "restore" else "creating"
-    queries.insert_volume(
+    volume_queries.insert_volume(
         tx, req.id, req.name, req.app, state, size_mb, req.snapshot_retention, now_iso()
     )
     tx.log("volume", req.id, op.name, "reserve", state, data={"app": req.app, "size_mb": size_mb})
@@ -142,7 +143,7 @@ def _projected(row: Any) -> VolumeState:
 
 
 def extend(tx: Tx, settings: WorkerSettings, volume_id: str, size_mb: int) -> int:
-    row = queries.existing_volume(tx, volume_id)
+    row = volume_queries.existing_volume(tx, volume_id)
     if _projected(row) not in VOLUME_OPERATIONS["extend"].allowed_from:
         raise InvalidState(f"volume {volume_id} is {row['projected']}: cannot extend it")
     if size_mb < row["size_mb"]:
@@ -153,7 +154,7 @@ def extend(tx: Tx, settings: WorkerSettings, volume_id: str, size_mb: int) -> in
     _machine_settled(tx, volume_id, row["attached_machine"])
     # the same size again finishes a growth that failed half-way (the file grown, not the fs)
     _check_fits(tx, settings, size_mb - row["size_mb"], None)  # growth on a worker that has it
-    queries.set_volume_columns(tx, volume_id, {"size_mb": size_mb, "updated_at": now_iso()})
+    volume_queries.set_volume_columns(tx, volume_id, {"size_mb": size_mb, "updated_at": now_iso()})
     return _enqueue(tx, volume_id, VOLUME_OPERATIONS["extend"], {"size_mb": size_mb})
 
 
@@ -174,7 +175,7 @@ def _machine_settled(tx: Tx, volume_id: str, machine_id: str | None) -> None:
 
 
 def snapshot(tx: Tx, volume_id: str) -> tuple[str, int]:
-    row = queries.existing_volume(tx, volume_id)
+    row = volume_queries.existing_volume(tx, volume_id)
     if _projected(row) not in VOLUME_OPERATIONS["snapshot"].allowed_from:
         raise InvalidState(f"volume {volume_id} is {row['projected']}: cannot snapshot it")
     snapshot_id = new_snapshot_id(volume_id)
@@ -184,7 +185,7 @@ def snapshot(tx: Tx, volume_id: str) -> tuple[str, int]:
 
 def destroy(tx: Tx, volume_id: str) -> int | None:
     """Queue the destroy; None if it is already on its way. Refused while a machine mounts it."""
-    row = queries.existing_volume(tx, volume_id)
+    row = volume_queries.existing_volume(tx, volume_id)
     if row["attached_machine"]:
         machine = row["attached_machine"]
         raise VolumeAttached(
@@ -193,14 +194,14 @@ def destroy(tx: Tx, volume_id: str) -> int | None:
         )
     if _projected(row) == "destroyed":
         return None
-    queries.set_volume_columns(tx, volume_id, {"projected": "destroyed"})
+    volume_queries.set_volume_columns(tx, volume_id, {"projected": "destroyed"})
     return _enqueue(tx, volume_id, VOLUME_OPERATIONS["destroy"], {})
 
 
 def update(tx: Tx, volume_id: str, req: UpdateVolumeRequest) -> None:
-    queries.existing_volume(tx, volume_id)
+    volume_queries.existing_volume(tx, volume_id)
     if req.snapshot_retention is not None:
-        queries.set_volume_columns(
+        volume_queries.set_volume_columns(
             tx, volume_id, {"snapshot_retention": req.snapshot_retention, "updated_at": now_iso()}
         )
         tx.log("volume", volume_id, "update", "retention", None, data=req.model_dump())
@@ -213,12 +214,12 @@ def attach(
     must be here, the app's, made, and mounted by no other machine. Volumes it no longer names
     are let go."""
     wanted = {m.volume for m in config.mounts}
-    for volume_id in queries.volumes_attached_to(tx, machine_id):
+    for volume_id in volume_queries.volumes_attached_to(tx, machine_id):
         if volume_id not in wanted:
-            queries.set_volume_columns(tx, volume_id, {"attached_machine": None})
+            volume_queries.set_volume_columns(tx, volume_id, {"attached_machine": None})
             tx.log("volume", volume_id, "detach", "machine", None, data={"machine": machine_id})
     for volume_id in sorted(wanted):
-        row = queries.volume(tx, volume_id)
+        row = volume_queries.volume(tx, volume_id)
         if row is None or row["state"] == "destroyed" or row["app"] != app:
             raise VolumeUnavailable(
                 f"volume {volume_id} is not on worker {settings.name}"
@@ -237,14 +238,14 @@ def attach(
                 {"volume": volume_id, "machine": holder},
             )
         if holder is None:
-            queries.set_volume_columns(tx, volume_id, {"attached_machine": machine_id})
+            volume_queries.set_volume_columns(tx, volume_id, {"attached_machine": machine_id})
             tx.log("volume", volume_id, "attach", "machine", None, data={"machine": machine_id})
 
 
 def release(tx: Tx, machine_id: str) -> None:
     """The machine is destroyed: its volumes are free for the next one."""
-    for volume_id in queries.volumes_attached_to(tx, machine_id):
-        queries.set_volume_columns(tx, volume_id, {"attached_machine": None})
+    for volume_id in volume_queries.volumes_attached_to(tx, machine_id):
+        volume_queries.set_volume_columns(tx, volume_id, {"attached_machine": None})
         tx.log("volume", volume_id, "detach", "machine", None, data={"machine": machine_id})
 
 
@@ -252,7 +253,7 @@ def mount_dirs(db: Db, settings: WorkerSettings, config: MachineConfig) -> list[
     """(path in the machine, directory on the host) of each mount; the volume must be mounted."""
     found = []
     for mount in config.mounts:
-        row = queries.existing_volume(db, mount.volume)
+        row = volume_queries.existing_volume(db, mount.volume)
         p = volume_disk.paths(settings.data_dir, row["id"])
         if not volume_disk.is_mounted(p.mountpoint):
             raise RuntimeError(f"volume {row['id']} is not mounted (it is {row['state']})")
@@ -346,13 +347,15 @@ class VolumeRunner:
                 await asyncio.to_thread(volume_disk.share_volumes, self.settings.data_dir)
             except volume_disk.DiskError as exc:
                 log.warning("the volumes' directory is not a shared mount: %s", exc)
-        for volume_id in queries.live_volume_ids(self.store.read):  # made, not on their way out
+        for volume_id in volume_queries.live_volume_ids(
+            self.store.read
+        ):  # made, not on their way out
             try:
                 await _disk(volume_disk.mount, self.paths(volume_id))
                 await _disk(volume_disk.thaw, self.paths(volume_id))
             except (OSError, volume_disk.DiskError) as exc:
                 log.error("volume %s could not be mounted: %s", volume_id, exc)
-        for volume_id in queries.volumes_with_pending(self.store.read):
+        for volume_id in volume_queries.volumes_with_pending(self.store.read):
             self.kick(volume_id)
 
     def kick(self, volume_id: str) -> None:
@@ -361,7 +364,7 @@ class VolumeRunner:
 
     async def settled(self, volume_id: str, timeout: float) -> bool:
         """Wait until nothing is queued for the volume (or the timeout)."""
-        if not queries.volume_has_pending(self.store.read, volume_id):
+        if not volume_queries.volume_has_pending(self.store.read, volume_id):
             return True
         event = self._idle.setdefault(volume_id, asyncio.Event())
         try:
@@ -372,7 +375,9 @@ class VolumeRunner:
 
     async def _run_queue(self, volume_id: str) -> None:
         try:
-            while (row := queries.next_volume_operation(self.store.read, volume_id)) is not None:
+            while (
+                row := volume_queries.next_volume_operation(self.store.read, volume_id)
+            ) is not None:
                 op = VOLUME_OPERATIONS[row["op"]]
                 params = json.loads(row["params"])
                 index = row["next_step"]
@@ -399,33 +404,33 @@ class VolumeRunner:
         last = run.index == len(run.op.steps) - 1
 
         def commit(tx: Tx) -> None:
-            row = queries.volume(tx, run.volume_id)
+            row = volume_queries.volume(tx, run.volume_id)
             if row is None:
                 raise NotFound(f"no volume {run.volume_id}")
             state = step.enters or row["state"]
             check_volume_transition(row["state"], state)
             changes: dict[str, Any] = {"state": state, "updated_at": now_iso(), **columns}
-            queries.set_volume_columns(tx, run.volume_id, changes)
-            queries.set_volume_progress(tx, run.op_id, run.index + 1, last)
-            if last and queries.next_volume_operation(tx, run.volume_id) is None:
-                queries.set_volume_columns(tx, run.volume_id, {"projected": state})
+            volume_queries.set_volume_columns(tx, run.volume_id, changes)
+            volume_queries.set_volume_progress(tx, run.op_id, run.index + 1, last)
+            if last and volume_queries.next_volume_operation(tx, run.volume_id) is None:
+                volume_queries.set_volume_columns(tx, run.volume_id, {"projected": state})
             tx.log("volume", run.volume_id, run.op.name, step.name, state, run.op_id)
 
         await self.store.write(commit)
 
     async def _fail(self, run: VolumeRun, error: str) -> None:
         def commit(tx: Tx) -> None:
-            queries.set_volume_progress(tx, run.op_id, run.index, True)
-            row = queries.volume(tx, run.volume_id)
+            volume_queries.set_volume_progress(tx, run.op_id, run.index, True)
+            row = volume_queries.volume(tx, run.volume_id)
             state = None if row is None else row["state"]
             if row is not None and run.op.name == "extend":  # the growth did not happen
                 have = self.paths(run.volume_id).image
                 size = have.stat().st_size >> 20 if have.exists() else row["size_mb"]
                 state = "created" if state == "extending" else state  # as it was: usable
                 changes = {"size_mb": min(size, row["size_mb"]), "state": state}
-                queries.set_volume_columns(tx, run.volume_id, changes)
-            if row is not None and queries.next_volume_operation(tx, run.volume_id) is None:
-                queries.set_volume_columns(tx, run.volume_id, {"projected": state})
+                volume_queries.set_volume_columns(tx, run.volume_id, changes)
+            if row is not None and volume_queries.next_volume_operation(tx, run.volume_id) is None:
+                volume_queries.set_volume_columns(tx, run.volume_id, {"projected": state})
             data = {"error": error}
             tx.log("volume", run.volume_id, run.op.name, "error", state, run.op_id, data)
 
@@ -484,7 +489,7 @@ async def _copy_frozen(r: VolumeRunner, run: VolumeRun) -> None:
     volume_size = p.image.stat().st_size
 
     def record(tx: Tx) -> None:
-        queries.insert_snapshot(tx, snapshot_id, run.volume_id, size, volume_size, now_iso())
+        volume_queries.insert_snapshot(tx, snapshot_id, run.volume_id, size, volume_size, now_iso())
 
     await r.store.write(record)  # before the step is logged: a rerun inserts nothing twice
 
@@ -493,19 +498,19 @@ async def _copy_frozen(r: VolumeRunner, run: VolumeRun) -> None:
 async def _prune(r: VolumeRunner, run: VolumeRun) -> None:
     """Keep the newest `snapshot_retention`: the rows go first, then the files, so a crash
     between the two leaves a file no row names, which the rerun removes."""
-    row = queries.existing_volume(r.store.read, run.volume_id)
+    row = volume_queries.existing_volume(r.store.read, run.volume_id)
     keep = int(row["snapshot_retention"])
-    rows = queries.snapshots(r.store.read, run.volume_id)
+    rows = volume_queries.snapshots(r.store.read, run.volume_id)
     old = [s["id"] for s in rows[: max(0, len(rows) - keep)]]
     if old:
 
         def forget(tx: Tx) -> None:
             for snapshot_id in old:
-                queries.delete_snapshot(tx, snapshot_id)
+                volume_queries.delete_snapshot(tx, snapshot_id)
 
         await r.store.write(forget)
     p = r.paths(run.volume_id)
-    named = {s["id"] for s in queries.snapshots(r.store.read, run.volume_id)}
+    named = {s["id"] for s in volume_queries.snapshots(r.store.read, run.volume_id)}
 
     def remove_unnamed() -> None:
         volume_disk.clear_temporary(p.snapshots)
@@ -543,8 +548,10 @@ async def _release(r: VolumeRunner, run: VolumeRun) -> None:
     log entry's transaction's neighbour: `reserved` drops before the state says destroyed."""
 
     def commit(tx: Tx) -> None:
-        queries.set_volume_columns(tx, run.volume_id, {"reserved": 0, "attached_machine": None})
-        queries.delete_snapshots(tx, run.volume_id)
+        volume_queries.set_volume_columns(
+            tx, run.volume_id, {"reserved": 0, "attached_machine": None}
+        )
+        volume_queries.delete_snapshots(tx, run.volume_id)
         tx.log("volume", run.volume_id, "destroy", "release", None, run.op_id)
 
     await r.store.write(commit)

@@ -1,4 +1,4 @@
-"""Every SQL statement on the worker's tables (declared in `store.SCHEMA`), and nowhere else.
+"""Every SQL statement on the worker's tables (declared in `schema.py`), and nowhere else.
 
 Each function runs on a `Db`: the store's read connection, or a write's `Tx` (then it is part of
 that transaction). Rules about what the rows mean live with their callers; these only read and
@@ -24,7 +24,7 @@ class Db(Protocol):
     def execute(self, sql: str, args: Any = ..., /) -> sqlite3.Cursor: ...
 
 
-def _one(db: Db, sql: str, args: tuple[Any, ...] = ()) -> Row | None:
+def one(db: Db, sql: str, args: tuple[Any, ...] = ()) -> Row | None:
     row: Row | None = db.execute(sql, args).fetchone()
     return row
 
@@ -40,7 +40,7 @@ def init_meta(db: Db, epoch: str, name: str) -> None:
 
 
 def cordoned(db: Db) -> bool:
-    row = _one(db, "SELECT value FROM meta WHERE key = 'cordoned'")
+    row = one(db, "SELECT value FROM meta WHERE key = 'cordoned'")
     return row is not None and row["value"] == "1"
 
 
@@ -52,12 +52,12 @@ def set_cordoned(db: Db, cordoned: bool) -> None:
 
 
 def app_user(db: Db, app: str) -> tuple[int, int] | None:
-    row = _one(db, "SELECT uid, gid FROM app_users WHERE app = ?", (app,))
+    row = one(db, "SELECT uid, gid FROM app_users WHERE app = ?", (app,))
     return None if row is None else (int(row["uid"]), int(row["gid"]))
 
 
 def last_app_slot(db: Db) -> int | None:
-    row = _one(db, "SELECT MAX(slot) AS slot FROM app_users")
+    row = one(db, "SELECT MAX(slot) AS slot FROM app_users")
     return None if row is None or row["slot"] is None else int(row["slot"])
 
 
@@ -72,7 +72,7 @@ def insert_app_user(db: Db, app: str, slot: int, uid: int, gid: int, stamp: str)
 
 
 def machine(db: Db, machine_id: str) -> Row | None:
-    return _one(db, "SELECT * FROM machines WHERE id = ?", (machine_id,))
+    return one(db, "SELECT * FROM machines WHERE id = ?", (machine_id,))
 
 
 def _found(row: Row | None, machine_id: str) -> Row:
@@ -86,7 +86,7 @@ def existing_machine(db: Db, machine_id: str) -> Row:
 
 
 def machine_exists(db: Db, machine_id: str) -> bool:
-    return _one(db, "SELECT 1 FROM machines WHERE id = ?", (machine_id,)) is not None
+    return one(db, "SELECT 1 FROM machines WHERE id = ?", (machine_id,)) is not None
 
 
 def machines(db: Db, app: str | None, include_destroyed: bool) -> list[Row]:
@@ -112,20 +112,20 @@ def apps(db: Db) -> list[str]:
 
 
 def state_of(db: Db, machine_id: str) -> str:
-    row = _one(db, "SELECT state FROM machines WHERE id = ?", (machine_id,))
+    row = one(db, "SELECT state FROM machines WHERE id = ?", (machine_id,))
     return str(_found(row, machine_id)["state"])
 
 
 def driver_of(db: Db, machine_id: str) -> str | None:
     """The driver that started the machine's current process (its config may have moved on)."""
-    row = _one(db, "SELECT driver FROM machines WHERE id = ?", (machine_id,))
+    row = one(db, "SELECT driver FROM machines WHERE id = ?", (machine_id,))
     return None if row is None else row["driver"]
 
 
 def process_of(db: Db, machine_id: str) -> tuple[int, str] | None:
     """The pid and pid start time of the machine's process, if it has one."""
     row = _found(
-        _one(db, "SELECT pid, pid_start FROM machines WHERE id = ?", (machine_id,)), machine_id
+        one(db, "SELECT pid, pid_start FROM machines WHERE id = ?", (machine_id,)), machine_id
     )
     return None if row["pid"] is None else (row["pid"], row["pid_start"])
 
@@ -160,7 +160,7 @@ def started_with_checks(db: Db, machine_ids: list[str]) -> dict[str, Row]:
 
 def ip_in_use(db: Db, ip: str) -> bool:
     sql = "SELECT 1 FROM machines WHERE private_ip = ? AND state != 'destroyed'"
-    return _one(db, sql, (ip,)) is not None
+    return one(db, sql, (ip,)) is not None
 
 
 def ip_named(db: Db, ip: str) -> bool:
@@ -169,7 +169,7 @@ def ip_named(db: Db, ip: str) -> bool:
     if ip_in_use(db, ip):
         return True
     sql = "SELECT 1 FROM machines WHERE state = 'destroyed' AND private_ip = ?"
-    return _one(db, sql, (ip,)) is not None
+    return one(db, sql, (ip,)) is not None
 
 
 def insert_machine(
@@ -301,7 +301,7 @@ def set_machine_secrets(db: Db, machine_id: str, sealed: str | None) -> None:
 
 
 def machine_secrets(db: Db, machine_id: str) -> str | None:
-    row = _one(db, "SELECT sealed FROM machine_secrets WHERE machine = ?", (machine_id,))
+    row = one(db, "SELECT sealed FROM machine_secrets WHERE machine = ?", (machine_id,))
     return None if row is None else str(row["sealed"])
 
 
@@ -318,7 +318,7 @@ def insert_operation(db: Db, machine_id: str, op: str, params: dict[str, Any]) -
 
 def next_operation(db: Db, machine_id: str) -> Row | None:
     """The machine's oldest operation not yet done: the one its runner works on."""
-    return _one(
+    return one(
         db,
         "SELECT * FROM operations WHERE machine = ? AND done = 0 ORDER BY id LIMIT 1",
         (machine_id,),
@@ -327,17 +327,17 @@ def next_operation(db: Db, machine_id: str) -> Row | None:
 
 def has_pending(db: Db, machine_id: str) -> bool:
     sql = "SELECT 1 FROM operations WHERE machine = ? AND done = 0"
-    return _one(db, sql, (machine_id,)) is not None
+    return one(db, sql, (machine_id,)) is not None
 
 
 def pending_count(db: Db) -> int:
-    row = _one(db, "SELECT COUNT(*) FROM operations WHERE done = 0")
+    row = one(db, "SELECT COUNT(*) FROM operations WHERE done = 0")
     return int(row[0]) if row is not None else 0
 
 
 def queued_after(db: Db, machine_id: str, op_id: int) -> bool:
     sql = "SELECT 1 FROM operations WHERE machine = ? AND done = 0 AND id > ?"
-    return _one(db, sql, (machine_id, op_id)) is not None
+    return one(db, sql, (machine_id, op_id)) is not None
 
 
 def pending_operation_ids(db: Db) -> set[int]:
@@ -351,7 +351,7 @@ def machines_with_pending(db: Db) -> list[str]:
 
 def operation_progress(db: Db, op_id: int) -> int:
     """The index of the operation's first step not logged yet."""
-    row = _one(db, "SELECT next_step FROM operations WHERE id = ?", (op_id,))
+    row = one(db, "SELECT next_step FROM operations WHERE id = ?", (op_id,))
     return 0 if row is None else int(row["next_step"])
 
 
@@ -373,7 +373,7 @@ def pending_operations(db: Db, machine_id: str) -> list[Row]:
 
 
 def operation_done(db: Db, op_id: int) -> bool:
-    row = _one(db, "SELECT done FROM operations WHERE id = ?", (op_id,))
+    row = one(db, "SELECT done FROM operations WHERE id = ?", (op_id,))
     return row is None or bool(row["done"])
 
 
@@ -393,7 +393,7 @@ def insert_hold(db: Db, machine_id: str, until: float) -> None:
 
 
 def hold_until(db: Db, machine_id: str) -> float | None:
-    row = _one(db, "SELECT until FROM holds WHERE machine = ?", (machine_id,))
+    row = one(db, "SELECT until FROM holds WHERE machine = ?", (machine_id,))
     return None if row is None else float(row["until"])
 
 
@@ -403,7 +403,7 @@ def delete_hold(db: Db, machine_id: str) -> bool:
 
 
 def next_hold(db: Db) -> float | None:
-    row = _one(db, "SELECT MIN(until) FROM holds")
+    row = one(db, "SELECT MIN(until) FROM holds")
     return None if row is None or row[0] is None else float(row[0])
 
 
@@ -417,7 +417,7 @@ def due_holds(db: Db, now: float, limit: int = BATCH) -> list[str]:
 
 def reserved(db: Db) -> tuple[int, int, int]:
     """Cpus, memory and machines reserved by machines not yet destroyed."""
-    row = _one(db, "SELECT cpus, memory_mb, machines FROM capacity")
+    row = one(db, "SELECT cpus, memory_mb, machines FROM capacity")
     return (row["cpus"], row["memory_mb"], row["machines"]) if row else (0, 0, 0)
 
 
@@ -433,7 +433,7 @@ def adjust_reserved(db: Db, cpus: int, memory_mb: int, machines: int) -> None:
 
 def lease(db: Db, machine_id: str) -> Lease | None:
     """The machine's lease, if one is held now (an expired one counts as none)."""
-    row = _one(
+    row = one(
         db, "SELECT * FROM leases WHERE machine = ? AND expires_at > ?", (machine_id, time.time())
     )
     if row is None:
@@ -462,7 +462,7 @@ def delete_lease(db: Db, machine_id: str) -> None:
 
 
 def image(db: Db, digest: str) -> Row | None:
-    return _one(db, "SELECT ref, size FROM images WHERE digest = ?", (digest,))
+    return one(db, "SELECT ref, size FROM images WHERE digest = ?", (digest,))
 
 
 def image_digests(db: Db) -> set[str]:
@@ -520,161 +520,6 @@ def scheduled_idle(db: Db) -> list[Row]:
         " AND m.state IN ('created', 'stopped', 'failed')"
         " AND NOT EXISTS (SELECT 1 FROM operations p WHERE p.machine = m.id AND p.done = 0)"
     ).fetchall()
-
-
-# --- volumes ------------------------------------------------------------------------------------
-
-
-def volume(db: Db, volume_id: str) -> Row | None:
-    return _one(db, "SELECT * FROM volumes WHERE id = ?", (volume_id,))
-
-
-def existing_volume(db: Db, volume_id: str) -> Row:
-    row = volume(db, volume_id)
-    if row is None or row["state"] == "destroyed":
-        raise NotFound(f"no volume {volume_id} on this worker")
-    return row
-
-
-def volumes(db: Db, app: str | None, include_destroyed: bool = False) -> list[Row]:
-    sql, args = "SELECT * FROM volumes WHERE 1 = 1", []
-    if app is not None:
-        sql, args = sql + " AND app = ?", [app]
-    if not include_destroyed:
-        sql += " AND state != 'destroyed'"
-    return db.execute(sql + " ORDER BY created_at, id", args).fetchall()
-
-
-def live_volume_ids(db: Db) -> list[str]:
-    """Volumes whose disk should exist and be mounted: made, and not on their way out."""
-    rows = db.execute("SELECT id FROM volumes WHERE state IN ('created', 'extending')")
-    return [row["id"] for row in rows]
-
-
-def insert_volume(
-    db: Db,
-    volume_id: str,
-    name: str,
-    app: str,
-    state: str,
-    size_mb: int,
-    retention: int,
-    stamp: str,
-) -> None:
-    db.execute(
-        "INSERT INTO volumes (id, name, app, state, projected, size_mb, reserved,"
-        " snapshot_retention, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, 1, ?, ?, ?)",
-        (volume_id, name, app, state, "created", size_mb, retention, stamp, stamp),
-    )
-
-
-def set_volume_columns(db: Db, volume_id: str, columns: dict[str, Any]) -> None:
-    names = ", ".join(f"{name} = ?" for name in columns)  # names are the callers' literals
-    db.execute(f"UPDATE volumes SET {names} WHERE id = ?", (*columns.values(), volume_id))
-
-
-def reserved_disk_mb(db: Db) -> int:
-    row = _one(db, "SELECT COALESCE(SUM(size_mb), 0) FROM volumes WHERE reserved = 1")
-    return int(row[0]) if row is not None else 0
-
-
-def volumes_attached_to(db: Db, machine_id: str) -> list[str]:
-    rows = db.execute("SELECT id FROM volumes WHERE attached_machine = ?", (machine_id,))
-    return [row["id"] for row in rows]
-
-
-def detach_volumes(db: Db, machine_id: str) -> None:
-    db.execute(
-        "UPDATE volumes SET attached_machine = NULL WHERE attached_machine = ?", (machine_id,)
-    )
-
-
-def app_volume_names(db: Db, app: str) -> set[str]:
-    rows = db.execute("SELECT name FROM volumes WHERE app = ? AND state != 'destroyed'", (app,))
-    return {row["name"] for row in rows}
-
-
-def insert_volume_operation(db: Db, volume_id: str, op: str, params: dict[str, Any]) -> int:
-    cur = db.execute(
-        "INSERT INTO volume_operations (volume, op, params, created_at) VALUES (?, ?, ?, ?)",
-        (volume_id, op, json.dumps(params), time.time()),
-    )
-    return int(cur.lastrowid or 0)
-
-
-def next_volume_operation(db: Db, volume_id: str) -> Row | None:
-    return _one(
-        db,
-        "SELECT * FROM volume_operations WHERE volume = ? AND done = 0 ORDER BY id LIMIT 1",
-        (volume_id,),
-    )
-
-
-def volume_has_pending(db: Db, volume_id: str) -> bool:
-    sql = "SELECT 1 FROM volume_operations WHERE volume = ? AND done = 0"
-    return _one(db, sql, (volume_id,)) is not None
-
-
-def volumes_with_pending(db: Db) -> list[str]:
-    rows = db.execute("SELECT DISTINCT volume FROM volume_operations WHERE done = 0")
-    return [row["volume"] for row in rows]
-
-
-def set_volume_progress(db: Db, op_id: int, next_step: int, done: bool) -> None:
-    db.execute(
-        "UPDATE volume_operations SET next_step = ?, done = ? WHERE id = ?",
-        (next_step, int(done), op_id),
-    )
-
-
-def finish_volume_operations(db: Db, volume_id: str) -> None:
-    db.execute("UPDATE volume_operations SET done = 1 WHERE volume = ? AND done = 0", (volume_id,))
-
-
-def snapshots(db: Db, volume_id: str) -> list[Row]:
-    """Oldest first, as taken (two in one millisecond keep their order)."""
-    sql = "SELECT * FROM volume_snapshots WHERE volume = ? ORDER BY rowid"
-    return db.execute(sql, (volume_id,)).fetchall()
-
-
-def snapshot(db: Db, snapshot_id: str) -> Row | None:
-    return _one(db, "SELECT * FROM volume_snapshots WHERE id = ?", (snapshot_id,))
-
-
-def insert_snapshot(
-    db: Db, snapshot_id: str, volume_id: str, size: int, volume_size: int, stamp: str
-) -> None:
-    db.execute(
-        "INSERT OR IGNORE INTO volume_snapshots VALUES (?, ?, ?, ?, ?)",
-        (snapshot_id, volume_id, size, volume_size, stamp),
-    )
-
-
-def delete_snapshot(db: Db, snapshot_id: str) -> None:
-    db.execute("DELETE FROM volume_snapshots WHERE id = ?", (snapshot_id,))
-
-
-def delete_snapshots(db: Db, volume_id: str) -> None:
-    db.execute("DELETE FROM volume_snapshots WHERE volume = ?", (volume_id,))
-
-
-def volume_operation_error(db: Db, volume_id: str, op_id: int) -> str | None:
-    """Why the volume's operation failed, if it did (its `error` entry in the log)."""
-    row = _one(
-        db,
-        "SELECT data FROM oplog WHERE resource = ? AND op_id = ? AND step = 'error'"
-        " ORDER BY seq DESC LIMIT 1",
-        (volume_id, op_id),
-    )
-    return None if row is None else str(json.loads(row["data"]).get("error", "failed"))
-
-
-def volumes_changed_since(db: Db, since: int, limit: int, live_only: bool) -> list[tuple[int, str]]:
-    live = " AND state != 'destroyed'" if live_only else ""
-    rows = db.execute(
-        f"SELECT id, seq FROM volumes WHERE seq > ?{live} ORDER BY seq LIMIT ?", (since, limit)
-    )
-    return [(seq, volume_id) for volume_id, seq in rows]
 
 
 # --- config versions ---------------------------------------------------------------------------

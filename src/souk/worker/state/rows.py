@@ -13,9 +13,9 @@ from typing import Any
 from souk.catalog.owner import Owner
 from souk.catalog.protocol import Change
 from souk.models.catalog import ImageRow, MeshPeer, VolumeRow, machine_row, worker_row
-from souk.worker import queries
 from souk.worker.engine import Engine
-from souk.worker.store import Commit
+from souk.worker.state import queries, volume_queries
+from souk.worker.state.store import Commit
 
 
 class WorkerRows:
@@ -64,7 +64,7 @@ class WorkerRows:
 
     def _volume(self, volume_id: str) -> Change:
         """The volume's row and its version; a destroyed one's deletion."""
-        row = queries.volume(self.store.read, volume_id)
+        row = volume_queries.volume(self.store.read, volume_id)
         if row is None:
             return Change("volumes", volume_id, self.head(), None)
         if row["state"] == "destroyed":
@@ -113,7 +113,7 @@ class WorkerRows:
         ]
         found += [
             (seq, "volumes", vid)
-            for seq, vid in queries.volumes_changed_since(read, since, limit + 1, live_only)
+            for seq, vid in volume_queries.volumes_changed_since(read, since, limit + 1, live_only)
         ]
         # A deferred commit (store.py) is not durable yet: its rows come with the commit that is.
         found = sorted(f for f in found if f[0] <= head)
