@@ -43,8 +43,8 @@ from souk.web.tls import ServerCert
 from souk.worker import names, volume_disk
 from souk.worker.daemon import make_app as make_worker_app
 from souk.worker.daemon import make_driver, offering, publishing, running, tls_context
-from souk.worker.engine import Engine
 from souk.worker.errors import WorkerError
+from souk.worker.ops.engine import Engine
 from souk.worker.settings import WorkerSettings
 
 REGIONS = ("mad", "ams", "sin")

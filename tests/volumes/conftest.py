@@ -11,7 +11,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from souk.worker import volume_disk
 from souk.worker.daemon import make_app, make_driver, running
-from souk.worker.engine import Engine
+from souk.worker.ops.engine import Engine
 from tests.support.clients import Client
 from tests.support.engines import settings
 from tests.support.volumes import sweep

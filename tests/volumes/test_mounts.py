@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from souk.worker import volume_disk
-from souk.worker.engine import Engine
+from souk.worker.ops.engine import Engine
 from tests.support.clients import Client
 from tests.volumes.test_worker_volumes import make, ok, refused
 

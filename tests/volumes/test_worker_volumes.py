@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from souk.worker import volume_disk
-from souk.worker.engine import Engine
+from souk.worker.ops.engine import Engine
 from tests.support.clients import Client
 from tests.support.waiting import eventually
 from tests.volumes.conftest import leftovers

@@ -12,7 +12,7 @@ from typing import Any
 from souk.models.machine import Check, CreateMachine
 from souk.worker.checks import HealthChecks
 from souk.worker.daemon import make_driver, running
-from souk.worker.engine import Engine
+from souk.worker.ops.engine import Engine
 from tests.support.clients import Client
 from tests.support.engines import settings
 

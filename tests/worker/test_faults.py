@@ -20,11 +20,11 @@ from souk.models.machine import MAX_METADATA_BYTES, CreateMachine, GuestConfig, 
 from souk.worker import logs, procfs
 from souk.worker.daemon import make_driver, running
 from souk.worker.drivers.runc import _write_private
-from souk.worker.engine import Engine
 from souk.worker.errors import StorageFull
-from souk.worker.fsm import OPERATIONS
 from souk.worker.http import http_error
-from souk.worker.progress import enqueue
+from souk.worker.ops.engine import Engine
+from souk.worker.ops.fsm import OPERATIONS
+from souk.worker.ops.progress import enqueue
 from souk.worker.state.storage import StorageWatch, free_bytes
 from souk.worker.supervision import BACKOFF_MAX, backoff
 from tests.support.clients import Client

@@ -10,9 +10,9 @@ import pytest
 
 from souk.models.machine import CreateMachine, MachineConfig
 from souk.worker import admission
-from souk.worker.engine import Engine
-from souk.worker.fsm import OPERATIONS
-from souk.worker.progress import StepRun, Superseded, advance
+from souk.worker.ops.engine import Engine
+from souk.worker.ops.fsm import OPERATIONS
+from souk.worker.ops.progress import StepRun, Superseded, advance
 from souk.worker.state import queries
 from tests.support.waiting import eventually
 

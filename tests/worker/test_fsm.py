@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from souk.worker.fsm import (
+from souk.worker.ops.fsm import (
     OPERATIONS,
     STATES,
     TRANSITIONS,

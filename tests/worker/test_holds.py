@@ -8,9 +8,9 @@ from pathlib import Path
 
 from souk.models.api import HOLD_HEADER
 from souk.models.machine import CreateMachine, MachineConfig
-from souk.worker import holds
 from souk.worker.daemon import make_driver, running
-from souk.worker.engine import Engine
+from souk.worker.ops import holds
+from souk.worker.ops.engine import Engine
 from souk.worker.state import queries
 from tests.support.clients import Client
 from tests.support.engines import settings

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from souk.worker.cgroups import ROOT
-from souk.worker.engine import Engine
+from souk.worker.ops.engine import Engine
 from tests.support.clients import Client
 from tests.support.waiting import eventually
 

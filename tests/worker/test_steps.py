@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from souk.worker.fsm import OPERATIONS, STEP_NAMES
-from souk.worker.progress import StepRun
-from souk.worker.steps import STEPS, StepHost, StepTable
+from souk.worker.ops.fsm import OPERATIONS, STEP_NAMES
+from souk.worker.ops.progress import StepRun
+from souk.worker.ops.steps import STEPS, StepHost, StepTable
 
 
 async def _noop(host: StepHost, run: StepRun) -> int:

@@ -19,9 +19,9 @@ from souk.catalog.replica import Replica
 from souk.models.machine import CreateMachine, MachineConfig
 from souk.worker import procfs
 from souk.worker.daemon import make_driver, publishing, running
-from souk.worker.engine import Engine
 from souk.worker.oci import network
 from souk.worker.oci.registry import RegistryClient
+from souk.worker.ops.engine import Engine
 from tests.support.engines import destroy_all, settings
 from tests.support.images import ImageSpec, Layer, busybox_layer, layer
 from tests.support.registry import Registry, push

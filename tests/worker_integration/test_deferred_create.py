@@ -31,7 +31,7 @@ from souk.models.machine import CreateMachine, MachineConfig
 from souk.worker.cgroups import Cgroups
 from souk.worker.daemon import make_driver
 from souk.worker.drivers.process import ProcessDriver
-from souk.worker.engine import Engine
+from souk.worker.ops.engine import Engine
 from souk.worker.settings import WorkerSettings
 
 class Stalls(ProcessDriver):

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from souk.worker.fsm import STATES
+from souk.worker.ops.fsm import STATES
 from tests.support.machines import (
     api_pid,
     kill_machine_processes,

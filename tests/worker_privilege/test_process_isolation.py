@@ -15,7 +15,7 @@ import pytest
 from souk.worker import app_users
 from souk.worker.cgroups import detect
 from souk.worker.daemon import make_driver, running
-from souk.worker.engine import Engine
+from souk.worker.ops.engine import Engine
 from souk.worker.settings import WorkerSettings
 from tests.support.engines import destroy_all
 
@@ -187,7 +187,7 @@ import asyncio, json, os, sys
 from pathlib import Path
 from souk.models.machine import CreateMachine, MachineConfig
 from souk.worker.daemon import make_driver, running
-from souk.worker.engine import Engine
+from souk.worker.ops.engine import Engine
 from souk.worker.settings import WorkerSettings
 
 async def main():

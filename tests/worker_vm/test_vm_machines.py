@@ -22,8 +22,8 @@ from souk.worker.cgroups import Cgroups
 from souk.worker.daemon import make_driver, running
 from souk.worker.drivers import vm_boot
 from souk.worker.drivers.vm import VmDriver
-from souk.worker.engine import Engine
 from souk.worker.oci import network
+from souk.worker.ops.engine import Engine
 from souk.worker.settings import WorkerSettings
 from tests.support.engines import destroy_all
 

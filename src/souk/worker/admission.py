@@ -35,8 +35,8 @@ from souk.worker.errors import (
     NoRoom,
     WorkerError,
 )
-from souk.worker.fsm import OPERATIONS, Operation
-from souk.worker.progress import enqueue, force_destroy
+from souk.worker.ops.fsm import OPERATIONS, Operation
+from souk.worker.ops.progress import enqueue, force_destroy
 from souk.worker.settings import WorkerSettings
 from souk.worker.state import queries
 from souk.worker.state.queries import Db

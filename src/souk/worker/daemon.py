@@ -42,10 +42,10 @@ from souk.worker.drivers.process import ProcessDriver
 from souk.worker.drivers.runc import RuncDriver
 from souk.worker.drivers.sim import SimDriver
 from souk.worker.drivers.vm import VmDriver, VmError
-from souk.worker.engine import Engine
 from souk.worker.inherited_signals import catch_ignored
 from souk.worker.oci.images import ImageCache
 from souk.worker.oci.registry import RegistryClient, RegistryConfig
+from souk.worker.ops.engine import Engine
 from souk.worker.settings import WorkerSettings
 from souk.worker.state.rows import WorkerRows
 from souk.worker.state.storage import check_data_dir, unusable

@@ -19,9 +19,9 @@ from souk.models.machine import MachineConfig, MachineState, RestartConfig
 from souk.web.metrics import OFF, Off
 from souk.worker.drivers.base import Driver, Drivers, Handle
 from souk.worker.errors import StorageFault
-from souk.worker.fsm import OPERATIONS
-from souk.worker.machine_tasks import MachineTasks
-from souk.worker.progress import enqueue
+from souk.worker.ops.fsm import OPERATIONS
+from souk.worker.ops.progress import enqueue
+from souk.worker.ops.tasks import MachineTasks
 from souk.worker.state import queries
 from souk.worker.state.storage import patiently
 from souk.worker.state.store import Store, Tx, now_iso

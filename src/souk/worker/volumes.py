@@ -31,13 +31,13 @@ from souk.models.volume import (
 )
 from souk.worker import volume_disk
 from souk.worker.errors import Conflict, Cordoned, InvalidState, NoRoom, NotFound, WorkerError
-from souk.worker.fsm import (
+from souk.worker.ops.fsm import (
     VOLUME_OPERATIONS,
     VOLUME_STEP_NAMES,
     VolumeOperation,
     check_volume_transition,
 )
-from souk.worker.machine_tasks import MachineTasks
+from souk.worker.ops.tasks import MachineTasks
 from souk.worker.settings import WorkerSettings
 from souk.worker.state import queries, volume_queries
 from souk.worker.state.queries import Db

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from souk.models.machine import MachineState
-from souk.worker.fsm import OPERATIONS, TRANSITIONS, Operation, Step, check_transition
+from souk.worker.ops.fsm import OPERATIONS, TRANSITIONS, Operation, Step, check_transition
 from souk.worker.state import queries
 from souk.worker.state.store import Store, Tx, now_iso
 

@@ -25,9 +25,9 @@ from souk.worker import app_users, volume_disk, volumes
 from souk.worker import secrets as machine_secrets
 from souk.worker.admission import reserve
 from souk.worker.drivers.base import Drivers, Launch
-from souk.worker.fsm import OPERATIONS, STEP_NAMES
 from souk.worker.image_sync import sync_images
-from souk.worker.progress import StepRun, Superseded, advance, skip
+from souk.worker.ops.fsm import OPERATIONS, STEP_NAMES
+from souk.worker.ops.progress import StepRun, Superseded, advance, skip
 from souk.worker.settings import WorkerSettings
 from souk.worker.state import queries
 from souk.worker.state.store import Store, Tx, now_iso

@@ -19,18 +19,18 @@ from aiohttp import ClientError
 
 from souk.logsetup import about
 from souk.worker.errors import WorkerError
-from souk.worker.fsm import OPERATIONS
-from souk.worker.machine_tasks import MachineTasks
 from souk.worker.metrics import WorkerMetrics
 from souk.worker.oci.auth import AuthError
 from souk.worker.oci.manifest import ManifestError
 from souk.worker.oci.reference import ReferenceError as BadReference
 from souk.worker.oci.registry import RegistryError
-from souk.worker.progress import StepRun, Superseded, fail
+from souk.worker.ops.fsm import OPERATIONS
+from souk.worker.ops.progress import StepRun, Superseded, fail
+from souk.worker.ops.steps import STEPS, StepHost
+from souk.worker.ops.tasks import MachineTasks
 from souk.worker.state import queries
 from souk.worker.state.storage import patiently
 from souk.worker.state.store import Store
-from souk.worker.steps import STEPS, StepHost
 
 log = logging.getLogger("souk.worker")
 # Failures that are the request's or a registry's (no such image, a bad reference, a refusal, a

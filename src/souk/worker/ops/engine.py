@@ -32,7 +32,7 @@ from souk.models.machine import (
 from souk.models.machine_ops import ExecRequest, ExecResponse, MachineVersion, ProcessStat
 from souk.models.volume import CreateVolume, UpdateVolumeRequest, Volume, VolumeSnapshot
 from souk.sealing import Sealer, worker_key
-from souk.worker import admission, app_users, holds, leases, ps, volume_disk
+from souk.worker import admission, app_users, leases, ps, volume_disk
 from souk.worker import secrets as machine_secrets
 from souk.worker import volumes as volume_ops
 from souk.worker.cgroups import Cgroups, worker_group
@@ -40,9 +40,10 @@ from souk.worker.check_following import CheckFollowing
 from souk.worker.checks import HealthChecks
 from souk.worker.drivers.base import Driver, Drivers, ExecTimeout, Handle, HostUser, Launch
 from souk.worker.errors import InvalidState, NotFound, StorageFault, TimedOut
-from souk.worker.fsm import OPERATIONS
 from souk.worker.metrics import WorkerMetrics
-from souk.worker.runner import Runner
+from souk.worker.ops import holds
+from souk.worker.ops.fsm import OPERATIONS
+from souk.worker.ops.runner import Runner
 from souk.worker.settings import WorkerSettings
 from souk.worker.state import queries, volume_queries
 from souk.worker.state.storage import free_bytes

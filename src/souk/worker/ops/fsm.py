@@ -4,7 +4,7 @@ A machine's *states* and the legal moves between them, and each *operation* as t
 steps that carry it out (each step name has one implementation in steps.py, checked when that
 module loads). The runner runs steps in this order and logs every one; after a crash
 it resumes an operation at the first step not yet logged, so every step must be idempotent.
-docs/worker.md is generated from these tables (`python -m souk.worker.fsm`): code, log and docs
+docs/worker.md is generated from these tables (`python -m souk.worker.ops.fsm`): code, log and docs
 agree.
 """
 
