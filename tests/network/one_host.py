@@ -22,8 +22,8 @@ from aiohttp import web
 from souk.catalog.bus import InProcessBus
 from souk.models.machine import CreateMachine, Machine
 from souk.models.machine_ops import ExecRequest
-from souk.worker import names
 from souk.worker.daemon import make_app, publishing
+from souk.worker.machines import names
 from souk.worker.oci import network
 from souk.worker.ops.engine import Engine
 from tests.support.engines import engine as started_engine

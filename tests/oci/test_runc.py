@@ -13,9 +13,9 @@ import aiohttp
 import pytest
 
 from souk.models.machine import InitConfig, MachineConfig
-from souk.worker import procfs
 from souk.worker.drivers.base import ExecTimeout, Launch
 from souk.worker.drivers.runc import RuncDriver
+from souk.worker.machines import procfs
 from souk.worker.oci.images import ImageCache
 from souk.worker.oci.registry import RegistryClient
 from tests.support.images import ImageSpec, Layer, busybox_layer, layer

@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from souk.models.machine import Check, CreateMachine
-from souk.worker.checks import HealthChecks
 from souk.worker.daemon import make_driver, running
+from souk.worker.machines.checks import HealthChecks
 from souk.worker.ops.engine import Engine
 from tests.support.clients import Client
 from tests.support.engines import settings

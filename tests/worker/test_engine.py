@@ -12,13 +12,13 @@ from pathlib import Path
 import pytest
 
 from souk.models.machine import CreateMachine, MachineConfig
-from souk.worker import procfs
-from souk.worker.cgroups import Cgroups
 from souk.worker.daemon import make_driver, running
 from souk.worker.drivers.base import Launch
 from souk.worker.drivers.process import ProcessDriver
 from souk.worker.errors import WorkerError
 from souk.worker.http import http_error
+from souk.worker.machines import procfs
+from souk.worker.machines.cgroups import Cgroups
 from souk.worker.ops.engine import Engine
 from souk.worker.state.store import Commit
 from tests.support.engines import destroy_all, settings

@@ -17,16 +17,16 @@ import pytest
 
 from souk.models.capacity import OfferRequest
 from souk.models.machine import MAX_METADATA_BYTES, CreateMachine, GuestConfig, MachineConfig
-from souk.worker import logs, procfs
 from souk.worker.daemon import make_driver, running
 from souk.worker.drivers.runc import _write_private
 from souk.worker.errors import StorageFull
 from souk.worker.http import http_error
+from souk.worker.machines import logs, procfs
+from souk.worker.machines.supervision import BACKOFF_MAX, backoff
 from souk.worker.ops.engine import Engine
 from souk.worker.ops.fsm import OPERATIONS
 from souk.worker.ops.progress import enqueue
 from souk.worker.state.storage import StorageWatch, free_bytes
-from souk.worker.supervision import BACKOFF_MAX, backoff
 from tests.support.clients import Client
 from tests.support.disks import fill, needs_mount, tmpfs
 from tests.support.engines import settings

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from souk.models.machine import CreateMachine, MachineConfig
-from souk.worker import admission
+from souk.worker.machines import admission
 from souk.worker.ops.engine import Engine
 from souk.worker.ops.fsm import OPERATIONS
 from souk.worker.ops.progress import StepRun, Superseded, advance

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from souk.models.machine import MachineConfig
-from souk.worker import admission
 from souk.worker.daemon import make_driver
 from souk.worker.errors import NoRoom
+from souk.worker.machines import admission
 from tests.support.engines import settings
 
 

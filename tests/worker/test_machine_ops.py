@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from souk.worker.cgroups import ROOT
+from souk.worker.machines.cgroups import ROOT
 from souk.worker.ops.engine import Engine
 from tests.support.clients import Client
 from tests.support.waiting import eventually

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from souk.worker import procfs
-from souk.worker.cgroups import Cgroups
 from souk.worker.drivers.process import ProcessDriver
+from souk.worker.machines import procfs
+from souk.worker.machines.cgroups import Cgroups
 from tests.support.waiting import wait_until
 
 

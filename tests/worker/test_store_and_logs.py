@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from souk.worker import logs
 from souk.worker.errors import StorageFault
+from souk.worker.machines import logs
 from souk.worker.state.store import Commit, Store, Tx
 
 

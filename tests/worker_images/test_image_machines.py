@@ -17,8 +17,8 @@ import pytest
 from souk.catalog.bus import InProcessBus
 from souk.catalog.replica import Replica
 from souk.models.machine import CreateMachine, MachineConfig
-from souk.worker import procfs
 from souk.worker.daemon import make_driver, publishing, running
+from souk.worker.machines import procfs
 from souk.worker.oci import network
 from souk.worker.oci.registry import RegistryClient
 from souk.worker.ops.engine import Engine

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 import souk
-from souk.worker import procfs
 from souk.worker.drivers import launcher
+from souk.worker.machines import procfs
 from tests.support.machines import api_pid, is_running, live_pids
 from tests.support.worker_process import WorkerFactory
 
@@ -28,7 +28,7 @@ STALLING_WORKER = """
 import asyncio, sys
 from pathlib import Path
 from souk.models.machine import CreateMachine, MachineConfig
-from souk.worker.cgroups import Cgroups
+from souk.worker.machines.cgroups import Cgroups
 from souk.worker.daemon import make_driver
 from souk.worker.drivers.process import ProcessDriver
 from souk.worker.ops.engine import Engine

@@ -11,9 +11,9 @@ from dataclasses import replace
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from souk.worker import app_users
 from souk.worker.daemon import make_app, make_driver, running
 from souk.worker.drivers import launcher
+from souk.worker.machines import app_users
 from souk.worker.oci.registry import RegistryClient
 from souk.worker.ops.engine import Engine
 from souk.worker.settings import WorkerSettings

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from souk.models.machine import CreateMachine, MachineConfig
-from souk.worker import app_users
 from souk.worker.daemon import make_driver, running
+from souk.worker.machines import app_users
 from souk.worker.oci.registry import RegistryClient
 from souk.worker.ops.engine import Engine
 from souk.worker.settings import WorkerSettings

@@ -18,11 +18,11 @@ import pytest
 
 from souk.models.machine import MachineConfig
 from souk.models.machine_ops import ExecRequest
-from souk.worker.cgroups import ROOT, Cgroups, detect
 from souk.worker.daemon import make_driver, running
 from souk.worker.drivers import launcher, spawner
 from souk.worker.drivers.base import Launch
 from souk.worker.drivers.process import ProcessDriver
+from souk.worker.machines.cgroups import ROOT, Cgroups, detect
 from souk.worker.ops.engine import Engine
 from souk.worker.settings import WorkerSettings
 from tests.support.engines import destroy_all

@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from souk.worker import app_users
 from souk.worker.daemon import make_app, make_driver, running
 from souk.worker.drivers import launcher
+from souk.worker.machines import app_users
 from souk.worker.ops.engine import Engine
 from souk.worker.settings import WorkerSettings
 from tests.support.clients import Client

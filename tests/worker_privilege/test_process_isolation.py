@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from souk.worker import app_users
-from souk.worker.cgroups import detect
 from souk.worker.daemon import make_driver, running
+from souk.worker.machines import app_users
+from souk.worker.machines.cgroups import detect
 from souk.worker.ops.engine import Engine
 from souk.worker.settings import WorkerSettings
 from tests.support.engines import destroy_all

@@ -18,12 +18,12 @@ from pathlib import Path
 
 import pytest
 
-from souk.worker import procfs
-from souk.worker.cgroups import Cgroups
 from souk.worker.drivers import spawner as spawner_module
-from souk.worker.drivers.base import HostUser
 from souk.worker.drivers.exits import child_exit
 from souk.worker.drivers.spawner import _SERVERS, Command, LaunchFailed, Spawner
+from souk.worker.machines import procfs
+from souk.worker.machines.cgroups import Cgroups
+from souk.worker.machines.identity import HostUser
 
 from .conftest import LOOK, NOBODY, assert_confined, needs_root
 

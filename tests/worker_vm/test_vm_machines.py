@@ -17,11 +17,11 @@ import pytest_asyncio
 
 from souk.models.machine import CreateMachine, Machine, MachineConfig
 from souk.models.machine_ops import ExecRequest
-from souk.worker import procfs
-from souk.worker.cgroups import Cgroups
 from souk.worker.daemon import make_driver, running
 from souk.worker.drivers import vm_boot
 from souk.worker.drivers.vm import VmDriver
+from souk.worker.machines import procfs
+from souk.worker.machines.cgroups import Cgroups
 from souk.worker.oci import network
 from souk.worker.ops.engine import Engine
 from souk.worker.settings import WorkerSettings

@@ -19,7 +19,7 @@ from souk.node.cluster_secret import read_secret
 from souk.schema import SchemaTooNew
 from souk.web.listener import DEFAULT_LIMITS as _LIMITS
 from souk.web.listener import Limits
-from souk.worker.app_users import closed_above
+from souk.worker.machines.app_users import closed_above
 
 LOG_LEVEL = typer.Option("info", "--log-level", help="debug, info, warning or error.")
 LOG_FORMAT = typer.Option(

@@ -34,8 +34,7 @@ from souk.web import error_middleware
 from souk.web.body import MAX_BODY_BYTES
 from souk.web.listener import DEFAULT_LIMITS, Limits
 from souk.web.protocol import protocol_middleware
-from souk.worker import http, logs, names, schedules
-from souk.worker.cgroups import Cgroups, worker_group
+from souk.worker import http
 from souk.worker.drivers import vm_boot
 from souk.worker.drivers.base import Drivers
 from souk.worker.drivers.process import ProcessDriver
@@ -43,6 +42,8 @@ from souk.worker.drivers.runc import RuncDriver
 from souk.worker.drivers.sim import SimDriver
 from souk.worker.drivers.vm import VmDriver, VmError
 from souk.worker.inherited_signals import catch_ignored
+from souk.worker.machines import logs, names, schedules
+from souk.worker.machines.cgroups import Cgroups, worker_group
 from souk.worker.oci.images import ImageCache
 from souk.worker.oci.registry import RegistryClient, RegistryConfig
 from souk.worker.ops.engine import Engine

@@ -22,8 +22,6 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from souk.worker import logs, procfs
-from souk.worker.cgroups import Cgroups
 from souk.worker.drivers import execs, launcher
 from souk.worker.drivers.base import ExecResult, Handle, Launch
 from souk.worker.drivers.exits import (
@@ -34,7 +32,9 @@ from souk.worker.drivers.exits import (
     until_gone,
 )
 from souk.worker.drivers.file_appears import FileWatch
-from souk.worker.files import write_files
+from souk.worker.machines import logs, procfs
+from souk.worker.machines.cgroups import Cgroups
+from souk.worker.machines.files import write_files
 from souk.worker.oci import network
 from souk.worker.oci.images import Image, ImageCache
 from souk.worker.oci.spec import runtime_spec

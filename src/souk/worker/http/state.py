@@ -7,7 +7,7 @@ from aiohttp import web
 
 from souk.models.api import NONCE_HEADER
 from souk.pki import mtls_roles
-from souk.worker.admission import Fences
+from souk.worker.machines.admission import Fences
 from souk.worker.ops.engine import Engine
 
 ENGINE = web.AppKey("engine", Engine)

@@ -32,14 +32,17 @@ from souk.models.machine import (
 from souk.models.machine_ops import ExecRequest, ExecResponse, MachineVersion, ProcessStat
 from souk.models.volume import CreateVolume, UpdateVolumeRequest, Volume, VolumeSnapshot
 from souk.sealing import Sealer, worker_key
-from souk.worker import admission, app_users, leases, ps, volume_disk
-from souk.worker import secrets as machine_secrets
+from souk.worker import volume_disk
 from souk.worker import volumes as volume_ops
-from souk.worker.cgroups import Cgroups, worker_group
-from souk.worker.check_following import CheckFollowing
-from souk.worker.checks import HealthChecks
-from souk.worker.drivers.base import Driver, Drivers, ExecTimeout, Handle, HostUser, Launch
+from souk.worker.drivers.base import Driver, Drivers, ExecTimeout, Handle, Launch
 from souk.worker.errors import InvalidState, NotFound, StorageFault, TimedOut
+from souk.worker.machines import admission, app_users, leases, ps
+from souk.worker.machines import secrets as machine_secrets
+from souk.worker.machines.cgroups import Cgroups, worker_group
+from souk.worker.machines.check_following import CheckFollowing
+from souk.worker.machines.checks import HealthChecks
+from souk.worker.machines.identity import HostUser
+from souk.worker.machines.supervision import Supervisor
 from souk.worker.metrics import WorkerMetrics
 from souk.worker.ops import holds
 from souk.worker.ops.fsm import OPERATIONS
@@ -49,7 +52,6 @@ from souk.worker.state import queries, volume_queries
 from souk.worker.state.storage import free_bytes
 from souk.worker.state.store import Commit, Store, Tx
 from souk.worker.status import BusLink, StorageStatus, WorkerStatus, bus_status
-from souk.worker.supervision import Supervisor
 from souk.worker.volumes import VolumeRunner
 
 VOLUME_WAIT = 60.0  # how long a volume request waits for its operation before answering

@@ -21,17 +21,18 @@ from typing import Protocol
 
 from souk.models.machine import MachineConfig, StopConfig, normalize_signal
 from souk.sealing import Sealer
-from souk.worker import app_users, volume_disk, volumes
-from souk.worker import secrets as machine_secrets
-from souk.worker.admission import reserve
+from souk.worker import volume_disk, volumes
 from souk.worker.drivers.base import Drivers, Launch
-from souk.worker.image_sync import sync_images
+from souk.worker.machines import app_users
+from souk.worker.machines import secrets as machine_secrets
+from souk.worker.machines.admission import reserve
+from souk.worker.machines.image_sync import sync_images
+from souk.worker.machines.supervision import Supervisor
 from souk.worker.ops.fsm import OPERATIONS, STEP_NAMES
 from souk.worker.ops.progress import StepRun, Superseded, advance, skip
 from souk.worker.settings import WorkerSettings
 from souk.worker.state import queries
 from souk.worker.state.store import Store, Tx, now_iso
-from souk.worker.supervision import Supervisor
 from souk.worker.threads import to_its_end
 
 _STOP_STEPS = OPERATIONS["stop"].steps

@@ -24,8 +24,7 @@ from souk.models.machine import (
     MetadataChange,
 )
 from souk.models.wire import DEFAULT_NETWORK
-from souk.worker import leases, volumes
-from souk.worker.addresses import free_ip
+from souk.worker import volumes
 from souk.worker.drivers.base import Drivers
 from souk.worker.errors import (
     AlreadyExists,
@@ -35,6 +34,8 @@ from souk.worker.errors import (
     NoRoom,
     WorkerError,
 )
+from souk.worker.machines import leases
+from souk.worker.machines.addresses import free_ip
 from souk.worker.ops.fsm import OPERATIONS, Operation
 from souk.worker.ops.progress import enqueue, force_destroy
 from souk.worker.settings import WorkerSettings

@@ -11,7 +11,7 @@ import json
 from typing import Any
 
 from souk.models.machine import Check, CheckStatus, Service, named_checks
-from souk.worker.checks import HealthChecks, RunKey
+from souk.worker.machines.checks import HealthChecks, RunKey
 from souk.worker.state import queries
 from souk.worker.state.store import Commit, Store
 

@@ -12,7 +12,7 @@ from souk.catalog.bus import Bus
 from souk.catalog.replica import Replica
 from souk.catalog.trust import Trust
 from souk.network import dns, mesh
-from souk.worker.addresses import isolated
+from souk.worker.machines.addresses import isolated
 from souk.worker.oci import network
 from souk.worker.settings import WorkerSettings
 
