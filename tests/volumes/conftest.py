@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from souk.worker import volume_disk
 from souk.worker.daemon import make_app, make_driver, running
 from souk.worker.ops.engine import Engine
+from souk.worker.volumes import disk as volume_disk
 from tests.support.clients import Client
 from tests.support.engines import settings
 from tests.support.volumes import sweep

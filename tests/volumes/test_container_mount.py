@@ -13,9 +13,9 @@ import pytest
 
 from souk.models.machine import CreateMachine, MachineConfig
 from souk.models.volume import CreateVolume
-from souk.worker import volume_disk
 from souk.worker.daemon import make_driver, running
 from souk.worker.ops.engine import Engine
+from souk.worker.volumes import disk as volume_disk
 from tests.support.engines import settings
 from tests.support.images import ImageSpec, busybox_layer, layer
 from tests.support.registry import Registry, push, registry_or_skip

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from souk.worker import volume_disk
+from souk.worker.volumes import disk as volume_disk
 from tests.support.volumes import sweep
 from tests.support.worker_process import Reply, WorkerProcess
 from tests.volumes.conftest import leftovers

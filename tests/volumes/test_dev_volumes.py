@@ -11,7 +11,7 @@ from souk.dev import dev_cluster
 from souk.models.api import CreateAppRequest, CreateMachineRequest
 from souk.models.machine import InitConfig, MachineConfig, Mount
 from souk.models.volume import CreateVolumeRequest
-from souk.worker import volume_disk
+from souk.worker.volumes import disk as volume_disk
 from tests.support.volumes import sweep
 from tests.volumes.conftest import leftovers
 

@@ -7,7 +7,7 @@ import subprocess
 import threading
 from pathlib import Path
 
-from souk.worker import volume_disk
+from souk.worker.volumes import disk as volume_disk
 from tests.volumes.conftest import leftovers
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from souk.worker import volume_disk
 from souk.worker.ops.engine import Engine
+from souk.worker.volumes import disk as volume_disk
 from tests.support.clients import Client
 from tests.volumes.test_worker_volumes import make, ok, refused
 

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from souk.worker import volume_disk
 from souk.worker.ops.engine import Engine
+from souk.worker.volumes import disk as volume_disk
 from tests.support.clients import Client
 from tests.support.waiting import eventually
 from tests.volumes.conftest import leftovers

@@ -24,7 +24,6 @@ from souk.models.machine import (
     MetadataChange,
 )
 from souk.models.wire import DEFAULT_NETWORK
-from souk.worker import volumes
 from souk.worker.drivers.base import Drivers
 from souk.worker.errors import (
     AlreadyExists,
@@ -42,6 +41,7 @@ from souk.worker.settings import WorkerSettings
 from souk.worker.state import queries
 from souk.worker.state.queries import Db
 from souk.worker.state.store import Tx, now_iso
+from souk.worker.volumes import operations as volumes
 
 
 def new_machine_id() -> str:

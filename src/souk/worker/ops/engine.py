@@ -32,8 +32,6 @@ from souk.models.machine import (
 from souk.models.machine_ops import ExecRequest, ExecResponse, MachineVersion, ProcessStat
 from souk.models.volume import CreateVolume, UpdateVolumeRequest, Volume, VolumeSnapshot
 from souk.sealing import Sealer, worker_key
-from souk.worker import volume_disk
-from souk.worker import volumes as volume_ops
 from souk.worker.drivers.base import Driver, Drivers, ExecTimeout, Handle, Launch
 from souk.worker.errors import InvalidState, NotFound, StorageFault, TimedOut
 from souk.worker.machines import admission, app_users, leases, ps
@@ -52,7 +50,9 @@ from souk.worker.state import queries, volume_queries
 from souk.worker.state.storage import free_bytes
 from souk.worker.state.store import Commit, Store, Tx
 from souk.worker.status import BusLink, StorageStatus, WorkerStatus, bus_status
-from souk.worker.volumes import VolumeRunner
+from souk.worker.volumes import disk as volume_disk
+from souk.worker.volumes import operations as volume_ops
+from souk.worker.volumes.operations import VolumeRunner
 
 VOLUME_WAIT = 60.0  # how long a volume request waits for its operation before answering
 

@@ -21,7 +21,6 @@ from typing import Protocol
 
 from souk.models.machine import MachineConfig, StopConfig, normalize_signal
 from souk.sealing import Sealer
-from souk.worker import volume_disk, volumes
 from souk.worker.drivers.base import Drivers, Launch
 from souk.worker.machines import app_users
 from souk.worker.machines import secrets as machine_secrets
@@ -34,6 +33,8 @@ from souk.worker.settings import WorkerSettings
 from souk.worker.state import queries
 from souk.worker.state.store import Store, Tx, now_iso
 from souk.worker.threads import to_its_end
+from souk.worker.volumes import disk as volume_disk
+from souk.worker.volumes import operations as volumes
 
 _STOP_STEPS = OPERATIONS["stop"].steps
 KILL_RETRY_MAX = 1.0  # between SIGKILLs to a machine's process that is not gone yet

@@ -29,7 +29,6 @@ from souk.models.volume import (
     VolumeState,
     size_gb_of,
 )
-from souk.worker import volume_disk
 from souk.worker.errors import Conflict, Cordoned, InvalidState, NoRoom, NotFound, WorkerError
 from souk.worker.ops.fsm import (
     VOLUME_OPERATIONS,
@@ -43,6 +42,7 @@ from souk.worker.state import queries, volume_queries
 from souk.worker.state.queries import Db
 from souk.worker.state.storage import patiently
 from souk.worker.state.store import Store, Tx, now_iso
+from souk.worker.volumes import disk as volume_disk
 
 log = logging.getLogger("souk.worker.volumes")
 NO_DISK = "it offers no disk (start it with --disk-mb)"
