@@ -22,7 +22,7 @@ from tests.support.worker_process import SOUK, WorkerProcess
 
 pytestmark = pytest.mark.integration
 
-FIXTURE = Path(__file__).parents[1] / "fixtures" / "release-c03bc63"
+FIXTURE = Path(__file__).parents[2] / "fixtures" / "release-c03bc63"
 EXPECTED: dict[str, Any] = json.loads((FIXTURE / "expected.json").read_text())
 
 

@@ -8,7 +8,7 @@ import threading
 from pathlib import Path
 
 from souk.worker.volumes import disk as volume_disk
-from tests.volumes.conftest import leftovers
+from tests.worker.volumes.conftest import leftovers
 
 
 def test_every_step_is_idempotent_and_cleans_up_a_half_done_run(data_dir: Path) -> None:

@@ -19,7 +19,7 @@ import pytest
 from souk.worker.volumes import disk as volume_disk
 from tests.support.volumes import sweep
 from tests.support.worker_process import Reply, WorkerProcess
-from tests.volumes.conftest import leftovers
+from tests.worker.volumes.conftest import leftovers
 
 pytestmark = pytest.mark.integration  # real worker processes, killed and started again
 

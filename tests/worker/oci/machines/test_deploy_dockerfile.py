@@ -17,7 +17,7 @@ from souk.dev import dev_cluster
 from souk.network import hostport
 from tests.support.registry import REGISTRY, running_registry
 from tests.support.worker_process import SOUK
-from tests.worker_images.test_image_machines import get_text
+from tests.worker.oci.machines.test_image_machines import get_text
 
 pytestmark = [
     pytest.mark.integration,

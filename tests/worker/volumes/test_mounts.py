@@ -8,7 +8,7 @@ from typing import Any
 from souk.worker.ops.engine import Engine
 from souk.worker.volumes import disk as volume_disk
 from tests.support.clients import Client
-from tests.volumes.test_worker_volumes import make, ok, refused
+from tests.worker.volumes.test_worker_volumes import make, ok, refused
 
 # Writes its argument into the volume (found as the working directory's ./data), then tries to
 # write 40 MB into it and records whether the file system said no.

@@ -14,7 +14,7 @@ from souk.worker.ops.engine import Engine
 from souk.worker.volumes import disk as volume_disk
 from tests.support.clients import Client
 from tests.support.waiting import eventually
-from tests.volumes.conftest import leftovers
+from tests.worker.volumes.conftest import leftovers
 
 
 async def ok(resp: Any, status: int = 200) -> Any:

@@ -60,5 +60,5 @@ def test_docs_table_lists_every_state_and_operation() -> None:
 
 
 def test_the_docs_show_the_tables_as_declared() -> None:
-    docs = Path(__file__).parents[2] / "docs" / "worker.md"
+    docs = Path(__file__).parents[3] / "docs" / "worker.md"
     assert markdown() in docs.read_text()

@@ -19,7 +19,7 @@ from souk.clients.machines import MachinesApiError, MachinesClient
 from souk.dev import dev_cluster
 from tests.support.images import ImageSpec, busybox_layer, layer
 from tests.support.registry import REGISTRY, push, running_registry
-from tests.worker_images.test_image_machines import get_text
+from tests.worker.oci.machines.test_image_machines import get_text
 
 pytestmark = [
     pytest.mark.integration,

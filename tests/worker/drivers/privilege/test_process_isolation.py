@@ -211,7 +211,7 @@ def test_a_worker_that_is_not_root_runs_machines_as_itself(tmp_path: Path) -> No
     data = tmp_path / "w1"
     data.mkdir()
     os.chown(data, nobody, nobody)
-    src = Path(app_users.__file__).parents[2]
+    src = Path(app_users.__file__).parents[3]
     proc = subprocess.run(
         [sys.executable, "-c", NOT_ROOT, str(data)],
         user=nobody,

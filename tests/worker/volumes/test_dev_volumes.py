@@ -13,7 +13,7 @@ from souk.models.machine import InitConfig, MachineConfig, Mount
 from souk.models.volume import CreateVolumeRequest
 from souk.worker.volumes import disk as volume_disk
 from tests.support.volumes import sweep
-from tests.volumes.conftest import leftovers
+from tests.worker.volumes.conftest import leftovers
 
 
 async def test_souk_dev_offers_volumes_and_lets_them_go_at_its_end(tmp_path: Path) -> None:

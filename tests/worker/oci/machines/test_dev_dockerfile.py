@@ -27,7 +27,7 @@ pytestmark = [
     pytest.mark.skipif(shutil.which("busybox") is None, reason="busybox is not installed"),
 ]
 
-EXAMPLE = Path(__file__).parents[2] / "examples" / "site"
+EXAMPLE = Path(__file__).parents[4] / "examples" / "site"
 
 
 async def through_proxy(proxy: str, app: str) -> str:

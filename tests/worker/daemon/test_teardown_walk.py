@@ -42,7 +42,7 @@ from tests.support.walk import (
     walk_images,
 )
 from tests.support.worker_process import WorkerProcess
-from tests.worker_integration.test_dev_cleanup import DevProcess, up
+from tests.worker.daemon.test_dev_cleanup import DevProcess, up
 
 pytestmark = pytest.mark.integration
 
