@@ -10,10 +10,11 @@ import pytest
 
 from souk.models.machine import CreateMachine, MachineConfig
 from souk.worker.machines import admission
+from souk.worker.machines.operations import MACHINES
 from souk.worker.ops.engine import Engine
 from souk.worker.ops.fsm import OPERATIONS
 from souk.worker.ops.progress import StepRun, Superseded, advance
-from souk.worker.state import queries
+from souk.worker.state.operations import MACHINE_QUEUE
 from tests.support.waiting import eventually
 
 STUBBORN = {
@@ -75,11 +76,11 @@ async def test_a_superseded_operation_logs_nothing_more(engine: Engine) -> None:
     mid = (await engine.create(req)).id
     start = OPERATIONS["start"]  # queued, its runner not kicked: as if cut short in its step
     await engine.store.write(lambda tx: admission.accept(tx, mid, start, {}, None))
-    row = queries.next_operation(engine.store.read, mid)
+    row = MACHINE_QUEUE.next(engine.store.read, mid)
     assert row is not None and row["op"] == "start"
     await engine.submit(mid, "destroy", {"force": True})
     with pytest.raises(Superseded):
-        await advance(engine.store, StepRun(mid, row["id"], start, 0, {}))
+        await advance(engine.store, StepRun(MACHINES, mid, row["id"], start, 0, {}))
     ok, _ = await engine.wait(mid, "destroyed", 10, None)
     assert ok
     assert "start.begin_start" not in steps(engine, mid)

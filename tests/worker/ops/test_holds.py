@@ -12,6 +12,7 @@ from souk.worker.daemon import make_driver, running
 from souk.worker.ops import holds
 from souk.worker.ops.engine import Engine
 from souk.worker.state import queries
+from souk.worker.state.operations import MACHINE_QUEUE
 from tests.support.clients import Client
 from tests.support.engines import settings
 
@@ -66,7 +67,7 @@ async def test_expiry_spares_a_machine_already_being_destroyed(sim_engine: Engin
     await sim_engine.wait(machine.id, "destroyed", 10, None)
     due = await sim_engine.store.write(lambda tx: holds.expire_due(tx, now=1e12))
     assert due == [machine.id]
-    assert queries.has_pending(sim_engine.store.read, machine.id) is False
+    assert MACHINE_QUEUE.has_pending(sim_engine.store.read, machine.id) is False
 
 
 async def test_the_api_takes_a_hold_and_confirmations(client: Client) -> None:

@@ -22,6 +22,7 @@ from souk.worker.drivers.runc import _write_private
 from souk.worker.errors import StorageFull
 from souk.worker.http import http_error
 from souk.worker.machines import logs, procfs
+from souk.worker.machines.operations import MACHINES
 from souk.worker.machines.supervision import BACKOFF_MAX, backoff
 from souk.worker.ops.engine import Engine
 from souk.worker.ops.fsm import OPERATIONS
@@ -106,7 +107,9 @@ async def test_a_stop_logged_with_an_old_signal_name_still_runs(engine: Engine, 
     try:
         assert (await engine.wait(m.id, "started", 10, None))[0]
         stop = OPERATIONS["stop"]
-        await engine.store.write(lambda tx: enqueue(tx, m.id, stop, "started", {"signal": name}))
+        await engine.store.write(
+            lambda tx: enqueue(tx, MACHINES, m.id, stop, "started", {"signal": name})
+        )
         engine.runner.kick(m.id)
         assert (await engine.wait(m.id, "stopped", 10, None))[0]
         signalled = [

@@ -35,8 +35,9 @@ from souk.worker.errors import (
 )
 from souk.worker.machines import leases
 from souk.worker.machines.addresses import free_ip
-from souk.worker.ops.fsm import OPERATIONS, Operation
-from souk.worker.ops.progress import enqueue, force_destroy
+from souk.worker.machines.operations import MACHINES, force_destroy
+from souk.worker.ops.fsm import OPERATIONS, MachineOperation
+from souk.worker.ops.progress import enqueue
 from souk.worker.settings import WorkerSettings
 from souk.worker.state import queries
 from souk.worker.state.queries import Db
@@ -215,7 +216,7 @@ def create(
         queries.insert_hold(tx, machine_id, hold_until)
         tx.log("machine", machine_id, "hold", "provisional", None, data={"until": hold_until})
     if req.start:
-        enqueue(tx, machine_id, OPERATIONS["start"], "created", {})
+        enqueue(tx, MACHINES, machine_id, OPERATIONS["start"], "created", {})
 
 
 def _ignored(req: CreateMachine) -> dict[str, Any]:
@@ -225,7 +226,7 @@ def _ignored(req: CreateMachine) -> dict[str, Any]:
 
 
 def accept(
-    tx: Tx, machine_id: str, op: Operation, params: dict[str, Any], nonce: str | None
+    tx: Tx, machine_id: str, op: MachineOperation, params: dict[str, Any], nonce: str | None
 ) -> bool:
     """Queue `op` if the machine's projected state allows it; False when there is nothing to do
     (it is in, or on its way to, where the operation ends)."""
@@ -242,7 +243,7 @@ def accept(
         raise InvalidState(f"machine {machine_id} is {projected}: stop it first, or force")
     if projected not in op.allowed_from:
         raise InvalidState(f"machine {machine_id} is {projected}: cannot {op.name} it")
-    enqueue(tx, machine_id, op, projected, params)
+    enqueue(tx, MACHINES, machine_id, op, projected, params)
     return True
 
 
@@ -287,11 +288,11 @@ def update(
     reserve(tx, settings, d_cpus, d_mem, 0, f"update {machine_id}")
     running = projected in ("started", "starting", "suspended")
     if running:
-        enqueue(tx, machine_id, OPERATIONS["stop"], projected, {})
+        enqueue(tx, MACHINES, machine_id, OPERATIONS["stop"], projected, {})
     after = "stopped" if running else projected
-    enqueue(tx, machine_id, OPERATIONS["update"], after, {"instance_id": instance_id})
+    enqueue(tx, MACHINES, machine_id, OPERATIONS["update"], after, {"instance_id": instance_id})
     if running if start is None else start:
-        enqueue(tx, machine_id, OPERATIONS["start"], after, {})
+        enqueue(tx, MACHINES, machine_id, OPERATIONS["start"], after, {})
 
 
 def patch_metadata(tx: Tx, machine_id: str, patch: MetadataChange, nonce: str | None) -> None:

@@ -19,10 +19,12 @@ from souk.models.machine import MachineConfig, MachineState, RestartConfig
 from souk.web.metrics import OFF, Off
 from souk.worker.drivers.base import Driver, Drivers, Handle
 from souk.worker.errors import StorageFault
+from souk.worker.machines.operations import MACHINES
 from souk.worker.ops.fsm import OPERATIONS
 from souk.worker.ops.progress import enqueue
 from souk.worker.ops.tasks import MachineTasks
 from souk.worker.state import queries
+from souk.worker.state.operations import MACHINE_QUEUE
 from souk.worker.state.storage import patiently
 from souk.worker.state.store import Store, Tx, now_iso
 
@@ -142,7 +144,7 @@ class Supervisor:
 
         def commit(tx: Tx) -> bool:
             row = queries.existing_machine(tx, machine_id)
-            pending = queries.next_operation(tx, machine_id)
+            pending = MACHINE_QUEUE.next(tx, machine_id)
             queries.set_exit_code(tx, machine_id, code)
             expected = pending is not None and pending["op"] in STOPPING_OPS
             if expected or row["state"] not in ("started", "suspended"):
@@ -165,10 +167,10 @@ class Supervisor:
                 queries.count_restart(tx, machine_id)
                 not_before = time.time() + backoff(then.crash_streak)
                 params = {"not_before": not_before, "reason": "restart"}
-                enqueue(tx, machine_id, OPERATIONS["start"], then.state, params)
+                enqueue(tx, MACHINES, machine_id, OPERATIONS["start"], then.state, params)
             elif config.auto_destroy:  # done, as Fly's auto_destroy means: nothing left to keep
                 params = {"force": True, "reason": "auto_destroy"}
-                enqueue(tx, machine_id, OPERATIONS["destroy"], then.state, params)
+                enqueue(tx, MACHINES, machine_id, OPERATIONS["destroy"], then.state, params)
                 return True
             return then.restart
 

@@ -36,10 +36,12 @@ from souk.worker.drivers.base import Driver, Drivers, ExecTimeout, Handle, Launc
 from souk.worker.errors import InvalidState, NotFound, StorageFault, TimedOut
 from souk.worker.machines import admission, app_users, leases, ps
 from souk.worker.machines import secrets as machine_secrets
+from souk.worker.machines import steps as machine_steps
 from souk.worker.machines.cgroups import Cgroups, worker_group
 from souk.worker.machines.check_following import CheckFollowing
 from souk.worker.machines.checks import HealthChecks
 from souk.worker.machines.identity import HostUser
+from souk.worker.machines.operations import MACHINES
 from souk.worker.machines.supervision import Supervisor
 from souk.worker.metrics import WorkerMetrics
 from souk.worker.ops import holds
@@ -47,12 +49,15 @@ from souk.worker.ops.fsm import OPERATIONS
 from souk.worker.ops.runner import Runner
 from souk.worker.settings import WorkerSettings
 from souk.worker.state import queries, volume_queries
+from souk.worker.state.operations import MACHINE_QUEUE, operation_error
 from souk.worker.state.storage import free_bytes
 from souk.worker.state.store import Commit, Store, Tx
 from souk.worker.status import BusLink, StorageStatus, WorkerStatus, bus_status
 from souk.worker.volumes import disk as volume_disk
 from souk.worker.volumes import operations as volume_ops
-from souk.worker.volumes.operations import VolumeRunner
+from souk.worker.volumes import steps as volume_steps
+from souk.worker.volumes.operations import VOLUMES
+from souk.worker.volumes.steps import VolumeHost
 
 VOLUME_WAIT = 60.0  # how long a volume request waits for its operation before answering
 
@@ -100,9 +105,10 @@ class Engine:
         self.marked_here: set[str] = set()  # spawn markers no earlier worker run can have used
         self.pending_at_boot: set[int] = set()  # operations queued before this run began
         self.sealer = Sealer(worker_key(settings.data_dir))  # machines' secrets, at rest
-        self.runner = Runner(self.store, self, self.metrics)
+        self.runner = Runner(self.store, MACHINES, machine_steps.STEPS, self, self.metrics)
         self.holds = holds.HoldKeeper(self.store, self.runner.preempt)
-        self.volumes = VolumeRunner(self.store, settings)
+        self.volume_host = VolumeHost(self.store, settings)
+        self.volumes = Runner(self.store, VOLUMES, volume_steps.STEPS, self.volume_host)
         self.volumes_refused = volume_disk.unsupported_reason()
         if settings.disk_mb is None and self.volumes_refused is None:
             self.volumes_refused = volume_ops.NO_DISK
@@ -143,11 +149,12 @@ class Engine:
             )
         except StorageFault:  # informative only; the worker serves (and says why) all the same
             pass
-        await self.volumes.recover()  # before any machine that mounts one starts
-        self.pending_at_boot = queries.pending_operation_ids(self.store.read)
+        # volumes first: a machine may mount one
+        await volume_steps.remount(self.volume_host)
+        self.volumes.resume()
+        self.pending_at_boot = MACHINE_QUEUE.pending_ids(self.store.read)
         await self.supervisor.adopt()
-        for machine_id in queries.machines_with_pending(self.store.read):
-            self.runner.kick(machine_id)
+        self.runner.resume()
         # results are not kept across restarts
         self.following.sync(queries.started_ids(self.store.read))
         self.holds.start()  # holds whose deadline passed while the worker was down end now
@@ -271,7 +278,7 @@ class Engine:
         row = queries.machine(db, machine_id)
         if row is None or (row["state"], row["projected"]) != ("suspended", "suspended"):
             return None
-        if queries.has_pending(db, machine_id):
+        if MACHINE_QUEUE.has_pending(db, machine_id):
             return None
         leases.check(db, machine_id, nonce)
         driver = self.supervisor.running_driver(machine_id)
@@ -456,7 +463,7 @@ class Engine:
             message=None if fault is None else fault.message,
             since=watch.since,
             free_bytes=free_bytes(self.settings.data_dir),
-            stalled_operations=0 if fault is None else queries.pending_count(self.store.read),
+            stalled_operations=0 if fault is None else MACHINE_QUEUE.pending_count(self.store.read),
         )
         s = self.settings
         return WorkerStatus(
@@ -475,9 +482,7 @@ class Engine:
     ) -> Volume:
         """The volume once its queue has run (or `wait`); the operation's error, if it failed."""
         await self.volumes.settled(volume_id, wait)
-        error = None if op_id is None else volume_queries.volume_operation_error(
-            self.store.read, volume_id, op_id
-        )  # fmt: skip
+        error = None if op_id is None else operation_error(self.store.read, volume_id, op_id)
         if error is not None:
             raise volume_ops.VolumeFailed(f"{what} volume {volume_id} failed: {error}")
         return self.volume(volume_id, include_destroyed=True)
@@ -543,7 +548,7 @@ class Engine:
         while True:
             event = self._changed.setdefault(machine_id, asyncio.Event())
             machine = self.get(machine_id, events=False)
-            settled = not queries.has_pending(self.store.read, machine_id)
+            settled = not MACHINE_QUEUE.has_pending(self.store.read, machine_id)
             if settled and machine.state == state and instance_id in (None, machine.instance_id):
                 return True, machine
             remaining = deadline - time.monotonic()

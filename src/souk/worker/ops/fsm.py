@@ -1,20 +1,101 @@
 """The worker's state machines, declared once as data.
 
-A machine's *states* and the legal moves between them, and each *operation* as the ordered
-steps that carry it out (each step name has one implementation in steps.py, checked when that
-module loads). The runner runs steps in this order and logs every one; after a crash
-it resumes an operation at the first step not yet logged, so every step must be idempotent.
-docs/worker.md is generated from these tables (`python -m souk.worker.ops.fsm`): code, log and docs
-agree.
+A resource's *states* and the legal moves between them, and each *operation* as the ordered
+steps that carry it out: a machine's and a volume's tables here, each a `StateMachine`, run
+alike by the one engine (`runner.py`; each step name has one implementation, in
+`machines/steps.py` or `volumes/steps.py`, checked when that module loads). The runner runs
+steps in this order and logs every one; after a crash it resumes an operation at the first step
+not yet logged, so every step must be idempotent. docs/worker.md is generated from these tables
+(`python -m souk.worker.ops.fsm`): code, log and docs agree.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal, get_args
+from typing import Generic, Literal, TypeVar, get_args
 
 from souk.models.machine import MachineState
 from souk.models.volume import VolumeState
+
+S = TypeVar("S", bound=str)
+
+
+@dataclass(frozen=True)
+class Step(Generic[S]):
+    name: str
+    enters: S | None = None  # the state the resource is in once this step is logged
+    # Logged in the next step's commit (one fsync for both) when the worker that accepted the
+    # operation runs it and the next step follows at once (a start with no image to pull): a
+    # crash between them resumes at this step, which must then find and adopt whatever the
+    # next step may have started.
+    with_next: bool = False
+
+
+@dataclass(frozen=True)
+class Operation(Generic[S]):
+    name: str
+    allowed_from: frozenset[S]  # the resource's (projected) state when it is accepted
+    steps: tuple[Step[S], ...]
+    ends_in: S | None  # None: the state it was accepted from
+
+
+class IllegalTransition(Exception):
+    def __init__(self, kind: str, current: str, wanted: str) -> None:
+        super().__init__(f"a {kind} cannot go from {current} to {wanted}")
+        self.current = current
+        self.wanted = wanted
+
+
+@dataclass(frozen=True)
+class StateMachine(Generic[S]):
+    """One kind of resource's table: its states, their moves, its operations; `kind` names it
+    in the log."""
+
+    kind: str
+    states: tuple[S, ...]
+    transitions: Mapping[S, frozenset[S]]
+    operations: Mapping[str, Operation[S]]
+
+    def __post_init__(self) -> None:
+        for op in self.operations.values():
+            for state in (*op.allowed_from, op.ends_in, *(s.enters for s in op.steps)):
+                if state is not None and state not in self.states:
+                    raise LookupError(f"{self.kind} operation {op.name}: no state {state!r}")
+
+    @property
+    def step_names(self) -> frozenset[str]:
+        return frozenset(s.name for op in self.operations.values() for s in op.steps)
+
+    def check(self, current: S, wanted: S) -> None:
+        if current != wanted and wanted not in self.transitions[current]:
+            raise IllegalTransition(self.kind, current, wanted)
+
+    def markdown(self, with_ends: bool = True) -> list[str]:
+        """The states and operations as Markdown tables."""
+        lines = ["| state | may go to |", "| --- | --- |"]
+        lines += [
+            f"| `{s}` | {', '.join(f'`{t}`' for t in sorted(self.transitions[s])) or '—'} |"
+            for s in self.states
+        ]
+        head = "| operation | accepted from | steps (state entered) |"
+        lines += ["", head + (" ends in |" if with_ends else ""), "| --- | --- | --- |"]
+        if with_ends:
+            lines[-1] += " --- |"
+        for op in self.operations.values():
+            steps = " → ".join(
+                f"{s.name}"
+                + (f" (`{s.enters}`)" if s.enters else "")
+                + ("+" if s.with_next else "")
+                for s in op.steps
+            )
+            allowed = ", ".join(f"`{s}`" for s in sorted(op.allowed_from)) or f"(new {self.kind})"
+            row = f"| {op.name} | {allowed} | {steps} |"
+            if with_ends:
+                row += f" {f'`{op.ends_in}`' if op.ends_in else 'unchanged'} |"
+            lines.append(row)
+        return lines
+
 
 STATES: tuple[MachineState, ...] = get_args(MachineState)
 
@@ -32,56 +113,51 @@ TRANSITIONS: dict[MachineState, frozenset[MachineState]] = {
 }
 
 
-@dataclass(frozen=True)
-class Step:
-    name: str
-    enters: MachineState | None = None  # the state the machine is in once this step is logged
-    # Logged in the next step's commit (one fsync for both) when the worker that accepted the
-    # operation runs it and the next step follows at once (a start with no image to pull): a
-    # crash between them resumes at this step, which must then find and adopt whatever the
-    # next step may have started.
-    with_next: bool = False
+MachineStep = Step[MachineState]
+MachineOperation = Operation[MachineState]
 
+_START: tuple[MachineStep, ...] = (
+    MachineStep("begin_start", "starting", with_next=True),
+    MachineStep("spawn", "started"),
+)
+_STOP: tuple[MachineStep, ...] = (
+    MachineStep("begin_stop", "stopping"),
+    MachineStep("signal"),
+    MachineStep("end_stop", "stopped"),
+)
 
-@dataclass(frozen=True)
-class Operation:
-    name: str
-    allowed_from: frozenset[MachineState]  # the machine's (projected) state when it is accepted
-    steps: tuple[Step, ...]
-    ends_in: MachineState | None  # None: the state it was accepted from
-
-
-_START = (Step("begin_start", "starting", with_next=True), Step("spawn", "started"))
-_STOP = (Step("begin_stop", "stopping"), Step("signal"), Step("end_stop", "stopped"))
-
-OPERATIONS: dict[str, Operation] = {
+OPERATIONS: dict[str, MachineOperation] = {
     op.name: op
     for op in (
-        Operation("start", frozenset({"created", "stopped", "failed"}), _START, "started"),
-        Operation("stop", frozenset({"started", "starting", "suspended"}), _STOP, "stopped"),
-        Operation(
+        MachineOperation("start", frozenset({"created", "stopped", "failed"}), _START, "started"),
+        MachineOperation("stop", frozenset({"started", "starting", "suspended"}), _STOP, "stopped"),
+        MachineOperation(
             "restart", frozenset({"started", "starting", "suspended"}), _STOP + _START, "started"
         ),
         # Freeze the machine's processes where they are; its reservation stays. A start of a
         # suspended machine is a resume: it thaws them.
-        Operation("suspend", frozenset({"started"}), (Step("freeze", "suspended"),), "suspended"),
-        Operation("resume", frozenset({"suspended"}), (Step("thaw", "started"),), "started"),
-        Operation(
+        MachineOperation(
+            "suspend", frozenset({"started"}), (MachineStep("freeze", "suspended"),), "suspended"
+        ),
+        MachineOperation(
+            "resume", frozenset({"suspended"}), (MachineStep("thaw", "started"),), "started"
+        ),
+        MachineOperation(
             "update",
             frozenset({"created", "started", "stopped", "failed"}),
-            (Step("apply_config"),),
+            (MachineStep("apply_config"),),
             None,
         ),
-        Operation(
+        MachineOperation(
             "destroy",
             frozenset(
                 {"created", "starting", "started", "stopping", "stopped", "failed", "suspended"}
             ),
             (
-                Step("begin_destroy", "destroying"),
-                Step("kill"),
-                Step("cleanup"),
-                Step("end_destroy", "destroyed"),
+                MachineStep("begin_destroy", "destroying"),
+                MachineStep("kill"),
+                MachineStep("cleanup"),
+                MachineStep("end_destroy", "destroyed"),
             ),
             "destroyed",
         ),
@@ -98,7 +174,9 @@ CREATE_SYNCED_BY = "spawn"
 if CREATE_SYNCED_BY not in {s.name for s in OPERATIONS["start"].steps}:
     raise LookupError(f"{CREATE_SYNCED_BY!r} is no step of start")
 
-STEP_NAMES: frozenset[str] = frozenset(s.name for op in OPERATIONS.values() for s in op.steps)
+MACHINE: StateMachine[MachineState] = StateMachine("machine", STATES, TRANSITIONS, OPERATIONS)
+STEP_NAMES = MACHINE.step_names
+check_transition = MACHINE.check
 
 # A machine a broker creates is *provisional* until that broker confirms it has answered its
 # client: if no confirmation comes before the hold's deadline (kept in SQLite, so a restart keeps
@@ -113,21 +191,9 @@ HOLD_TRANSITIONS: dict[HoldState, frozenset[HoldState]] = {
 HOLD_EXPIRES_WITH = "destroy"  # the operation an expired hold queues, forced
 
 
-class IllegalTransition(Exception):
-    def __init__(self, current: MachineState, wanted: MachineState) -> None:
-        super().__init__(f"a machine cannot go from {current} to {wanted}")
-        self.current = current
-        self.wanted = wanted
-
-
-def check_transition(current: MachineState, wanted: MachineState) -> None:
-    if current != wanted and wanted not in TRANSITIONS[current]:
-        raise IllegalTransition(current, wanted)
-
-
 # --- volumes -----------------------------------------------------------------------------------
 # A volume's operations run the same way (steps logged one by one, resumed after a crash at the
-# first step not logged), from their own queue, by worker/volumes.py.
+# first step not logged), from their own queue, by the same runner (volumes/steps.py).
 
 VOLUME_STATES: tuple[VolumeState, ...] = get_args(VolumeState)
 
@@ -141,35 +207,27 @@ VOLUME_TRANSITIONS: dict[VolumeState, frozenset[VolumeState]] = {
 }
 
 
-@dataclass(frozen=True)
-class VolumeStep:
-    name: str
-    enters: VolumeState | None = None
+VolumeStep = Step[VolumeState]
+VolumeOperation = Operation[VolumeState]
 
-
-@dataclass(frozen=True)
-class VolumeOperation:
-    name: str
-    allowed_from: frozenset[VolumeState]  # empty: the operation that makes the volume
-    steps: tuple[VolumeStep, ...]
-
-
-_MOUNT = (VolumeStep("attach_loop"), VolumeStep("mount_fs", "created"))
+_MOUNT: tuple[VolumeStep, ...] = (VolumeStep("attach_loop"), VolumeStep("mount_fs", "created"))
 
 VOLUME_OPERATIONS: dict[str, VolumeOperation] = {
     op.name: op
     for op in (
-        VolumeOperation("create", frozenset(), (VolumeStep("make_disk"), *_MOUNT)),
-        VolumeOperation("restore", frozenset(), (VolumeStep("copy_snapshot"), *_MOUNT)),
+        VolumeOperation("create", frozenset(), (VolumeStep("make_disk"), *_MOUNT), "created"),
+        VolumeOperation("restore", frozenset(), (VolumeStep("copy_snapshot"), *_MOUNT), "created"),
         VolumeOperation(
             "extend",
             frozenset({"created"}),
             (VolumeStep("grow_file", "extending"), VolumeStep("grow_fs", "created")),
+            "created",
         ),
         VolumeOperation(
             "snapshot",
             frozenset({"created", "extending"}),
             (VolumeStep("copy_frozen"), VolumeStep("prune_snapshots")),
+            None,
         ),
         VolumeOperation(
             "destroy",
@@ -181,57 +239,20 @@ VOLUME_OPERATIONS: dict[str, VolumeOperation] = {
                 VolumeStep("remove_disk"),
                 VolumeStep("release_disk", "destroyed"),
             ),
+            "destroyed",
         ),
     )
 }
 
-VOLUME_STEP_NAMES: frozenset[str] = frozenset(
-    s.name for op in VOLUME_OPERATIONS.values() for s in op.steps
+VOLUME: StateMachine[VolumeState] = StateMachine(
+    "volume", VOLUME_STATES, VOLUME_TRANSITIONS, VOLUME_OPERATIONS
 )
-
-
-def check_volume_transition(current: VolumeState, wanted: VolumeState) -> None:
-    if current != wanted and wanted not in VOLUME_TRANSITIONS[current]:
-        raise ValueError(f"a volume cannot go from {current} to {wanted}")
 
 
 def markdown() -> str:
     """The tables above as Markdown, for docs/worker.md."""
-    lines = ["| state | may go to |", "| --- | --- |"]
-    lines += [
-        f"| `{s}` | {', '.join(f'`{t}`' for t in sorted(TRANSITIONS[s])) or '—'} |" for s in STATES
-    ]
-    lines += [
-        "",
-        "| operation | accepted from | steps (state entered) | ends in |",
-        "| --- | --- | --- | --- |",
-    ]
-    for op in OPERATIONS.values():
-        steps = " → ".join(
-            f"{s.name}" + (f" (`{s.enters}`)" if s.enters else "") + ("+" if s.with_next else "")
-            for s in op.steps
-        )
-        allowed = ", ".join(f"`{s}`" for s in sorted(op.allowed_from))
-        ends = f"`{op.ends_in}`" if op.ends_in else "unchanged"
-        lines.append(f"| {op.name} | {allowed} | {steps} | {ends} |")
-    lines += [
-        "",
-        "Volumes (see [volumes.md](volumes.md)):",
-        "",
-        "| state | may go to |",
-        "| --- | --- |",
-    ]
-    lines += [
-        f"| `{s}` | {', '.join(f'`{t}`' for t in sorted(VOLUME_TRANSITIONS[s])) or '—'} |"
-        for s in VOLUME_STATES
-    ]
-    lines += ["", "| operation | accepted from | steps (state entered) |", "| --- | --- | --- |"]
-    for vop in VOLUME_OPERATIONS.values():
-        steps = " → ".join(
-            f"{s.name}" + (f" (`{s.enters}`)" if s.enters else "") for s in vop.steps
-        )
-        allowed = ", ".join(f"`{s}`" for s in sorted(vop.allowed_from)) or "(new volume)"
-        lines.append(f"| {vop.name} | {allowed} | {steps} |")
+    lines = MACHINE.markdown()
+    lines += ["", "Volumes (see [volumes.md](volumes.md)):", "", *VOLUME.markdown()]
     lines.append("\nA step marked + is committed together with the step after it.")
     lines.append(
         "A create with `start: true` that answers once its machine runs is committed without"

@@ -17,8 +17,8 @@ import logging
 import time
 from collections.abc import Callable
 
+from souk.worker.machines.operations import force_destroy
 from souk.worker.ops.fsm import HOLD_TRANSITIONS, HoldState
-from souk.worker.ops.progress import force_destroy
 from souk.worker.state import queries
 from souk.worker.state.store import Store, Tx
 

@@ -1,19 +1,20 @@
-"""An operation's course as the log records it: queued, each step done or skipped, failed.
+"""An operation's course as the log records it: queued, each step done or skipped, failed; the
+same for every kind of resource.
 
-Each record is one transaction, which also moves the machine only along fsm.py's transitions
-and keeps its *projected* state (its state once every queued operation has run) true.
+Each record is one transaction, which also moves the resource only along its state machine's
+transitions (fsm.py) and keeps its *projected* state (its state once every queued operation has
+run) true. A kind of resource is a `Kind`: its state machine, its queue and rows (the tables
+`state/operations.py` reads), and what a failed operation leaves it in.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from souk.models.machine import MachineState
-from souk.worker.ops.fsm import OPERATIONS, TRANSITIONS, Operation, Step, check_transition
-from souk.worker.state import queries
+from souk.worker.ops.fsm import Operation, StateMachine, Step
+from souk.worker.state.operations import OperationQueue
 from souk.worker.state.store import Store, Tx, now_iso
 
 
@@ -23,65 +24,58 @@ class Superseded(Exception):
 
 
 @dataclass(frozen=True)
+class Kind:
+    """What the engine needs of one kind of resource: its table of states and operations, its
+    queue and rows, `failed` (handed its steps' host, in the failure's transaction: the state a
+    failed operation leaves the resource in, from the state it was in, with whatever else that
+    undoes) and the failures `expected` of its steps (logged in a line, where any other gets its
+    traceback)."""
+
+    fsm: StateMachine[Any]
+    queue: OperationQueue
+    failed: Callable[[Any, Tx, StepRun, str], str]
+    expected: tuple[type[BaseException], ...] = ()
+
+    @property
+    def name(self) -> str:
+        return self.fsm.kind
+
+
+@dataclass(frozen=True)
 class StepRun:
     """One step of one queued operation: what the runner hands the step's implementation."""
 
-    machine_id: str
+    kind: Kind
+    resource: str
     op_id: int
-    op: Operation
+    op: Operation[Any]
     index: int
     params: dict[str, Any]
 
     @property
-    def step(self) -> Step:
+    def step(self) -> Step[Any]:
         return self.op.steps[self.index]
 
 
 def enqueue(
-    tx: Tx, machine_id: str, op: Operation, projected: MachineState, params: dict[str, Any]
-) -> None:
-    """Queue `op`, accepted from `projected`; the machine is projected to end where it does."""
-    op_id = queries.insert_operation(tx, machine_id, op.name, params)
-    queries.set_projected(tx, machine_id, op.ends_in or projected)
-    tx.log("machine", machine_id, op.name, "accepted", None, op_id, params)
-
-
-def supersede(tx: Tx, machine_id: str, by: str) -> int:
-    """End every operation queued for the machine, where it stands, logging each as
-    superseded: a forced destroy does not wait behind them. Returns how many were ended."""
-    pending = queries.pending_operations(tx, machine_id)
-    for row in pending:
-        queries.finish_operation(tx, row["id"])
-        tx.log("machine", machine_id, row["op"], "superseded", None, row["id"], {"by": by})
-    return len(pending)
-
-
-def force_destroy(tx: Tx, machine_id: str, params: dict[str, Any]) -> bool:
-    """Queue a forced destroy that waits behind nothing: whatever the machine's queue was doing
-    (a stop waiting out a long timeout, a start blocked on its image, a plain destroy) ends
-    where it stands, and the destroy kills at once from any state. False when the machine is
-    destroyed or a forced destroy is queued already. Its runner must then be preempted
-    (`Runner.preempt`): the step it runs belongs to an operation that is over."""
-    row = queries.existing_machine(tx, machine_id)
-    if row["state"] == "destroyed":
-        return False
-    pending = queries.pending_operations(tx, machine_id)
-    if any(r["op"] == "destroy" and json.loads(r["params"]).get("force") for r in pending):
-        return False
-    supersede(tx, machine_id, "destroy")
-    enqueue(tx, machine_id, OPERATIONS["destroy"], row["state"], {**params, "force": True})
-    return True
+    tx: Tx, kind: Kind, resource: str, op: Operation[Any], projected: str, params: dict[str, Any]
+) -> int:
+    """Queue `op`, accepted from `projected`; the resource is projected to end where it does."""
+    op_id = kind.queue.insert(tx, resource, op.name, params)
+    kind.queue.set_columns(tx, resource, {"projected": op.ends_in or projected})
+    tx.log(kind.name, resource, op.name, "accepted", None, op_id, params)
+    return op_id
 
 
 def _still_pending(tx: Tx, run: StepRun) -> None:
-    if queries.operation_done(tx, run.op_id):
-        raise Superseded(f"{run.op.name} of {run.machine_id} was superseded")
+    if run.kind.queue.done(tx, run.op_id):
+        raise Superseded(f"{run.op.name} of {run.resource} was superseded")
 
 
-def settle_projection(tx: Tx, machine_id: str) -> None:
+def settle_projection(tx: Tx, kind: Kind, resource: str) -> None:
     """With no operation left queued, the projected state is simply the state."""
-    if not queries.has_pending(tx, machine_id):
-        queries.reset_projection(tx, machine_id)
+    if not kind.queue.has_pending(tx, resource):
+        kind.queue.reset_projection(tx, resource)
 
 
 async def advance(
@@ -96,36 +90,33 @@ async def advance(
     `after`: the first step of the operation not logged yet, when earlier steps (fsm.py's
     `with_next`) are to be logged in this same commit; `also`: more the step writes, in it too.
     Returns the index of the next step."""
-    step, machine_id = run.step, run.machine_id
+    queue, step = run.kind.queue, run.step
     last = run.index == len(run.op.steps) - 1
     first = run.index if after is None else after
 
     def commit(tx: Tx) -> None:
         _still_pending(tx, run)
-        row = queries.existing_machine(tx, machine_id)
-        state = row["state"]
+        state = queue.existing(tx, run.resource)["state"]
         for earlier in run.op.steps[first : run.index]:
             state = _enter(tx, run, earlier, state, None)
         state = _enter(tx, run, step, state, data)
-        queries.set_columns(tx, machine_id, {"state": state, "updated_at": now_iso(), **columns})
-        queries.set_progress(tx, run.op_id, run.index + 1, last)
+        queue.set_columns(tx, run.resource, {"state": state, "updated_at": now_iso(), **columns})
+        queue.set_progress(tx, run.op_id, run.index + 1, last)
         if also is not None:
             also(tx)
         if last:
-            settle_projection(tx, machine_id)
+            settle_projection(tx, run.kind, run.resource)
 
     await store.write(commit)
     return run.index + 1
 
 
-def _enter(
-    tx: Tx, run: StepRun, step: Step, state: MachineState, data: dict[str, Any] | None
-) -> MachineState:
+def _enter(tx: Tx, run: StepRun, step: Step[Any], state: str, data: dict[str, Any] | None) -> str:
     """Log one step, checking the move to the state it enters; returns the state now."""
     new = step.enters or state
-    check_transition(state, new)
-    tx.log("machine", run.machine_id, run.op.name, step.name, new, run.op_id, data)
-    return new
+    run.kind.fsm.check(state, new)
+    tx.log(run.kind.name, run.resource, run.op.name, step.name, new, run.op_id, data)
+    return str(new)
 
 
 async def skip(store: Store, run: StepRun, to: int, why: str) -> int:
@@ -135,32 +126,33 @@ async def skip(store: Store, run: StepRun, to: int, why: str) -> int:
 
     def commit(tx: Tx) -> None:
         _still_pending(tx, run)
-        queries.set_progress(tx, run.op_id, to, done)
-        tx.log("machine", run.machine_id, run.op.name, "skipped", None, run.op_id, {"why": why})
+        run.kind.queue.set_progress(tx, run.op_id, to, done)
+        data = {"why": why}
+        tx.log(run.kind.name, run.resource, run.op.name, "skipped", None, run.op_id, data)
         if done:
-            settle_projection(tx, run.machine_id)
+            settle_projection(tx, run.kind, run.resource)
 
     await store.write(commit)
     return to
 
 
-async def fail(store: Store, machine_id: str, op_id: int, op: Operation, error: str) -> None:
-    """The operation cannot go on: the machine fails (where it may), the queue moves on."""
+async def fail(store: Store, host: object, run: StepRun, error: str) -> None:
+    """The operation cannot go on: the resource is left where its kind says a failure leaves
+    it, and the queue moves on."""
+    kind, resource = run.kind, run.resource
 
     def commit(tx: Tx) -> None:
-        if queries.operation_done(tx, op_id):  # superseded meanwhile: the destroy decides
+        if kind.queue.done(tx, run.op_id):  # superseded meanwhile: the destroy decides
             return
-        row = queries.existing_machine(tx, machine_id)
-        state: MachineState = row["state"]
-        index = queries.operation_progress(tx, op_id)
-        while index < len(op.steps) and op.steps[index].with_next:  # done, and not logged yet
-            run = StepRun(machine_id, op_id, op, index, {})
-            state = _enter(tx, run, op.steps[index], state, None)
+        state = kind.queue.existing(tx, resource)["state"]
+        index = kind.queue.progress(tx, run.op_id)
+        while index < len(run.op.steps) and run.op.steps[index].with_next:  # done, not logged
+            at = StepRun(kind, resource, run.op_id, run.op, index, {})
+            state = _enter(tx, at, run.op.steps[index], state, None)
             index += 1
-        state = "failed" if "failed" in TRANSITIONS[state] else state
-        queries.set_failed(tx, machine_id, state, now_iso())
-        queries.finish_operation(tx, op_id)
-        tx.log("machine", machine_id, op.name, "error", state, op_id, {"error": error})
-        settle_projection(tx, machine_id)
+        state = kind.failed(host, tx, run, state)
+        kind.queue.finish(tx, run.op_id)
+        tx.log(kind.name, resource, run.op.name, "error", state, run.op_id, {"error": error})
+        settle_projection(tx, kind, resource)
 
     await store.write(commit)

@@ -1,10 +1,12 @@
-"""The operation runner: one task per machine with queued operations, running them in order,
-one step at a time, each step found in the table of step implementations.
+"""The operation runner, one for every kind of resource: a task per resource with queued
+operations, running them in order, one step at a time, each step found in its kind's table of
+step implementations.
 
 A step that fails because the data directory cannot take its commit (full, read-only) has not
 happened as far as the log knows: it is run again, after a backoff that any successful commit
 cuts short, so an acknowledged operation completes once the disk has room again. Any other
-failure fails the operation and the queue goes on.
+failure fails the operation (`progress.fail`: the resource's kind says where that leaves it)
+and the queue goes on.
 """
 
 from __future__ import annotations
@@ -14,66 +16,90 @@ import functools
 import json
 import logging
 import time
-
-from aiohttp import ClientError
+from typing import Generic, TypeVar
 
 from souk.logsetup import about
-from souk.worker.errors import WorkerError
+from souk.worker.errors import NotFound
 from souk.worker.metrics import WorkerMetrics
-from souk.worker.oci.auth import AuthError
-from souk.worker.oci.manifest import ManifestError
-from souk.worker.oci.reference import ReferenceError as BadReference
-from souk.worker.oci.registry import RegistryError
-from souk.worker.ops.fsm import OPERATIONS
-from souk.worker.ops.progress import StepRun, Superseded, fail
-from souk.worker.ops.steps import STEPS, StepHost
+from souk.worker.ops.progress import Kind, StepRun, Superseded, fail
+from souk.worker.ops.steps import StepTable
 from souk.worker.ops.tasks import MachineTasks
-from souk.worker.state import queries
 from souk.worker.state.storage import patiently
 from souk.worker.state.store import Store
 
+H = TypeVar("H")
 log = logging.getLogger("souk.worker")
-# Failures that are the request's or a registry's (no such image, a bad reference, a refusal, a
-# registry out of reach): one line with the reason; anything else is unforeseen and logged with
-# its traceback.
-EXPECTED = (WorkerError, RegistryError, AuthError, ManifestError, BadReference, ClientError)
 
 
-class Runner:
-    def __init__(self, store: Store, host: StepHost, metrics: WorkerMetrics | None = None) -> None:
+class Runner(Generic[H]):
+    """Runs the queues of one kind of resource with its `steps`, each handed `host`; `metrics`
+    (a machine's operations) counts and times them."""
+
+    def __init__(
+        self,
+        store: Store,
+        kind: Kind,
+        steps: StepTable[H],
+        host: H,
+        metrics: WorkerMetrics | None = None,
+    ) -> None:
         self.store = store
+        self.kind = kind
+        self.steps = steps
         self.host = host
-        self.metrics = metrics or WorkerMetrics(enabled=False)
+        self.metrics = metrics
         self.tasks = MachineTasks()
+        self._idle: dict[str, asyncio.Event] = {}
 
-    def kick(self, machine_id: str) -> None:
-        """Make sure the machine's queue is being run."""
-        self.tasks.ensure(machine_id, lambda: self._run_queue(machine_id))
+    def kick(self, resource: str) -> None:
+        """Make sure the resource's queue is being run."""
+        self._idle.setdefault(resource, asyncio.Event()).clear()
+        self.tasks.ensure(resource, lambda: self._run_queue(resource))
 
-    def preempt(self, machine_id: str) -> None:
-        """Run the machine's queue afresh: the step running now belongs to an operation a
-        forced destroy superseded (`progress.force_destroy`), so it is cancelled where it waits
-        (a stop's timeout, an image pull), not waited for."""
-        self.tasks.replace(machine_id, lambda: self._run_queue(machine_id))
+    def preempt(self, resource: str) -> None:
+        """Run the resource's queue afresh: the step running now belongs to an operation a
+        forced destroy superseded (`machines/operations.force_destroy`), so it is cancelled
+        where it waits (a stop's timeout, an image pull), not waited for."""
+        self._idle.setdefault(resource, asyncio.Event()).clear()
+        self.tasks.replace(resource, lambda: self._run_queue(resource))
 
-    async def _run_queue(self, machine_id: str) -> None:
-        waits = 0  # storage faults in a row
-        while True:
-            row = queries.next_operation(self.store.read, machine_id)
-            if row is None:
-                return
-            op = OPERATIONS[row["op"]]
-            params = json.loads(row["params"])
-            index = row["next_step"]
-            timed, outcomes = self.metrics.steps[op.name], self.metrics.operations[op.name]
+    def resume(self) -> None:
+        """After a (re)start: run every queue with an operation not yet done."""
+        for resource in self.kind.queue.with_pending(self.store.read):
+            self.kick(resource)
+
+    async def settled(self, resource: str, timeout: float) -> bool:
+        """Wait until nothing is queued for the resource (or the timeout)."""
+        if not self.kind.queue.has_pending(self.store.read, resource):
+            return True
+        event = self._idle.setdefault(resource, asyncio.Event())
+        try:
+            await asyncio.wait_for(event.wait(), timeout)
+        except TimeoutError:
+            return False
+        return True
+
+    async def _run_queue(self, resource: str) -> None:
+        try:
+            await self._run(resource)
+        finally:
+            self._idle.setdefault(resource, asyncio.Event()).set()
+
+    async def _run(self, resource: str) -> None:
+        kind, waits = self.kind, 0  # waits: storage faults in a row
+        while (row := kind.queue.next(self.store.read, resource)) is not None:
+            op = kind.fsm.operations[row["op"]]
+            run = StepRun(
+                kind, resource, row["id"], op, row["next_step"], json.loads(row["params"])
+            )
             try:
-                while index < len(op.steps):
-                    run = StepRun(machine_id, row["id"], op, index, params)
-                    name, began = op.steps[index].name, time.perf_counter()
-                    index = await STEPS[name](self.host, run)
-                    timed[name].observe(time.perf_counter() - began)
+                while run.index < len(op.steps):
+                    began = time.perf_counter()
+                    index = await self.steps[run.step.name](self.host, run)
+                    self._timed(run, time.perf_counter() - began)
+                    run = StepRun(kind, resource, run.op_id, op, index, run.params)
                     waits = 0
-                outcomes["done"].inc()
+                self._counted(run, "done")
             except asyncio.CancelledError:
                 raise
             except Superseded:  # its work is the destroy's to undo: nothing to log
@@ -84,18 +110,33 @@ class Runner:
                     await self.store.watch.pause(waits)
                     waits += 1
                     continue
-                # a driver failure: the machine fails, the queue goes on
-                outcomes["failed"].inc()
-                found = queries.machine(self.store.read, machine_id)
-                state = found["state"] if found is not None else None
-                log.log(
-                    logging.WARNING if isinstance(exc, EXPECTED) else logging.ERROR,
-                    "operation %s on %s failed: %s",
-                    op.name,
-                    machine_id,
-                    exc,
-                    exc_info=not isinstance(exc, EXPECTED),  # a traceback for the unforeseen only
-                    extra=about(machine_id, state, op=op.name),
+                self._counted(run, "failed")
+                self._log_failure(run, exc)
+                await patiently(
+                    self.store.watch, functools.partial(fail, self.store, self.host, run, str(exc))
                 )
-                failed = functools.partial(fail, self.store, machine_id, row["id"], op, str(exc))
-                await patiently(self.store.watch, failed)
+
+    def _log_failure(self, run: StepRun, exc: Exception) -> None:
+        """One line for a failure its kind expects; its traceback too for any other."""
+        try:
+            state = self.kind.queue.existing(self.store.read, run.resource)["state"]
+        except NotFound:
+            state = None
+        expected = isinstance(exc, self.kind.expected)
+        log.log(
+            logging.WARNING if expected else logging.ERROR,
+            "operation %s on %s failed: %s",
+            run.op.name,
+            run.resource,
+            exc,
+            exc_info=not expected,
+            extra=about(run.resource, state, kind=self.kind.name, op=run.op.name),
+        )
+
+    def _timed(self, run: StepRun, seconds: float) -> None:
+        if self.metrics is not None:
+            self.metrics.steps[run.op.name][run.step.name].observe(seconds)
+
+    def _counted(self, run: StepRun, outcome: str) -> None:
+        if self.metrics is not None:
+            self.metrics.operations[run.op.name][outcome].inc()

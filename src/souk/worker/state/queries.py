@@ -1,13 +1,13 @@
-"""Every SQL statement on the worker's tables (declared in `schema.py`), and nowhere else.
+"""Every SQL statement on the worker's tables (declared in `schema.py`), and nowhere else: here,
+with a volume's in `volume_queries.py` and an operation queue's in `operations.py`.
 
 Each function runs on a `Db`: the store's read connection, or a write's `Tx` (then it is part of
 that transaction). Rules about what the rows mean live with their callers; these only read and
-write them, so a change of schema is a change of this module and `store.py` alone.
+write them, so a change of schema is a change of these modules and `schema.py` alone.
 """
 
 from __future__ import annotations
 
-import json
 import sqlite3
 import time
 from typing import Any, Protocol
@@ -242,14 +242,6 @@ def set_columns(db: Db, machine_id: str, columns: dict[str, Any]) -> None:
     )
 
 
-def set_projected(db: Db, machine_id: str, projected: str) -> None:
-    db.execute("UPDATE machines SET projected = ? WHERE id = ?", (projected, machine_id))
-
-
-def reset_projection(db: Db, machine_id: str) -> None:
-    db.execute("UPDATE machines SET projected = state WHERE id = ?", (machine_id,))
-
-
 def set_process(db: Db, machine_id: str, pid: int, pid_start: str) -> None:
     db.execute(
         "UPDATE machines SET pid = ?, pid_start = ? WHERE id = ?", (pid, pid_start, machine_id)
@@ -303,86 +295,6 @@ def set_machine_secrets(db: Db, machine_id: str, sealed: str | None) -> None:
 def machine_secrets(db: Db, machine_id: str) -> str | None:
     row = one(db, "SELECT sealed FROM machine_secrets WHERE machine = ?", (machine_id,))
     return None if row is None else str(row["sealed"])
-
-
-# --- operations ---------------------------------------------------------------------------------
-
-
-def insert_operation(db: Db, machine_id: str, op: str, params: dict[str, Any]) -> int:
-    cur = db.execute(
-        "INSERT INTO operations (machine, op, params, created_at) VALUES (?, ?, ?, ?)",
-        (machine_id, op, json.dumps(params), time.time()),
-    )
-    return int(cur.lastrowid or 0)
-
-
-def next_operation(db: Db, machine_id: str) -> Row | None:
-    """The machine's oldest operation not yet done: the one its runner works on."""
-    return one(
-        db,
-        "SELECT * FROM operations WHERE machine = ? AND done = 0 ORDER BY id LIMIT 1",
-        (machine_id,),
-    )
-
-
-def has_pending(db: Db, machine_id: str) -> bool:
-    sql = "SELECT 1 FROM operations WHERE machine = ? AND done = 0"
-    return one(db, sql, (machine_id,)) is not None
-
-
-def pending_count(db: Db) -> int:
-    row = one(db, "SELECT COUNT(*) FROM operations WHERE done = 0")
-    return int(row[0]) if row is not None else 0
-
-
-def queued_after(db: Db, machine_id: str, op_id: int) -> bool:
-    sql = "SELECT 1 FROM operations WHERE machine = ? AND done = 0 AND id > ?"
-    return one(db, sql, (machine_id, op_id)) is not None
-
-
-def pending_operation_ids(db: Db) -> set[int]:
-    return {row[0] for row in db.execute("SELECT id FROM operations WHERE done = 0")}
-
-
-def machines_with_pending(db: Db) -> list[str]:
-    rows = db.execute("SELECT DISTINCT machine FROM operations WHERE done = 0")
-    return [row["machine"] for row in rows]
-
-
-def operation_progress(db: Db, op_id: int) -> int:
-    """The index of the operation's first step not logged yet."""
-    row = one(db, "SELECT next_step FROM operations WHERE id = ?", (op_id,))
-    return 0 if row is None else int(row["next_step"])
-
-
-def set_progress(db: Db, op_id: int, next_step: int, done: bool) -> None:
-    db.execute(
-        "UPDATE operations SET next_step = ?, done = ? WHERE id = ?",
-        (next_step, int(done), op_id),
-    )
-
-
-def finish_operation(db: Db, op_id: int) -> None:
-    db.execute("UPDATE operations SET done = 1 WHERE id = ?", (op_id,))
-
-
-def pending_operations(db: Db, machine_id: str) -> list[Row]:
-    """The machine's operations not yet done, oldest first."""
-    sql = "SELECT id, op, params FROM operations WHERE machine = ? AND done = 0 ORDER BY id"
-    return db.execute(sql, (machine_id,)).fetchall()
-
-
-def operation_done(db: Db, op_id: int) -> bool:
-    row = one(db, "SELECT done FROM operations WHERE id = ?", (op_id,))
-    return row is None or bool(row["done"])
-
-
-def finish_operations(db: Db, machine_id: str, next_step: int) -> None:
-    """Every operation still queued for the machine, done (it is gone)."""
-    db.execute(
-        "UPDATE operations SET next_step = ?, done = 1 WHERE machine = ? AND done = 0",
-        (next_step, machine_id),
-    )
 
 
 # --- provisional holds --------------------------------------------------------------------------

@@ -3,8 +3,6 @@ the volumes' part of `queries.py`, whose conventions it shares."""
 
 from __future__ import annotations
 
-import json
-import time
 from typing import Any
 
 from souk.worker.errors import NotFound
@@ -82,43 +80,6 @@ def app_volume_names(db: Db, app: str) -> set[str]:
     return {row["name"] for row in rows}
 
 
-def insert_volume_operation(db: Db, volume_id: str, op: str, params: dict[str, Any]) -> int:
-    cur = db.execute(
-        "INSERT INTO volume_operations (volume, op, params, created_at) VALUES (?, ?, ?, ?)",
-        (volume_id, op, json.dumps(params), time.time()),
-    )
-    return int(cur.lastrowid or 0)
-
-
-def next_volume_operation(db: Db, volume_id: str) -> Row | None:
-    return one(
-        db,
-        "SELECT * FROM volume_operations WHERE volume = ? AND done = 0 ORDER BY id LIMIT 1",
-        (volume_id,),
-    )
-
-
-def volume_has_pending(db: Db, volume_id: str) -> bool:
-    sql = "SELECT 1 FROM volume_operations WHERE volume = ? AND done = 0"
-    return one(db, sql, (volume_id,)) is not None
-
-
-def volumes_with_pending(db: Db) -> list[str]:
-    rows = db.execute("SELECT DISTINCT volume FROM volume_operations WHERE done = 0")
-    return [row["volume"] for row in rows]
-
-
-def set_volume_progress(db: Db, op_id: int, next_step: int, done: bool) -> None:
-    db.execute(
-        "UPDATE volume_operations SET next_step = ?, done = ? WHERE id = ?",
-        (next_step, int(done), op_id),
-    )
-
-
-def finish_volume_operations(db: Db, volume_id: str) -> None:
-    db.execute("UPDATE volume_operations SET done = 1 WHERE volume = ? AND done = 0", (volume_id,))
-
-
 def snapshots(db: Db, volume_id: str) -> list[Row]:
     """Oldest first, as taken (two in one millisecond keep their order)."""
     sql = "SELECT * FROM volume_snapshots WHERE volume = ? ORDER BY rowid"
@@ -144,17 +105,6 @@ def delete_snapshot(db: Db, snapshot_id: str) -> None:
 
 def delete_snapshots(db: Db, volume_id: str) -> None:
     db.execute("DELETE FROM volume_snapshots WHERE volume = ?", (volume_id,))
-
-
-def volume_operation_error(db: Db, volume_id: str, op_id: int) -> str | None:
-    """Why the volume's operation failed, if it did (its `error` entry in the log)."""
-    row = one(
-        db,
-        "SELECT data FROM oplog WHERE resource = ? AND op_id = ? AND step = 'error'"
-        " ORDER BY seq DESC LIMIT 1",
-        (volume_id, op_id),
-    )
-    return None if row is None else str(json.loads(row["data"]).get("error", "failed"))
 
 
 def volumes_changed_since(db: Db, since: int, limit: int, live_only: bool) -> list[tuple[int, str]]:

@@ -1,21 +1,15 @@
-"""Volumes on this worker: accepting their operations, and running them step by step.
+"""Volumes on this worker: accepting their operations, and a volume as the operation engine runs
+it (`VOLUMES`).
 
 The same discipline as machines: a request is decided and recorded in one transaction (the disk
 is reserved against `--disk-mb` there, so two creates never both take the last of it), queued,
-then run a step at a time from `fsm.VOLUME_OPERATIONS`, each step logged as it completes. After a
-crash every queued operation resumes at its first unlogged step; the steps (volume_disk.py) find
-what a half-done run left, so none leaks a loop device, a mount or a file.
+then run by the one runner a step at a time from `fsm.VOLUME_OPERATIONS` (steps.py), each step
+logged as it completes.
 """
 
 from __future__ import annotations
 
-import asyncio
-import functools
-import json
-import logging
 import secrets
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,22 +23,17 @@ from souk.models.volume import (
     VolumeState,
     size_gb_of,
 )
-from souk.worker.errors import Conflict, Cordoned, InvalidState, NoRoom, NotFound, WorkerError
-from souk.worker.ops.fsm import (
-    VOLUME_OPERATIONS,
-    VOLUME_STEP_NAMES,
-    VolumeOperation,
-    check_volume_transition,
-)
-from souk.worker.ops.tasks import MachineTasks
+from souk.worker.errors import Conflict, Cordoned, InvalidState, NoRoom, WorkerError
+from souk.worker.ops.fsm import VOLUME, VOLUME_OPERATIONS, VolumeOperation
+from souk.worker.ops.progress import Kind, StepRun, enqueue
 from souk.worker.settings import WorkerSettings
 from souk.worker.state import queries, volume_queries
+from souk.worker.state.operations import VOLUME_QUEUE
 from souk.worker.state.queries import Db
-from souk.worker.state.storage import patiently
-from souk.worker.state.store import Store, Tx, now_iso
+from souk.worker.state.store import Tx, now_iso
 from souk.worker.volumes import disk as volume_disk
+from souk.worker.volumes.steps import VolumeHost
 
-log = logging.getLogger("souk.worker.volumes")
 NO_DISK = "it offers no disk (start it with --disk-mb)"
 
 
@@ -103,10 +92,26 @@ def _check_fits(db: Db, settings: WorkerSettings, grow_mb: int, refused: str | N
     raise NoRoom(message, details if found.kind == "room" else {"reason": found.reason})
 
 
+def _failed(host: VolumeHost, tx: Tx, run: StepRun, state: str) -> str:
+    """A failed operation leaves the volume as far as it got; a failed growth gives back what
+    did not grow, and leaves the volume usable."""
+    if run.op.name != "extend":
+        return state
+    row = volume_queries.existing_volume(tx, run.resource)
+    have = host.paths(run.resource).image
+    size = have.stat().st_size >> 20 if have.exists() else row["size_mb"]
+    state = "created" if state == "extending" else state
+    changes = {"size_mb": min(size, row["size_mb"]), "state": state}
+    volume_queries.set_volume_columns(tx, run.resource, changes)
+    return state
+
+
+VOLUMES = Kind(VOLUME, VOLUME_QUEUE, _failed)
+
+
 def _enqueue(tx: Tx, volume_id: str, op: VolumeOperation, params: dict[str, Any]) -> int:
-    op_id = volume_queries.insert_volume_operation(tx, volume_id, op.name, params)
-    tx.log("volume", volume_id, op.name, "accepted", None, op_id, params)
-    return op_id
+    projected = volume_queries.existing_volume(tx, volume_id)["projected"]
+    return enqueue(tx, VOLUMES, volume_id, op, projected, params)
 
 
 def create(tx: Tx, settings: WorkerSettings, req: CreateVolume, refused: str | None) -> int:
@@ -194,7 +199,6 @@ def destroy(tx: Tx, volume_id: str) -> int | None:
         )
     if _projected(row) == "destroyed":
         return None
-    volume_queries.set_volume_columns(tx, volume_id, {"projected": "destroyed"})
     return _enqueue(tx, volume_id, VOLUME_OPERATIONS["destroy"], {})
 
 
@@ -299,264 +303,3 @@ def snapshot_from_row(row: Any) -> VolumeSnapshot:
         volume_size=row["volume_size"],
         created_at=row["created_at"],
     )
-
-
-# --- running operations -------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class VolumeRun:
-    volume_id: str
-    op_id: int
-    op: VolumeOperation
-    index: int
-    params: dict[str, Any]
-
-
-StepFn = Callable[["VolumeRunner", VolumeRun], Awaitable[None]]
-STEPS: dict[str, StepFn] = {}
-
-
-def _step(name: str) -> Callable[[StepFn], StepFn]:
-    def register(fn: StepFn) -> StepFn:
-        if name not in VOLUME_STEP_NAMES or name in STEPS:
-            raise LookupError(f"volume step {name!r}: not declared, or implemented twice")
-        STEPS[name] = fn
-        return fn
-
-    return register
-
-
-class VolumeRunner:
-    """One task per volume with queued operations; `idle` wakes whoever waits for one to end."""
-
-    def __init__(self, store: Store, settings: WorkerSettings) -> None:
-        self.store = store
-        self.settings = settings
-        self.tasks = MachineTasks()
-        self._idle: dict[str, asyncio.Event] = {}
-
-    def paths(self, volume_id: str) -> volume_disk.VolumePaths:
-        return volume_disk.paths(self.settings.data_dir, volume_id)
-
-    async def recover(self) -> None:
-        """After a (re)start: mount every volume that should be, thaw any a crash left frozen,
-        resume every queued operation."""
-        if self.settings.disk_mb is not None and volume_disk.unsupported_reason() is None:
-            try:
-                await asyncio.to_thread(volume_disk.share_volumes, self.settings.data_dir)
-            except volume_disk.DiskError as exc:
-                log.warning("the volumes' directory is not a shared mount: %s", exc)
-        for volume_id in volume_queries.live_volume_ids(
-            self.store.read
-        ):  # made, not on their way out
-            try:
-                await _disk(volume_disk.mount, self.paths(volume_id))
-                await _disk(volume_disk.thaw, self.paths(volume_id))
-            except (OSError, volume_disk.DiskError) as exc:
-                log.error("volume %s could not be mounted: %s", volume_id, exc)
-        for volume_id in volume_queries.volumes_with_pending(self.store.read):
-            self.kick(volume_id)
-
-    def kick(self, volume_id: str) -> None:
-        self._idle.setdefault(volume_id, asyncio.Event()).clear()
-        self.tasks.ensure(volume_id, lambda: self._run_queue(volume_id))
-
-    async def settled(self, volume_id: str, timeout: float) -> bool:
-        """Wait until nothing is queued for the volume (or the timeout)."""
-        if not volume_queries.volume_has_pending(self.store.read, volume_id):
-            return True
-        event = self._idle.setdefault(volume_id, asyncio.Event())
-        try:
-            await asyncio.wait_for(event.wait(), timeout)
-        except TimeoutError:
-            return False
-        return True
-
-    async def _run_queue(self, volume_id: str) -> None:
-        try:
-            while (
-                row := volume_queries.next_volume_operation(self.store.read, volume_id)
-            ) is not None:
-                op = VOLUME_OPERATIONS[row["op"]]
-                params = json.loads(row["params"])
-                index = row["next_step"]
-                try:
-                    while index < len(op.steps):
-                        run = VolumeRun(volume_id, row["id"], op, index, params)
-                        await STEPS[op.steps[index].name](self, run)
-                        await self._advance(run)
-                        index += 1
-                except asyncio.CancelledError:
-                    raise
-                except Exception as exc:
-                    if self.store.watch.fault_from(exc) is not None:
-                        await self.store.watch.pause(0)
-                        continue  # not logged: the step runs again
-                    log.exception("volume %s: %s failed", volume_id, op.name)
-                    failed = functools.partial(self._fail, run, str(exc))
-                    await patiently(self.store.watch, failed)
-        finally:
-            self._idle.setdefault(volume_id, asyncio.Event()).set()
-
-    async def _advance(self, run: VolumeRun, **columns: Any) -> None:
-        step = run.op.steps[run.index]
-        last = run.index == len(run.op.steps) - 1
-
-        def commit(tx: Tx) -> None:
-            row = volume_queries.volume(tx, run.volume_id)
-            if row is None:
-                raise NotFound(f"no volume {run.volume_id}")
-            state = step.enters or row["state"]
-            check_volume_transition(row["state"], state)
-            changes: dict[str, Any] = {"state": state, "updated_at": now_iso(), **columns}
-            volume_queries.set_volume_columns(tx, run.volume_id, changes)
-            volume_queries.set_volume_progress(tx, run.op_id, run.index + 1, last)
-            if last and volume_queries.next_volume_operation(tx, run.volume_id) is None:
-                volume_queries.set_volume_columns(tx, run.volume_id, {"projected": state})
-            tx.log("volume", run.volume_id, run.op.name, step.name, state, run.op_id)
-
-        await self.store.write(commit)
-
-    async def _fail(self, run: VolumeRun, error: str) -> None:
-        def commit(tx: Tx) -> None:
-            volume_queries.set_volume_progress(tx, run.op_id, run.index, True)
-            row = volume_queries.volume(tx, run.volume_id)
-            state = None if row is None else row["state"]
-            if row is not None and run.op.name == "extend":  # the growth did not happen
-                have = self.paths(run.volume_id).image
-                size = have.stat().st_size >> 20 if have.exists() else row["size_mb"]
-                state = "created" if state == "extending" else state  # as it was: usable
-                changes = {"size_mb": min(size, row["size_mb"]), "state": state}
-                volume_queries.set_volume_columns(tx, run.volume_id, changes)
-            if row is not None and volume_queries.next_volume_operation(tx, run.volume_id) is None:
-                volume_queries.set_volume_columns(tx, run.volume_id, {"projected": state})
-            data = {"error": error}
-            tx.log("volume", run.volume_id, run.op.name, "error", state, run.op_id, data)
-
-        await self.store.write(commit)
-
-
-def _disk(fn: Callable[..., Any], p: volume_disk.VolumePaths, *args: Any) -> Awaitable[Any]:
-    """`fn(p, *args)` in a thread, holding the volume's lock (volume_disk.exclusive)."""
-    return asyncio.to_thread(volume_disk.holding, fn, p, *args)
-
-
-@_step("make_disk")
-async def _make_disk(r: VolumeRunner, run: VolumeRun) -> None:
-    await _disk(volume_disk.make_disk, r.paths(run.volume_id), int(run.params["size_mb"]))
-
-
-@_step("copy_snapshot")
-async def _copy_snapshot(r: VolumeRunner, run: VolumeRun) -> None:
-    source = r.paths(str(run.params["source"])).snapshot(str(run.params["snapshot"]))
-    p = r.paths(run.volume_id)
-    await _disk(volume_disk.copy_snapshot, p, source)
-    if p.image.stat().st_size < int(run.params["size_mb"]) << 20:  # restored into a bigger one
-        await _disk(volume_disk.grow, p, int(run.params["size_mb"]))
-
-
-@_step("attach_loop")
-async def _attach_loop(r: VolumeRunner, run: VolumeRun) -> None:
-    await _disk(volume_disk.attach, r.paths(run.volume_id))
-
-
-@_step("mount_fs")
-async def _mount_fs(r: VolumeRunner, run: VolumeRun) -> None:
-    p = r.paths(run.volume_id)
-    await _disk(volume_disk.mount, p)
-    if p.image.stat().st_size < int(run.params["size_mb"]) << 20:
-        await _disk(volume_disk.grow, p, int(run.params["size_mb"]))
-
-
-@_step("grow_file")
-async def _grow_file(r: VolumeRunner, run: VolumeRun) -> None:
-    p = r.paths(run.volume_id)
-    await _disk(volume_disk.grow_file, p, int(run.params["size_mb"]))
-
-
-@_step("grow_fs")
-async def _grow_fs(r: VolumeRunner, run: VolumeRun) -> None:
-    await _disk(volume_disk.mount, r.paths(run.volume_id))
-    await _disk(volume_disk.grow_fs, r.paths(run.volume_id))
-
-
-@_step("copy_frozen")
-async def _copy_frozen(r: VolumeRunner, run: VolumeRun) -> None:
-    snapshot_id = str(run.params["snapshot"])
-    p = r.paths(run.volume_id)
-    size = await _disk(volume_disk.snapshot, p, snapshot_id)
-    volume_size = p.image.stat().st_size
-
-    def record(tx: Tx) -> None:
-        volume_queries.insert_snapshot(tx, snapshot_id, run.volume_id, size, volume_size, now_iso())
-
-    await r.store.write(record)  # before the step is logged: a rerun inserts nothing twice
-
-
-@_step("prune_snapshots")
-async def _prune(r: VolumeRunner, run: VolumeRun) -> None:
-    """Keep the newest `snapshot_retention`: the rows go first, then the files, so a crash
-    between the two leaves a file no row names, which the rerun removes."""
-    row = volume_queries.existing_volume(r.store.read, run.volume_id)
-    keep = int(row["snapshot_retention"])
-    rows = volume_queries.snapshots(r.store.read, run.volume_id)
-    old = [s["id"] for s in rows[: max(0, len(rows) - keep)]]
-    if old:
-
-        def forget(tx: Tx) -> None:
-            for snapshot_id in old:
-                volume_queries.delete_snapshot(tx, snapshot_id)
-
-        await r.store.write(forget)
-    p = r.paths(run.volume_id)
-    named = {s["id"] for s in volume_queries.snapshots(r.store.read, run.volume_id)}
-
-    def remove_unnamed() -> None:
-        volume_disk.clear_temporary(p.snapshots)
-        if p.snapshots.is_dir():
-            for f in p.snapshots.glob("*.img"):
-                if f.stem not in named:
-                    f.unlink(missing_ok=True)
-
-    await asyncio.to_thread(remove_unnamed)
-
-
-@_step("begin_release")
-async def _begin_release(r: VolumeRunner, run: VolumeRun) -> None:
-    return None
-
-
-@_step("unmount_fs")
-async def _unmount(r: VolumeRunner, run: VolumeRun) -> None:
-    await _disk(volume_disk.unmount, r.paths(run.volume_id))
-
-
-@_step("detach_loop")
-async def _detach(r: VolumeRunner, run: VolumeRun) -> None:
-    await _disk(volume_disk.detach, r.paths(run.volume_id))
-
-
-@_step("remove_disk")
-async def _remove(r: VolumeRunner, run: VolumeRun) -> None:
-    await _disk(volume_disk.remove, r.paths(run.volume_id))
-
-
-@_step("release_disk")
-async def _release(r: VolumeRunner, run: VolumeRun) -> None:
-    """The disk is given back (and the snapshots, which lived in it, forgotten) with the step's
-    log entry's transaction's neighbour: `reserved` drops before the state says destroyed."""
-
-    def commit(tx: Tx) -> None:
-        volume_queries.set_volume_columns(
-            tx, run.volume_id, {"reserved": 0, "attached_machine": None}
-        )
-        volume_queries.delete_snapshots(tx, run.volume_id)
-        tx.log("volume", run.volume_id, "destroy", "release", None, run.op_id)
-
-    await r.store.write(commit)
-
-
-missing = VOLUME_STEP_NAMES - STEPS.keys()
-if missing:
-    raise LookupError(f"volume steps declared without an implementation: {sorted(missing)}")
