@@ -49,18 +49,16 @@ class Runner(Generic[H]):
         self.host = host
         self.metrics = metrics
         self.tasks = MachineTasks()
-        self._idle: dict[str, asyncio.Event] = {}
+        self._idle: dict[str, asyncio.Event] = {}  # set when the resource's queue has run
 
     def kick(self, resource: str) -> None:
         """Make sure the resource's queue is being run."""
-        self._idle.setdefault(resource, asyncio.Event()).clear()
         self.tasks.ensure(resource, lambda: self._run_queue(resource))
 
     def preempt(self, resource: str) -> None:
         """Run the resource's queue afresh: the step running now belongs to an operation a
         forced destroy superseded (`machines/operations.force_destroy`), so it is cancelled
         where it waits (a stop's timeout, an image pull), not waited for."""
-        self._idle.setdefault(resource, asyncio.Event()).clear()
         self.tasks.replace(resource, lambda: self._run_queue(resource))
 
     def resume(self) -> None:
@@ -82,8 +80,9 @@ class Runner(Generic[H]):
     async def _run_queue(self, resource: str) -> None:
         try:
             await self._run(resource)
-        finally:
-            self._idle.setdefault(resource, asyncio.Event()).set()
+        finally:  # nothing is queued (or the task is cancelled): whoever waits looks again
+            if (event := self._idle.pop(resource, None)) is not None:
+                event.set()
 
     async def _run(self, resource: str) -> None:
         kind, waits = self.kind, 0  # waits: storage faults in a row
