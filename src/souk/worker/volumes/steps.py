@@ -17,7 +17,7 @@ from typing import Any
 
 from souk.worker.ops.fsm import VOLUME
 from souk.worker.ops.progress import StepRun, advance
-from souk.worker.ops.steps import StepTable
+from souk.worker.ops.steps import StepFn, StepTable
 from souk.worker.settings import WorkerSettings
 from souk.worker.state import volume_queries
 from souk.worker.state.store import Store, Tx, now_iso
@@ -61,12 +61,6 @@ def _disk(fn: Callable[..., Any], p: volume_disk.VolumePaths, *args: Any) -> Awa
     return asyncio.to_thread(volume_disk.holding, fn, p, *args)
 
 
-@STEPS.implements("make_disk")
-async def _make_disk(h: VolumeHost, run: StepRun) -> int:
-    await _disk(volume_disk.make_disk, h.paths(run.resource), int(run.params["size_mb"]))
-    return await advance(h.store, run)
-
-
 @STEPS.implements("copy_snapshot")
 async def _copy_snapshot(h: VolumeHost, run: StepRun) -> int:
     source = h.paths(str(run.params["source"])).snapshot(str(run.params["snapshot"]))
@@ -77,24 +71,12 @@ async def _copy_snapshot(h: VolumeHost, run: StepRun) -> int:
     return await advance(h.store, run)
 
 
-@STEPS.implements("attach_loop")
-async def _attach_loop(h: VolumeHost, run: StepRun) -> int:
-    await _disk(volume_disk.attach, h.paths(run.resource))
-    return await advance(h.store, run)
-
-
 @STEPS.implements("mount_fs")
 async def _mount_fs(h: VolumeHost, run: StepRun) -> int:
     p = h.paths(run.resource)
     await _disk(volume_disk.mount, p)
     if p.image.stat().st_size < int(run.params["size_mb"]) << 20:
         await _disk(volume_disk.grow, p, int(run.params["size_mb"]))
-    return await advance(h.store, run)
-
-
-@STEPS.implements("grow_file")
-async def _grow_file(h: VolumeHost, run: StepRun) -> int:
-    await _disk(volume_disk.grow_file, h.paths(run.resource), int(run.params["size_mb"]))
     return await advance(h.store, run)
 
 
@@ -148,29 +130,6 @@ async def _prune(h: VolumeHost, run: StepRun) -> int:
     return await advance(h.store, run)
 
 
-@STEPS.implements("begin_release")
-async def _begin_release(h: VolumeHost, run: StepRun) -> int:
-    return await advance(h.store, run)
-
-
-@STEPS.implements("unmount_fs")
-async def _unmount(h: VolumeHost, run: StepRun) -> int:
-    await _disk(volume_disk.unmount, h.paths(run.resource))
-    return await advance(h.store, run)
-
-
-@STEPS.implements("detach_loop")
-async def _detach(h: VolumeHost, run: StepRun) -> int:
-    await _disk(volume_disk.detach, h.paths(run.resource))
-    return await advance(h.store, run)
-
-
-@STEPS.implements("remove_disk")
-async def _remove(h: VolumeHost, run: StepRun) -> int:
-    await _disk(volume_disk.remove, h.paths(run.resource))
-    return await advance(h.store, run)
-
-
 @STEPS.implements("release_disk")
 async def _release(h: VolumeHost, run: StepRun) -> int:
     """The disk is given back (and the snapshots, which lived in it, forgotten) in a commit of
@@ -185,5 +144,29 @@ async def _release(h: VolumeHost, run: StepRun) -> int:
     await h.store.write(commit)
     return await advance(h.store, run)
 
+
+def _one_call(fn: Callable[..., object] | None, sized: bool = False) -> StepFn[VolumeHost]:
+    """A step that is `fn` on the volume's paths (`sized`: and the size the operation asks
+    for, in MB); None: nothing but its log entry."""
+
+    async def step(h: VolumeHost, run: StepRun) -> int:
+        if fn is not None:
+            size = (int(run.params["size_mb"]),) if sized else ()
+            await _disk(fn, h.paths(run.resource), *size)
+        return await advance(h.store, run)
+
+    return step
+
+
+for _name, _fn, _sized in (
+    ("make_disk", volume_disk.make_disk, True),
+    ("attach_loop", volume_disk.attach, False),
+    ("grow_file", volume_disk.grow_file, True),
+    ("begin_release", None, False),
+    ("unmount_fs", volume_disk.unmount, False),
+    ("detach_loop", volume_disk.detach, False),
+    ("remove_disk", volume_disk.remove, False),
+):
+    STEPS.implements(_name)(_one_call(_fn, _sized))
 
 STEPS.check_complete()
