@@ -1,11 +1,12 @@
 """The worker's engine: the one object the API and the catalog talk to, coordinating the parts.
 
 An operation is accepted in one transaction that checks it against the machine's *projected*
-state and queues it (`admission`); a runner per machine then executes the queued operations one
-at a time (`runner`, `steps`), committing every step to the log as it completes (`progress`);
-monitors notice exits and apply the restart policy (`supervision`). After a crash, `recover()`
+state and queues it (`machines/admission`); the one runner, a task per machine (and another
+runner, a task per volume), then executes the queued operations one at a time (`runner`, with
+each kind's steps), committing every step to the log as it completes (`progress`); monitors
+notice exits and apply the restart policy (`machines/supervision`). After a crash, `recover()`
 adopts the processes that survived and resumes each queued operation at its first unlogged step.
-Domain refusals are `errors.WorkerError`s; only `api.py` turns them into HTTP answers.
+Domain refusals are `errors.WorkerError`s; only `http/` turns them into HTTP answers.
 """
 
 from __future__ import annotations
