@@ -22,7 +22,7 @@ from souk.worker.errors import StorageFault
 from souk.worker.machines.operations import MACHINES
 from souk.worker.ops.fsm import OPERATIONS
 from souk.worker.ops.progress import enqueue
-from souk.worker.ops.tasks import MachineTasks
+from souk.worker.ops.tasks import ResourceTasks
 from souk.worker.state import queries
 from souk.worker.state.operations import MACHINE_QUEUE
 from souk.worker.state.storage import patiently
@@ -72,7 +72,7 @@ class Supervisor:
         self.drivers = drivers
         self.kick = kick
         self.restarts: Off = OFF  # the worker's restart counter, once it has metrics
-        self.monitors = MachineTasks()
+        self.monitors = ResourceTasks()
         self._later: set[asyncio.Task[None]] = set()  # writes a full disk put off at start
 
     def running_driver(self, machine_id: str) -> Driver:

@@ -23,7 +23,7 @@ from souk.worker.errors import NotFound
 from souk.worker.metrics import WorkerMetrics
 from souk.worker.ops.progress import Kind, StepRun, Superseded, fail
 from souk.worker.ops.steps import StepTable
-from souk.worker.ops.tasks import MachineTasks
+from souk.worker.ops.tasks import ResourceTasks
 from souk.worker.state.storage import patiently
 from souk.worker.state.store import Store
 
@@ -48,7 +48,7 @@ class Runner(Generic[H]):
         self.steps = steps
         self.host = host
         self.metrics = metrics
-        self.tasks = MachineTasks()
+        self.tasks = ResourceTasks()
         self._idle: dict[str, asyncio.Event] = {}  # set when the resource's queue has run
 
     def kick(self, resource: str) -> None:

@@ -1,4 +1,5 @@
-"""At most one task per machine for one duty (running its queue, watching its process)."""
+"""At most one task per resource (a machine, a volume) for one duty (running its queue, watching
+its process)."""
 
 from __future__ import annotations
 
@@ -9,27 +10,27 @@ from typing import Any
 RECANCEL_AFTER = 1.0  # seconds a cancelled task has to end before it is cancelled again
 
 
-class MachineTasks:
+class ResourceTasks:
     def __init__(self) -> None:
         self._tasks: dict[str, asyncio.Task[None]] = {}
 
-    def ensure(self, machine_id: str, start: Callable[[], Coroutine[Any, Any, None]]) -> None:
-        """Start the machine's task unless one is already running."""
-        current = self._tasks.get(machine_id)
+    def ensure(self, resource: str, start: Callable[[], Coroutine[Any, Any, None]]) -> None:
+        """Start the resource's task unless one is already running."""
+        current = self._tasks.get(resource)
         if current is None or current.done():
-            self._tasks[machine_id] = asyncio.create_task(start())
+            self._tasks[resource] = asyncio.create_task(start())
 
-    def replace(self, machine_id: str, start: Callable[[], Coroutine[Any, Any, None]]) -> None:
-        """Cancel the machine's task, and start another once it has ended (never two at once)."""
-        current = self._tasks.get(machine_id)
+    def replace(self, resource: str, start: Callable[[], Coroutine[Any, Any, None]]) -> None:
+        """Cancel the resource's task, and start another once it has ended (never two at once)."""
+        current = self._tasks.get(resource)
         if current is None or current.done():
-            self._tasks[machine_id] = asyncio.create_task(start())
+            self._tasks[resource] = asyncio.create_task(start())
             return
         current.cancel()
-        self._tasks[machine_id] = asyncio.create_task(_after(current, start))
+        self._tasks[resource] = asyncio.create_task(_after(current, start))
 
-    def forget(self, machine_id: str) -> None:
-        self._tasks.pop(machine_id, None)
+    def forget(self, resource: str) -> None:
+        self._tasks.pop(resource, None)
 
     def cancel(self) -> list[asyncio.Task[None]]:
         """Cancel every task; returns them, to be awaited."""
