@@ -4,7 +4,7 @@ is the paper; this script makes its numbers and charts.
 
 Every design runs through souk's own placement code: the broker's `Placer` (its stages,
 policies, reservation lanes) and, on the worker's side, the worker's rule: offers come from
-`souk.worker.admission.offer`, and a reservation is judged by `souk.models.fit.misfit`, the
+`souk.worker.machines.admission.offer`, and a reservation is judged by `souk.models.fit.misfit`, the
 rule `admission.create` applies inside its transaction. What the harness replaces is only what
 is around them: workers keep their counters in memory instead of SQLite, the catalog is a view
 whose rows reach the brokers a fixed lag after each change, the network answers at once, and
@@ -72,9 +72,9 @@ from souk.models.machine import (
     Machine,
     MachineConfig,
 )
-from souk.worker import admission
 from souk.worker.drivers.base import Drivers
 from souk.worker.drivers.sim import SimDriver
+from souk.worker.machines import admission
 from tests.support.broker_cluster import Cluster, WorkerSpec, cluster
 
 OUT = ROOT / "docs" / "study"
@@ -301,8 +301,8 @@ class HeldImages(Drivers):
 
 class SimWorker:
     """A worker as far as placement reaches it: its capacity, offers by
-    `souk.worker.admission.offer`, reservations judged by `souk.models.fit.misfit` (the rule
-    `admission.create` applies in its transaction), its machines and images."""
+    `souk.worker.machines.admission.offer`, reservations judged by `souk.models.fit.misfit`
+    (the rule `admission.create` applies in its transaction), its machines and images."""
 
     __slots__ = (
         "address",

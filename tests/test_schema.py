@@ -16,7 +16,8 @@ import pytest
 from souk.broker.registry import REGISTRY_SCHEMA, AppRegistry
 from souk.catalog.store import REPLICA_SCHEMA, ReplicaStore
 from souk.schema import Schema, SchemaTooNew, migrate, version_of
-from souk.worker.store import WORKER_SCHEMA, Store
+from souk.worker.state.schema import WORKER_SCHEMA
+from souk.worker.state.store import Store
 
 FIXTURE = Path(__file__).parent / "fixtures" / "release-c03bc63"
 SOUK = Path(sys.executable).parent / "souk"

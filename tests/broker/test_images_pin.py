@@ -1,6 +1,6 @@
 """The broker's `images/pin` (souk extension): asked of a worker of the region, and why no
 worker could answer, said plainly. Against a real registry: test_deploy_pinned.py in
-tests/worker_images."""
+tests/worker/oci/machines."""
 
 from __future__ import annotations
 

@@ -10,8 +10,8 @@ import pytest
 
 from souk.broker.placement import pipeline
 from souk.catalog.bus import InProcessBus
-from souk.worker import queries
-from souk.worker.store import Tx
+from souk.worker.state import queries
+from souk.worker.state.store import Tx
 from tests.support.broker_cluster import Cluster, ClusterFactory, WorkerSpec, machine_body
 
 

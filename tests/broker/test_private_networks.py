@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from souk.models.wire import NETWORK_KEY
-from souk.worker.addresses import DEFAULT_PREFIX
+from souk.worker.machines.addresses import DEFAULT_PREFIX
 from tests.support.broker_cluster import Cluster, machine_body
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="a root worker isolates its machines")

@@ -12,7 +12,7 @@ import pytest
 from dnslib import QTYPE, DNSRecord
 
 from souk.network.dns import Bounds, Names, serve
-from souk.worker.addresses import DEFAULT_PREFIX, worker_prefix
+from souk.worker.machines.addresses import DEFAULT_PREFIX, worker_prefix
 from tests.support.catalog_view import FakeView
 from tests.support.ports import free_port
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from souk.models.catalog import MachineRow, MeshPeer, WorkerRow
 from souk.network.mesh import Announced, Announcement, node_address, peers_of
-from souk.worker.addresses import DEFAULT_PREFIX, worker_prefix
+from souk.worker.machines.addresses import DEFAULT_PREFIX, worker_prefix
 
 KEY_A, KEY_B, KEY_P = ("A" * 43 + "=", "B" * 43 + "=", "P" * 43 + "=")
 

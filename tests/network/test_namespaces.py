@@ -11,7 +11,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from souk.worker.addresses import DEFAULT_PREFIX
+from souk.worker.machines.addresses import DEFAULT_PREFIX
 from souk.worker.oci import network
 from tests.support.clients import Client
 

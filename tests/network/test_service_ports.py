@@ -17,7 +17,7 @@ import pytest
 from souk.models.catalog import MachineRow
 from souk.models.machine import MachineMetrics
 from souk.network.services import wanted
-from souk.worker.addresses import DEFAULT_PREFIX, worker_prefix
+from souk.worker.machines.addresses import DEFAULT_PREFIX, worker_prefix
 
 ROOT = Path(__file__).resolve().parents[2]
 CLUSTER = ipaddress.IPv6Network(DEFAULT_PREFIX)

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from souk.worker.cgroups import ROOT, Cgroups
+from souk.worker.machines.cgroups import ROOT, Cgroups
 
 
 @pytest.fixture

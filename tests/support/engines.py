@@ -8,10 +8,10 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-from souk.worker import queries
 from souk.worker.daemon import make_driver, running
-from souk.worker.engine import Engine
+from souk.worker.ops.engine import Engine
 from souk.worker.settings import WorkerSettings
+from souk.worker.state import queries
 
 
 def settings(tmp_path: Path, **overrides: Any) -> WorkerSettings:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from souk.worker import volume_disk
+from souk.worker.volumes import disk as volume_disk
 
 
 def sweep(data_dir: Path) -> None:

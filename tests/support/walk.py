@@ -1,6 +1,6 @@
 """Machines brought to each state of fsm.py's table, by real means, through any Machines API
 (a worker's own or a broker's), and what must be true once one has ended: for the walk of
-every state against every way a machine or its worker can end (tests/worker_integration/
+every state against every way a machine or its worker can end (tests/worker/daemon/
 test_teardown_walk.py)."""
 
 from __future__ import annotations

@@ -127,7 +127,7 @@ def dev(
 ) -> None:
     """A whole cluster in one process: 3 regions x 2 workers, a broker and a proxy, on loopback."""
     from souk.dev import run_dev
-    from souk.worker import volume_disk
+    from souk.worker.volumes import disk as volume_disk
 
     log_to_stderr("warning")
     host, port = serving.parse_listen(listen)

@@ -23,7 +23,7 @@ from souk.node.cluster_secret import read_secret
 from souk.schema import SchemaTooNew
 from souk.web.listener import DEFAULT_LIMITS as _LIMITS
 from souk.web.listener import Limits
-from souk.worker.app_users import closed_above
+from souk.worker.machines.app_users import closed_above
 
 LogLevel = Annotated[str, typer.Option("--log-level", help="debug, info, warning or error.")]
 LogFormat = Annotated[

@@ -15,7 +15,7 @@ from souk.models.machine import CpuKind
 from souk.models.wire import DEFAULT_PRIVATE_PREFIX
 from souk.worker.daemon import serve
 from souk.worker.settings import WorkerSettings
-from souk.worker.storage import DataDirUnusable
+from souk.worker.state.storage import DataDirUnusable
 
 
 @grouped(part=serving.part_options)

@@ -15,7 +15,7 @@ from prometheus_client.metrics_core import Metric
 
 from souk.models.capacity import Capacity
 from souk.web.metrics import SIZE_BUCKETS, Metrics, Off, prebound
-from souk.worker.fsm import OPERATIONS
+from souk.worker.ops.fsm import OPERATIONS
 
 OUTCOMES = ("done", "failed")
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from souk.models.machine import CpuKind
-from souk.worker.addresses import DEFAULT_PREFIX
+from souk.worker.machines.addresses import DEFAULT_PREFIX
 
 
 @dataclass(frozen=True, kw_only=True)

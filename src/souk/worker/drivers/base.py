@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal, Protocol
 
 from souk.models.machine import MachineConfig
+from souk.worker.machines.identity import HostUser
 
 if TYPE_CHECKING:
     from souk.worker.oci.images import ImageCache
@@ -24,16 +25,6 @@ class Handle:
 
     pid: int
     pid_start: str
-
-
-@dataclass(frozen=True)
-class HostUser:
-    """The host identity an app's machines run as: `uid`/`gid` for host commands, and the `span`
-    of ids from there that a container's user namespace maps (its root is `uid` on the host)."""
-
-    uid: int
-    gid: int
-    span: int
 
 
 @dataclass(frozen=True)

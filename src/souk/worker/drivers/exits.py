@@ -10,8 +10,8 @@ import os
 from collections.abc import Awaitable, Callable
 
 from souk.readiness import ready
-from souk.worker import procfs
 from souk.worker.drivers.base import Handle
+from souk.worker.machines import procfs
 
 log = logging.getLogger("souk.worker")
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from souk.worker.drivers.base import HostUser
+from souk.worker.machines.identity import HostUser
 
 log = logging.getLogger("souk.worker.launcher")
 

@@ -28,15 +28,16 @@ from pathlib import Path
 from typing import IO, Any
 
 from souk.models.machine import MachineProcess
-from souk.worker import logs, procfs
-from souk.worker.cgroups import Cgroups
 from souk.worker.drivers import execs, launcher, processes
-from souk.worker.drivers.base import ExecResult, Handle, HostUser, Launch
+from souk.worker.drivers.base import ExecResult, Handle, Launch
 from souk.worker.drivers.exits import child_exit, poll_until_gone, thaw_to_die, until_gone
 from souk.worker.drivers.launcher import Network
 from souk.worker.drivers.processes import SPEC_ENV
 from souk.worker.drivers.spawner import Command, Spawner, TooLarge
-from souk.worker.files import write_files
+from souk.worker.machines import logs, procfs
+from souk.worker.machines.cgroups import Cgroups
+from souk.worker.machines.files import write_files
+from souk.worker.machines.identity import HostUser
 from souk.worker.oci import network
 
 POLL = 0.05

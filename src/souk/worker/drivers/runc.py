@@ -34,10 +34,8 @@ from pathlib import Path
 from typing import Any
 
 from souk.models.machine import InitConfig, MachineConfig, MachineProcess
-from souk.worker import logs, procfs
-from souk.worker.cgroups import Cgroups
 from souk.worker.drivers import execs, launcher, vm_boot, vm_channel
-from souk.worker.drivers.base import ExecResult, Handle, HostUser, Launch
+from souk.worker.drivers.base import ExecResult, Handle, Launch
 from souk.worker.drivers.exits import (
     ExitCodes,
     child_exit,
@@ -47,7 +45,10 @@ from souk.worker.drivers.exits import (
 )
 from souk.worker.drivers.file_appears import FileWatch
 from souk.worker.drivers.process import process_env
-from souk.worker.files import write_files
+from souk.worker.machines import logs, procfs
+from souk.worker.machines.cgroups import Cgroups
+from souk.worker.machines.files import write_files
+from souk.worker.machines.identity import HostUser
 from souk.worker.oci import network
 from souk.worker.oci.config import ImageConfig
 from souk.worker.oci.images import Image, ImageCache

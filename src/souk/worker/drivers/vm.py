@@ -39,8 +39,6 @@ from pathlib import Path
 from typing import Any
 
 from souk.models.machine import MachineProcess
-from souk.worker import logs, procfs, volume_disk
-from souk.worker.cgroups import Cgroups
 from souk.worker.drivers import launcher, vm_boot, vm_memory, vm_qmp, vm_rootfs, vm_volumes
 from souk.worker.drivers.base import ExecResult, ExecTimeout, Handle, Launch
 from souk.worker.drivers.exits import ExitCodes, child_exit, poll_until_gone, until_gone
@@ -48,9 +46,12 @@ from souk.worker.drivers.file_appears import FileWatch
 from souk.worker.drivers.process import process_env
 from souk.worker.drivers.runc import _shim, restart_of
 from souk.worker.drivers.vm_channel import Channel, ChannelClosed
+from souk.worker.machines import logs, procfs
+from souk.worker.machines.cgroups import Cgroups
 from souk.worker.oci import network
 from souk.worker.oci.images import Image, ImageCache
 from souk.worker.oci.spec import resolve_user
+from souk.worker.volumes import disk as volume_disk
 
 log = logging.getLogger("souk.worker.vm")
 POLL = 0.05

@@ -16,7 +16,7 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-from souk.worker import volume_disk
+from souk.worker.volumes import disk as volume_disk
 
 PLACEHOLDER = "souk-vm-lent"  # the placeholder's source, as /proc/self/mountinfo shows it
 

@@ -10,8 +10,6 @@ from aiohttp import web
 
 from souk import __version__
 from souk.web import Route, add_routes
-from souk.worker.admission import Fences
-from souk.worker.engine import Engine
 from souk.worker.http import (
     creates,
     inside,
@@ -24,6 +22,8 @@ from souk.worker.http import (
 )
 from souk.worker.http.errors import HTTP_STATUS, WRITE_ERRORS, answering, http_error
 from souk.worker.http.state import BROKERS, ENGINE, FENCES
+from souk.worker.machines.admission import Fences
+from souk.worker.ops.engine import Engine
 
 # Each handler's refusals answered through HTTP_STATUS.
 ROUTES: list[Route] = [

@@ -18,9 +18,9 @@ from souk.models.machine_ops import (
 )
 from souk.pki import mtls_roles
 from souk.web import ApiError, Route, read_model, reply
-from souk.worker import ps
 from souk.worker.http.errors import WRITE_ERRORS
 from souk.worker.http.state import BROKERS, M, engine_of, machine_id, nonce
+from souk.worker.machines import ps
 
 
 async def signal(request: web.Request) -> web.Response:

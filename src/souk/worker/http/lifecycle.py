@@ -1,5 +1,5 @@
 """The machine's lifecycle verbs, each one row: an operation of the machine's state machine
-(`souk.worker.fsm`) submitted to its log, answered with the machine."""
+(`souk.worker.ops.fsm`) submitted to its log, answered with the machine."""
 
 from __future__ import annotations
 

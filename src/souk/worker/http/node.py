@@ -9,9 +9,9 @@ from souk.models.capacity import Capacity, Offer, OfferRequest
 from souk.pki import mtls_roles
 from souk.web import Route, read_model, reply
 from souk.web.metrics import METRICS_PATH, serve_metrics
-from souk.worker import pinning
 from souk.worker.http.errors import WRITE_ERRORS
 from souk.worker.http.state import BROKERS, engine_of
+from souk.worker.machines import pinning
 from souk.worker.status import WorkerStatus
 
 
