@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[4]
 
 
 @pytest.fixture(scope="module")
