@@ -40,7 +40,7 @@ from souk.catalog.certs import bus_options  # noqa: E402
 from souk.catalog.permissions import Node, render  # noqa: E402
 from souk.catalog.signing import Ed25519Signer  # noqa: E402
 from souk.pki import NodeFiles  # noqa: E402
-from souk.worker.machines import procfs  # noqa: E402
+from souk.worker.host import procfs  # noqa: E402
 from tests.catalog.pki import Ca  # noqa: E402
 from tests.support.machines import kill_machine_processes, recorded_ids  # noqa: E402
 from tests.support.ports import free_port  # noqa: E402

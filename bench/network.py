@@ -43,8 +43,8 @@ from souk.models.machine import CreateMachine
 from souk.models.wire import DEFAULT_NETWORK
 from souk.network import dns
 from souk.worker.daemon import make_driver, running
+from souk.worker.engine import Engine
 from souk.worker.machines import addresses
-from souk.worker.ops.engine import Engine
 from tests.support.engines import destroy_all, settings
 
 CLUSTER = addresses.DEFAULT_PREFIX

@@ -233,7 +233,7 @@ async def serve_workers(
     `heap.settle` once ready, as `souk worker` does; else Python's default collector."""
     from souk.worker.daemon import make_app as worker_app
     from souk.worker.daemon import make_driver, offering, publishing, running, tls_context
-    from souk.worker.ops.engine import Engine
+    from souk.worker.engine import Engine
     from souk.worker.settings import WorkerSettings
 
     open_files(files_for(count))

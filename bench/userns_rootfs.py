@@ -16,7 +16,7 @@ from pathlib import Path
 
 import _harness  # noqa: F401  (puts the repository root on the path, for tests.support)
 
-from souk.worker.machines.identity import HostUser
+from souk.worker.host.identity import HostUser
 from souk.worker.oci.rootfs import (
     idmap_supported,
     merge_copy,

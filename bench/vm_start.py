@@ -26,7 +26,7 @@ from souk.models.machine_ops import ExecRequest
 from souk.worker.daemon import make_driver, running
 from souk.worker.drivers.vm import VmDriver
 from souk.worker.drivers.vm_channel import Channel
-from souk.worker.ops.engine import Engine
+from souk.worker.engine import Engine
 from tests.support.engines import destroy_all, settings
 from tests.support.images import ImageSpec, busybox_layer, layer
 from tests.support.registry import push, running_registry

@@ -114,7 +114,7 @@ async def bench(
     from souk.models.machine import CreateMachine, MachineConfig
     from souk.models.volume import CreateVolume
     from souk.worker.daemon import make_driver, running
-    from souk.worker.ops.engine import Engine
+    from souk.worker.engine import Engine
     from souk.worker.settings import WorkerSettings
     from tests.support.volumes import sweep
 

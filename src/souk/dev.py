@@ -40,11 +40,11 @@ from souk.proxy.server import ProxySettings, proxy_site
 from souk.secret_files import write_file, write_secret
 from souk.web.listener import DEFAULT_LIMITS, Limits
 from souk.web.tls import ServerCert
+from souk.worker import names
 from souk.worker.daemon import make_app as make_worker_app
 from souk.worker.daemon import make_driver, offering, publishing, running, tls_context
+from souk.worker.engine import Engine
 from souk.worker.errors import WorkerError
-from souk.worker.machines import names
-from souk.worker.ops.engine import Engine
 from souk.worker.settings import WorkerSettings
 from souk.worker.volumes import disk as volume_disk
 

@@ -17,7 +17,7 @@ from souk.broker.placement.reservation import Reserver
 from souk.clients.workers import WorkerCallError, WorkerClient
 from souk.models.machine import CreateMachine, MachineConfig
 from souk.worker.daemon import make_app, make_driver, running
-from souk.worker.ops.engine import Engine
+from souk.worker.engine import Engine
 from souk.worker.settings import WorkerSettings
 
 CONFIG = MachineConfig.model_validate({"init": {"exec": ["sleep", "60"]}})

@@ -26,7 +26,7 @@ from souk.cli.deploy.secrets import current_digest, sync_env
 from souk.clients.machines import MachinesClient
 from souk.clients.workers import WorkerClient
 from souk.models.machine import MachineFile
-from souk.worker.machines.files import FileRefused, write_files
+from souk.worker.host.files import FileRefused, write_files
 from tests.support.broker_cluster import SECRET, Cluster, ClusterFactory, WorkerSpec
 
 S = "/v1/apps/demo/secrets"

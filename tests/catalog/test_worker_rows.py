@@ -12,8 +12,8 @@ from souk.catalog.owner import Owner
 from souk.catalog.replica import Replica
 from souk.models.machine import CreateMachine, MachineConfig
 from souk.worker.daemon import make_driver, publishing, running
-from souk.worker.ops.engine import Engine
-from souk.worker.state.rows import WorkerRows
+from souk.worker.engine import Engine
+from souk.worker.rows import WorkerRows
 from tests.catalog.pki import Ca
 from tests.support.engines import settings
 from tests.support.waiting import eventually

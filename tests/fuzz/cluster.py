@@ -23,7 +23,7 @@ from souk.catalog.bus import InProcessBus
 from souk.node.cluster_secret import new_secret
 from souk.web import runner as web_runner
 from souk.worker.daemon import make_app, make_driver, offering, publishing, running
-from souk.worker.ops.engine import Engine
+from souk.worker.engine import Engine
 from souk.worker.settings import WorkerSettings
 
 WORKERS = (("mad1", "mad"), ("ams1", "ams"))

@@ -22,10 +22,10 @@ from aiohttp import web
 from souk.catalog.bus import InProcessBus
 from souk.models.machine import CreateMachine, Machine
 from souk.models.machine_ops import ExecRequest
+from souk.worker import names
 from souk.worker.daemon import make_app, publishing
-from souk.worker.machines import names
+from souk.worker.engine import Engine
 from souk.worker.oci import network
-from souk.worker.ops.engine import Engine
 from tests.support.engines import engine as started_engine
 
 LAN4, LAN6 = "10.99.0.1", "fd99::1"  # the host's own addresses on its LAN

@@ -12,7 +12,7 @@ from souk.models.fit import misfit
 from souk.models.machine import CreateMachine, MachineConfig
 from souk.web.metrics import OFF, OTHER, Bounded, Metrics
 from souk.worker.daemon import make_driver, running
-from souk.worker.ops.engine import Engine
+from souk.worker.engine import Engine
 from tests.support.engines import settings
 from tests.support.scrape import Scrape, parse
 from tests.support.waiting import eventually

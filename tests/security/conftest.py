@@ -17,7 +17,7 @@ from souk.catalog.node import NodeKey
 from souk.pki import NodeFiles, server_context
 from souk.web import runner as web_runner
 from souk.worker.daemon import make_app, make_driver, offering, publishing, running, tls_context
-from souk.worker.ops.engine import Engine
+from souk.worker.engine import Engine
 from souk.worker.settings import WorkerSettings
 from tests.support.pki import LOOPBACK, Pki, new_pki
 

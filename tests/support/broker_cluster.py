@@ -25,7 +25,7 @@ from souk.clients.workers import WorkerClient
 from souk.models.machine import CpuKind
 from souk.web import Route
 from souk.worker.daemon import make_app, make_driver, offering, publishing, running
-from souk.worker.ops.engine import Engine
+from souk.worker.engine import Engine
 from souk.worker.settings import WorkerSettings
 from tests.support.clients import Client
 from tests.support.engines import destroy_all

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from souk.worker.machines.cgroups import ROOT, Cgroups
+from souk.worker.host.cgroups import ROOT, Cgroups
 
 
 @pytest.fixture

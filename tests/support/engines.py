@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from souk.worker.daemon import make_driver, running
-from souk.worker.ops.engine import Engine
+from souk.worker.engine import Engine
 from souk.worker.settings import WorkerSettings
 from souk.worker.state import queries
 

@@ -26,9 +26,9 @@ from souk.proxy.server import Proxy, ProxySettings, proxy_site
 from souk.proxy.wake import port_open
 from souk.web import runner as web_runner
 from souk.worker.daemon import make_app, make_driver, offering, running
-from souk.worker.ops.engine import Engine
+from souk.worker.engine import Engine
+from souk.worker.rows import WorkerRows
 from souk.worker.settings import WorkerSettings
-from souk.worker.state.rows import WorkerRows
 from tests.support.hello import PORT
 from tests.support.machines import remove_groups
 from tests.support.waiting import eventually

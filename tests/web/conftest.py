@@ -24,7 +24,7 @@ from souk.clients.workers import WorkerClient
 from souk.web import runner
 from souk.worker.daemon import make_app as make_worker_app
 from souk.worker.daemon import make_driver, running
-from souk.worker.ops.engine import Engine
+from souk.worker.engine import Engine
 from souk.worker.settings import WorkerSettings
 from tests.support.engines import destroy_all
 

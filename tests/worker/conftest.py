@@ -9,7 +9,7 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from souk.worker.daemon import make_app
-from souk.worker.ops.engine import Engine
+from souk.worker.engine import Engine
 from tests.support.clients import Client
 from tests.support.engines import engine as started_engine
 

@@ -34,21 +34,21 @@ from souk.web import error_middleware
 from souk.web.body import MAX_BODY_BYTES
 from souk.web.listener import DEFAULT_LIMITS, Limits
 from souk.web.protocol import protocol_middleware
-from souk.worker import http
+from souk.worker import http, names, schedules
 from souk.worker.drivers import vm_boot
 from souk.worker.drivers.base import Drivers
 from souk.worker.drivers.process import ProcessDriver
 from souk.worker.drivers.runc import RuncDriver
 from souk.worker.drivers.sim import SimDriver
 from souk.worker.drivers.vm import VmDriver, VmError
+from souk.worker.engine import Engine
+from souk.worker.host import logs
+from souk.worker.host.cgroups import Cgroups, worker_group
 from souk.worker.inherited_signals import catch_ignored
-from souk.worker.machines import logs, names, schedules
-from souk.worker.machines.cgroups import Cgroups, worker_group
 from souk.worker.oci.images import ImageCache
 from souk.worker.oci.registry import RegistryClient, RegistryConfig
-from souk.worker.ops.engine import Engine
+from souk.worker.rows import WorkerRows
 from souk.worker.settings import WorkerSettings
-from souk.worker.state.rows import WorkerRows
 from souk.worker.state.storage import check_data_dir, unusable
 
 log = logging.getLogger("souk.worker")

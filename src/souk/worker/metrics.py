@@ -1,27 +1,28 @@
 """A worker's Prometheus metrics (docs/observability.md lists them).
 
 Operations and steps are counted and timed by the runner, with a child bound up front for every
-operation and step `fsm.py` declares; the op log's group commits are timed by the store's writer
-thread. Capacity and machines per state are read from the database at scrape time, so placing
-and running machines pays nothing for them. No label names a machine.
+operation and step it is given (those `ops/fsm.py` declares: the engine hands them over, as the
+runner that counts them stands above this module); the op log's group commits are timed by the
+store's writer thread. Capacity and machines per state are read from the database at scrape
+time, so placing and running machines pays nothing for them. No label names a machine.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
 from souk.models.capacity import Capacity
 from souk.web.metrics import SIZE_BUCKETS, Metrics, Off, prebound
-from souk.worker.ops.fsm import OPERATIONS
 
 OUTCOMES = ("done", "failed")
 
 
 class WorkerMetrics:
-    def __init__(self, enabled: bool = True) -> None:
+    def __init__(self, operations: Mapping[str, Iterable[str]], enabled: bool = True) -> None:
+        """`operations`: each operation's name and the names of its steps."""
         m = self.metrics = Metrics("souk_worker", enabled)
         ops = m.counter(
             "operations_total",
@@ -31,11 +32,11 @@ class WorkerMetrics:
         steps = m.histogram("step_seconds", "Time each step of an operation took", ("op", "step"))
         # op -> outcome -> child, op -> step -> child: no allocation on the hot path.
         self.operations: dict[str, dict[str, Off]] = {
-            name: prebound(m, ops, OUTCOMES, name) for name in OPERATIONS
+            name: prebound(m, ops, OUTCOMES, name) for name in operations
         }
         self.steps: dict[str, dict[str, Off]] = {
-            name: prebound(m, steps, dict.fromkeys(s.name for s in op.steps), name)
-            for name, op in OPERATIONS.items()
+            name: prebound(m, steps, dict.fromkeys(step_names), name)
+            for name, step_names in operations.items()
         }
         self.commit_seconds = m.bind(
             m.histogram(

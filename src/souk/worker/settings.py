@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from souk.models.machine import CpuKind
-from souk.worker.machines.addresses import DEFAULT_PREFIX
+from souk.models.wire import DEFAULT_PRIVATE_PREFIX
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -26,7 +26,7 @@ class WorkerSettings:
     private_registries: tuple[str, ...] = ()  # host[:port] reached on a private address
     image_cache_mb: int | None = None  # the image cache's budget; None: unbounded
     metrics: bool = True  # False: hot paths record no metrics (benchmarks measure their cost)
-    private_prefix: str = DEFAULT_PREFIX  # the cluster's /48 of private addresses (network.md)
+    private_prefix: str = DEFAULT_PRIVATE_PREFIX  # the cluster's /48 of private addresses
     mesh_port: int | None = None  # UDP port of its WireGuard; None: not on the mesh
     mesh_endpoint: str | None = None  # host:port other nodes reach that port at
 

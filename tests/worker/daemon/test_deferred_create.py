@@ -16,7 +16,7 @@ import pytest
 
 import souk
 from souk.worker.drivers import launcher
-from souk.worker.machines import procfs
+from souk.worker.host import procfs
 from tests.support.machines import api_pid, is_running, live_pids
 from tests.support.worker_process import WorkerFactory
 
@@ -28,10 +28,10 @@ STALLING_WORKER = """
 import asyncio, sys
 from pathlib import Path
 from souk.models.machine import CreateMachine, MachineConfig
-from souk.worker.machines.cgroups import Cgroups
+from souk.worker.host.cgroups import Cgroups
 from souk.worker.daemon import make_driver
 from souk.worker.drivers.process import ProcessDriver
-from souk.worker.ops.engine import Engine
+from souk.worker.engine import Engine
 from souk.worker.settings import WorkerSettings
 
 class Stalls(ProcessDriver):

@@ -6,6 +6,7 @@ import pytest
 
 from souk.models.capacity import OfferRequest
 from souk.models.machine import CreateMachine, GuestConfig, MachineConfig
+from souk.worker.engine import Engine
 from souk.worker.errors import (
     AlreadyExists,
     Cordoned,
@@ -16,7 +17,6 @@ from souk.worker.errors import (
     WorkerError,
 )
 from souk.worker.http import http_error
-from souk.worker.ops.engine import Engine
 
 
 @pytest.mark.parametrize(

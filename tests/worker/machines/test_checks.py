@@ -11,8 +11,8 @@ from typing import Any
 
 from souk.models.machine import Check, CreateMachine
 from souk.worker.daemon import make_driver, running
+from souk.worker.engine import Engine
 from souk.worker.machines.checks import HealthChecks
-from souk.worker.ops.engine import Engine
 from tests.support.clients import Client
 from tests.support.engines import settings
 

@@ -6,7 +6,7 @@ import time
 from pathlib import Path
 
 from souk.models.machine import CreateMachine, MachineConfig
-from souk.worker.machines import schedules
+from souk.worker import schedules
 from tests.support.engines import engine
 
 

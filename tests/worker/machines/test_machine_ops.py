@@ -8,8 +8,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from souk.worker.machines.cgroups import ROOT
-from souk.worker.ops.engine import Engine
+from souk.worker.engine import Engine
+from souk.worker.host.cgroups import ROOT
 from tests.support.clients import Client
 from tests.support.waiting import eventually
 

@@ -12,7 +12,7 @@ from souk.sealing import WORKER_KEY_FILE
 from souk.worker.daemon import make_driver, running
 from souk.worker.drivers.base import Launch
 from souk.worker.drivers.process import process_env
-from souk.worker.ops.engine import Engine
+from souk.worker.engine import Engine
 from tests.support.engines import destroy_all, settings
 
 ECHO = MachineConfig.model_validate(

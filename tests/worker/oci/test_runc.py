@@ -14,7 +14,7 @@ import pytest
 from souk.models.machine import InitConfig, MachineConfig
 from souk.worker.drivers.base import ExecTimeout
 from souk.worker.drivers.runc import RuncDriver
-from souk.worker.machines import procfs
+from souk.worker.host import procfs
 from souk.worker.oci.registry import RegistryClient
 from tests.support.images import ImageSpec, Layer, busybox_layer, layer
 from tests.support.registry import Registry, push

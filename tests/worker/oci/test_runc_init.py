@@ -21,9 +21,10 @@ from souk.models.machine import (
 from souk.worker.daemon import make_driver, running
 from souk.worker.drivers.base import Drivers
 from souk.worker.drivers.runc import RuncDriver
-from souk.worker.machines import admission, procfs
+from souk.worker.engine import Engine
+from souk.worker.host import procfs
+from souk.worker.machines import admission
 from souk.worker.oci.registry import RegistryClient
-from souk.worker.ops.engine import Engine
 from tests.support.engines import destroy_all, settings
 from tests.support.images import ImageSpec, Layer
 from tests.support.registry import Registry, push

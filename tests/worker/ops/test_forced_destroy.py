@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 
 from souk.models.machine import CreateMachine, MachineConfig
+from souk.worker.engine import Engine
 from souk.worker.machines import admission
 from souk.worker.machines.operations import MACHINES
-from souk.worker.ops.engine import Engine
 from souk.worker.ops.fsm import OPERATIONS
 from souk.worker.ops.progress import StepRun, Superseded, advance
 from souk.worker.state.operations import MACHINE_QUEUE

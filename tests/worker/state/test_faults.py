@@ -19,12 +19,12 @@ from souk.models.capacity import OfferRequest
 from souk.models.machine import MAX_METADATA_BYTES, CreateMachine, GuestConfig, MachineConfig
 from souk.worker.daemon import make_driver, running
 from souk.worker.drivers.runc import _write_private
+from souk.worker.engine import Engine
 from souk.worker.errors import StorageFull
+from souk.worker.host import logs, procfs
 from souk.worker.http import http_error
-from souk.worker.machines import logs, procfs
 from souk.worker.machines.operations import MACHINES
 from souk.worker.machines.supervision import BACKOFF_MAX, backoff
-from souk.worker.ops.engine import Engine
 from souk.worker.ops.fsm import OPERATIONS
 from souk.worker.ops.progress import enqueue
 from souk.worker.state.storage import StorageWatch, free_bytes

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from souk.worker.errors import StorageFault
-from souk.worker.machines import logs
+from souk.worker.host import logs
 from souk.worker.state.store import Commit, Store, Tx
 
 

@@ -10,7 +10,7 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from souk.worker.daemon import make_app, make_driver, running
-from souk.worker.ops.engine import Engine
+from souk.worker.engine import Engine
 from souk.worker.volumes import disk as volume_disk
 from tests.support.clients import Client
 from tests.support.engines import settings

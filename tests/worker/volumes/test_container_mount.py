@@ -14,7 +14,7 @@ import pytest
 from souk.models.machine import CreateMachine, MachineConfig
 from souk.models.volume import CreateVolume
 from souk.worker.daemon import make_driver, running
-from souk.worker.ops.engine import Engine
+from souk.worker.engine import Engine
 from souk.worker.volumes import disk as volume_disk
 from tests.support.engines import settings
 from tests.support.images import ImageSpec, busybox_layer, layer

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from souk.worker.ops.engine import Engine
+from souk.worker.engine import Engine
 from souk.worker.volumes import disk as volume_disk
 from tests.support.clients import Client
 from tests.worker.volumes.test_worker_volumes import make, ok, refused

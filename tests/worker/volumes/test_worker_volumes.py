@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from souk.worker.ops.engine import Engine
+from souk.worker.engine import Engine
 from souk.worker.volumes import disk as volume_disk
 from tests.support.clients import Client
 from tests.support.waiting import eventually

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal, Protocol
 
 from souk.models.machine import MachineConfig
-from souk.worker.machines.identity import HostUser
+from souk.worker.host.identity import HostUser
 
 if TYPE_CHECKING:
     from souk.worker.oci.images import ImageCache

@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable
 
 from souk.readiness import ready
 from souk.worker.drivers.base import Handle
-from souk.worker.machines import procfs
+from souk.worker.host import procfs
 
 log = logging.getLogger("souk.worker")
 

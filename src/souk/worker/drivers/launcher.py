@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from souk.worker.machines.identity import HostUser
+from souk.worker.host.identity import HostUser
 
 log = logging.getLogger("souk.worker.launcher")
 

@@ -34,10 +34,10 @@ from souk.worker.drivers.exits import child_exit, poll_until_gone, thaw_to_die, 
 from souk.worker.drivers.launcher import Network
 from souk.worker.drivers.processes import SPEC_ENV
 from souk.worker.drivers.spawner import Command, Spawner, TooLarge
-from souk.worker.machines import logs, procfs
-from souk.worker.machines.cgroups import Cgroups
-from souk.worker.machines.files import write_files
-from souk.worker.machines.identity import HostUser
+from souk.worker.host import logs, procfs
+from souk.worker.host.cgroups import Cgroups
+from souk.worker.host.files import write_files
+from souk.worker.host.identity import HostUser
 from souk.worker.oci import network
 
 POLL = 0.05

@@ -45,10 +45,10 @@ from souk.worker.drivers.exits import (
 )
 from souk.worker.drivers.file_appears import FileWatch
 from souk.worker.drivers.process import process_env
-from souk.worker.machines import logs, procfs
-from souk.worker.machines.cgroups import Cgroups
-from souk.worker.machines.files import write_files
-from souk.worker.machines.identity import HostUser
+from souk.worker.host import logs, procfs
+from souk.worker.host.cgroups import Cgroups
+from souk.worker.host.files import write_files
+from souk.worker.host.identity import HostUser
 from souk.worker.oci import network
 from souk.worker.oci.config import ImageConfig
 from souk.worker.oci.images import Image, ImageCache

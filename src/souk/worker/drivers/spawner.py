@@ -28,8 +28,8 @@ from typing import NamedTuple
 from souk.readiness import resolve
 from souk.worker.drivers.exits import child_exit
 from souk.worker.drivers.launcher import Network, entered, opened
-from souk.worker.machines import procfs
-from souk.worker.machines.identity import HostUser
+from souk.worker.host import procfs
+from souk.worker.host.identity import HostUser
 
 IDS, NO_NEW_PRIVS, NETNS, RESOLV = 1, 2, 4, 8  # launch.c's flags
 _REQUEST = struct.Struct("=5I")  # flags, uid, gid, argc, envc

@@ -46,8 +46,8 @@ from souk.worker.drivers.file_appears import FileWatch
 from souk.worker.drivers.process import process_env
 from souk.worker.drivers.runc import _shim, restart_of
 from souk.worker.drivers.vm_channel import Channel, ChannelClosed
-from souk.worker.machines import logs, procfs
-from souk.worker.machines.cgroups import Cgroups
+from souk.worker.host import logs, procfs
+from souk.worker.host.cgroups import Cgroups
 from souk.worker.oci import network
 from souk.worker.oci.images import Image, ImageCache
 from souk.worker.oci.spec import resolve_user

@@ -10,6 +10,7 @@ from aiohttp import web
 
 from souk import __version__
 from souk.web import Route, add_routes
+from souk.worker.engine import Engine
 from souk.worker.http import (
     creates,
     inside,
@@ -23,7 +24,6 @@ from souk.worker.http import (
 from souk.worker.http.errors import HTTP_STATUS, WRITE_ERRORS, answering, http_error
 from souk.worker.http.state import BROKERS, ENGINE, FENCES
 from souk.worker.machines.admission import Fences
-from souk.worker.ops.engine import Engine
 
 # Each handler's refusals answered through HTTP_STATUS.
 ROUTES: list[Route] = [

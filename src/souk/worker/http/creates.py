@@ -19,11 +19,11 @@ from souk.models.api import (
 from souk.models.machine import CreateMachine, Machine
 from souk.web import ApiError, Route, read_model, reply
 from souk.web.errors import error_body
+from souk.worker.engine import Engine
 from souk.worker.errors import AlreadyExists, WorkerError
 from souk.worker.http.errors import WRITE_ERRORS, http_error
 from souk.worker.http.state import BROKERS, FENCES, engine_of
-from souk.worker.ops.engine import Engine
-from souk.worker.ops.holds import MAX_HOLD
+from souk.worker.machines.holds import MAX_HOLD
 
 log = logging.getLogger("souk.worker")
 

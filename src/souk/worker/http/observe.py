@@ -9,8 +9,8 @@ from aiohttp import web
 from souk.models.machine import MachineEvent, MachineState, WaitResult
 from souk.web import ApiError, Number, Route, number, reply
 from souk.web.errors import error_body
+from souk.worker.host import logs
 from souk.worker.http.state import BROKERS, M, engine_of, flag, machine_id
-from souk.worker.machines import logs
 
 MAX_WAIT = 60.0
 

@@ -7,8 +7,8 @@ from aiohttp import web
 
 from souk.models.api import NONCE_HEADER
 from souk.pki import mtls_roles
+from souk.worker.engine import Engine
 from souk.worker.machines.admission import Fences
-from souk.worker.ops.engine import Engine
 
 ENGINE = web.AppKey("engine", Engine)
 FENCES = web.AppKey("fences", Fences)  # machines destroyed by a broker that lost their create

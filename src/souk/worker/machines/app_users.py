@@ -36,7 +36,7 @@ from pathlib import Path
 
 from souk.models.base import APP_NAME
 from souk.worker.drivers.base import Launch
-from souk.worker.machines.identity import HostUser
+from souk.worker.host.identity import HostUser
 from souk.worker.state import queries
 from souk.worker.state.store import Store, Tx, now_iso
 

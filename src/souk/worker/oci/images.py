@@ -15,7 +15,7 @@ from pathlib import Path
 
 import aiohttp
 
-from souk.worker.machines.identity import HostUser
+from souk.worker.host.identity import HostUser
 from souk.worker.oci.config import ImageConfig
 from souk.worker.oci.manifest import Descriptor
 from souk.worker.oci.reference import ImageRef

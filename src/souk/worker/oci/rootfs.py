@@ -23,7 +23,7 @@ import threading
 import time
 from pathlib import Path
 
-from souk.worker.machines.identity import HostUser
+from souk.worker.host.identity import HostUser
 from souk.worker.oci.unpack import OPAQUE, OPAQUE_XATTR, WHITEOUT
 
 MNT_DETACH = 2

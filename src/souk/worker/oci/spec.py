@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from souk.models.machine import MachineConfig
-from souk.worker.machines.identity import HostUser
+from souk.worker.host.identity import HostUser
 from souk.worker.oci import inroot
 from souk.worker.oci.config import ImageConfig
 

@@ -12,8 +12,8 @@ import pytest
 from souk.models.machine import CreateMachine, MachineConfig
 from souk.worker.daemon import make_driver, running
 from souk.worker.drivers import launcher
+from souk.worker.engine import Engine
 from souk.worker.oci.registry import RegistryClient
-from souk.worker.ops.engine import Engine
 from souk.worker.settings import WorkerSettings
 from tests.support.engines import destroy_all, settings
 from tests.support.registry import Registry, registry_or_skip

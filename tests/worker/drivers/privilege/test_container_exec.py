@@ -13,9 +13,9 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from souk.worker.daemon import make_app, make_driver, running
 from souk.worker.drivers import launcher
+from souk.worker.engine import Engine
 from souk.worker.machines import app_users
 from souk.worker.oci.registry import RegistryClient
-from souk.worker.ops.engine import Engine
 from souk.worker.settings import WorkerSettings
 from tests.support.clients import Client
 from tests.support.engines import destroy_all

@@ -13,9 +13,9 @@ import pytest
 
 from souk.models.machine import CreateMachine, MachineConfig
 from souk.worker.daemon import make_driver, running
+from souk.worker.engine import Engine
 from souk.worker.machines import app_users
 from souk.worker.oci.registry import RegistryClient
-from souk.worker.ops.engine import Engine
 from souk.worker.settings import WorkerSettings
 from tests.support.engines import destroy_all
 from tests.support.images import ImageSpec, busybox_layer, layer

@@ -18,8 +18,8 @@ import pytest
 from souk.broker.registry import AppRegistry
 from souk.models.machine import CreateMachine, MachineConfig
 from souk.worker.daemon import make_driver, running
+from souk.worker.engine import Engine
 from souk.worker.oci.registry import RegistryClient
-from souk.worker.ops.engine import Engine
 from souk.worker.settings import WorkerSettings
 from tests.support.broker_cluster import WorkerSpec, cluster, machine_body
 from tests.support.engines import destroy_all

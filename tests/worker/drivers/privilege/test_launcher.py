@@ -22,8 +22,8 @@ from souk.worker.daemon import make_driver, running
 from souk.worker.drivers import launcher, spawner
 from souk.worker.drivers.base import Launch
 from souk.worker.drivers.process import ProcessDriver
-from souk.worker.machines.cgroups import ROOT, Cgroups, detect
-from souk.worker.ops.engine import Engine
+from souk.worker.engine import Engine
+from souk.worker.host.cgroups import ROOT, Cgroups, detect
 from souk.worker.settings import WorkerSettings
 from tests.support.engines import destroy_all
 

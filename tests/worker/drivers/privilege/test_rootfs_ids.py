@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from souk.worker.machines.identity import HostUser
+from souk.worker.host.identity import HostUser
 from souk.worker.oci.rootfs import (
     idmap_supported,
     is_mounted,

@@ -21,9 +21,9 @@ import pytest
 from souk.worker.drivers import spawner as spawner_module
 from souk.worker.drivers.exits import child_exit
 from souk.worker.drivers.spawner import _SERVERS, Command, LaunchFailed, Spawner
-from souk.worker.machines import procfs
-from souk.worker.machines.cgroups import Cgroups
-from souk.worker.machines.identity import HostUser
+from souk.worker.host import procfs
+from souk.worker.host.cgroups import Cgroups
+from souk.worker.host.identity import HostUser
 
 from .conftest import LOOK, NOBODY, assert_confined, needs_root
 

@@ -24,10 +24,10 @@ from aiohttp import web
 from souk.catalog.bus import InProcessBus
 from souk.models.machine import CreateMachine, Machine
 from souk.models.machine_ops import ExecRequest
+from souk.worker import names
 from souk.worker.daemon import make_app, make_driver, publishing, running
-from souk.worker.machines import names
+from souk.worker.engine import Engine
 from souk.worker.oci import network
-from souk.worker.ops.engine import Engine
 from tests.network.one_host import (
     API_PORT,
     LAN4,

@@ -9,7 +9,7 @@ import pytest
 
 from souk.models.machine import CreateMachine, MachineConfig
 from souk.worker.daemon import make_driver, running
-from souk.worker.ops.engine import Engine
+from souk.worker.engine import Engine
 from souk.worker.settings import WorkerSettings
 from tests.support.engines import destroy_all
 

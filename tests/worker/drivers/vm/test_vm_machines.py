@@ -20,10 +20,10 @@ from souk.models.machine_ops import ExecRequest
 from souk.worker.daemon import make_driver, running
 from souk.worker.drivers import vm_boot
 from souk.worker.drivers.vm import VmDriver
-from souk.worker.machines import procfs
-from souk.worker.machines.cgroups import Cgroups
+from souk.worker.engine import Engine
+from souk.worker.host import procfs
+from souk.worker.host.cgroups import Cgroups
 from souk.worker.oci import network
-from souk.worker.ops.engine import Engine
 from souk.worker.settings import WorkerSettings
 from tests.support.engines import destroy_all
 

@@ -14,7 +14,7 @@ from souk.models.machine_ops import ExecRequest
 from souk.models.volume import CreateVolume
 from souk.worker.daemon import make_driver, running
 from souk.worker.drivers import vm_volumes
-from souk.worker.ops.engine import Engine
+from souk.worker.engine import Engine
 from souk.worker.settings import WorkerSettings
 from souk.worker.volumes import disk as volume_disk
 from souk.worker.volumes.operations import VolumeFailed

@@ -16,8 +16,8 @@ import pytest
 from souk.dev import dev_cluster
 from souk.models.machine import CreateMachine, MachineConfig
 from souk.worker.daemon import make_driver, running
+from souk.worker.engine import Engine
 from souk.worker.oci.registry import RegistryClient
-from souk.worker.ops.engine import Engine
 from tests.support.engines import settings
 from tests.support.images import ImageSpec, Layer, busybox_layer, layer
 from tests.support.registry import Registry, push

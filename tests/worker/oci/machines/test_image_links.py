@@ -13,8 +13,8 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from souk.worker.daemon import make_app, make_driver, running
+from souk.worker.engine import Engine
 from souk.worker.oci.registry import RegistryClient
-from souk.worker.ops.engine import Engine
 from tests.support.engines import destroy_all, settings
 from tests.support.images import ImageSpec, TarBuilder, busybox_layer, layer
 from tests.support.registry import Registry, push

@@ -18,10 +18,10 @@ from souk.catalog.bus import InProcessBus
 from souk.catalog.replica import Replica
 from souk.models.machine import CreateMachine, MachineConfig
 from souk.worker.daemon import make_driver, publishing, running
-from souk.worker.machines import procfs
+from souk.worker.engine import Engine
+from souk.worker.host import procfs
 from souk.worker.oci import network
 from souk.worker.oci.registry import RegistryClient
-from souk.worker.ops.engine import Engine
 from tests.support.engines import destroy_all, settings
 from tests.support.images import ImageSpec, Layer, busybox_layer, layer
 from tests.support.registry import Registry, push

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from souk.worker.drivers.process import ProcessDriver
-from souk.worker.machines import procfs
-from souk.worker.machines.cgroups import Cgroups
+from souk.worker.host import procfs
+from souk.worker.host.cgroups import Cgroups
 from tests.support.waiting import wait_until
 
 

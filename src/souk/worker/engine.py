@@ -35,17 +35,16 @@ from souk.models.volume import CreateVolume, UpdateVolumeRequest, Volume, Volume
 from souk.sealing import Sealer, worker_key
 from souk.worker.drivers.base import Driver, Drivers, ExecTimeout, Handle, Launch
 from souk.worker.errors import InvalidState, NotFound, StorageFault, TimedOut
-from souk.worker.machines import admission, app_users, leases, ps
+from souk.worker.host.cgroups import Cgroups, worker_group
+from souk.worker.host.identity import HostUser
+from souk.worker.machines import admission, app_users, holds, leases, ps
 from souk.worker.machines import secrets as machine_secrets
 from souk.worker.machines import steps as machine_steps
-from souk.worker.machines.cgroups import Cgroups, worker_group
 from souk.worker.machines.check_following import CheckFollowing
 from souk.worker.machines.checks import HealthChecks
-from souk.worker.machines.identity import HostUser
 from souk.worker.machines.operations import MACHINES
 from souk.worker.machines.supervision import Supervisor
 from souk.worker.metrics import WorkerMetrics
-from souk.worker.ops import holds
 from souk.worker.ops.fsm import OPERATIONS
 from souk.worker.ops.runner import Runner
 from souk.worker.settings import WorkerSettings
@@ -101,7 +100,9 @@ class Engine:
         self.drivers = drivers
         settings.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)  # a root one: 0711
         self.store = Store(settings.db_path, durable=settings.durable)
-        self.metrics = WorkerMetrics(settings.metrics)
+        self.metrics = WorkerMetrics(
+            {name: [s.name for s in op.steps] for name, op in OPERATIONS.items()}, settings.metrics
+        )
         self.store.on_batch = self.metrics.batch if settings.metrics else None
         self.marked_here: set[str] = set()  # spawn markers no earlier worker run can have used
         self.pending_at_boot: set[int] = set()  # operations queued before this run began

@@ -18,7 +18,7 @@ from souk.worker.errors import WorkerError
 from souk.worker.state import queries
 
 if TYPE_CHECKING:
-    from souk.worker.ops.engine import Engine
+    from souk.worker.engine import Engine
 
 log = logging.getLogger("souk.worker.schedules")
 

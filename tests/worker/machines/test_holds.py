@@ -9,8 +9,8 @@ from pathlib import Path
 from souk.models.api import HOLD_HEADER
 from souk.models.machine import CreateMachine, MachineConfig
 from souk.worker.daemon import make_driver, running
-from souk.worker.ops import holds
-from souk.worker.ops.engine import Engine
+from souk.worker.engine import Engine
+from souk.worker.machines import holds
 from souk.worker.state import queries
 from souk.worker.state.operations import MACHINE_QUEUE
 from tests.support.clients import Client

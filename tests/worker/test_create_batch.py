@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from souk.models.api import HOLD_HEADER, MAX_BATCH
-from souk.worker.ops.engine import Engine
+from souk.worker.engine import Engine
 from tests.support.clients import Client
 
 

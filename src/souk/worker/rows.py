@@ -13,7 +13,7 @@ from typing import Any
 from souk.catalog.owner import Owner
 from souk.catalog.protocol import Change
 from souk.models.catalog import ImageRow, MeshPeer, VolumeRow, machine_row, worker_row
-from souk.worker.ops.engine import Engine
+from souk.worker.engine import Engine
 from souk.worker.state import queries, volume_queries
 from souk.worker.state.store import Commit
 

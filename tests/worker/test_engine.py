@@ -15,11 +15,11 @@ from souk.models.machine import CreateMachine, MachineConfig
 from souk.worker.daemon import make_driver, running
 from souk.worker.drivers.base import Launch
 from souk.worker.drivers.process import ProcessDriver
+from souk.worker.engine import Engine
 from souk.worker.errors import WorkerError
+from souk.worker.host import procfs
+from souk.worker.host.cgroups import Cgroups
 from souk.worker.http import http_error
-from souk.worker.machines import procfs
-from souk.worker.machines.cgroups import Cgroups
-from souk.worker.ops.engine import Engine
 from souk.worker.state.store import Commit
 from tests.support.engines import destroy_all, settings
 from tests.support.waiting import eventually

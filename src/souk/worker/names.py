@@ -14,11 +14,11 @@ from souk.catalog.replica import Replica
 from souk.catalog.trust import Trust
 from souk.models.catalog import MeshPeer
 from souk.network import dns, mesh, services
+from souk.worker.engine import Engine
 from souk.worker.machines.addresses import isolated
 from souk.worker.oci import network
-from souk.worker.ops.engine import Engine
+from souk.worker.rows import WorkerRows
 from souk.worker.settings import WorkerSettings
-from souk.worker.state.rows import WorkerRows
 
 CATCH_UP = 5.0  # seconds at most for the replica to catch up before the DNS answers anyway
 
