@@ -23,7 +23,7 @@ from souk.cli.serving import (
     refusals,
 )
 from souk.cli.tls import TLS_DIR_HELP, loopback, part_tls
-from souk.models.machine import CpuKind
+from souk.models.guest import CpuKind
 from souk.models.wire import DEFAULT_PRIVATE_PREFIX, private_prefix_error
 from souk.worker.daemon import serve
 from souk.worker.settings import WorkerSettings

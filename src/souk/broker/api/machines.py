@@ -30,13 +30,8 @@ from souk.models.api import (
 )
 from souk.models.catalog import AppRow
 from souk.models.fly_wire import split_unknown
-from souk.models.machine import (
-    CreateMachine,
-    Machine,
-    MachineConfig,
-    MachineState,
-    UpdateMachine,
-)
+from souk.models.machine import CreateMachine, Machine, MachineState, UpdateMachine
+from souk.models.machine_config import MachineConfig
 from souk.models.wire import DEFAULT_NETWORK
 from souk.web import ApiError, number, read_json, read_model, reply
 from souk.web.body import BODY_KEY

@@ -20,7 +20,7 @@ from souk.broker.placement.reservation import TAG_LENGTH, worker_tag
 from souk.clients.workers import WorkerCallError
 from souk.models.catalog import WorkerRow
 from souk.models.fit import disk_misfit
-from souk.models.machine import MachineConfig
+from souk.models.machine_config import MachineConfig
 from souk.models.volume import (
     CreateVolume,
     CreateVolumeRequest,

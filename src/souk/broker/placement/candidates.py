@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from souk.models.capacity import Capacity
 from souk.models.catalog import WorkerRow
 from souk.models.fit import Misfit, misfit
-from souk.models.machine import CpuKind, GuestConfig
+from souk.models.guest import CpuKind, GuestConfig
 
 MAX_CANDIDATES = 100_000  # workers whose candidate is kept between creates
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from souk.broker.placement.policies import POLICIES, Policy
 from souk.broker.placement.stages import Ranked
 from souk.models.api import Refusal
-from souk.models.machine import GuestConfig
+from souk.models.guest import GuestConfig
 from souk.models.placement import PlacementCandidate, PlacementExplanation
 
 KEEP = 1000  # creates explained per broker

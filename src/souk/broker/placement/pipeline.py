@@ -66,7 +66,8 @@ from souk.clients.workers import WorkerCallError, WorkerClient
 from souk.models.api import Refusal, Strategy
 from souk.models.capacity import OfferRequest
 from souk.models.catalog import WorkerRow
-from souk.models.machine import CreateMachine, GuestConfig, Machine
+from souk.models.guest import GuestConfig
+from souk.models.machine import CreateMachine, Machine
 
 DEFAULT_DEADLINE = 2.0
 RESERVE_SHARE = 0.5  # of the deadline, at most, for one reservation that is not the last

@@ -14,7 +14,7 @@ from souk.broker.placement.candidates import Candidate
 from souk.broker.placement.policies import REFUSE, Policy
 from souk.models.catalog import WorkerRow
 from souk.models.fit import misfit
-from souk.models.machine import GuestConfig
+from souk.models.guest import GuestConfig
 
 
 def room_for(row: WorkerRow, guest: GuestConfig) -> int:

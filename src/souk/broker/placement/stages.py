@@ -19,7 +19,7 @@ from souk.broker.placement.policies import POLICIES, REFUSE, Policy
 from souk.models.api import Refusal, Strategy
 from souk.models.catalog import WorkerRow
 from souk.models.fit import misfit
-from souk.models.machine import GuestConfig
+from souk.models.guest import GuestConfig
 
 AVOIDED = "avoided by the request (avoid_workers)"
 DEADLINE_PASSED = "deadline passed"
