@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 
 from souk.broker.liveness import Liveness
 from souk.broker.placement.candidates import Candidate
+from souk.broker.placement.stages import Noted
 from souk.clients.workers import WorkerCallError, WorkerClient
 from souk.models.api import MAX_BATCH, MAX_CONFIRMATIONS, HoldAnswer, Refusal
 from souk.models.machine import CreateMachine, Machine
@@ -172,7 +173,7 @@ class Reserver:
         cand: Candidate,
         create: CreateMachine,
         timeout: float,
-        refusals: list[Refusal],
+        refusals: Noted,
         id_prefix: str | None = None,
     ) -> Machine | None:
         """The machine, or None with the worker's refusal added to `refusals`. A create that
