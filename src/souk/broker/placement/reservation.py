@@ -24,6 +24,7 @@ only those that find no create to ride with go in a request of their own.
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import hmac
 import itertools
@@ -70,10 +71,12 @@ def placing_client(tls: NodeFiles | None = None) -> WorkerClient:
     return WorkerClient(tls=tls, per_worker=CONNECTIONS_PER_WORKER)
 
 
+@functools.lru_cache(maxsize=100_000)
 def worker_tag(worker: str) -> str:
     """A short tag naming the worker, at the end of the ids the broker gives machines: a broker
     whose catalog does not show a machine yet asks only the workers with its tag (see
-    `Broker.find`). Not unique: a few workers may share one, and all of them are asked."""
+    `Broker.find`). Not unique: a few workers may share one, and all of them are asked. Kept
+    per worker: every create and every search of the fleet by tag asks for it."""
     return hashlib.sha256(worker.encode()).hexdigest()[:TAG_LENGTH]
 
 
