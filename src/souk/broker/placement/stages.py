@@ -14,12 +14,11 @@ from dataclasses import replace
 from operator import itemgetter
 from typing import NamedTuple, Protocol, overload
 
-from souk.broker.placement.candidates import Candidate, CandidateCache
+from souk.broker.placement.candidates import Candidate, CandidateCache, misfit_in
 from souk.broker.placement.policies import POLICIES, REFUSE, Policy
 from souk.models.api import Refusal, Strategy
 from souk.models.catalog import WorkerRow
-from souk.models.fit import misfit
-from souk.models.guest import CpuKind, GuestConfig
+from souk.models.guest import GuestConfig
 
 AVOIDED = "avoided by the request (avoid_workers)"
 DEADLINE_PASSED = "deadline passed"
@@ -94,10 +93,10 @@ class Misfits(Sequence[Refusal]):
     as they were (both immutable), so a reason built later is the one the stage would have
     given; `None` for a worker avoided by the request."""
 
-    __slots__ = ("_built", "cpu_kind", "cpus", "found", "memory_mb")
+    __slots__ = ("_built", "found", "guest")
 
-    def __init__(self, cpu_kind: CpuKind, cpus: int, memory_mb: int) -> None:
-        self.cpu_kind, self.cpus, self.memory_mb = cpu_kind, cpus, memory_mb
+    def __init__(self, guest: GuestConfig) -> None:
+        self.guest = guest
         self.found: list[tuple[str, Candidate | None, bool, bool]] = []
         self._built: list[Refusal] | None = None
 
@@ -111,16 +110,7 @@ class Misfits(Sequence[Refusal]):
     ) -> Refusal:
         if cand is None:
             return Refusal(worker=worker, reason=AVOIDED)
-        why = misfit(
-            self.cpu_kind,
-            self.cpus,
-            self.memory_mb,
-            kinds=cand.cpu_kinds,
-            cpus_free=cand.cpus_free,
-            memory_mb_free=cand.memory_mb_free,
-            cordoned=cordoned,
-            draining=draining,
-        )
+        why = misfit_in(cand, self.guest, cordoned, draining)
         assert why is not None, "kept as a misfit by the rule, so the rule says why"
         return Refusal(worker=worker, reason=why.reason)
 
@@ -194,7 +184,7 @@ def feasible(
     (`souk.models.fit.misfit`: cordon, drain, cpu kind, room), minus those the request avoids.
     The guest's fields are read once, not per row: this runs for every row of a slice."""
     kind, cpus, memory_mb = guest.cpu_kind, guest.cpus, guest.memory_mb
-    out = Feasible([], [], Misfits(kind, cpus, memory_mb))
+    out = Feasible([], [], Misfits(guest))
     fit_rows, fit_cands, refused = out.rows.append, out.candidates.append, out.refusals.found.append
     held = cache.held  # looked up here, not through a call: this loop is most of a decision
     for row in rows:
