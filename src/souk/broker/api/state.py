@@ -21,6 +21,7 @@ from souk.sealing import Sealer
 from souk.web import ApiError
 
 HINTS = 100_000
+OPENED_APPS = 10_000  # apps whose secrets are kept opened, at most
 FIND_TIMEOUT = 2.0  # for asking a worker about a machine the catalog does not show yet
 
 
@@ -54,6 +55,9 @@ class Broker:
         # machine id -> (app, worker id, address): machines this broker just created, which the
         # catalog may not show for a few milliseconds more.
         self._hints: OrderedDict[str, tuple[str, str, str]] = OrderedDict()
+        # app -> (its row, its secrets opened from that row): a row is the same object until the
+        # app changes, so its secrets are opened once per version (`machine_secrets`).
+        self.opened: dict[str, tuple[AppRow, dict[str, str]]] = {}
 
     # --- finding things ------------------------------------------------------------------
 
