@@ -40,6 +40,7 @@ broker's time spent collecting per create in each.
     .venv/bin/python bench/placement.py            # about 4 minutes; --quick, --json
     .venv/bin/python bench/placement.py --sizes 1000 --profile prof/   # cProfile of the broker
     .venv/bin/python bench/placement.py --sizes 1000 --cpu-sample prof/   # its CPU, sampled
+    PYTHONPATH=CHECKOUT/src .venv/bin/python bench/placement.py --parts   # its own parts, alone
 """
 
 from __future__ import annotations
