@@ -40,6 +40,7 @@ broker's time spent collecting per create in each.
     .venv/bin/python bench/placement.py            # about 4 minutes; --quick, --json
     .venv/bin/python bench/placement.py --sizes 1000 --profile prof/   # cProfile of the broker
     .venv/bin/python bench/placement.py --sizes 1000 --cpu-sample prof/   # its CPU, sampled
+    PYTHONPATH=CHECKOUT/src .venv/bin/python bench/placement.py --parts   # its own parts, alone
 """
 
 from __future__ import annotations
@@ -49,14 +50,17 @@ import asyncio
 import contextlib
 import copy
 import cProfile
+import functools
 import gc
 import json
 import os
+import random
 import ssl
 import subprocess
 import sys
 import tempfile
 import time
+import types
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -631,6 +635,27 @@ async def run_load(
     return LoadResult(rate, result["latencies"], requests - ok, usage, *counted)
 
 
+class RedrawnWhenTold(Progress):
+    """A progress bar redrawn when it is told something (at most five times a second), never on
+    a timer: rich's timer is a thread in this process, the broker's, that redraws ten times a
+    second, 0.3% of a core that the broker's idle and loaded CPU counted as the broker's."""
+
+    drawn = 0.0
+
+    def update(self, task_id: TaskID, **fields: Any) -> None:
+        super().update(task_id, **fields)
+        self._redraw()
+
+    def advance(self, task_id: TaskID, advance: float = 1) -> None:
+        super().advance(task_id, advance)
+        self._redraw()
+
+    def _redraw(self) -> None:
+        if time.monotonic() - self.drawn >= 0.2:
+            self.drawn = time.monotonic()
+            self.refresh()
+
+
 # --- between and around phases ------------------------------------------------------------------
 
 
@@ -894,7 +919,10 @@ async def measure_size(
             idle = await cpu_pct(hosts.pids, 1.0)
             await settle(hosts.pids, idle)
             progress.update(task, description=f"{size:>5} workers: the broker idle")
-            broker_idle = await cpu_pct([os.getpid()], args.idle_seconds)
+            with profiled(None, args.cpu_sample, f"broker-{size}-{mode}-idle") as profilers:
+                for profiler in profilers:
+                    profiler.enable()
+                broker_idle = await cpu_pct([os.getpid()], args.idle_seconds)
 
             async def phase(name: str, url: str, n: int, c: int, body: Any, hdr: Any) -> LoadResult:
                 progress.update(task, description=f"{size:>5} workers: settling before {name}")
@@ -1104,6 +1132,128 @@ def cost_table(title: str, pairs: list[tuple[Row, Row]]) -> Table:
     return cost
 
 
+# --- a create's broker-side parts, in this process -----------------------------------------------
+
+FLY_CONFIG = {  # a config as Fly's clients send one: an image, a service with its ports and check
+    "image": "registry.example/app:1",
+    "env": {"A": "1", "B": "2"},
+    "guest": {"cpu_kind": "shared", "cpus": 1, "memory_mb": 256},
+    "services": [
+        {
+            "protocol": "tcp",
+            "internal_port": 8080,
+            "autostop": "stop",
+            "ports": [
+                {"port": 80, "handlers": ["http"], "force_https": True},
+                {"port": 443, "handlers": ["tls", "http"]},
+            ],
+            "concurrency": {"type": "connections", "soft_limit": 20, "hard_limit": 25},
+            "checks": [{"type": "http", "port": 8080, "path": "/health", "interval": "15s"}],
+        }
+    ],
+    "restart": {"policy": "on-failure"},
+    "metadata": {"fly_process_group": "app", "fly_release_version": "3"},
+}
+
+
+def cpu_us(call: Callable[[], object], n: int) -> float:
+    """CPU µs per call, the best of five rounds of `n` (a busy host only ever adds)."""
+    rounds = []
+    for _ in range(5):
+        t = time.process_time()
+        for _ in range(n):
+            call()
+        rounds.append((time.process_time() - t) / n * 1e6)
+    return round(min(rounds), 1)
+
+
+def done(coro: Any) -> Any:
+    """The value of a coroutine that never waits."""
+    try:
+        coro.send(None)
+    except StopIteration as stop:
+        return stop.value
+    raise RuntimeError("it waited")
+
+
+def create_parts(workers: int = 1000, full: float = 0.6) -> dict[str, float]:
+    """The broker's own parts of a create, each alone, in CPU µs: the feasible stage on one
+    slice of 64 rows (`full` of them without room), `Placer.place` in a region of `workers`
+    with the reservation answered at once (the decision, its refusals, the journal, the
+    metrics), a create's body read (the benchmark's and a Fly client's), and the secrets of an
+    app with ten of them opened for a create. Run against two checkouts (`PYTHONPATH=.../src`)
+    to compare code: the figures need no cluster and move little with the host's load."""
+    from souk.broker.api.machines import read_fly_request
+    from souk.broker.api.secrets import machine_secrets
+    from souk.broker.api.state import BROKER, SEALER
+    from souk.broker.placement.candidates import CandidateCache
+    from souk.broker.placement.stages import feasible
+    from souk.broker.secrets import seal_secret
+    from souk.models.api import CreateMachineRequest
+    from souk.models.catalog import AppRow, WorkerRow
+    from souk.models.machine import CreateMachine, GuestConfig
+    from souk.sealing import Sealer
+    from souk.web.body import BODY_KEY
+
+    rng = random.Random(3)
+
+    def worker_row(i: int) -> WorkerRow:
+        reserved = 8 if rng.random() < full else 2
+        return WorkerRow.model_validate(
+            {
+                "id": f"w{i}", "region": REGION, "address": f"http://w{i}",
+                "cpu_kinds": ["shared"], "cpus_total": 8, "memory_mb_total": 4096,
+                "cpus_reserved": reserved, "memory_mb_reserved": 1024, "epoch": "e",
+            }
+        )  # fmt: skip
+
+    rows = [worker_row(i) for i in range(workers)]
+    guest, cache = GuestConfig.model_validate(CONFIG["guest"]), CandidateCache()
+    first = rows[:64]
+    out = {"feasible_slice_us": cpu_us(lambda: feasible(first, guest, frozenset(), cache), 5000)}
+
+    fleet = StaticFleet([], AppRegistry())
+    fleet.placeable = lambda region: rows  # type: ignore[method-assign]  # held, as a replica's
+    fleet.silent = lambda region: []  # type: ignore[method-assign]
+    placer = Placer(fleet, WorkerClient(), rng=random.Random(1))
+    create = CreateMachine.model_validate({"app": APP, "config": CONFIG})
+    machine = Machine.model_validate(
+        {
+            "id": "m1", "name": "m1", "app": APP, "region": REGION, "state": "created",
+            "instance_id": "i", "config": CONFIG, "worker": "w1", "created_at": "t",
+            "updated_at": "t",
+        }
+    )  # fmt: skip
+
+    async def reserved(*_: Any, **__: Any) -> Machine:
+        return machine
+
+    placer.reserver.reserve = reserved  # type: ignore[method-assign]
+    out["place_us"] = cpu_us(lambda: done(placer.place(REGION, create, "catalog")), 2000)
+
+    for name, config in (("bench", CONFIG), ("fly", FLY_CONFIG)):
+        body = {"region": REGION, "config": config}
+        request: dict[Any, Any] = {BODY_KEY: body}  # all a body's reading asks of a request
+
+        def read(request: dict[Any, Any] = request, body: Any = body) -> object:
+            request[BODY_KEY] = body
+            return done(read_fly_request(request, CreateMachineRequest))  # type: ignore[arg-type]
+
+        out[f"read_body_{name}_us"] = cpu_us(read, 3000)
+
+    sealer = Sealer(SECRET)
+    app = AppRow(
+        name=APP,
+        created_at="t",
+        secrets={f"S{i}": seal_secret(sealer, APP, f"S{i}", "v" * 40, "t") for i in range(10)},
+    )
+    broker = Broker(fleet, WorkerClient(), placer)
+    holder = types.SimpleNamespace(app={BROKER: broker, SEALER: sealer})
+    call = functools.partial(machine_secrets, holder, APP, None, app)  # type: ignore[arg-type]
+    out["open_10_secrets_us"] = cpu_us(call, 3000)
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -1165,7 +1315,15 @@ def main() -> None:
         help="write the broker's stacks sampled by CPU time here, one file of collapsed stacks"
         " per phase",
     )
+    parser.add_argument(
+        "--parts",
+        action="store_true",
+        help="only the broker's own parts of a create, each alone, in CPU µs (no cluster)",
+    )
     args = parser.parse_args()
+    if args.parts:
+        print(json.dumps(create_parts()))
+        return
     args.sizes = [int(s) for s in args.sizes.split(",")]
     args.strategies = [s for s in args.strategies.split(",") if s]
     if args.quick:
@@ -1177,7 +1335,8 @@ def main() -> None:
         MofNCompleteColumn(),
         TimeElapsedColumn(),
     )
-    with Progress(*columns, console=err, transient=args.json) as progress:
+    bar = RedrawnWhenTold(*columns, console=err, transient=args.json, auto_refresh=False)
+    with bar as progress:
         report = run(measure(args, progress))  # the broker runs here, on its own loop
     if args.save is not None:
         args.save.write_text(json.dumps(asdict(report), indent=2))

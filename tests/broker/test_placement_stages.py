@@ -16,6 +16,7 @@ from souk.broker.placement.candidates import Candidate, CandidateCache
 from souk.broker.placement.pipeline import Placer
 from souk.broker.placement.stages import (
     AVOIDED,
+    Refusals,
     Scores,
     candidates,
     feasible,
@@ -83,6 +84,33 @@ def test_feasible_keeps_the_workers_that_fit_and_says_why_not_for_each_other() -
         ("full", "not enough room: free 4 cpus, 96 MB"),
         ("avoided", AVOIDED),
     ]
+
+
+def test_a_slices_refusals_read_later_say_what_the_stage_saw_in_the_order_found() -> None:
+    """Refusals are built when read, not when found: read after the rows changed (the worker
+    freed, uncordoned), they still say why each was out when the create looked."""
+    cache = CandidateCache()
+    full, cordoned = row("full", memory_mb_reserved=4000), row("cordoned", cordoned=True)
+    fit = feasible(
+        [full, cordoned, row("ok"), row("avoided")], SMALL, frozenset({"avoided"}), cache
+    )
+    feasible([row("full"), row("cordoned")], SMALL, frozenset(), cache)  # the next versions
+    refusals = Refusals()
+    refusals.append(Refusal(worker="first", reason="timeout"))
+    refusals.add(fit.refusals)
+    refusals.append(Refusal(worker="ok", reason="refused at reservation"))
+    refusals.prepend([Refusal(worker="gone", reason="unreachable")])
+    assert len(refusals) == 6
+    assert [(r.worker, r.reason) for r in refusals] == [
+        ("gone", "unreachable"),
+        ("first", "timeout"),
+        ("full", "not enough room: free 4 cpus, 96 MB"),
+        ("cordoned", "cordoned"),
+        ("avoided", AVOIDED),
+        ("ok", "refused at reservation"),
+    ]
+    assert [r.worker for r in fit.refusals] == ["full", "cordoned", "avoided"]
+    assert fit.refusals[1] == Refusal(worker="cordoned", reason="cordoned")
 
 
 KINDS: st.SearchStrategy[CpuKind] = st.sampled_from(["shared", "performance"])

@@ -8,6 +8,7 @@ short fixed list.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import get_args
 
 from aiohttp import web
@@ -98,7 +99,7 @@ class BrokerMetrics:
         for refusal in refusals:
             self.offer_refusals[refusal_kind(refusal.reason)].inc()
 
-    def refused(self, strategy: str, seconds: float, refusals: list[Refusal]) -> None:
+    def refused(self, strategy: str, seconds: float, refusals: Iterable[Refusal]) -> None:
         """A create that no worker took (a 412)."""
         self.not_placed[strategy].observe(seconds)
         for refusal in refusals:

@@ -234,12 +234,7 @@ class AppRegistry:
         Refused whole (MetadataRefused) when it breaks a limit."""
         check_metadata_patch(set_, delete)
         with self._lock, self._db:
-            self._db.execute("BEGIN IMMEDIATE")
-            row = self._db.execute(
-                "SELECT deleted, metadata FROM apps WHERE name = ?", (name,)
-            ).fetchone()
-            if row is None or row["deleted"]:
-                raise AppNotFound(name)
+            row = self._live(name)
             before: dict[str, str] = json.loads(row["metadata"])
             gone = frozenset(delete)
             after = {k: v for k, v in before.items() if k not in gone}
@@ -263,21 +258,14 @@ class AppRegistry:
         something is a new `secrets_version`. Returns the app as it is after the patch.
         A secret set again keeps its `created_at`."""
         with self._lock, self._db:
-            self._db.execute("BEGIN IMMEDIATE")
-            row = self._db.execute(
-                "SELECT deleted, secrets, secrets_version FROM apps WHERE name = ?", (name,)
-            ).fetchone()
-            if row is None or row["deleted"]:
-                raise AppNotFound(name)
+            row = self._live(name)
             before: dict[str, dict[str, str]] = json.loads(row["secrets"])
             after = {k: v for k, v in before.items() if k not in frozenset(delete)}
             for key, record in set_.items():
                 created = before.get(key, {}).get("created_at", record.created_at)
                 after[key] = record.model_copy(update={"created_at": created}).model_dump()
             if after == before:
-                return self._row(
-                    self._db.execute("SELECT * FROM apps WHERE name = ?", (name,)).fetchone()
-                )
+                return self._row(row)
             if len(after) > MAX_SECRETS:
                 raise MetadataRefused(
                     "too_many_secrets", f"an app keeps at most {MAX_SECRETS} secrets"
@@ -292,6 +280,17 @@ class AppRegistry:
                 ),
             )
         return self._publish(name)
+
+    def _live(self, name: str) -> sqlite3.Row:
+        """The app's row, read in a write transaction begun here (so no other writer changes
+        it before this one commits); AppNotFound if there is none or it is deleted."""
+        self._db.execute("BEGIN IMMEDIATE")
+        row: sqlite3.Row | None = self._db.execute(
+            "SELECT * FROM apps WHERE name = ?", (name,)
+        ).fetchone()
+        if row is None or row["deleted"]:
+            raise AppNotFound(name)
+        return row
 
     # --- revoked tokens -----------------------------------------------------------------
 

@@ -14,7 +14,7 @@ import binascii
 
 from souk.broker.errors import Refused
 from souk.models.catalog import AppRow
-from souk.models.machine import MachineConfig
+from souk.models.machine_config import MachineConfig
 from souk.models.secrets import MAX_SECRET_BYTES, SECRET_NAME, SecretRecord
 from souk.sealing import Sealer, Unsealable
 

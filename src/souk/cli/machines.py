@@ -15,7 +15,9 @@ from souk.cli.command import CommandError, problems, show
 from souk.cli.options import grouped
 from souk.clients.machines import MachinesApiError, MachinesClient
 from souk.models.api import CreateAppRequest, CreateMachineRequest, PublicMachine
-from souk.models.machine import GuestConfig, InitConfig, MachineConfig, MachineState
+from souk.models.guest import GuestConfig
+from souk.models.machine import MachineState
+from souk.models.machine_config import InitConfig, MachineConfig
 
 machines = typer.Typer(help="Run and manage machines.", no_args_is_help=True)
 apps = typer.Typer(help="Create, list and destroy apps.", no_args_is_help=True)

@@ -11,7 +11,7 @@ from souk.cli import serving
 from souk.cli.options import grouped
 from souk.cli.serving import log_to_stderr
 from souk.cli.tls import TLS_DIR_HELP, loopback, part_tls
-from souk.models.machine import CpuKind
+from souk.models.guest import CpuKind
 from souk.models.wire import DEFAULT_PRIVATE_PREFIX
 from souk.worker.daemon import serve
 from souk.worker.settings import WorkerSettings

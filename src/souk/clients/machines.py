@@ -29,7 +29,8 @@ from souk.models.api import (
     UpdateMachineRequest,
 )
 from souk.models.catalog import RevocationRow
-from souk.models.machine import GuestConfig, MachineState, MetadataChange, StopRequest
+from souk.models.guest import GuestConfig
+from souk.models.machine import MachineState, MetadataChange, StopRequest
 from souk.models.placement import PlacementExplanation
 from souk.models.platform import RegionsResponse
 from souk.models.secrets import AppSecrets, AppSecretsUpdateRequest, AppSecretsUpdateResp

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from souk.clients.machines import MachinesApiError, MachinesClient
 from souk.models.catalog import MachineRow
-from souk.models.machine import MachineConfig
+from souk.models.machine_config import MachineConfig
 
 log = logging.getLogger("souk.proxy.policy")
 

@@ -35,7 +35,7 @@ _STEP[ord("[")] = _STEP[ord("{")] = 1
 _STEP[ord("]")] = _STEP[ord("}")] = -1
 
 # Validation error types answered with their own status and reason (the type) rather than a
-# 400 `invalid`: `unsupported` is a valid field souk cannot honour (see models/machine.py),
+# 400 `invalid`: `unsupported` is a valid field souk cannot honour (see models/config_rules.py),
 # `limit_exceeded` a config over one of the bounds of models/limits.py.
 _ERROR_STATUS = {"metadata_too_large": 413, "unsupported": 400, LIMIT_EXCEEDED: 400}
 

@@ -14,7 +14,8 @@ from souk.broker.api.params import flag
 from souk.broker.api.state import broker_of
 from souk.broker.placement import quote
 from souk.models.catalog import MachineRow, WorkerRow
-from souk.models.machine import SIZES, CpuKind, GuestConfig, MachineState
+from souk.models.guest import SIZES, CpuKind, GuestConfig
+from souk.models.machine import MachineState
 from souk.models.platform import (
     OrgMachine,
     OrgMachinesResponse,

@@ -9,7 +9,7 @@ from aiohttp import web
 from souk.broker.api.apps import forward_registry
 from souk.broker.api.errors import refusal
 from souk.broker.api.params import flag
-from souk.broker.api.state import Broker, broker_of, sealer_of
+from souk.broker.api.state import OPENED_APPS, Broker, broker_of, sealer_of
 from souk.broker.registry import AppNotFound, MetadataRefused, now_iso
 from souk.broker.secrets import SecretRefused, open_secrets, seal_secret
 from souk.models.catalog import AppRow
@@ -147,14 +147,24 @@ def machine_secrets(
     request: web.Request, app: str, skip: bool | None, row: AppRow | None = None
 ) -> dict[str, str]:
     """The app's secrets, opened, for a machine being created or updated (none if the client
-    asked to skip them); from `row` if the caller has it, else as the fleet reads apps."""
+    asked to skip them); from `row` if the caller has it, else as the fleet reads apps. Opened
+    once per version of the app's row (`Broker.opened`), not for every create: each secret is
+    a decryption."""
     if skip:
         return {}
+    b = broker_of(request)
     if row is None:
-        row = broker_of(request).fleet.app(app)
+        row = b.fleet.app(app)
     if row is None:
         raise ApiError(404, "not_found", f"app {app} not found")
+    held = b.opened.get(app)
+    if held is not None and held[0] is row:
+        return dict(held[1])
     try:
-        return open_secrets(sealer_of(request), row)
+        opened = open_secrets(sealer_of(request), row)
     except SecretRefused as exc:
         raise _refused(exc) from None
+    if len(b.opened) >= OPENED_APPS:
+        b.opened.clear()
+    b.opened[app] = (row, opened)
+    return dict(opened)

@@ -15,12 +15,13 @@ from souk.broker.placement.pipeline import Placer
 from souk.broker.placement.reservation import TAG_LENGTH, worker_tag
 from souk.broker.registry import AppRegistry
 from souk.clients.workers import WorkerClient
-from souk.models.catalog import AppRow
+from souk.models.catalog import AppRow, WorkerRow
 from souk.models.machine import Machine
 from souk.sealing import Sealer
 from souk.web import ApiError
 
 HINTS = 100_000
+OPENED_APPS = 10_000  # apps whose secrets are kept opened, at most
 FIND_TIMEOUT = 2.0  # for asking a worker about a machine the catalog does not show yet
 
 
@@ -54,6 +55,9 @@ class Broker:
         # machine id -> (app, worker id, address): machines this broker just created, which the
         # catalog may not show for a few milliseconds more.
         self._hints: OrderedDict[str, tuple[str, str, str]] = OrderedDict()
+        # app -> (its row, its secrets opened from that row): a row is the same object until the
+        # app changes, so its secrets are opened once per version (`machine_secrets`).
+        self.opened: dict[str, tuple[AppRow, dict[str, str]]] = {}
 
     # --- finding things ------------------------------------------------------------------
 
@@ -104,17 +108,10 @@ class Broker:
             return self.locate(app, machine_id)
         except ApiError:
             pass
-        tag = machine_id[-TAG_LENGTH:]
-        tagged = [w for w in self.fleet.workers(reachable_only=False) if worker_tag(w.id) == tag]
-        found = await asyncio.gather(
-            *(self.client.machine(w.id, w.address, machine_id, FIND_TIMEOUT) for w in tagged),
-            return_exceptions=True,
-        )
-        for worker, machine in zip(tagged, found, strict=True):
-            if isinstance(machine, Machine) and machine.app == app:
-                self.hint(machine, worker.address)
-                return worker.id, worker.address
-        raise ApiError(404, "not_found", f"machine {machine_id} not found in app {app}")
+        found = await self._asked(app, [(w, machine_id) for w in self.tagged(machine_id)])
+        if found is None:
+            raise ApiError(404, "not_found", f"machine {machine_id} not found in app {app}")
+        return found[0].id, found[0].address
 
     async def keyed(self, app: str, prefix: str, region: str | None) -> Machine | None:
         """The machine an earlier create with the same idempotency key made (its id starts with
@@ -126,17 +123,28 @@ class Broker:
             with contextlib.suppress(ApiError):
                 return await self.machine(app, mid)
         rows = self.fleet.workers(region=region, reachable_only=False)
+        found = await self._asked(app, [(w, prefix + worker_tag(w.id)) for w in rows])
+        return found[1] if found is not None else None
+
+    def tagged(self, given_id: str) -> list[WorkerRow]:
+        """The workers whose tag ends an id this broker gave (a machine's, a volume's): the
+        only ones that may hold it."""
+        tag = given_id[-TAG_LENGTH:]
+        return [w for w in self.fleet.workers(reachable_only=False) if worker_tag(w.id) == tag]
+
+    async def _asked(
+        self, app: str, asks: list[tuple[WorkerRow, str]]
+    ) -> tuple[WorkerRow, Machine] | None:
+        """Each worker asked for the machine of its id, all at once: the first that holds one of
+        `app`, kept as a hint, or None."""
         found = await asyncio.gather(
-            *(
-                self.client.machine(w.id, w.address, prefix + worker_tag(w.id), FIND_TIMEOUT)
-                for w in rows
-            ),
+            *(self.client.machine(w.id, w.address, mid, FIND_TIMEOUT) for w, mid in asks),
             return_exceptions=True,
         )
-        for worker, machine in zip(rows, found, strict=True):
+        for (worker, _), machine in zip(asks, found, strict=True):
             if isinstance(machine, Machine) and machine.app == app:
                 self.hint(machine, worker.address)
-                return machine
+                return worker, machine
         return None
 
     # --- calling a machine's worker ------------------------------------------------------

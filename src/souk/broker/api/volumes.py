@@ -15,20 +15,18 @@ from typing import Any
 from aiohttp import web
 
 from souk.broker.api.answers import fly_reply
-from souk.broker.api.state import Broker, broker_of
-from souk.broker.placement.reservation import TAG_LENGTH, worker_tag
+from souk.broker.api.state import FIND_TIMEOUT, Broker, broker_of
+from souk.broker.placement.reservation import worker_tag
 from souk.clients.workers import WorkerCallError
 from souk.models.catalog import WorkerRow
 from souk.models.fit import disk_misfit
-from souk.models.machine import MachineConfig
+from souk.models.machine_config import MachineConfig
 from souk.models.volume import (
     CreateVolume,
     CreateVolumeRequest,
     Volume,
 )
 from souk.web import ApiError, read_model
-
-FIND_TIMEOUT = 2.0
 
 
 def new_volume_id(worker: str) -> str:
@@ -41,14 +39,9 @@ def volume_of_snapshot(snapshot_id: str) -> str | None:
     return f"vol_{parts[1]}" if len(parts) == 3 and parts[0] == "vs" else None
 
 
-def _tagged(b: Broker, volume_id: str) -> list[WorkerRow]:
-    tag = volume_id[-TAG_LENGTH:]
-    return [w for w in b.fleet.workers(reachable_only=False) if worker_tag(w.id) == tag]
-
-
 async def locate(b: Broker, app: str, volume_id: str) -> tuple[WorkerRow, Volume]:
     """The worker holding the app's volume, and the volume as it has it; 404 otherwise."""
-    candidates = _tagged(b, volume_id)
+    candidates = b.tagged(volume_id)
     found = await asyncio.gather(
         *(b.client.volume(w.id, w.address, volume_id, FIND_TIMEOUT) for w in candidates),
         return_exceptions=True,

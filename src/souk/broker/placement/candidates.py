@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 from souk.models.capacity import Capacity
 from souk.models.catalog import WorkerRow
 from souk.models.fit import Misfit, misfit
-from souk.models.machine import CpuKind, GuestConfig
+from souk.models.guest import CpuKind, GuestConfig
 
 MAX_CANDIDATES = 100_000  # workers whose candidate is kept between creates
 
@@ -57,19 +58,40 @@ class Candidate:
     ) -> Misfit | None:
         """Why the guest does not fit here, by the worker's rule (`souk.models.fit`). A cordon
         or a drain is the row's, not the candidate's: the caller who has the row passes it."""
-        return misfit(
-            guest.cpu_kind,
-            guest.cpus,
-            guest.memory_mb,
-            kinds=self.cpu_kinds,
-            cpus_free=self.cpus_free,
-            memory_mb_free=self.memory_mb_free,
-            cordoned=cordoned,
-            draining=draining,
-        )
+        return misfit_in(self, guest, cordoned, draining)
 
     def fits(self, guest: GuestConfig) -> bool:
         return self.misfit(guest) is None
+
+
+class Room(Protocol):
+    """What a worker has free, as a candidate or a catalog row shows it."""
+
+    @property
+    def cpu_kinds(self) -> tuple[CpuKind, ...]: ...
+
+    @property
+    def cpus_free(self) -> int: ...
+
+    @property
+    def memory_mb_free(self) -> int: ...
+
+
+def misfit_in(
+    room: Room, guest: GuestConfig, cordoned: bool = False, draining: bool = False
+) -> Misfit | None:
+    """Why the guest does not fit in what `room` has free, by the worker's rule
+    (`souk.models.fit.misfit`), or None."""
+    return misfit(
+        guest.cpu_kind,
+        guest.cpus,
+        guest.memory_mb,
+        kinds=room.cpu_kinds,
+        cpus_free=room.cpus_free,
+        memory_mb_free=room.memory_mb_free,
+        cordoned=cordoned,
+        draining=draining,
+    )
 
 
 class CandidateCache:

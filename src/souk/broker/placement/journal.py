@@ -16,9 +16,9 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from souk.broker.placement.policies import POLICIES, Policy
-from souk.broker.placement.stages import Ranked
+from souk.broker.placement.stages import Ranked, Refusals
 from souk.models.api import Refusal
-from souk.models.machine import GuestConfig
+from souk.models.guest import GuestConfig
 from souk.models.placement import PlacementCandidate, PlacementExplanation
 
 KEEP = 1000  # creates explained per broker
@@ -36,7 +36,7 @@ class Decision:
     policy: Policy
     guest: GuestConfig
     rounds: list[Ranked]
-    refusals: list[Refusal]
+    refusals: Refusals | list[Refusal]  # read only to explain it
     winner: str
     decided_at: float
     took: float

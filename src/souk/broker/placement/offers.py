@@ -16,7 +16,7 @@ from souk.clients.workers import WorkerCallError, WorkerClient
 from souk.models.api import Refusal
 from souk.models.capacity import Offer, OfferCall, OfferRequest, offers_subject
 from souk.models.catalog import WorkerRow
-from souk.models.machine import GuestConfig
+from souk.models.guest import GuestConfig
 
 OFFER_TIMEOUT = 0.5  # an offer slower than this is a worker we would not want anyway
 DECLINED = "declined by the worker"  # it fits by the numbers, yet the worker says no

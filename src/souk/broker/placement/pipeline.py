@@ -53,6 +53,7 @@ from souk.broker.placement.reservation import Reserver
 from souk.broker.placement.stages import (
     Feasible,
     Ranked,
+    Refusals,
     Scores,
     candidates,
     feasible,
@@ -66,7 +67,8 @@ from souk.clients.workers import WorkerCallError, WorkerClient
 from souk.models.api import Refusal, Strategy
 from souk.models.capacity import OfferRequest
 from souk.models.catalog import WorkerRow
-from souk.models.machine import CreateMachine, GuestConfig, Machine
+from souk.models.guest import GuestConfig
+from souk.models.machine import CreateMachine, Machine
 
 DEFAULT_DEADLINE = 2.0
 RESERVE_SHARE = 0.5  # of the deadline, at most, for one reservation that is not the last
@@ -88,7 +90,7 @@ class NoCapacity(Exception):
 
     region: str
     asked: int
-    refusals: list[Refusal] = field(default_factory=list)
+    refusals: Refusals = field(default_factory=Refusals)
 
     def message(self) -> str:
         where = f"region {self.region}" if self.region else "any region"
@@ -288,7 +290,7 @@ class Placer:
             if shunned is not None:
                 rows = [w for w in rows if not shunned(w.id)]
             fit = self.eligible(rows, guest, avoid)
-            refused.refusals += fit.refusals
+            refused.refusals.add(fit.refusals)
             refused.asked += len(fit.refusals)
             if strategy == "catalog":
                 refused.asked += len(fit.candidates)
@@ -315,7 +317,7 @@ class Placer:
         image: str | None,
         end: float,
         strategy: Strategy,
-        refusals: list[Refusal],
+        refusals: Refusals,
     ) -> list[Candidate]:
         """The feasible stage by the workers' own offers. `p2c` asks over HTTP even with a bus:
         a message on the region's subject would cost every worker of the region a decode for
@@ -344,10 +346,11 @@ class Placer:
                     self.liveness.answered(row.id)
         late = WorkerCallError("", 0, "timeout", "no time left to ask")
         ordered = [answers.get(r.id, late) for r in rows]
-        before = len(refusals)
-        cands = offers.offered(rows, ordered, guest, refusals)
+        declined: list[Refusal] = []
+        cands = offers.offered(rows, ordered, guest, declined)
         offered = sum(1 for a in ordered if not isinstance(a, BaseException))
-        self.metrics.offers(strategy, len(rows), offered, refusals[before:])
+        self.metrics.offers(strategy, len(rows), offered, declined)
+        refusals.extend(declined)
         return cands
 
     def _decided(self, strategy: Strategy, began: float, ranked: Ranked) -> None:
@@ -369,7 +372,7 @@ class Placer:
             for w in self.fleet.workers(region=region, reachable_only=False)
             if w.id not in known
         ]
-        refused.refusals[:0] = gone
+        refused.refusals.prepend(gone)
         refused.asked += len(gone)
 
     def stats(self) -> dict[str, Any]:

@@ -24,7 +24,7 @@ from bisect import bisect_left
 from collections.abc import Callable, Iterable, Sequence
 
 from souk.broker.placement.candidates import Candidate
-from souk.models.machine import GuestConfig
+from souk.models.guest import GuestConfig
 
 REFUSE = -math.inf
 

@@ -10,26 +10,15 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import replace
 
-from souk.broker.placement.candidates import Candidate
+from souk.broker.placement.candidates import Candidate, misfit_in
 from souk.broker.placement.policies import REFUSE, Policy
 from souk.models.catalog import WorkerRow
-from souk.models.fit import misfit
-from souk.models.machine import GuestConfig
+from souk.models.guest import GuestConfig
 
 
 def room_for(row: WorkerRow, guest: GuestConfig) -> int:
     """How many machines of `guest` the worker could take now, by the fit rule."""
-    why = misfit(
-        guest.cpu_kind,
-        guest.cpus,
-        guest.memory_mb,
-        kinds=row.cpu_kinds,
-        cpus_free=row.cpus_free,
-        memory_mb_free=row.memory_mb_free,
-        cordoned=row.cordoned,
-        draining=row.draining,
-    )
-    if why is not None:
+    if misfit_in(row, guest, row.cordoned, row.draining) is not None:
         return 0
     return min(row.cpus_free // guest.cpus, row.memory_mb_free // guest.memory_mb)
 

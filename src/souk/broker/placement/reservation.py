@@ -24,6 +24,7 @@ only those that find no create to ride with go in a request of their own.
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import hmac
 import itertools
@@ -35,6 +36,7 @@ from dataclasses import dataclass, field
 
 from souk.broker.liveness import Liveness
 from souk.broker.placement.candidates import Candidate
+from souk.broker.placement.stages import Noted
 from souk.clients.workers import WorkerCallError, WorkerClient
 from souk.models.api import MAX_BATCH, MAX_CONFIRMATIONS, HoldAnswer, Refusal
 from souk.models.machine import CreateMachine, Machine
@@ -69,10 +71,12 @@ def placing_client(tls: NodeFiles | None = None) -> WorkerClient:
     return WorkerClient(tls=tls, per_worker=CONNECTIONS_PER_WORKER)
 
 
+@functools.lru_cache(maxsize=100_000)
 def worker_tag(worker: str) -> str:
     """A short tag naming the worker, at the end of the ids the broker gives machines: a broker
     whose catalog does not show a machine yet asks only the workers with its tag (see
-    `Broker.find`). Not unique: a few workers may share one, and all of them are asked."""
+    `Broker.find`). Not unique: a few workers may share one, and all of them are asked. Kept
+    per worker: every create and every search of the fleet by tag asks for it."""
     return hashlib.sha256(worker.encode()).hexdigest()[:TAG_LENGTH]
 
 
@@ -172,7 +176,7 @@ class Reserver:
         cand: Candidate,
         create: CreateMachine,
         timeout: float,
-        refusals: list[Refusal],
+        refusals: Noted,
         id_prefix: str | None = None,
     ) -> Machine | None:
         """The machine, or None with the worker's refusal added to `refusals`. A create that

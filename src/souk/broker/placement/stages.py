@@ -9,17 +9,16 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Collection, Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator, Sequence
 from dataclasses import replace
 from operator import itemgetter
-from typing import NamedTuple
+from typing import NamedTuple, Protocol, overload
 
-from souk.broker.placement.candidates import Candidate, CandidateCache
+from souk.broker.placement.candidates import Candidate, CandidateCache, misfit_in
 from souk.broker.placement.policies import POLICIES, REFUSE, Policy
 from souk.models.api import Refusal, Strategy
 from souk.models.catalog import WorkerRow
-from souk.models.fit import misfit
-from souk.models.machine import GuestConfig
+from souk.models.guest import GuestConfig
 
 AVOIDED = "avoided by the request (avoid_workers)"
 DEADLINE_PASSED = "deadline passed"
@@ -79,13 +78,100 @@ def _with_holders(
         yield [*holding, *others] if i == 0 else others
 
 
+class Noted(Protocol):
+    """Where a stage adds the refusals it finds: a list, or a create's `Refusals`."""
+
+    def append(self, refusal: Refusal, /) -> None: ...
+
+
+class Misfits(Sequence[Refusal]):
+    """The rows of a slice that the guest does not fit, or that the request avoids, with what
+    says why; each `Refusal` is built only when read. A slice at 60% full refuses dozens of
+    workers per create, and a create's refusals are read only to explain it (a 412, or the
+    journal asked later): building them all, reason strings and models, cost more than the
+    rest of the feasible stage. What says why is the candidate and the row's cordon and drain
+    as they were (both immutable), so a reason built later is the one the stage would have
+    given; `None` for a worker avoided by the request."""
+
+    __slots__ = ("_built", "found", "guest")
+
+    def __init__(self, guest: GuestConfig) -> None:
+        self.guest = guest
+        self.found: list[tuple[str, Candidate | None, bool, bool]] = []
+        self._built: list[Refusal] | None = None
+
+    def built(self) -> list[Refusal]:
+        if self._built is None or len(self._built) != len(self.found):
+            self._built = [self._refusal(*f) for f in self.found]
+        return self._built
+
+    def _refusal(
+        self, worker: str, cand: Candidate | None, cordoned: bool, draining: bool
+    ) -> Refusal:
+        if cand is None:
+            return Refusal(worker=worker, reason=AVOIDED)
+        why = misfit_in(cand, self.guest, cordoned, draining)
+        assert why is not None, "kept as a misfit by the rule, so the rule says why"
+        return Refusal(worker=worker, reason=why.reason)
+
+    def __len__(self) -> int:
+        return len(self.found)
+
+    @overload
+    def __getitem__(self, i: int) -> Refusal: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> list[Refusal]: ...
+
+    def __getitem__(self, i: int | slice) -> Refusal | list[Refusal]:
+        return self.built()[i]
+
+    def __iter__(self) -> Iterator[Refusal]:
+        return iter(self.built())
+
+
+class Refusals:
+    """Why each worker did not take a create, in the order the stages found them: refusals
+    built as they came, and whole slices' `Misfits`, built only when read (a 412's answer, the
+    no-capacity metrics, an explanation)."""
+
+    __slots__ = ("_parts",)
+
+    def __init__(self, refusals: Iterable[Refusal] = ()) -> None:
+        self._parts: list[Refusal | Misfits] = list(refusals)
+
+    def append(self, refusal: Refusal, /) -> None:
+        self._parts.append(refusal)
+
+    def extend(self, refusals: Iterable[Refusal]) -> None:
+        self._parts.extend(refusals)
+
+    def add(self, misfits: Misfits) -> None:
+        if misfits.found:
+            self._parts.append(misfits)
+
+    def prepend(self, refusals: list[Refusal]) -> None:
+        self._parts[:0] = refusals
+
+    def __len__(self) -> int:
+        return sum(len(p) if type(p) is Misfits else 1 for p in self._parts)
+
+    def __iter__(self) -> Iterator[Refusal]:
+        for part in self._parts:
+            if type(part) is Misfits:
+                yield from part
+            else:
+                assert isinstance(part, Refusal)
+                yield part
+
+
 class Feasible(NamedTuple):
     """The rows that fit, as rows and as candidates (in the same order), and why the others
-    do not."""
+    do not (built when read)."""
 
     rows: list[WorkerRow]
     candidates: list[Candidate]
-    refusals: list[Refusal]
+    refusals: Misfits
 
 
 def feasible(
@@ -97,14 +183,15 @@ def feasible(
     """The workers that fit the guest by the catalog's picture, by the worker's own rule
     (`souk.models.fit.misfit`: cordon, drain, cpu kind, room), minus those the request avoids.
     The guest's fields are read once, not per row: this runs for every row of a slice."""
-    out = Feasible([], [], [])
     kind, cpus, memory_mb = guest.cpu_kind, guest.cpus, guest.memory_mb
+    out = Feasible([], [], Misfits(guest))
+    fit_rows, fit_cands, refused = out.rows.append, out.candidates.append, out.refusals.found.append
     held = cache.held  # looked up here, not through a call: this loop is most of a decision
     for row in rows:
         known = held.get(row.id)
         cand = known[1] if known is not None and known[0] is row else cache(row)
-        # `misfit` is the rule and names the reason; the rows that fit, most of them, are told
-        # apart first by its comparisons inline (a property test holds the two to one answer).
+        # `misfit` is the rule and names the reason (`Misfits` asks it when a refusal is read);
+        # these are its comparisons inline (a property test holds the two to one answer).
         if (
             cpus <= cand.cpus_free
             and memory_mb <= cand.memory_mb_free
@@ -112,25 +199,13 @@ def feasible(
             and not row.cordoned
             and not row.draining
         ):
-            why = None
+            if row.id in avoid:
+                refused((row.id, None, False, False))
+            else:
+                fit_rows(row)
+                fit_cands(cand)
         else:
-            why = misfit(
-                kind,
-                cpus,
-                memory_mb,
-                kinds=cand.cpu_kinds,
-                cpus_free=cand.cpus_free,
-                memory_mb_free=cand.memory_mb_free,
-                cordoned=row.cordoned,
-                draining=row.draining,
-            )
-        if why is not None:
-            out.refusals.append(Refusal(worker=row.id, reason=why.reason))
-        elif row.id in avoid:
-            out.refusals.append(Refusal(worker=row.id, reason=AVOIDED))
-        else:
-            out.rows.append(row)
-            out.candidates.append(cand)
+            refused((row.id, cand, row.cordoned, row.draining))
     return out
 
 
@@ -220,9 +295,7 @@ class Scores:
 _SCORE = itemgetter(0)
 
 
-def picked(
-    ranked: Ranked, end: float, refusals: list[Refusal]
-) -> Iterator[tuple[Candidate, float]]:
+def picked(ranked: Ranked, end: float, refusals: Noted) -> Iterator[tuple[Candidate, float]]:
     """The ranked candidates best first, each with the seconds left to reserve on it, read as
     each is taken (a reservation in between spends them). At the deadline, a refusal for the
     one not tried and no more."""

@@ -17,18 +17,11 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 from souk.cli.command import CommandError, problems
 from souk.models.api import REGION_NAME
 from souk.models.base import AppName, Strict
+from souk.models.config_rules import ENV_NAME
 from souk.models.duration import Duration
-from souk.models.machine import (
-    ENV_NAME,
-    Check,
-    GuestConfig,
-    InitConfig,
-    MachineConfig,
-    Mount,
-    RestartConfig,
-    Service,
-    StopConfig,
-)
+from souk.models.guest import GuestConfig
+from souk.models.machine_config import InitConfig, MachineConfig, Mount, RestartConfig, StopConfig
+from souk.models.services import Check, Service
 from souk.models.volume import CreateVolumeRequest
 from souk.models.wire import HIDDEN_KEY, RELEASE_KEY, ROLE_KEY, Role
 

@@ -20,7 +20,7 @@ from souk.cli.deploy.plan import Instance, MachineView, fingerprint
 from souk.cli.deploy.progress import Progress
 from souk.clients.machines import MachinesApiError, MachinesClient
 from souk.models.api import CreateMachineRequest, MetadataPatch, UpdateMachineRequest
-from souk.models.machine import MachineConfig
+from souk.models.machine_config import MachineConfig
 from souk.models.volume import CreateVolumeRequest
 from souk.models.wire import Role
 

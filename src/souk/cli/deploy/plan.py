@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from souk.cli.deploy.config import SECRETS_KEY
 from souk.models.api import PublicMachine
-from souk.models.machine import MachineConfig
+from souk.models.machine_config import MachineConfig
 from souk.models.wire import HIDDEN_KEY, RELEASE_KEY, ROLE_KEY
 
 RUNNING = ("started", "starting")
