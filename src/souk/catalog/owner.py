@@ -79,7 +79,8 @@ class RowSource(Protocol):
     def changes_since(self, since: int, limit: int) -> tuple[list[Change], int, bool]:
         """The current version of every row changed after `since` (deletions as `row=None`),
         oldest first, at most `limit`; with the head they bring a replica to, and whether more
-        remain after it."""
+        remain after it. From 0 too, every row a replica shows (deletions may be left out): a
+        replica's head promises every row up to it, and its snapshots relay that promise."""
         ...
 
     def apps(self) -> list[str]:
