@@ -72,7 +72,7 @@ from _harness import GcPauses, Pki, Series, chart, machine_info, pct
 
 from souk import heap
 from souk.catalog import owner as owner_module
-from souk.catalog.bus import InProcessBus, Message, NatsBus
+from souk.catalog.bus import Handler, InProcessBus, Message, NatsBus, Subscription
 from souk.catalog.certs import bus_options
 from souk.catalog.owner import Owner
 from souk.catalog.permissions import Node
@@ -1106,6 +1106,17 @@ class RecordingBus(InProcessBus):
         if subject.startswith((f"{PREFIX}.ch.", f"{PREFIX}.hb.")):
             self.kept.append(Message(subject, data, reply))
         await super().publish(subject, data, reply)
+
+    async def subscribe(self, subject: str, handler: Handler) -> Subscription:
+        """None is made: no replica asks the owners anything while they are recorded, and each
+        publish would otherwise scan every owner's pull and hello subscriptions (20,000 at
+        10,000 owners: the recording did not finish in half an hour)."""
+        return Unsubscribed()
+
+
+class Unsubscribed:
+    async def unsubscribe(self) -> None:
+        pass
 
 
 @dataclass
