@@ -4,12 +4,16 @@ region's placeable rows, kept between reads yet following every change; an image
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from souk.catalog.bus import InProcessBus
 from souk.catalog.index import Indexes
 from souk.catalog.index.base import REGISTERED, TableIndex, register
+from souk.catalog.index.volumes import VolumeIndex
 from souk.catalog.index.workers import WorkerIndex
+from souk.catalog.protocol import REGISTRY_OWNER
 from souk.catalog.replica import Replica
 from souk.catalog.sim import SimRows
 from souk.models.catalog import ROW_MODELS, Row
@@ -29,11 +33,58 @@ def test_every_replicated_table_has_its_one_index() -> None:
 
         def get(self, owner: str, key: str) -> Row | None: ...
 
-        def ownership_error(self, owner: str, region: str, key: str, row: Row) -> str | None: ...
-
     with pytest.raises(TypeError, match="two indexes"):
         register(Twice)
     assert REGISTERED["machines"] is not Twice
+
+
+# table -> (its key field, its writer field: None for the app registry's tables)
+OWNERSHIP = {
+    "workers": ("id", "id"),
+    "machines": ("id", "worker_id"),
+    "images": ("digest", "worker_id"),
+    "volumes": ("id", "worker_id"),
+    "apps": ("name", None),
+    "revocations": ("id", None),
+}
+
+
+@pytest.mark.parametrize("table", sorted(OWNERSHIP))
+def test_an_owner_writes_its_own_rows_under_their_own_key(table: str) -> None:
+    key_field, writer_field = OWNERSHIP[table]
+    index, model = Indexes().tables[table], ROW_MODELS[table]
+    writer = REGISTRY_OWNER if writer_field is None else "w1"
+    key = writer if key_field == writer_field else "k1"  # a worker's row is keyed by its name
+
+    def row(**fields: str) -> Row:
+        values: dict[str, Any] = {"region": "mad", key_field: key, **fields}
+        return model.model_construct(None, **values)
+
+    own = row(**({} if writer_field is None else {writer_field: writer}))
+    assert index.ownership_error(writer, "mad", key, own) is None
+    assert index.ownership_error(writer, "mad", "k2", own)  # its key is its identity
+    assert index.ownership_error("w2", "mad", key, own)  # another owner may not write it
+    if writer_field is not None and writer_field != key_field:
+        assert index.ownership_error("w2", "mad", key, row(**{writer_field: "w2"})) is None
+    if table == "workers":
+        assert index.ownership_error(writer, "ams", key, own)  # nor from another region
+
+
+def test_an_index_names_fields_its_rows_have() -> None:
+    class Misnamed(TableIndex):
+        table = "volumes"
+        writer_field = "owner"
+
+        def put(self, owner: str, key: str, row: Row | None) -> None: ...
+
+        def get(self, owner: str, key: str) -> Row | None: ...
+
+    REGISTERED.pop("volumes")
+    try:
+        with pytest.raises(TypeError, match="no field 'owner'"):
+            register(Misnamed)
+    finally:
+        REGISTERED["volumes"] = VolumeIndex
 
 
 async def test_a_volume_row_naming_another_worker_is_quarantined() -> None:

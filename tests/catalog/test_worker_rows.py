@@ -146,3 +146,40 @@ async def test_a_commit_that_changes_no_row_a_replica_holds_sends_nothing(tmp_pa
         await eventually(lambda: machine_states(replica).get(machine.id) == "stopped")
         await eventually(lambda: caught_up(replica, owner))
         assert (replica.stats["gaps"], replica.stats["pulls"]) == (gaps, pulls)
+
+
+async def test_a_replica_that_caught_up_from_the_worker_holds_its_destroyed_machines(
+    tmp_path: Path,
+) -> None:
+    """A destroyed machine is a row every replica shows, not a tombstone: one that pulls the
+    worker's rows from nothing holds it too, or a snapshot it serves leaves it out while its
+    heads say it is there, and the replica that bootstraps from it never asks for it again."""
+    bus = InProcessBus()
+    first = Replica(bus)
+    await first.start(bootstrap=False)
+    s = settings(tmp_path)
+    config = MachineConfig.model_validate({"init": {"exec": ["sleep", "60"]}})
+    async with (
+        running(Engine(s, make_driver("sim", s))) as engine,
+        publishing(engine, bus, "http://w1.test") as owner,
+    ):
+        made = [(await engine.create(CreateMachine(app="web", config=config))).id for _ in range(3)]
+        await engine.submit(made[0], "destroy", {"force": True})
+        await eventually(lambda: machine_states(first).get(made[0]) == "destroyed")
+        await eventually(lambda: caught_up(first, owner))
+        truth = {m.id: m.state for m in engine.machines(include_destroyed=True)}
+        assert machine_states(first) == truth
+
+        late = Replica(bus)  # no snapshot: all it holds, it pulled from the worker since 0
+        await late.start(bootstrap=False)
+        await eventually(lambda: caught_up(late, owner))
+        assert machine_states(late) == truth
+
+        await first.stop()  # the late replica is the one left to answer a snapshot request
+        fresh = Replica(bus)
+        await fresh.start()
+        assert fresh.stats["snapshots_loaded"] == 1
+        await eventually(lambda: caught_up(fresh, owner))
+        assert machine_states(fresh) == truth
+        await late.stop()
+        await fresh.stop()

@@ -14,6 +14,7 @@ import os
 import ssl
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from functools import partial
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from cryptography.hazmat.primitives.serialization import Encoding
@@ -22,6 +23,7 @@ from souk.catalog.bus import NatsBus
 from souk.catalog.certs import bus_options
 from souk.catalog.signing import Ed25519Signer
 from souk.catalog.trust import CaTrust
+from souk.node.periodic import every
 from souk.pki import NodeFiles, PkiError, load_cas, load_cert, load_key
 
 log = logging.getLogger("souk.catalog.node")
@@ -137,7 +139,9 @@ async def renewing(key: NodeKey) -> AsyncIterator[NodeKey]:
     """Looks at the node's files every `key.interval` seconds, for a node whose key may sign
     nothing for a long while (a broker without the registry, a proxy): its bus connection must
     still show the renewed certificate when it reconnects."""
-    task = asyncio.create_task(_refresh_forever(key))
+    task = asyncio.create_task(
+        every(lambda: key.interval, partial(_refresh, key), what="reloading node files", log=log)
+    )
     try:
         yield key
     finally:
@@ -146,10 +150,8 @@ async def renewing(key: NodeKey) -> AsyncIterator[NodeKey]:
             await task
 
 
-async def _refresh_forever(key: NodeKey) -> None:
-    while True:
-        await asyncio.sleep(key.interval)
-        key.refresh()
+async def _refresh(key: NodeKey) -> None:
+    key.refresh()
 
 
 @contextlib.asynccontextmanager

@@ -35,6 +35,7 @@ from souk.catalog.protocol import (
     pull_subject,
 )
 from souk.catalog.signing import Signer, TickChain, b64, beat_statement, header_for
+from souk.node.periodic import every
 
 log = logging.getLogger("souk.catalog.owner")
 HEARTBEAT_EVERY = 1.0
@@ -79,7 +80,8 @@ class RowSource(Protocol):
     def changes_since(self, since: int, limit: int) -> tuple[list[Change], int, bool]:
         """The current version of every row changed after `since` (deletions as `row=None`),
         oldest first, at most `limit`; with the head they bring a replica to, and whether more
-        remain after it."""
+        remain after it. From 0 too, every row a replica shows (deletions may be left out): a
+        replica's head promises every row up to it, and its snapshots relay that promise."""
         ...
 
     def apps(self) -> list[str]:
@@ -127,7 +129,10 @@ class Owner:
             )
         self._tasks = [
             asyncio.create_task(self._publisher()),
-            asyncio.create_task(self._heartbeats()),
+            asyncio.create_task(
+                # read at each wait: a test may change it once started
+                every(lambda: self.heartbeat_every, self.heartbeat, what="heartbeat", log=log)
+            ),
         ]
         await self.heartbeat(with_cert=True)
 
@@ -217,14 +222,6 @@ class Owner:
             if with_cert:
                 beat.cert = b64(self.signer.certificate)
         await self.bus.publish(heartbeat_subject(src.region, src.owner), encode(beat))
-
-    async def _heartbeats(self) -> None:
-        while True:
-            await asyncio.sleep(self.heartbeat_every)
-            try:
-                await self.heartbeat()
-            except Exception:  # a heartbeat must never stop the next one
-                log.exception("heartbeat failed")
 
     async def _on_hello(self, _: Message) -> None:
         self._cert_due = self.signer is not None

@@ -23,8 +23,9 @@ receiver's is dropped and counted like any malformed message.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import unquote
 
 import orjson
@@ -37,6 +38,7 @@ HELLO = f"{PREFIX}.hello"
 GLOBAL_REGION = "global"  # rows of no region (apps), followed by every replica
 REGISTRY_OWNER = "app-registry"  # the one writer of apps rows
 WILDCARD = "*"
+M = TypeVar("M")
 _SAFE = frozenset("-_~:@+=abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789")
 
 
@@ -190,68 +192,82 @@ def _load(data: bytes) -> dict[str, Any]:
     return value
 
 
-def decode_batch(data: bytes) -> Batch:
+def _decoded(data: bytes, what: str, build: Callable[[dict[str, Any]], M]) -> M:
+    """`build` over a message's fields: a field missing, or one that is not what it should be,
+    makes the message malformed."""
     d = _load(data)
     try:
-        return Batch(
-            str(d["owner"]),
-            str(d["region"]),
-            str(d["epoch"]),
+        return build(d)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise ProtocolError(f"malformed {what}: {exc}") from None
+
+
+def _sender(d: dict[str, Any]) -> tuple[str, str, str]:
+    """Who sent an owner's message: its owner, region and epoch."""
+    return str(d["owner"]), str(d["region"]), str(d["epoch"])
+
+
+def _text(d: dict[str, Any], name: str) -> str:
+    """An optional text field (a signature's, a certificate's), empty when absent."""
+    return str(d.get(name) or "")
+
+
+def decode_batch(data: bytes) -> Batch:
+    return _decoded(
+        data,
+        "batch",
+        lambda d: Batch(
+            *_sender(d),
             int(d["prev"]),
             int(d["head"]),
             _changes(d["changes"]),
-            str(d.get("fp") or ""),
-            str(d.get("sig") or ""),
-            str(d.get("cert") or ""),
-        )
-    except (KeyError, TypeError, ValueError) as exc:
-        raise ProtocolError(f"malformed batch: {exc}") from None
+            _text(d, "fp"),
+            _text(d, "sig"),
+            _text(d, "cert"),
+        ),
+    )
 
 
 def decode_heartbeat(data: bytes) -> Heartbeat:
-    d = _load(data)
-    try:
-        return Heartbeat(
-            str(d["owner"]),
-            str(d["region"]),
-            str(d["epoch"]),
+    return _decoded(
+        data,
+        "heartbeat",
+        lambda d: Heartbeat(
+            *_sender(d),
             int(d["head"]),
             [str(a) for a in d.get("apps", [])],
-            str(d.get("fp") or ""),
-            str(d.get("sig") or ""),
+            _text(d, "fp"),
+            _text(d, "sig"),
             int(d.get("chain_at") or 0),
             int(d.get("n") or 0),
-            str(d.get("tick") or ""),
-            str(d.get("cert") or ""),
-        )
-    except (KeyError, TypeError, ValueError) as exc:
-        raise ProtocolError(f"malformed heartbeat: {exc}") from None
+            _text(d, "tick"),
+            _text(d, "cert"),
+        ),
+    )
 
 
 def decode_pull_request(data: bytes) -> PullRequest:
-    d = _load(data)
-    try:
-        return PullRequest(int(d["since"]), max(1, min(int(d.get("limit", 2000)), 10_000)))
-    except (KeyError, TypeError, ValueError) as exc:
-        raise ProtocolError(f"malformed pull: {exc}") from None
+    return _decoded(
+        data,
+        "pull",
+        lambda d: PullRequest(int(d["since"]), max(1, min(int(d.get("limit", 2000)), 10_000))),
+    )
 
 
 def decode_pull_reply(data: bytes) -> PullReply:
-    d = _load(data)
-    try:
-        return PullReply(
-            str(d["owner"]),
-            str(d["region"]),
-            str(d["epoch"]),
+    return _decoded(
+        data,
+        "pull reply",
+        lambda d: PullReply(
+            *_sender(d),
             int(d["head"]),
             bool(d["more"]),
             _changes(d["changes"]),
             int(d.get("since") or 0),
-            str(d.get("fp") or ""),
-            str(d.get("sig") or ""),
-        )
-    except (KeyError, TypeError, ValueError) as exc:
-        raise ProtocolError(f"malformed pull reply: {exc}") from None
+            _text(d, "fp"),
+            _text(d, "sig"),
+        ),
+    )
 
 
 def _proof(value: Any) -> list[Any] | None:
@@ -261,22 +277,22 @@ def _proof(value: Any) -> list[Any] | None:
 
 
 def decode_snapshot_chunk(data: bytes) -> SnapshotChunk:
-    d = _load(data)
-    try:
-        heads = {
-            str(o): HeadClaim(str(h["region"]), str(h["epoch"]), int(h["head"]), _proof(h["proof"]))
-            for o, h in d["heads"].items()
-        }
-        triples = [(str(o), c, _proof(p)) for o, c, p in d["changes"]]
-        changes = _changes([c for _, c, _ in triples])
-        certs = {str(k): str(v) for k, v in (d.get("certs") or {}).items()}
-        return SnapshotChunk(
-            str(d["replica"]),
-            int(d["index"]),
-            bool(d["last"]),
-            heads,
-            [(o, c, p) for (o, _, p), c in zip(triples, changes, strict=True)],
-            certs,
-        )
-    except (KeyError, TypeError, ValueError, AttributeError) as exc:
-        raise ProtocolError(f"malformed snapshot chunk: {exc}") from None
+    return _decoded(data, "snapshot chunk", _snapshot_chunk)
+
+
+def _snapshot_chunk(d: dict[str, Any]) -> SnapshotChunk:
+    heads = {
+        str(o): HeadClaim(str(h["region"]), str(h["epoch"]), int(h["head"]), _proof(h["proof"]))
+        for o, h in d["heads"].items()
+    }
+    triples = [(str(o), c, _proof(p)) for o, c, p in d["changes"]]
+    changes = _changes([c for _, c, _ in triples])
+    certs = {str(k): str(v) for k, v in (d.get("certs") or {}).items()}
+    return SnapshotChunk(
+        str(d["replica"]),
+        int(d["index"]),
+        bool(d["last"]),
+        heads,
+        [(o, c, p) for (o, _, p), c in zip(triples, changes, strict=True)],
+        certs,
+    )

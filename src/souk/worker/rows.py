@@ -102,11 +102,13 @@ class WorkerRows:
     def changes_since(self, since: int, limit: int) -> tuple[list[Change], int, bool]:
         read = self.store.read
         head = self.head()
-        # A fresh replica (since 0) needs no tombstones: destroyed machines stay home.
+        # A fresh replica (since 0) needs no tombstones: destroyed volumes stay home. A destroyed
+        # machine is a row every replica shows, as a snapshot relays it: sent, or a replica that
+        # pulled from 0 relays snapshots without it, under heads that say it is there.
         live_only = since == 0
         found: list[tuple[int, str, str]] = [
             (seq, "machines", mid)
-            for seq, mid in queries.machines_changed_since(read, since, limit + 1, live_only)
+            for seq, mid in queries.machines_changed_since(read, since, limit + 1)
         ]
         found += [
             (seq, "images", digest) for seq, digest in queries.images_changed_since(read, since)

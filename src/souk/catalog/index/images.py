@@ -12,6 +12,7 @@ from souk.models.catalog import ImageRow, Row
 @register
 class ImageIndex(TableIndex):
     table = "images"
+    key_field = "digest"
 
     def __init__(self) -> None:
         self.rows: dict[str, dict[str, ImageRow]] = defaultdict(dict)  # owner -> digest -> row
@@ -29,12 +30,6 @@ class ImageIndex(TableIndex):
 
     def get(self, owner: str, key: str) -> Row | None:
         return self.rows.get(owner, {}).get(key)
-
-    def ownership_error(self, owner: str, region: str, key: str, row: Row) -> str | None:
-        assert isinstance(row, ImageRow)
-        if row.worker_id != owner or row.digest != key:
-            return f"image row {row.digest!r} of {row.worker_id!r} published by {owner!r}"
-        return None
 
     def _hold(self, owner: str, row: ImageRow, step: int) -> None:
         for name in {row.digest, row.ref} - {""}:

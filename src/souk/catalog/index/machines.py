@@ -26,9 +26,3 @@ class MachineIndex(TableIndex):
 
     def get(self, owner: str, key: str) -> Row | None:
         return self.rows.get(key)
-
-    def ownership_error(self, owner: str, region: str, key: str, row: Row) -> str | None:
-        assert isinstance(row, MachineRow)
-        if row.worker_id != owner or row.id != key:
-            return f"machine row {row.id!r} on {row.worker_id!r} published by {owner!r}"
-        return None

@@ -57,6 +57,7 @@ class Placeable:
 @register
 class WorkerIndex(TableIndex):
     table = "workers"
+    writer_field = "id"
 
     def __init__(self) -> None:
         self.rows: dict[str, WorkerRow] = {}
@@ -80,10 +81,11 @@ class WorkerIndex(TableIndex):
         return self.rows.get(key)
 
     def ownership_error(self, owner: str, region: str, key: str, row: Row) -> str | None:
+        """A worker's row is its own, and in the region it publishes in."""
         assert isinstance(row, WorkerRow)
-        if row.id != owner or row.id != key or row.region != region:
-            return f"worker row {row.id!r} published by {owner!r} in {region!r}"
-        return None
+        if row.region != region:
+            return f"worker row {row.id!r} of region {row.region!r} published in {region!r}"
+        return super().ownership_error(owner, region, key, row)
 
     def held(self, region: str) -> Placeable:
         """The region's `Placeable`, made from its rows at the first read (once per region)."""

@@ -3,26 +3,24 @@ when it follows on from the head held, and otherwise applied and the gap pulled.
 
 from __future__ import annotations
 
-from souk.catalog.apply import Applier
+from dataclasses import dataclass
+
 from souk.catalog.bus import Message
-from souk.catalog.guard import Guard
 from souk.catalog.protocol import decode_batch
 from souk.catalog.sync.audit import Audit
-from souk.catalog.sync.messages import received
+from souk.catalog.sync.messages import FromOwners
 from souk.catalog.sync.pull import Puller
 from souk.catalog.trust import Refused
 
 
-class Batches:
-    def __init__(self, applier: Applier, guard: Guard, audit: Audit, puller: Puller) -> None:
-        self.applier = applier
-        self.guard = guard
-        self.audit = audit
-        self.puller = puller
+@dataclass(eq=False)
+class Batches(FromOwners):
+    audit: Audit
+    puller: Puller
 
     async def on_batch(self, msg: Message) -> None:
         a = self.applier
-        batch = received(msg, decode_batch, "batch", self.guard, a.stats)
+        batch = self.received(msg, decode_batch, "batch")
         if batch is None or not a.follows(batch.region):
             return
         signed = None

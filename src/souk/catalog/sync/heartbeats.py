@@ -5,13 +5,12 @@ if the batches have not closed the distance shortly after."""
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 
-from souk.catalog.apply import Applier
 from souk.catalog.bus import Message
-from souk.catalog.guard import Guard
 from souk.catalog.owners import OwnerState
 from souk.catalog.protocol import decode_heartbeat
-from souk.catalog.sync.messages import received
+from souk.catalog.sync.messages import FromOwners
 from souk.catalog.sync.pull import Puller
 from souk.catalog.sync.tasks import Tasks
 from souk.catalog.trust import Refused
@@ -19,16 +18,14 @@ from souk.catalog.trust import Refused
 BEAT_GRACE = 0.25  # how long a heartbeat's news may run ahead of its batches before a pull
 
 
-class Heartbeats:
-    def __init__(self, applier: Applier, guard: Guard, puller: Puller, tasks: Tasks) -> None:
-        self.applier = applier
-        self.guard = guard
-        self.puller = puller
-        self.tasks = tasks
+@dataclass(eq=False)
+class Heartbeats(FromOwners):
+    puller: Puller
+    tasks: Tasks
 
     async def on_beat(self, msg: Message) -> None:
         a = self.applier
-        beat = received(msg, decode_heartbeat, "heartbeat", self.guard, a.stats)
+        beat = self.received(msg, decode_heartbeat, "heartbeat")
         if beat is None:
             return
         checked = True

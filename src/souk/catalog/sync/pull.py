@@ -9,6 +9,7 @@ carry any sequence), and what the owner no longer has is forgotten."""
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 from souk.catalog.apply import Applier
 from souk.catalog.bus import Bus
@@ -29,15 +30,13 @@ log = logging.getLogger("souk.catalog.replica")
 PULL_TIMEOUT = 2.0
 
 
+@dataclass(eq=False)
 class Puller:
-    def __init__(
-        self, bus: Bus, applier: Applier, guard: Guard, tasks: Tasks, timeout: float
-    ) -> None:
-        self.bus = bus
-        self.applier = applier
-        self.guard = guard
-        self.tasks = tasks
-        self.timeout = timeout
+    bus: Bus
+    applier: Applier
+    guard: Guard
+    tasks: Tasks
+    timeout: float
 
     def maybe(self, owner: str) -> None:
         """Pulls from `owner` if it announced more than is applied (and no pull is on)."""

@@ -6,6 +6,7 @@ recipient believes the owners, not this replica."""
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -18,12 +19,12 @@ from souk.catalog.signing import b64
 SNAPSHOT_CHUNK = 1000  # rows, heads or certificates per chunk
 
 
+@dataclass(eq=False)
 class SnapshotServer:
-    def __init__(self, bus: Bus, applier: Applier, name: str, secure: bool) -> None:
-        self.bus = bus
-        self.applier = applier
-        self.name = name
-        self.secure = secure
+    bus: Bus
+    applier: Applier
+    name: str
+    secure: bool
 
     async def on_request(self, msg: Message) -> None:
         a = self.applier

@@ -401,13 +401,10 @@ def events(db: Db, resource: str, limit: int) -> list[Row]:
     ).fetchall()
 
 
-def machines_changed_since(
-    db: Db, since: int, limit: int, live_only: bool
-) -> list[tuple[int, str]]:
+def machines_changed_since(db: Db, since: int, limit: int) -> list[tuple[int, str]]:
     """(seq, id) of machines last changed after `since`, oldest change first, at most `limit`."""
-    live = " AND state != 'destroyed'" if live_only else ""
     rows = db.execute(
-        f"SELECT id, seq FROM machines WHERE seq > ?{live} ORDER BY seq LIMIT ?", (since, limit)
+        "SELECT id, seq FROM machines WHERE seq > ? ORDER BY seq LIMIT ?", (since, limit)
     )
     return [(seq, machine_id) for machine_id, seq in rows]
 
