@@ -13,7 +13,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 REGISTRY = "tests/worker/oci/test_registry.py::test_resolve_by_tag_and_by_digest"
-BROWSER = "tests/ui/test_dashboard_browser.py::test_the_dashboard_follows_the_fleet_live"
+BROWSER = "tests/broker/ui/test_dashboard_browser.py::test_the_dashboard_follows_the_fleet_live"
 MESH = "tests/network/test_mesh.py::test_and_by_name"
 PLAIN = "tests/network/test_mesh_peers.py::test_an_announcement_is_taken_only_for_a_hosts_address"
 FILES = sorted({test.split("::")[0] for test in (REGISTRY, BROWSER, MESH, PLAIN)})

@@ -50,7 +50,7 @@ DESKTOP = {"width": 1280, "height": 860}
 PHONE = {"width": 390, "height": 844}
 WAIT_MS = 15_000  # for a change to reach the page; a bound on a stuck test, not a measurement
 WORKERS = {f"{region}{n}" for region in ("mad", "ams", "sin") for n in (1, 2)}
-IMAGES = Path(__file__).resolve().parents[2] / "docs" / "images"
+IMAGES = Path(__file__).resolve().parents[3] / "docs" / "images"
 
 
 @pytest.fixture(scope="module")

@@ -34,7 +34,7 @@ from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.integration, needs_nats]
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 PREVIOUS = "c03bc63"  # the last release before protocol versions were sent
 
 
