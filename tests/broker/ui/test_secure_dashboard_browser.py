@@ -10,7 +10,14 @@ from pathlib import Path
 import pytest
 
 from souk.dev import dashboard_url, dev_cluster
-from tests.broker.ui.test_dashboard_browser import ARGS, CHROMIUM, DESKTOP, WAIT_MS, WORKERS, sync_api
+from tests.broker.ui.test_dashboard_browser import (
+    ARGS,
+    CHROMIUM,
+    DESKTOP,
+    WAIT_MS,
+    WORKERS,
+    sync_api,
+)
 
 pytestmark = pytest.mark.integration
 
