@@ -23,20 +23,19 @@ from souk.models.config_rules import (
 )
 from souk.models.duration import Duration
 from souk.models.guest import SIZES, GuestConfig
-from souk.models.limits import at_most, incoming
+from souk.models.limits import at_most, counted, incoming
 from souk.models.services import Check, MachineMetrics, Service
 from souk.models.volume import VOLUME_ID
 
 RestartPolicy = Literal["no", "always", "on-failure"]
 
 
-class InitConfig(Strict):
+class Command(Strict):
+    """What a machine's init or one of its processes runs: the fields and rules both share."""
+
     exec: list[str] | None = None
     entrypoint: list[str] | None = None
     cmd: list[str] | None = None
-    tty: bool = False
-    kernel_args: list[str] | None = None
-    swap_size_mb: int | None = None
 
     @field_validator("exec", "entrypoint", "cmd")
     @classmethod
@@ -44,6 +43,12 @@ class InitConfig(Strict):
         if incoming(info):
             limits.argv_bounded(argv)
         return no_nul(argv)
+
+
+class InitConfig(Command):
+    tty: bool = False
+    kernel_args: list[str] | None = None
+    swap_size_mb: int | None = None
 
     _refused = refused(
         {
@@ -96,12 +101,9 @@ class EnvFrom(Strict):
         return name
 
 
-class MachineProcess(Strict):
+class MachineProcess(Command):
     """One of several processes run together in one machine, each its own command and env."""
 
-    exec: list[str] | None = None
-    entrypoint: list[str] | None = None
-    cmd: list[str] | None = None
     env: dict[str, str] = Field(default_factory=dict)
     env_from: list[EnvFrom] = Field(default_factory=list)
     user: str | None = Field(None, max_length=32)
@@ -110,26 +112,15 @@ class MachineProcess(Strict):
     # restarted in place by the machine's init (souk-init); None: by the machine's `restart`
     restart: RestartConfig | None = None
 
-    @field_validator("exec", "entrypoint", "cmd")
-    @classmethod
-    def _no_nul(cls, argv: list[str] | None, info: ValidationInfo) -> list[str] | None:
-        if incoming(info):
-            limits.argv_bounded(argv)
-        return no_nul(argv)
-
     @field_validator("env")
     @classmethod
     def _env_names(cls, env: dict[str, str], info: ValidationInfo) -> dict[str, str]:
-        if incoming(info):
-            at_most(env, limits.MAX_ENV, "environment variables")
-        return check_env(env)
+        return check_env(counted(env, info, limits.MAX_ENV, "environment variables"))
 
     @field_validator("env_from")
     @classmethod
     def _few_env_from(cls, env_from: list[EnvFrom], info: ValidationInfo) -> list[EnvFrom]:
-        if incoming(info):
-            at_most(env_from, limits.MAX_ENV_FROM, "env_from entries")
-        return env_from
+        return counted(env_from, info, limits.MAX_ENV_FROM, "env_from entries")
 
     @field_validator("user")
     @classmethod
@@ -279,39 +270,29 @@ class MachineConfig(Strict):
     @field_validator("env")
     @classmethod
     def _env_names(cls, env: dict[str, str], info: ValidationInfo) -> dict[str, str]:
-        if incoming(info):
-            at_most(env, limits.MAX_ENV, "environment variables")
-        return check_env(env)
+        return check_env(counted(env, info, limits.MAX_ENV, "environment variables"))
 
     @field_validator("mounts")
     @classmethod
     def _one_mount(cls, mounts: list[Mount], info: ValidationInfo) -> list[Mount]:
-        if incoming(info):  # one volume per machine, as Fly has it
-            at_most(mounts, limits.MAX_MOUNTS, "mounts")
-        return mounts
+        return counted(mounts, info, limits.MAX_MOUNTS, "mounts")  # one volume, as Fly has it
 
     @field_validator("services")
     @classmethod
     def _few_services(cls, services: list[Service], info: ValidationInfo) -> list[Service]:
-        if incoming(info):
-            at_most(services, limits.MAX_SERVICES, "services")
-        return services
+        return counted(services, info, limits.MAX_SERVICES, "services")
 
     @field_validator("processes")
     @classmethod
     def _few_processes(
         cls, processes: list[MachineProcess], info: ValidationInfo
     ) -> list[MachineProcess]:
-        if incoming(info):
-            at_most(processes, limits.MAX_PROCESSES, "processes")
-        return processes
+        return counted(processes, info, limits.MAX_PROCESSES, "processes")
 
     @field_validator("standbys")
     @classmethod
     def _few_standbys(cls, standbys: list[str], info: ValidationInfo) -> list[str]:
-        if incoming(info):
-            at_most(standbys, limits.MAX_STANDBYS, "standbys")
-        return standbys
+        return counted(standbys, info, limits.MAX_STANDBYS, "standbys")
 
     _refused = refused(
         {

@@ -12,7 +12,7 @@ from souk.models import limits
 from souk.models.base import Strict
 from souk.models.config_rules import refused
 from souk.models.duration import Duration
-from souk.models.limits import at_most, in_range, incoming
+from souk.models.limits import at_most, counted, in_range, incoming
 
 
 class ServicePort(Strict):
@@ -133,9 +133,7 @@ class Service(Strict):
     @field_validator("ports")
     @classmethod
     def _few_ports(cls, ports: list[ServicePort], info: ValidationInfo) -> list[ServicePort]:
-        if incoming(info):
-            at_most(ports, limits.MAX_PORTS, "ports in a service")
-        return ports
+        return counted(ports, info, limits.MAX_PORTS, "ports in a service")
 
 
 def service_check_name(index: int, check: Check, port: int) -> str:
