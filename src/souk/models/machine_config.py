@@ -5,9 +5,9 @@ from __future__ import annotations
 import base64
 import binascii
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, ValidationInfo, field_validator, model_validator
+from pydantic import AfterValidator, Field, ValidationInfo, field_validator, model_validator
 
 from souk.models import limits
 from souk.models.base import Strict
@@ -28,6 +28,14 @@ from souk.models.services import Check, MachineMetrics, Service
 from souk.models.volume import VOLUME_ID
 
 RestartPolicy = Literal["no", "always", "on-failure"]
+
+
+def _env_checked(env: dict[str, str], info: ValidationInfo) -> dict[str, str]:
+    return check_env(counted(env, info, limits.MAX_ENV, "environment variables"))
+
+
+# A machine's or a process's env: names a shell can set, at most `MAX_ENV` in a request.
+Env = Annotated[dict[str, str], AfterValidator(_env_checked)]
 
 
 class Command(Strict):
@@ -104,18 +112,13 @@ class EnvFrom(Strict):
 class MachineProcess(Command):
     """One of several processes run together in one machine, each its own command and env."""
 
-    env: dict[str, str] = Field(default_factory=dict)
+    env: Env = Field(default_factory=dict)
     env_from: list[EnvFrom] = Field(default_factory=list)
     user: str | None = Field(None, max_length=32)
     ignore_app_secrets: bool | None = None
     secrets: list[dict[str, Any]] | None = None
     # restarted in place by the machine's init (souk-init); None: by the machine's `restart`
     restart: RestartConfig | None = None
-
-    @field_validator("env")
-    @classmethod
-    def _env_names(cls, env: dict[str, str], info: ValidationInfo) -> dict[str, str]:
-        return check_env(counted(env, info, limits.MAX_ENV, "environment variables"))
 
     @field_validator("env_from")
     @classmethod
@@ -229,7 +232,7 @@ class MachineConfig(Strict):
 
     image: str | None = Field(None, max_length=512)
     init: InitConfig = Field(default_factory=InitConfig)
-    env: dict[str, str] = Field(default_factory=dict)
+    env: Env = Field(default_factory=dict)
     guest: GuestConfig = Field(default_factory=GuestConfig)
     size: str | None = Field(None, description="A Fly size preset; sets guest's unset fields.")
     restart: RestartConfig = Field(default_factory=RestartConfig)
@@ -266,11 +269,6 @@ class MachineConfig(Strict):
         if len(set(paths)) != len(paths):
             raise ValueError("two files with the same guest_path")
         return files
-
-    @field_validator("env")
-    @classmethod
-    def _env_names(cls, env: dict[str, str], info: ValidationInfo) -> dict[str, str]:
-        return check_env(counted(env, info, limits.MAX_ENV, "environment variables"))
 
     @field_validator("mounts")
     @classmethod
