@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sized
 from typing import Any, TypeVar
 
-from pydantic import ValidationInfo
+from pydantic import AfterValidator, ValidationInfo
 from pydantic_core import PydanticCustomError
 
 LIMIT_EXCEEDED = "limit_exceeded"
@@ -67,6 +67,15 @@ def counted(items: S, info: ValidationInfo, limit: int, unit: str) -> S:
     if incoming(info):
         at_most(items, limit, unit)
     return items
+
+
+def bounded(limit: int, unit: str) -> AfterValidator:
+    """A list's or map's bound as part of its field's type (`Annotated`): `counted`."""
+
+    def check(items: S, info: ValidationInfo) -> S:
+        return counted(items, info, limit, unit)
+
+    return AfterValidator(check)
 
 
 def in_range(seconds: float, low: float, high: float, what: str) -> None:

@@ -23,7 +23,7 @@ from souk.models.config_rules import (
 )
 from souk.models.duration import Duration
 from souk.models.guest import SIZES, GuestConfig
-from souk.models.limits import at_most, counted, incoming
+from souk.models.limits import at_most, bounded, counted, incoming
 from souk.models.services import Check, MachineMetrics, Service
 from souk.models.volume import VOLUME_ID
 
@@ -109,21 +109,19 @@ class EnvFrom(Strict):
         return name
 
 
+EnvFroms = Annotated[list[EnvFrom], bounded(limits.MAX_ENV_FROM, "env_from entries")]
+
+
 class MachineProcess(Command):
     """One of several processes run together in one machine, each its own command and env."""
 
     env: Env = Field(default_factory=dict)
-    env_from: list[EnvFrom] = Field(default_factory=list)
+    env_from: EnvFroms = Field(default_factory=list)
     user: str | None = Field(None, max_length=32)
     ignore_app_secrets: bool | None = None
     secrets: list[dict[str, Any]] | None = None
     # restarted in place by the machine's init (souk-init); None: by the machine's `restart`
     restart: RestartConfig | None = None
-
-    @field_validator("env_from")
-    @classmethod
-    def _few_env_from(cls, env_from: list[EnvFrom], info: ValidationInfo) -> list[EnvFrom]:
-        return counted(env_from, info, limits.MAX_ENV_FROM, "env_from entries")
 
     @field_validator("user")
     @classmethod
@@ -154,6 +152,9 @@ class MachineProcess(Command):
     def uid_offset(self) -> int:
         """Which of the app's host ids it runs as: 0 (the app's own) unless a number is given."""
         return int(self.user) if self.user and self.user.isdecimal() else 0
+
+
+Processes = Annotated[list[MachineProcess], bounded(limits.MAX_PROCESSES, "processes")]
 
 
 Schedule = Literal["hourly", "daily", "weekly", "monthly"]
@@ -226,6 +227,12 @@ class Mount(Strict):
         return path.rstrip("/")
 
 
+# What a request's config holds only so many of (`limits.py`); a stored one loads as it is.
+Mounts = Annotated[list[Mount], bounded(limits.MAX_MOUNTS, "mounts")]  # one volume, as Fly has it
+Services = Annotated[list[Service], bounded(limits.MAX_SERVICES, "services")]
+Standbys = Annotated[list[str], bounded(limits.MAX_STANDBYS, "standbys")]
+
+
 class MachineConfig(Strict):
     """Fly's machine config. Every field of Fly's spec is accepted by name; those souk cannot
     honour are refused with a 400 `unsupported` naming the field and why (docs/api.md)."""
@@ -238,15 +245,15 @@ class MachineConfig(Strict):
     restart: RestartConfig = Field(default_factory=RestartConfig)
     stop_config: StopConfig = Field(default_factory=StopConfig)
     metadata: dict[str, str] = Field(default_factory=dict)
-    services: list[Service] = Field(default_factory=list)
+    services: Services = Field(default_factory=list)
     checks: dict[str, Check] = Field(default_factory=dict)
-    standbys: list[str] = Field(default_factory=list)
+    standbys: Standbys = Field(default_factory=list)
     auto_destroy: bool = False
-    processes: list[MachineProcess] = Field(default_factory=list)
+    processes: Processes = Field(default_factory=list)
     schedule: Schedule | None = None
     metrics: MachineMetrics | None = None
     disable_machine_autostart: bool | None = None
-    mounts: list[Mount] = Field(default_factory=list)
+    mounts: Mounts = Field(default_factory=list)
     containers: list[dict[str, Any]] | None = None
     statics: list[dict[str, Any]] | None = None
     dns: dict[str, Any] | None = None
@@ -269,28 +276,6 @@ class MachineConfig(Strict):
         if len(set(paths)) != len(paths):
             raise ValueError("two files with the same guest_path")
         return files
-
-    @field_validator("mounts")
-    @classmethod
-    def _one_mount(cls, mounts: list[Mount], info: ValidationInfo) -> list[Mount]:
-        return counted(mounts, info, limits.MAX_MOUNTS, "mounts")  # one volume, as Fly has it
-
-    @field_validator("services")
-    @classmethod
-    def _few_services(cls, services: list[Service], info: ValidationInfo) -> list[Service]:
-        return counted(services, info, limits.MAX_SERVICES, "services")
-
-    @field_validator("processes")
-    @classmethod
-    def _few_processes(
-        cls, processes: list[MachineProcess], info: ValidationInfo
-    ) -> list[MachineProcess]:
-        return counted(processes, info, limits.MAX_PROCESSES, "processes")
-
-    @field_validator("standbys")
-    @classmethod
-    def _few_standbys(cls, standbys: list[str], info: ValidationInfo) -> list[str]:
-        return counted(standbys, info, limits.MAX_STANDBYS, "standbys")
 
     _refused = refused(
         {
