@@ -82,7 +82,6 @@ from rich.table import Table
 from _harness import CpuSampler, GcPauses, Pki, open_files, pct, proc_ticks
 
 from souk import heap
-from souk.broker.api.state import Broker
 from souk.broker.fleet import CatalogFleet, Fleet, StaticFleet
 from souk.broker.metrics import BrokerMetrics
 from souk.broker.placement.pipeline import Placer
@@ -91,6 +90,7 @@ from souk.broker.placement.stages import rank
 from souk.broker.registry import AppRegistry
 from souk.broker.runtime import registry_owner, run
 from souk.broker.server import make_app
+from souk.broker.state import Broker
 from souk.broker.tokens import mint
 from souk.catalog import http as catalog_http
 from souk.catalog.bus import NatsBus
@@ -1185,10 +1185,10 @@ def create_parts(workers: int = 1000, full: float = 0.6) -> dict[str, float]:
     to compare code: the figures need no cluster and move little with the host's load."""
     from souk.broker.api.machines import read_fly_request
     from souk.broker.api.secrets import machine_secrets
-    from souk.broker.api.state import BROKER, SEALER
     from souk.broker.placement.candidates import CandidateCache
     from souk.broker.placement.stages import feasible
     from souk.broker.secrets import seal_secret
+    from souk.broker.state import BROKER, SEALER
     from souk.models.api import CreateMachineRequest
     from souk.models.catalog import AppRow, WorkerRow
     from souk.models.machine import CreateMachine, GuestConfig

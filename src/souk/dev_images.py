@@ -22,6 +22,8 @@ import urllib.request
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+from souk.commands import completed
+
 log = logging.getLogger("souk.dev")
 
 REGISTRY_FILE = "oci-registry"  # in the dev data dir: HOST:PORT of its registry, for the CLI
@@ -129,13 +131,8 @@ async def ensure_base_image() -> str | None:
 
 
 async def _run(*argv: str, check: bool = True) -> str:
-    proc = await asyncio.create_subprocess_exec(
-        *argv,
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    out, err = await proc.communicate()
-    if check and proc.returncode != 0:
-        raise RuntimeError(f"{' '.join(argv[:2])} failed: {err.decode(errors='replace')[-500:]}")
-    return out.decode()
+    done = await completed(*argv, stdin=asyncio.subprocess.DEVNULL)
+    if check and done.failed:
+        why = done.err.decode(errors="replace")[-500:]
+        raise RuntimeError(f"{' '.join(argv[:2])} failed: {why}")
+    return done.out.decode()

@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from souk.broker.api.state import Broker
 from souk.broker.fleet import StaticFleet
 from souk.broker.registry import MAX_KEYS, MAX_VALUE_BYTES, AppRegistry
 from souk.broker.server import make_app as make_broker_app
+from souk.broker.state import Broker
 from souk.clients.workers import WorkerClient
 from souk.models.secrets import SecretRecord
 from tests.support.broker_cluster import SECRET, Cluster, ClusterFactory, WorkerSpec

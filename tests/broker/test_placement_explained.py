@@ -8,12 +8,12 @@ import asyncio
 from aiohttp.test_utils import TestClient, TestServer
 from typer.testing import CliRunner
 
-from souk.broker.api.state import Broker
 from souk.broker.placement.candidates import Candidate
 from souk.broker.placement.journal import Decision, Journal
 from souk.broker.placement.pipeline import Placer
 from souk.broker.placement.policies import POLICIES
 from souk.broker.server import make_app
+from souk.broker.state import Broker
 from souk.cli.main import app as cli
 from souk.clients.workers import WorkerClient
 from souk.models.api import Refusal

@@ -3,7 +3,8 @@ rule as the catalog's for each other one."""
 
 from __future__ import annotations
 
-from souk.broker.placement.offers import DECLINED, offered
+from souk.broker.errors import DECLINED
+from souk.broker.placement.offers import offered
 from souk.clients.workers import WorkerCallError
 from souk.models.api import Refusal
 from souk.models.capacity import Capacity, Offer, Resources

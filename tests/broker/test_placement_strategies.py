@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from souk.broker.api.state import Broker
 from souk.broker.fleet import StaticFleet
 from souk.broker.placement.pipeline import Placer
 from souk.broker.registry import AppRegistry
 from souk.broker.server import make_app
+from souk.broker.state import Broker
 from souk.clients.workers import WorkerClient
 from tests.support.broker_cluster import SECRET, Cluster, ClusterFactory, WorkerSpec, machine_body
 

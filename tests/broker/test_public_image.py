@@ -6,8 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from souk.broker.api.answers import fly_reply
-from souk.broker.api.machines import public
+from souk.broker.api.answers import fly_reply, public
 from souk.models.machine import Machine, MachineConfig
 from tests.conformance.fly_spec import validate
 

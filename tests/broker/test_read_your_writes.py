@@ -10,11 +10,11 @@ from collections.abc import AsyncIterator
 
 from aiohttp.test_utils import TestClient, TestServer
 
-from souk.broker.api.state import Broker
 from souk.broker.fleet import CatalogFleet
 from souk.broker.placement.pipeline import Placer
 from souk.broker.placement.reservation import worker_tag
 from souk.broker.server import make_app
+from souk.broker.state import Broker
 from souk.catalog.bus import InProcessBus
 from souk.catalog.replica import Replica, following
 from souk.clients.workers import WorkerClient

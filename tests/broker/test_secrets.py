@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from souk.broker.api.state import Broker
 from souk.broker.fleet import StaticFleet
 from souk.broker.server import make_app as make_broker_app
+from souk.broker.state import Broker
 from souk.cli.deploy.releases import AppRecord, Release
 from souk.cli.deploy.secrets import current_digest, sync_env
 from souk.clients.machines import MachinesClient

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from souk.broker.api.state import BROKER
+from souk.broker.state import BROKER
 from souk.models.machine import SIZES, MachineConfig
 from tests.support.broker_cluster import Cluster, WorkerSpec, cluster, machine_body
 

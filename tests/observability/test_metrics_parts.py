@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from souk.broker.errors import DECLINED
 from souk.broker.metrics import REFUSAL_KINDS, BrokerMetrics, refusal_kind
-from souk.broker.placement.offers import DECLINED
 from souk.models.api import Refusal
 from souk.models.fit import misfit
 from souk.models.machine import CreateMachine, MachineConfig

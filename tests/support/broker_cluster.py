@@ -11,12 +11,12 @@ from typing import Any
 
 from aiohttp.test_utils import TestClient, TestServer
 
-from souk.broker.api.state import Broker
 from souk.broker.fleet import CatalogFleet, Fleet, StaticFleet
 from souk.broker.placement.pipeline import Placer
 from souk.broker.registry import AppRegistry
 from souk.broker.runtime import registry_owner
 from souk.broker.server import make_app as make_broker_app
+from souk.broker.state import Broker
 from souk.broker.tokens import mint
 from souk.catalog import http as catalog_http
 from souk.catalog.bus import InProcessBus

@@ -14,11 +14,11 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from souk.broker.api.state import Broker
 from souk.broker.fleet import StaticFleet
 from souk.broker.placement.pipeline import Placer
 from souk.broker.registry import AppRegistry
 from souk.broker.server import make_app as make_broker_app
+from souk.broker.state import Broker
 from souk.broker.tokens import mint
 from souk.clients.workers import WorkerClient
 from souk.web import runner

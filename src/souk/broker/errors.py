@@ -3,6 +3,10 @@ status (`broker/api/errors.py`), as the worker's API does for the worker's error
 
 from __future__ import annotations
 
+DECLINED = (
+    "declined by the worker"  # a placement refusal: it fits by the numbers, yet the worker says no
+)
+
 
 class Refused(Exception):
     """Input the broker will not take: `code` is the machine-readable reason."""

@@ -14,7 +14,7 @@ from typing import get_args
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
-from souk.broker.placement.offers import DECLINED
+from souk.broker.errors import DECLINED
 from souk.models.api import Refusal, Strategy
 from souk.web import ApiError
 from souk.web.errors import Handler

@@ -17,7 +17,6 @@ from typing import Any, TypeVar
 import uvloop
 
 from souk import heap
-from souk.broker.api.state import Broker
 from souk.broker.fleet import CatalogFleet, Fleet, StaticFleet
 from souk.broker.metrics import BrokerMetrics
 from souk.broker.placement.pipeline import DEFAULT_DEADLINE, Placer
@@ -25,6 +24,7 @@ from souk.broker.placement.policies import policy_named
 from souk.broker.placement.reservation import placing_client
 from souk.broker.registry import AppRegistry
 from souk.broker.server import make_app
+from souk.broker.state import Broker
 from souk.catalog import http as catalog_http
 from souk.catalog import node
 from souk.catalog.bus import Bus

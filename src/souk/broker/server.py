@@ -11,8 +11,8 @@ from aiohttp import web
 from souk import __version__
 from souk.broker.api.errors import fly_statuses, worker_errors
 from souk.broker.api.routes import ROUTES
-from souk.broker.api.state import BROKER, IDEMPOTENCY, SEALER, Broker
 from souk.broker.auth import MachineRegion, make_auth, undeclared
+from souk.broker.state import BROKER, IDEMPOTENCY, SEALER, Broker
 from souk.broker.ui import pages as ui_pages
 from souk.broker.ui.session import ui_session
 from souk.sealing import Sealer

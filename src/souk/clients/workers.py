@@ -15,7 +15,7 @@ import contextlib
 import functools
 import ssl
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, TypedDict, TypeVar, Unpack
 
 import aiohttp
 import orjson
@@ -68,12 +68,24 @@ DEFAULT_TIMEOUT = 10.0
 VOLUME_TIMEOUT = 70.0  # a worker answers a volume operation once it has run (at most 60 s)
 PIN_TIMEOUT = 10.0  # a worker asks the image's registry; a broker asks three at most
 
+T = TypeVar("T")
+
 _MACHINES = TypeAdapter(list[Machine])
 _VOLUMES = TypeAdapter(list[Volume])
 _SNAPSHOTS = TypeAdapter(list[VolumeSnapshot])
 _EVENTS = TypeAdapter(list[MachineEvent])
 _PROCESSES = TypeAdapter(list[ProcessStat])
 _VERSIONS = TypeAdapter(list[MachineVersion])
+
+
+class _Options(TypedDict, total=False):
+    """What a call may add to its method, path and body (`WorkerClient._request`)."""
+
+    params: dict[str, str] | None
+    timeout: float
+    nonce: str | None
+    accept: tuple[int, ...]
+    headers: dict[str, str] | None
 
 
 class WorkerCallError(ClientError):
@@ -165,25 +177,39 @@ class WorkerClient(HttpClient):
         payload = await self.send(fail, method, url, body, params, headers, timeout, accept, name)
         return orjson.loads(payload) if payload else None
 
+    async def _answer(
+        self,
+        into: type[T] | TypeAdapter[T],
+        worker: str,
+        base: str,
+        method: str,
+        path: str,
+        body: BaseModel | None = None,
+        **options: Unpack[_Options],
+    ) -> T:
+        """A call's answer, validated as `into` (a model, or an adapter for a list of them)."""
+        data = await self._request(worker, base, method, path, body, **options)
+        if isinstance(into, TypeAdapter):
+            return into.validate_python(data)
+        return into.model_validate(data)  # type: ignore[attr-defined, no-any-return]
+
     # --- the worker --------------------------------------------------------------------
 
     async def capacity(self, worker: str, base: str, timeout: float = DEFAULT_TIMEOUT) -> Capacity:
-        data = await self._request(worker, base, "GET", "/v1/capacity", timeout=timeout)
-        return Capacity.model_validate(data)
+        return await self._answer(Capacity, worker, base, "GET", "/v1/capacity", timeout=timeout)
 
     async def offer(self, worker: str, base: str, req: OfferRequest, timeout: float) -> Offer:
-        data = await self._request(worker, base, "POST", "/v1/offers", req, timeout=timeout)
-        return Offer.model_validate(data)
+        return await self._answer(Offer, worker, base, "POST", "/v1/offers", req, timeout=timeout)
 
     async def pin_image(self, worker: str, base: str, image: str) -> PinnedImage:
         req = PinImageRequest(image=image)
-        data = await self._request(worker, base, "POST", "/v1/images/pin", req, timeout=PIN_TIMEOUT)
-        return PinnedImage.model_validate(data)
+        return await self._answer(
+            PinnedImage, worker, base, "POST", "/v1/images/pin", req, timeout=PIN_TIMEOUT
+        )
 
     async def cordon(self, worker: str, base: str, cordoned: bool = True) -> Capacity:
         path = "/v1/cordon" if cordoned else "/v1/uncordon"
-        data = await self._request(worker, base, "POST", path)
-        return Capacity.model_validate(data)
+        return await self._answer(Capacity, worker, base, "POST", path)
 
     # --- machines ----------------------------------------------------------------------
 
@@ -192,10 +218,9 @@ class WorkerClient(HttpClient):
     ) -> Machine:
         """`hold`: the machine is provisional for that many seconds: the worker destroys it
         unless `confirm` reaches it first."""
-        data = await self._request(
-            worker, base, "POST", "/v1/machines", req, timeout=timeout, headers=_held(hold)
+        return await self._answer(
+            Machine, worker, base, "POST", "/v1/machines", req, timeout=timeout, headers=_held(hold)
         )
-        return Machine.model_validate(data)
 
     async def create_batch(
         self,
@@ -235,14 +260,14 @@ class WorkerClient(HttpClient):
     ) -> ConfirmationResult:
         """End the provisional holds of machines whose creation was answered to a client."""
         body = Confirmations(ids=machine_ids)
-        data = await self._request(worker, base, "POST", "/v1/confirmations", body, timeout=timeout)
-        return ConfirmationResult.model_validate(data)
+        return await self._answer(
+            ConfirmationResult, worker, base, "POST", "/v1/confirmations", body, timeout=timeout
+        )
 
     async def machine(
         self, worker: str, base: str, machine_id: str, timeout: float = DEFAULT_TIMEOUT
     ) -> Machine:
-        data = await self._request(worker, base, "GET", _path(machine_id), timeout=timeout)
-        return Machine.model_validate(data)
+        return await self._answer(Machine, worker, base, "GET", _path(machine_id), timeout=timeout)
 
     async def machines(
         self, worker: str, base: str, app: str | None = None, include_deleted: bool = False
@@ -251,21 +276,18 @@ class WorkerClient(HttpClient):
         params = {"app": app} if app else {}
         if include_deleted:
             params["include_deleted"] = "true"
-        data = await self._request(worker, base, "GET", "/v1/machines", params=params)
-        return _MACHINES.validate_python(data)
+        return await self._answer(_MACHINES, worker, base, "GET", "/v1/machines", params=params)
 
     async def update(
         self, worker: str, base: str, machine_id: str, req: UpdateMachine, nonce: str | None
     ) -> Machine:
-        data = await self._request(worker, base, "PUT", _path(machine_id), req, nonce=nonce)
-        return Machine.model_validate(data)
+        return await self._answer(Machine, worker, base, "PUT", _path(machine_id), req, nonce=nonce)
 
     async def patch_metadata(
         self, worker: str, base: str, machine_id: str, change: MetadataChange, nonce: str | None
     ) -> Machine:
         path = _path(machine_id, "metadata")
-        data = await self._request(worker, base, "PATCH", path, change, nonce=nonce)
-        return Machine.model_validate(data)
+        return await self._answer(Machine, worker, base, "PATCH", path, change, nonce=nonce)
 
     async def verb(
         self,
@@ -279,8 +301,7 @@ class WorkerClient(HttpClient):
         """A lifecycle verb (start, stop, restart, suspend): one call for all, as each is one
         row of the worker's route table (`souk.worker.http.lifecycle`)."""
         path = _path(machine_id, op)
-        data = await self._request(worker, base, "POST", path, body, nonce=nonce)
-        return Machine.model_validate(data)
+        return await self._answer(Machine, worker, base, "POST", path, body, nonce=nonce)
 
     async def signal(
         self, worker: str, base: str, machine_id: str, req: SignalRequest, nonce: str | None
@@ -292,14 +313,14 @@ class WorkerClient(HttpClient):
         """Waits as long as the command may run, and a little more for the answer."""
         path = _path(machine_id, "exec")
         timeout = req.timeout + DEFAULT_TIMEOUT
-        data = await self._request(worker, base, "POST", path, req, timeout=timeout)
-        return ExecResponse.model_validate(data)
+        return await self._answer(ExecResponse, worker, base, "POST", path, req, timeout=timeout)
 
     async def processes(
         self, worker: str, base: str, machine_id: str, params: dict[str, str]
     ) -> list[ProcessStat]:
-        data = await self._request(worker, base, "GET", _path(machine_id, "ps"), params=params)
-        return _PROCESSES.validate_python(data)
+        return await self._answer(
+            _PROCESSES, worker, base, "GET", _path(machine_id, "ps"), params=params
+        )
 
     async def holds_socket(
         self, worker: str, base: str, machine_id: str, inode: int, timeout: float = DEFAULT_TIMEOUT
@@ -310,8 +331,7 @@ class WorkerClient(HttpClient):
         return SocketHolder.model_validate(data).held
 
     async def versions(self, worker: str, base: str, machine_id: str) -> list[MachineVersion]:
-        data = await self._request(worker, base, "GET", _path(machine_id, "versions"))
-        return _VERSIONS.validate_python(data)
+        return await self._answer(_VERSIONS, worker, base, "GET", _path(machine_id, "versions"))
 
     async def destroy(
         self,
@@ -329,10 +349,16 @@ class WorkerClient(HttpClient):
         if fence:
             params["fence"] = "true"
         path = _path(machine_id)
-        data = await self._request(
-            worker, base, "DELETE", path, None, params or None, timeout, nonce
+        return await self._answer(
+            Machine,
+            worker,
+            base,
+            "DELETE",
+            path,
+            params=params or None,
+            timeout=timeout,
+            nonce=nonce,
         )
-        return Machine.model_validate(data)
 
     async def wait(
         self, worker: str, base: str, machine_id: str, params: dict[str, str], timeout: float
@@ -352,8 +378,7 @@ class WorkerClient(HttpClient):
         return result.ok, result
 
     async def events(self, worker: str, base: str, machine_id: str) -> list[MachineEvent]:
-        data = await self._request(worker, base, "GET", _path(machine_id, "events"))
-        return _EVENTS.validate_python(data)
+        return await self._answer(_EVENTS, worker, base, "GET", _path(machine_id, "events"))
 
     @contextlib.asynccontextmanager
     async def logs(
@@ -369,15 +394,13 @@ class WorkerClient(HttpClient):
     # --- leases --------------------------------------------------------------------------
 
     async def lease(self, worker: str, base: str, machine_id: str) -> Lease:
-        data = await self._request(worker, base, "GET", _path(machine_id, "lease"))
-        return Lease.model_validate(data)
+        return await self._answer(Lease, worker, base, "GET", _path(machine_id, "lease"))
 
     async def acquire_lease(
         self, worker: str, base: str, machine_id: str, req: WorkerLeaseRequest, nonce: str | None
     ) -> Lease:
         path = _path(machine_id, "lease")
-        data = await self._request(worker, base, "POST", path, req, nonce=nonce)
-        return Lease.model_validate(data)
+        return await self._answer(Lease, worker, base, "POST", path, req, nonce=nonce)
 
     async def release_lease(
         self, worker: str, base: str, machine_id: str, nonce: str | None
@@ -389,47 +412,47 @@ class WorkerClient(HttpClient):
     async def create_volume(
         self, worker: str, base: str, req: CreateVolume, timeout: float = VOLUME_TIMEOUT
     ) -> Volume:
-        data = await self._request(worker, base, "POST", "/v1/volumes", req, timeout=timeout)
-        return Volume.model_validate(data)
+        return await self._answer(Volume, worker, base, "POST", "/v1/volumes", req, timeout=timeout)
 
     async def volumes(
         self, worker: str, base: str, app: str | None = None, timeout: float = DEFAULT_TIMEOUT
     ) -> list[Volume]:
         params = {"app": app} if app else None
-        data = await self._request(
-            worker, base, "GET", "/v1/volumes", params=params, timeout=timeout
+        return await self._answer(
+            _VOLUMES, worker, base, "GET", "/v1/volumes", params=params, timeout=timeout
         )
-        return _VOLUMES.validate_python(data)
 
     async def volume(
         self, worker: str, base: str, volume_id: str, timeout: float = DEFAULT_TIMEOUT
     ) -> Volume:
-        data = await self._request(worker, base, "GET", _volume_path(volume_id), timeout=timeout)
-        return Volume.model_validate(data)
+        return await self._answer(
+            Volume, worker, base, "GET", _volume_path(volume_id), timeout=timeout
+        )
 
     async def update_volume(
         self, worker: str, base: str, volume_id: str, req: UpdateVolumeRequest
     ) -> Volume:
-        data = await self._request(worker, base, "PUT", _volume_path(volume_id), req)
-        return Volume.model_validate(data)
+        return await self._answer(Volume, worker, base, "PUT", _volume_path(volume_id), req)
 
     async def destroy_volume(self, worker: str, base: str, volume_id: str) -> Volume:
         path = _volume_path(volume_id)
-        data = await self._request(worker, base, "DELETE", path, timeout=VOLUME_TIMEOUT)
-        return Volume.model_validate(data)
+        return await self._answer(Volume, worker, base, "DELETE", path, timeout=VOLUME_TIMEOUT)
 
     async def extend_volume(
         self, worker: str, base: str, volume_id: str, req: ExtendVolumeRequest
     ) -> ExtendVolumeResponse:
         path = _volume_path(volume_id, "extend")
-        data = await self._request(worker, base, "PUT", path, req, timeout=VOLUME_TIMEOUT)
-        return ExtendVolumeResponse.model_validate(data)
+        return await self._answer(
+            ExtendVolumeResponse, worker, base, "PUT", path, req, timeout=VOLUME_TIMEOUT
+        )
 
     async def snapshots(self, worker: str, base: str, volume_id: str) -> list[VolumeSnapshot]:
-        data = await self._request(worker, base, "GET", _volume_path(volume_id, "snapshots"))
-        return _SNAPSHOTS.validate_python(data)
+        return await self._answer(
+            _SNAPSHOTS, worker, base, "GET", _volume_path(volume_id, "snapshots")
+        )
 
     async def snapshot_volume(self, worker: str, base: str, volume_id: str) -> VolumeSnapshot:
         path = _volume_path(volume_id, "snapshots")
-        data = await self._request(worker, base, "POST", path, timeout=VOLUME_TIMEOUT)
-        return VolumeSnapshot.model_validate(data)
+        return await self._answer(
+            VolumeSnapshot, worker, base, "POST", path, timeout=VOLUME_TIMEOUT
+        )

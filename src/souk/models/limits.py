@@ -11,9 +11,9 @@ updated or destroyed.
 from __future__ import annotations
 
 from collections.abc import Sized
-from typing import Any
+from typing import Any, TypeVar
 
-from pydantic import ValidationInfo
+from pydantic import AfterValidator, ValidationInfo
 from pydantic_core import PydanticCustomError
 
 LIMIT_EXCEEDED = "limit_exceeded"
@@ -56,6 +56,26 @@ def at_most(items: Sized | None, limit: int, unit: str) -> None:
     """`limit_exceeded` if `items` holds more than `limit`."""
     if items is not None and len(items) > limit:
         raise exceeded(f"at most {limit} {unit}; this is {len(items)}", limit)
+
+
+S = TypeVar("S", bound=Sized | None)
+
+
+def counted(items: S, info: ValidationInfo, limit: int, unit: str) -> S:
+    """`items` as they are, checked by `at_most` when the validation reads a request: a field
+    validator's whole body for a bounded list or map."""
+    if incoming(info):
+        at_most(items, limit, unit)
+    return items
+
+
+def bounded(limit: int, unit: str) -> AfterValidator:
+    """A list's or map's bound as part of its field's type (`Annotated`): `counted`."""
+
+    def check(items: S, info: ValidationInfo) -> S:
+        return counted(items, info, limit, unit)
+
+    return AfterValidator(check)
 
 
 def in_range(seconds: float, low: float, high: float, what: str) -> None:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import base64
 import binascii
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, ValidationInfo, field_validator, model_validator
+from pydantic import AfterValidator, Field, ValidationInfo, field_validator, model_validator
 
 from souk.models import limits
 from souk.models.base import Strict
@@ -23,20 +23,27 @@ from souk.models.config_rules import (
 )
 from souk.models.duration import Duration
 from souk.models.guest import SIZES, GuestConfig
-from souk.models.limits import at_most, incoming
+from souk.models.limits import at_most, bounded, counted, incoming
 from souk.models.services import Check, MachineMetrics, Service
 from souk.models.volume import VOLUME_ID
 
 RestartPolicy = Literal["no", "always", "on-failure"]
 
 
-class InitConfig(Strict):
+def _env_checked(env: dict[str, str], info: ValidationInfo) -> dict[str, str]:
+    return check_env(counted(env, info, limits.MAX_ENV, "environment variables"))
+
+
+# A machine's or a process's env: names a shell can set, at most `MAX_ENV` in a request.
+Env = Annotated[dict[str, str], AfterValidator(_env_checked)]
+
+
+class Command(Strict):
+    """What a machine's init or one of its processes runs: the fields and rules both share."""
+
     exec: list[str] | None = None
     entrypoint: list[str] | None = None
     cmd: list[str] | None = None
-    tty: bool = False
-    kernel_args: list[str] | None = None
-    swap_size_mb: int | None = None
 
     @field_validator("exec", "entrypoint", "cmd")
     @classmethod
@@ -44,6 +51,12 @@ class InitConfig(Strict):
         if incoming(info):
             limits.argv_bounded(argv)
         return no_nul(argv)
+
+
+class InitConfig(Command):
+    tty: bool = False
+    kernel_args: list[str] | None = None
+    swap_size_mb: int | None = None
 
     _refused = refused(
         {
@@ -96,40 +109,19 @@ class EnvFrom(Strict):
         return name
 
 
-class MachineProcess(Strict):
+EnvFroms = Annotated[list[EnvFrom], bounded(limits.MAX_ENV_FROM, "env_from entries")]
+
+
+class MachineProcess(Command):
     """One of several processes run together in one machine, each its own command and env."""
 
-    exec: list[str] | None = None
-    entrypoint: list[str] | None = None
-    cmd: list[str] | None = None
-    env: dict[str, str] = Field(default_factory=dict)
-    env_from: list[EnvFrom] = Field(default_factory=list)
+    env: Env = Field(default_factory=dict)
+    env_from: EnvFroms = Field(default_factory=list)
     user: str | None = Field(None, max_length=32)
     ignore_app_secrets: bool | None = None
     secrets: list[dict[str, Any]] | None = None
     # restarted in place by the machine's init (souk-init); None: by the machine's `restart`
     restart: RestartConfig | None = None
-
-    @field_validator("exec", "entrypoint", "cmd")
-    @classmethod
-    def _no_nul(cls, argv: list[str] | None, info: ValidationInfo) -> list[str] | None:
-        if incoming(info):
-            limits.argv_bounded(argv)
-        return no_nul(argv)
-
-    @field_validator("env")
-    @classmethod
-    def _env_names(cls, env: dict[str, str], info: ValidationInfo) -> dict[str, str]:
-        if incoming(info):
-            at_most(env, limits.MAX_ENV, "environment variables")
-        return check_env(env)
-
-    @field_validator("env_from")
-    @classmethod
-    def _few_env_from(cls, env_from: list[EnvFrom], info: ValidationInfo) -> list[EnvFrom]:
-        if incoming(info):
-            at_most(env_from, limits.MAX_ENV_FROM, "env_from entries")
-        return env_from
 
     @field_validator("user")
     @classmethod
@@ -160,6 +152,9 @@ class MachineProcess(Strict):
     def uid_offset(self) -> int:
         """Which of the app's host ids it runs as: 0 (the app's own) unless a number is given."""
         return int(self.user) if self.user and self.user.isdecimal() else 0
+
+
+Processes = Annotated[list[MachineProcess], bounded(limits.MAX_PROCESSES, "processes")]
 
 
 Schedule = Literal["hourly", "daily", "weekly", "monthly"]
@@ -232,27 +227,33 @@ class Mount(Strict):
         return path.rstrip("/")
 
 
+# What a request's config holds only so many of (`limits.py`); a stored one loads as it is.
+Mounts = Annotated[list[Mount], bounded(limits.MAX_MOUNTS, "mounts")]  # one volume, as Fly has it
+Services = Annotated[list[Service], bounded(limits.MAX_SERVICES, "services")]
+Standbys = Annotated[list[str], bounded(limits.MAX_STANDBYS, "standbys")]
+
+
 class MachineConfig(Strict):
     """Fly's machine config. Every field of Fly's spec is accepted by name; those souk cannot
     honour are refused with a 400 `unsupported` naming the field and why (docs/api.md)."""
 
     image: str | None = Field(None, max_length=512)
     init: InitConfig = Field(default_factory=InitConfig)
-    env: dict[str, str] = Field(default_factory=dict)
+    env: Env = Field(default_factory=dict)
     guest: GuestConfig = Field(default_factory=GuestConfig)
     size: str | None = Field(None, description="A Fly size preset; sets guest's unset fields.")
     restart: RestartConfig = Field(default_factory=RestartConfig)
     stop_config: StopConfig = Field(default_factory=StopConfig)
     metadata: dict[str, str] = Field(default_factory=dict)
-    services: list[Service] = Field(default_factory=list)
+    services: Services = Field(default_factory=list)
     checks: dict[str, Check] = Field(default_factory=dict)
-    standbys: list[str] = Field(default_factory=list)
+    standbys: Standbys = Field(default_factory=list)
     auto_destroy: bool = False
-    processes: list[MachineProcess] = Field(default_factory=list)
+    processes: Processes = Field(default_factory=list)
     schedule: Schedule | None = None
     metrics: MachineMetrics | None = None
     disable_machine_autostart: bool | None = None
-    mounts: list[Mount] = Field(default_factory=list)
+    mounts: Mounts = Field(default_factory=list)
     containers: list[dict[str, Any]] | None = None
     statics: list[dict[str, Any]] | None = None
     dns: dict[str, Any] | None = None
@@ -275,43 +276,6 @@ class MachineConfig(Strict):
         if len(set(paths)) != len(paths):
             raise ValueError("two files with the same guest_path")
         return files
-
-    @field_validator("env")
-    @classmethod
-    def _env_names(cls, env: dict[str, str], info: ValidationInfo) -> dict[str, str]:
-        if incoming(info):
-            at_most(env, limits.MAX_ENV, "environment variables")
-        return check_env(env)
-
-    @field_validator("mounts")
-    @classmethod
-    def _one_mount(cls, mounts: list[Mount], info: ValidationInfo) -> list[Mount]:
-        if incoming(info):  # one volume per machine, as Fly has it
-            at_most(mounts, limits.MAX_MOUNTS, "mounts")
-        return mounts
-
-    @field_validator("services")
-    @classmethod
-    def _few_services(cls, services: list[Service], info: ValidationInfo) -> list[Service]:
-        if incoming(info):
-            at_most(services, limits.MAX_SERVICES, "services")
-        return services
-
-    @field_validator("processes")
-    @classmethod
-    def _few_processes(
-        cls, processes: list[MachineProcess], info: ValidationInfo
-    ) -> list[MachineProcess]:
-        if incoming(info):
-            at_most(processes, limits.MAX_PROCESSES, "processes")
-        return processes
-
-    @field_validator("standbys")
-    @classmethod
-    def _few_standbys(cls, standbys: list[str], info: ValidationInfo) -> list[str]:
-        if incoming(info):
-            at_most(standbys, limits.MAX_STANDBYS, "standbys")
-        return standbys
 
     _refused = refused(
         {

@@ -4,7 +4,7 @@ serves its own metrics."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field, ValidationInfo, field_validator, model_validator
 
@@ -12,7 +12,7 @@ from souk.models import limits
 from souk.models.base import Strict
 from souk.models.config_rules import refused
 from souk.models.duration import Duration
-from souk.models.limits import at_most, in_range, incoming
+from souk.models.limits import at_most, bounded, in_range, incoming
 
 
 class ServicePort(Strict):
@@ -40,6 +40,9 @@ class ServicePort(Strict):
         if self.port is None:
             raise ValueError("port: a service's port needs a number")
         return self
+
+
+Ports = Annotated[list[ServicePort], bounded(limits.MAX_PORTS, "ports in a service")]
 
 
 class ServiceConcurrency(Strict):
@@ -106,7 +109,7 @@ class Check(Strict):
 class Service(Strict):
     protocol: Literal["tcp", "udp"] = "tcp"
     internal_port: int = Field(ge=1, le=65535)
-    ports: list[ServicePort] = Field(default_factory=list)
+    ports: Ports = Field(default_factory=list)
     autostop: Literal["off", "stop", "suspend"] = "off"
     autostart: bool = True
     min_machines_running: int = Field(0, ge=0)
@@ -129,13 +132,6 @@ class Service(Strict):
             "force_instance_description": "souk's proxy does not pin requests to one machine",
         }
     )
-
-    @field_validator("ports")
-    @classmethod
-    def _few_ports(cls, ports: list[ServicePort], info: ValidationInfo) -> list[ServicePort]:
-        if incoming(info):
-            at_most(ports, limits.MAX_PORTS, "ports in a service")
-        return ports
 
 
 def service_check_name(index: int, check: Check, port: int) -> str:

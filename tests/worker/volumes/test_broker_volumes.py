@@ -14,11 +14,11 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from typer.testing import CliRunner
 
-from souk.broker.api.state import Broker
 from souk.broker.fleet import CatalogFleet, StaticFleet
 from souk.broker.placement.pipeline import Placer
 from souk.broker.registry import AppRegistry
 from souk.broker.server import make_app as make_broker_app
+from souk.broker.state import Broker
 from souk.catalog.bus import InProcessBus
 from souk.cli.main import app as cli
 from souk.clients.workers import WorkerClient

@@ -9,9 +9,9 @@ import aiohttp
 from aiohttp import web
 
 from souk.broker.api.errors import refusal
-from souk.broker.api.state import Broker, broker_of, sealer_of
 from souk.broker.auth import grant_of
 from souk.broker.registry import AppExists, AppNotFound, MetadataRefused
+from souk.broker.state import Broker, broker_of, sealer_of
 from souk.broker.tokens import Scope
 from souk.models.api import App, AppOrganization, CreateAppRequest, ListAppsResponse
 from souk.models.catalog import AppRow

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from souk.broker.api.state import broker_of
+from souk.broker.state import broker_of
 from souk.models.api import WorkerInfo
 from souk.web import ApiError, reply
 

@@ -12,11 +12,10 @@ from typing import TypeVar
 from aiohttp import web
 from pydantic import BaseModel
 
-from souk.broker.api.answers import fly_reply
-from souk.broker.api.machines import public
+from souk.broker.api.answers import fly_reply, public
 from souk.broker.api.params import lease_nonce, machine_ids
-from souk.broker.api.state import broker_of
 from souk.broker.api.volumes import locate
+from souk.broker.state import broker_of
 from souk.clients.workers import WorkerClient
 from souk.models.api import OkResponse
 from souk.models.machine import Machine

@@ -9,7 +9,7 @@ import random
 from aiohttp import web
 
 from souk.broker.api.errors import passthrough
-from souk.broker.api.state import broker_of
+from souk.broker.state import broker_of
 from souk.clients.workers import WorkerCallError
 from souk.models.api import IMAGE_FAULTS, PinImageRequest
 from souk.web import ApiError, read_model, reply

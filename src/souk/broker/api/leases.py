@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from souk.broker.api.state import Broker
 from souk.broker.auth import grant_of
+from souk.broker.state import Broker
 from souk.models.api import CreateLeaseRequest, Lease, WorkerLeaseRequest
 
 if TYPE_CHECKING:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from souk.broker.api.params import lease_nonce, machine_ids
-from souk.broker.api.state import broker_of
+from souk.broker.state import broker_of
 from souk.models.api import MetadataPatch, MetadataValue, OkResponse
 from souk.models.machine import Machine, MetadataChange
 from souk.models.wire import CORDON_KEY

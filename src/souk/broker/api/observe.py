@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from souk.broker.api.state import broker_of
+from souk.broker.state import broker_of
 from souk.models.catalog import MachineRow
 from souk.web import audience_of, reply
 from souk.web.metrics import CONTENT_TYPE

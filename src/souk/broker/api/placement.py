@@ -11,22 +11,14 @@ from __future__ import annotations
 from aiohttp import web
 
 from souk.broker.api.params import machine_ids
-from souk.broker.api.state import Broker, broker_of
-from souk.models.placement import PlacementExplanation
+from souk.broker.state import broker_of
 from souk.web import ApiError, reply
-
-
-def explanation(b: Broker, app: str, machine_id: str) -> PlacementExplanation | None:
-    decision = b.placer.journal.get(machine_id)
-    if decision is None or decision.app != app:
-        return None
-    return decision.explain()
 
 
 async def get_placement(request: web.Request) -> web.Response:
     b = broker_of(request)
     app, mid = machine_ids(request)
-    found = explanation(b, app, mid)
+    found = b.placer.journal.explanation(app, mid)
     if found is not None:
         return reply(found)
     await b.find(app, mid)  # 404 not_found for a machine that does not exist

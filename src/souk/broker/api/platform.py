@@ -11,8 +11,8 @@ from typing import get_args
 from aiohttp import web
 
 from souk.broker.api.params import flag
-from souk.broker.api.state import broker_of
 from souk.broker.placement import quote
+from souk.broker.state import broker_of
 from souk.models.catalog import MachineRow, WorkerRow
 from souk.models.guest import SIZES, CpuKind, GuestConfig
 from souk.models.machine import MachineState

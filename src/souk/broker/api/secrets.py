@@ -9,9 +9,9 @@ from aiohttp import web
 from souk.broker.api.apps import forward_registry
 from souk.broker.api.errors import refusal
 from souk.broker.api.params import flag
-from souk.broker.api.state import OPENED_APPS, Broker, broker_of, sealer_of
 from souk.broker.registry import AppNotFound, MetadataRefused, now_iso
 from souk.broker.secrets import SecretRefused, open_secrets, seal_secret
+from souk.broker.state import OPENED_APPS, Broker, broker_of, sealer_of
 from souk.models.catalog import AppRow
 from souk.models.secrets import (
     AppSecrets,

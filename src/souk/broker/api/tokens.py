@@ -11,8 +11,8 @@ import time
 from aiohttp import web
 
 from souk.broker.api.apps import forward_registry
-from souk.broker.api.state import broker_of
 from souk.broker.auth import grant_of, presented_token
+from souk.broker.state import broker_of
 from souk.broker.tokens import TOKEN_ID, Grant, apps_caveat, attenuate, expires_caveat
 from souk.models.api import TokenInfo
 from souk.models.duration import parse_duration

@@ -15,8 +15,8 @@ from typing import Any
 from aiohttp import web
 
 from souk.broker.api.answers import fly_reply
-from souk.broker.api.state import FIND_TIMEOUT, Broker, broker_of
 from souk.broker.placement.reservation import worker_tag
+from souk.broker.state import FIND_TIMEOUT, Broker, broker_of
 from souk.clients.workers import WorkerCallError
 from souk.models.catalog import WorkerRow
 from souk.models.fit import disk_misfit

@@ -108,5 +108,13 @@ class Journal:
     def get(self, machine_id: str) -> Decision | None:
         return self._kept.get(machine_id)
 
+    def explanation(self, app: str, machine_id: str) -> PlacementExplanation | None:
+        """The recorded decision for `app`'s machine, explained; None when it is not kept (or the
+        id belongs to another app): the API and the dashboard read it alike."""
+        decision = self._kept.get(machine_id)
+        if decision is None or decision.app != app:
+            return None
+        return decision.explain()
+
     def __len__(self) -> int:
         return len(self._kept)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
+from souk.broker.errors import DECLINED
 from souk.broker.placement.candidates import Candidate
 from souk.catalog.bus import Bus, Message
 from souk.clients.workers import WorkerCallError, WorkerClient
@@ -19,7 +20,6 @@ from souk.models.catalog import WorkerRow
 from souk.models.guest import GuestConfig
 
 OFFER_TIMEOUT = 0.5  # an offer slower than this is a worker we would not want anyway
-DECLINED = "declined by the worker"  # it fits by the numbers, yet the worker says no
 
 Answer = Offer | BaseException
 

@@ -20,10 +20,9 @@ from typing import Any
 
 from aiohttp import web
 
-from souk.broker.api.placement import explanation
-from souk.broker.api.state import Broker, broker_of
 from souk.broker.fleet import CatalogFleet
 from souk.broker.placement.journal import KEEP
+from souk.broker.state import Broker, broker_of
 from souk.broker.ui.session import LOGIN, PREFIX, set_session
 from souk.models.catalog import MachineRow, WorkerRow
 from souk.models.machine import MachineEvent
@@ -333,7 +332,7 @@ async def machine_main(b: Broker, app: str, mid: str) -> str:
         ]
     events = _events_table(await _events(b, [(mid, app, worker)]))
     dl = "".join(f"<dt>{k}</dt><dd>{v}</dd>" for k, v in facts)
-    found = explanation(b, app, mid)
+    found = b.placer.journal.explanation(app, mid)
     if found is not None:
         placement = placement_table(found)
     else:

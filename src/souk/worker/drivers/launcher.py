@@ -21,7 +21,7 @@ import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from souk.worker.host.identity import HostUser
 
@@ -93,6 +93,20 @@ class Launching:
 
     argv: list[str]
     popen: dict[str, Any] = field(default_factory=dict)
+
+    def detached(self, out: IO[bytes], err: IO[bytes], cwd: Path) -> subprocess.Popen[bytes]:
+        """A machine's main process, started by Popen itself, as asyncio's subprocess would (a
+        vfork, on the loop), without its child watcher: its caller reads the exit on a pidfd
+        (`child_exit`). In a session of its own, stdin closed, its output to `out` and `err`."""
+        return subprocess.Popen(
+            self.argv,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=err,
+            cwd=cwd,
+            start_new_session=True,
+            **self.popen,
+        )
 
 
 @contextlib.contextmanager

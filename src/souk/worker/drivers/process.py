@@ -21,7 +21,6 @@ import os
 import shutil
 import signal as signals
 import stat
-import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -134,17 +133,7 @@ class ProcessDriver:
             except TooLarge as exc:
                 log.info("%s: %s, started by souk-launch's command line", command.argv[0], exc)
         with launcher.launching(command.argv, command.user, procs, command.env) as start:
-            # Popen itself, as asyncio's subprocess would (a vfork, on the loop), without its
-            # child watcher: the exit is read on a pidfd (`child_exit`).
-            proc = subprocess.Popen(  # noqa: ASYNC220
-                start.argv,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=err,
-                cwd=cwd,
-                start_new_session=True,
-                **start.popen,
-            )
+            proc = start.detached(out, err, cwd)
         return proc.pid, proc.wait
 
     async def close(self) -> None:

@@ -33,6 +33,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from souk.commands import completed
 from souk.models.machine import InitConfig, MachineConfig, MachineProcess
 from souk.worker.drivers import execs, launcher, vm_boot, vm_channel
 from souk.worker.drivers.base import ExecResult, Handle, Launch
@@ -106,18 +107,10 @@ class RuncDriver:
         return f"souk-{machine_id}"
 
     async def _runc(self, *args: str, check: bool = True) -> str:
-        proc = await asyncio.create_subprocess_exec(
-            self.runc,
-            "--root",
-            str(self.state_dir),
-            *args,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-        )
-        out, err = await proc.communicate()
-        if check and proc.returncode != 0:
-            raise RuncError(f"runc {' '.join(args)}: {err.decode().strip()}")
-        return out.decode()
+        done = await completed(self.runc, "--root", str(self.state_dir), *args)
+        if check and done.failed:
+            raise RuncError(f"runc {' '.join(args)}: {done.err.decode().strip()}")
+        return done.out.decode()
 
     async def state(self, machine_id: str) -> dict[str, Any] | None:
         out = await self._runc("state", self.container_id(machine_id), check=False)

@@ -33,7 +33,6 @@ import logging
 import os
 import shutil
 import signal as signals
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -160,15 +159,7 @@ class VmDriver:
             logs.output_files(rundir) as (out, err),
             launcher.launching(_shim(qemu, _launcher_prefix()), None, procs, env) as start,
         ):
-            shim = subprocess.Popen(  # noqa: ASYNC220 (as the runc driver: exit on a pidfd)
-                start.argv,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=err,
-                cwd=rundir,
-                start_new_session=True,
-                **start.popen,
-            )
+            shim = start.detached(out, err, rundir)  # its exit read on a pidfd
         exited = asyncio.ensure_future(child_exit(shim.pid, shim.wait))
         try:
             handle = await self._boot(launch, config, exited)
