@@ -34,6 +34,7 @@ import heapq
 import itertools
 import json
 import math
+import os
 import random
 import statistics
 import sys
@@ -1139,13 +1140,14 @@ HERD_BROKERS = (1, 2, 4, 8)
 HERD_LAGS = (0.0, 0.003, 0.02, 0.1, 1.0)
 HERD_RATE = 200.0
 HERD_CREATES = 600
-BIG_SEEDS = 2  # seeds at 1,000 workers
 HERD_DESIGNS = ("catalog", "offers", "p2c")
 
 
-def full_plan(seeds: int = 5) -> Plan:
+def full_plan(seeds: int = 5, huge_seeds: int | None = None, only: Sequence[str] = ()) -> Plan:
     """The study as it fits two shared cores: every design at 100 workers, the designs that do
-    not ask every worker of a region at 1,000 with fewer seeds, a short run at 10,000."""
+    not ask every worker of a region at 1,000, a short run at 10,000 (`huge_seeds` seeds there,
+    `seeds` by default). `only`: just these designs (a study made in parts, then --merge)."""
+    huge = seeds if huge_seeds is None else huge_seeds
     runs: list[RunSpec] = []
     for workload in WORKLOADS:
         for design in DESIGNS:
@@ -1153,15 +1155,16 @@ def full_plan(seeds: int = 5) -> Plan:
                 runs.append(RunSpec(design, workload, 100, seed))
     big = [d for d in DESIGNS if d not in ("offers", "pull", "register")]
     for design in big:
-        for seed in range(BIG_SEEDS):
+        for seed in range(seeds):
             runs.append(RunSpec(design, "fly", 1000, seed, until_load=1.0))
-    runs.append(RunSpec("auto", "fly", 10000, 0, max_arrivals=20_000))
-    runs.append(RunSpec("p2c", "fly", 10000, 0, max_arrivals=20_000))
+    for design in ("auto", "p2c"):
+        for seed in range(huge):
+            runs.append(RunSpec(design, "fly", 10000, seed, max_arrivals=20_000))
     herds = [
         HerdSpec(d, 1000, b, MEASURED_LAG[1000], s, HERD_RATE)
         for d in HERD_DESIGNS
         for b in HERD_BROKERS
-        for s in range(seeds if d != "offers" else BIG_SEEDS)
+        for s in range(seeds)
     ] + [
         HerdSpec(d, 1000, 4, lag, s, HERD_RATE)
         for d in HERD_DESIGNS
@@ -1170,27 +1173,56 @@ def full_plan(seeds: int = 5) -> Plan:
         if lag != MEASURED_LAG[1000]
         for s in range(seeds)
     ]
+    if only:
+        runs = [r for r in runs if r.design in only]
+        herds = [h for h in herds if h.design in only]
     notes = [
         f"100 workers: both workloads, every design, {seeds} seeds, until 110% offered load",
-        f"1,000 workers: the fly workload until 100% offered load, {BIG_SEEDS} seeds, every"
+        f"1,000 workers: the fly workload until 100% offered load, {seeds} seeds, every"
         " design but offers, pull and register (offers and pull ask every worker of a region"
         " for each create; register places as best-fit's kind does)",
-        "10,000 workers: auto and p2c, the fly workload's first 20,000 creates (about 10% of the"
-        " fleet), 1 seed: cost per placement and image locality only",
+        f"10,000 workers: auto and p2c, the fly workload's first 20,000 creates (about 10% of the"
+        f" fleet), {huge} seeds: cost per placement and image locality only",
         f"herding: 1,000 workers filled at random to 60%, then {HERD_CREATES:,} creates at"
-        f" {HERD_RATE:g}/s; {seeds} seeds ({BIG_SEEDS} for offers)",
+        f" {HERD_RATE:g}/s; {seeds} seeds",
     ]
     return Plan(runs, herds, notes)
 
 
-def execute(plan: Plan, jobs: int = 1) -> dict[str, Any]:
-    """Every run of the plan, `jobs` at a time in processes of their own, with a progress bar."""
+def load_average() -> float:
+    """The host's 1-minute load average: CPU figures made on a busy host are inflated."""
+    return round(os.getloadavg()[0], 2)
+
+
+def execute(plan: Plan, jobs: int = 1, checkpoint: Path | None = None) -> dict[str, Any]:
+    """Every run of the plan, `jobs` at a time in processes of their own, with a progress bar;
+    with `checkpoint`, the results so far are written there after each run (a long study stopped
+    early keeps what it made, marked partial)."""
     work: list[tuple[Callable[[Any], Any], Any, str]] = [
         (run_one, r, f"{r.design} {r.workload} {r.workers:,} seed {r.seed}") for r in plan.runs
     ] + [(herd, h, f"herd {h.design} x{h.brokers} {h.lag * 1000:g} ms") for h in plan.herds]
     results: list[RunResult] = []
     herds: list[HerdResult] = []
+    loads: list[float] = [load_average()]
     began = time.perf_counter()
+
+    def data(partial: bool) -> dict[str, Any]:
+        return {
+            "machine": machine_info(),
+            "made_by": " ".join(["bench/study.py", *sys.argv[1:]]),
+            "notes": plan.notes,
+            "seconds": round(time.perf_counter() - began, 1),
+            "load": {
+                "min": min(loads),
+                "mean": round(statistics.fmean(loads), 2),
+                "max": max(loads),
+            },
+            "partial": partial,
+            "sources": {w.name: list(w.sources) for w in WORKLOADS.values()},
+            "runs": [asdict(r) for r in results],
+            "herds": [asdict(h) for h in herds],
+        }
+
     with progress_bar(transient=False) as progress, ProcessPoolExecutor(jobs) as pool:
         task = progress.add_task("study", total=len(work))
         futures = {pool.submit(fn, arg): label for fn, arg, label in work}
@@ -1199,16 +1231,50 @@ def execute(plan: Plan, jobs: int = 1) -> dict[str, Any]:
             out = future.result()
             (results if isinstance(out, RunResult) else herds).append(out)
             progress.update(task, advance=1, description=futures[future])
+            loads.append(load_average())
             if log is not None:  # no live bar off a terminal: a line per run
-                log.print(f"[{i}/{len(work)}] {futures[future]} {time.perf_counter() - began:.0f}s")
+                log.print(
+                    f"[{i}/{len(work)}] {futures[future]} {time.perf_counter() - began:.0f}s"
+                    f" load {loads[-1]}"
+                )
+            if checkpoint is not None:
+                write_json(checkpoint, data(partial=i < len(work)))
+    return data(partial=False)
+
+
+def write_json(path: Path, data: Any) -> None:
+    """`data` at `path`, replaced whole (a reader never sees half a file)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=1) + "\n")
+    tmp.replace(path)
+
+
+def merge(parts: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """One study from several made in parts (--only): their runs and herds together, a run
+    made twice taken from the later part; notes, time and load of each part kept."""
+    runs: dict[tuple[Any, ...], dict[str, Any]] = {}
+    herds: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for part in parts:
+        for r in part["runs"]:
+            runs[(r["design"], r["workload"], r["workers"], r["seed"])] = r
+        for h in part["herds"]:
+            herds[(h["design"], h["brokers"], h["lag_ms"], h["seed"])] = h
+    first = parts[0]
     return {
-        "machine": machine_info(),
-        "made_by": " ".join(["bench/study.py", *sys.argv[1:]]),
-        "notes": plan.notes,
-        "seconds": round(time.perf_counter() - began, 1),
-        "sources": {w.name: list(w.sources) for w in WORKLOADS.values()},
-        "runs": [asdict(r) for r in results],
-        "herds": [asdict(h) for h in herds],
+        **first,
+        "made_by": "; ".join(p["made_by"] for p in parts),
+        "notes": list(dict.fromkeys(n for p in parts for n in p["notes"])),
+        "seconds": round(sum(p["seconds"] for p in parts), 1),
+        "load": {
+            "min": min(p["load"]["min"] for p in parts if "load" in p),
+            "mean": round(statistics.fmean(p["load"]["mean"] for p in parts if "load" in p), 2),
+            "max": max(p["load"]["max"] for p in parts if "load" in p),
+        },
+        "partial": any(p.get("partial") for p in parts),
+        "parts": [{k: p.get(k) for k in ("made_by", "seconds", "load", "partial")} for p in parts],
+        "runs": list(runs.values()),
+        "herds": list(herds.values()),
     }
 
 
@@ -1568,6 +1634,9 @@ def main() -> None:
     parser.add_argument("--markdown", action="store_true", help="the tables as markdown")
     parser.add_argument("--jobs", type=int, default=1, help="runs at once, each in a process")
     parser.add_argument("--out", type=Path, default=OUT / "results.json")
+    parser.add_argument("--huge-seeds", type=int, help="seeds at 10,000 workers (--seeds)")
+    parser.add_argument("--only", default="", help="--full: only these designs, comma-separated")
+    parser.add_argument("--merge", type=Path, nargs="+", help="--full results made in parts")
     args = parser.parse_args()
     console = Console(width=200)
     if args.validate:
@@ -1577,14 +1646,21 @@ def main() -> None:
         path.write_text(json.dumps([asdict(v) for v in vs], indent=1) + "\n")
         console.print(f"written: {path}")
         return
-    if args.charts:
+    if args.merge:
+        data = merge([json.loads(p.read_text()) for p in args.merge])
+        write_json(args.out, data)
+        console.print(f"written: {args.out}")
+    elif args.charts:
         data = json.loads(args.out.read_text())
     else:
-        plan = full_plan(args.seeds) if args.full else quick_plan()
-        data = execute(plan, args.jobs)
+        only = tuple(d for d in args.only.split(",") if d)
+        unknown = set(only) - set(DESIGNS)
+        if unknown:
+            parser.error(f"unknown designs: {', '.join(sorted(unknown))}")
+        plan = full_plan(args.seeds, args.huge_seeds, only) if args.full else quick_plan()
+        data = execute(plan, args.jobs, args.out if args.full else None)
         if args.full:
-            args.out.parent.mkdir(parents=True, exist_ok=True)
-            args.out.write_text(json.dumps(data, indent=1) + "\n")
+            write_json(args.out, data)
             console.print(f"written: {args.out}")
     if args.charts or args.full:
         for path in charts(data, args.out.parent):
