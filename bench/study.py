@@ -1198,9 +1198,18 @@ def execute(plan: Plan, jobs: int = 1, checkpoint: Path | None = None) -> dict[s
     """Every run of the plan, `jobs` at a time in processes of their own, with a progress bar;
     with `checkpoint`, the results so far are written there after each run (a long study stopped
     early keeps what it made, marked partial)."""
+
+    def label(r: RunSpec) -> str:
+        return f"{r.design} {r.workload} {r.workers:,} seed {r.seed}"
+
+    # The 10,000-worker runs last and a seed at a time: a study stopped early (--out is written
+    # after each run) then lacks seeds of the short 10,000-worker runs, not whole designs.
+    huge = sorted((r for r in plan.runs if r.workers >= 10_000), key=lambda r: r.seed)
     work: list[tuple[Callable[[Any], Any], Any, str]] = [
-        (run_one, r, f"{r.design} {r.workload} {r.workers:,} seed {r.seed}") for r in plan.runs
-    ] + [(herd, h, f"herd {h.design} x{h.brokers} {h.lag * 1000:g} ms") for h in plan.herds]
+        *((run_one, r, label(r)) for r in plan.runs if r.workers < 10_000),
+        *((herd, h, f"herd {h.design} x{h.brokers} {h.lag * 1000:g} ms") for h in plan.herds),
+        *((run_one, r, label(r)) for r in huge),
+    ]
     results: list[RunResult] = []
     herds: list[HerdResult] = []
     loads: list[float] = [load_average()]
