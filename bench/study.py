@@ -781,6 +781,11 @@ def p99(xs: Sequence[float]) -> float:
     return statistics.quantiles(xs, n=100, method="inclusive")[98]
 
 
+def tie_source(seed: int, broker: int) -> random.Random:
+    """The random source of a run's broker: its ties, its slices' starts, its p2c draws."""
+    return random.Random(seed * 31 + broker)
+
+
 class Run:
     """One design placing one workload on one fleet, in virtual time."""
 
@@ -821,6 +826,8 @@ class Run:
         self.taken: Counter[str] = Counter()
         self._creates: dict[tuple[int, str], CreateMachine] = {}
         self.rng = random.Random(spec.seed)
+        # With a list: each create's (deploy, worker or None, reservations refused), in order.
+        self.trace: list[tuple[int, str | None, int]] | None = None
 
     def make_placers(self, design: Design) -> list[Placer]:
         """One placer per broker, each with its own random source (its own slice starts)."""
@@ -831,7 +838,7 @@ class Run:
                 self.catalog,
                 self.client,
                 policy=policy,
-                rng=random.Random(self.spec.seed * 31 + b),
+                rng=tie_source(self.spec.seed, b),
                 sample=sample,
                 on_decision=self.record_strategy,
             )
@@ -875,6 +882,9 @@ class Run:
                     heapq.heappush(offered_alive, (a.at + a.life, mem))
                 outcomes = await self.place_group(group)
                 for a, (machine, tally, cpu_s) in zip(group, outcomes, strict=True):
+                    if self.trace is not None:
+                        where = None if machine is None else machine.worker
+                        self.trace.append((a.group, where, tally.conflicts))
                     rounds += tally.offer_rounds + tally.reservations
                     conflicts += tally.conflicts
                     cpu.append(cpu_s)
@@ -1274,7 +1284,7 @@ def merge(parts: Sequence[dict[str, Any]]) -> dict[str, Any]:
         **first,
         "made_by": "; ".join(p["made_by"] for p in parts),
         "notes": list(dict.fromkeys(n for p in parts for n in p["notes"])),
-        "seconds": round(sum(p["seconds"] for p in parts), 1),
+        "seconds": round(max(p["seconds"] for p in parts), 1),  # the parts may run at once
         "load": {
             "min": min(p["load"]["min"] for p in parts if "load" in p),
             "mean": round(statistics.fmean(p["load"]["mean"] for p in parts if "load" in p), 2),
@@ -1299,6 +1309,13 @@ def spread(xs: Sequence[float | None], fmt: str = "{:.2f}") -> str:
     return f"{fmt.format(statistics.fmean(vals))} ±{fmt.format(statistics.stdev(vals))}"
 
 
+def cpu_against_auto(rs: list[dict[str, Any]], autos: list[dict[str, Any]]) -> list[float | None]:
+    """Each seed's broker CPU per placement over auto's at the same seed: on a shared host the
+    absolute figure moves with the load, the ratio between designs much less."""
+    auto = {r["seed"]: r["broker_cpu_us"] for r in autos}
+    return [r["broker_cpu_us"] / auto[r["seed"]] if auto.get(r["seed"]) else None for r in rs]
+
+
 def grouped(rows: list[dict[str, Any]]) -> dict[tuple[str, int, str], list[dict[str, Any]]]:
     out: dict[tuple[str, int, str], list[dict[str, Any]]] = {}
     for r in rows:
@@ -1316,7 +1333,7 @@ COLUMNS = (
     "hot @40%",
     "p99 load @40%",
     "image local",
-    "CPU µs",
+    "CPU / auto",
     "trips",
     "latency ms",
     "conflicts",
@@ -1348,14 +1365,20 @@ def summaries(data: dict[str, Any]) -> list[Summary]:
                     spread([r["hot_ratio"].get("0.4") for r in rs]),
                     spread([r["load_p99"].get("0.4") for r in rs]),
                     spread([r["image_local"] for r in rs]),
-                    spread([r["broker_cpu_us"] for r in rs], "{:.0f}"),
+                    spread(cpu_against_auto(rs, by.get((workload, workers, "auto"), []))),
                     spread([r["round_trips"] for r in rs], "{:.1f}"),
                     spread([r["latency_ms"] for r in rs], "{:.1f}"),
                     spread([r["conflicts"] for r in rs], "{:.3f}"),
                     spread([r["lost_claims"] for r in rs], "{:.1f}"),
                 ]
             )
-        title = f"{workload} workload, {workers:,} workers, mean ±sd over up to {seeds} seeds"
+        autos = by.get((workload, workers, "auto"), [])
+        auto_us = spread([r["broker_cpu_us"] for r in autos], "{:.0f}")
+        title = (
+            f"{workload} workload, {workers:,} workers, mean ±sd over up to {seeds} seeds"
+            f" (CPU / auto: the broker's CPU per placement over auto's, same seed; auto's:"
+            f" {auto_us} µs on this host under its load)"
+        )
         out.append((title, COLUMNS, rows))
     hs: dict[tuple[str, int, float], list[dict[str, Any]]] = {}
     for h in data["herds"]:
@@ -1377,7 +1400,22 @@ def summaries(data: dict[str, Any]) -> list[Summary]:
 
 
 def made_by(data: dict[str, Any]) -> str:
-    return f"made by `{data['made_by']}` on {data['machine']} in {data.get('seconds', 0):.0f} s"
+    load = data.get("load")
+    under = (
+        f", load average {load['mean']:g} ({load['min']:g}-{load['max']:g})"
+        if isinstance(load, dict)
+        else ""
+    )
+    parts = data.get("parts")
+    if parts:
+        cmds = " and ".join(f"`{p['made_by']}`" for p in parts)
+        return (
+            f"made by {cmds} at once, merged by `--merge`, on {data['machine']} in"
+            f" {data.get('seconds', 0):.0f} s{under}"
+        )
+    return (
+        f"made by `{data['made_by']}` on {data['machine']} in {data.get('seconds', 0):.0f} s{under}"
+    )
 
 
 def rich_tables(data: dict[str, Any]) -> list[Table]:
@@ -1510,9 +1548,27 @@ def charts(data: dict[str, Any], into: Path) -> list[Path]:
 
 # --- validation: the harness against a real cluster ----------------------------------------------
 
+BURSTS = ((1, 1), (2, 5), (6, 15), (16, 10**9))  # deploy sizes the conflicts are counted by
+VALIDATION_DRAWS = 8  # harness runs with other tie-breaking sources, for the spread
+
+
+def burst_class(n: int) -> str:
+    for lo, hi in BURSTS:
+        if lo <= n <= hi:
+            return str(lo) if lo == hi else f"{lo}+" if hi >= 10**9 else f"{lo}-{hi}"
+    raise ValueError(n)
+
 
 @dataclass
 class Validation:
+    """One design and seed through the harness and the cluster, the broker's random source (its
+    tie-breaking jitter) the same as the harness's placer's. `matched`: creates of deploys
+    placed on the same workers in both (as a multiset: creates of one deploy are alike);
+    `first_diverged`: the first create of the first deploy that was not; `conflicts_by_burst`:
+    reservations refused, harness and cluster, by the deploy's size; `draws`: the harness's
+    conflicts, refusals and utilization with other tie-breaking sources (the spread a
+    comparison without a shared source must allow for)."""
+
     design: str
     seed: int
     creates: int
@@ -1522,6 +1578,10 @@ class Validation:
     cluster_refused: int
     harness_conflicts: int
     cluster_conflicts: int
+    matched: int = 0
+    first_diverged: int | None = None
+    conflicts_by_burst: dict[str, tuple[int, int]] = field(default_factory=dict)
+    draws: list[tuple[int, int, float | None]] = field(default_factory=list)
 
 
 def cluster_body(size: Size, region: str) -> dict[str, Any]:
@@ -1529,33 +1589,61 @@ def cluster_body(size: Size, region: str) -> dict[str, Any]:
     return {"region": region, "config": {"init": {"exec": ["sleep", "600"]}, "guest": guest}}
 
 
-async def validate_one(design: str, seed: int, workdir: Path) -> Validation:
+async def validate_one(
+    design: str, seed: int, workdir: Path, draws: int, limit: int | None = None
+) -> Validation:
     """The same fleet and creates, through the harness and through a real cluster: sim-driver
     workers (SQLite, `admission.create` in its transaction) behind loopback HTTP, publishing to
     an in-process bus, and a real broker placing from its replica, asked over HTTP. A deploy's
     creates are sent at once, as the harness places them; between two deploys the cluster waits
     until the broker's replica shows every worker as it is (the harness's catalog at lag 0).
     No machine leaves: a real destroy walks the machine through its states, which is not what
-    is compared here."""
+    is compared here.
+
+    The broker draws its ties from the same seeded source as the harness's placer: ties are
+    common (empty workers, workers alike), and which worker a deploy of 50 herds onto decides
+    how many of its reservations are refused, so two runs drawing apart differ by more than the
+    harness and the cluster do. With one source, the two are compared decision by decision.
+    `limit`: only the stream's first creates (a test's short run)."""
     spec = RunSpec(design, "fly", 100, seed, lag=0.0, until_load=1.05)
     generated = Run(spec)
     stream = [Arrival(a.at, 1e12, a.size, a.region, "", a.group) for a in generated.arrivals]
+    stream = stream[:limit]
     specs = [
         WorkerSpec(w.id, w.region, w.cpus, w.memory_mb, cpu_kinds=w.kinds)
         for w in generated.workers
     ]
-    harness = Run(spec, build_fleet(100, list(generated.by_region), FLY.region_s, seed), stream)
+    regions = list(generated.by_region)
+
+    def harness_run(tie_seed: int | None) -> Run:
+        run = Run(spec, build_fleet(100, regions, FLY.region_s, seed), stream)
+        if tie_seed is not None:
+            for placer in run.placers:
+                placer.rng = random.Random(tie_seed)
+        return run
+
+    harness = harness_run(None)
+    harness.trace = []
     result = await harness.run()
+    spread: list[tuple[int, int, float | None]] = []
+    for k in range(draws):
+        other = await harness_run(10_000 + k).run()
+        spread.append(
+            (round(other.conflicts * other.creates), other.refused, other.util_first_refusal)
+        )
     first: dict[str, float] = {}
+    trace: list[tuple[int, str | None, int]] = []
     # Decisions are compared, not this host's speed: no create is refused for time, and no
     # machine is dropped for a confirmation that a loaded host sent late.
     offer_timeout, offer_stage.OFFER_TIMEOUT = offer_stage.OFFER_TIMEOUT, 30.0
     try:
         async with cluster(workdir, specs, deadline=120.0, bus=InProcessBus()) as c:
             c.placer.reserver.hold = 3600.0
-            conflicts, refused = await drive(c, harness, stream, design, first)
+            c.placer.rng = tie_source(seed, 0)  # the harness's one placer's source
+            conflicts, refused = await drive(c, harness, stream, design, first, trace)
     finally:
-        offer_stage.OFFER_TIMEOUT = offer_timeout
+        offer_timeout, offer_stage.OFFER_TIMEOUT = offer_stage.OFFER_TIMEOUT, offer_timeout
+    matched, diverged, by_burst = compare(harness.trace, trace)
     return Validation(
         design,
         seed,
@@ -1566,14 +1654,49 @@ async def validate_one(design: str, seed: int, workdir: Path) -> Validation:
         refused,
         round(result.conflicts * result.creates),
         conflicts,
+        matched,
+        diverged,
+        by_burst,
+        spread,
     )
 
 
+Trace = list[tuple[int, str | None, int]]
+
+
+def compare(harness: Trace, cluster: Trace) -> tuple[int, int | None, dict[str, tuple[int, int]]]:
+    """Creates of deploys placed alike (the same workers, as a multiset), the index of the first
+    create of the first deploy that was not, and each side's conflicts by the deploy's size."""
+    matched, diverged = 0, None
+    by_burst: dict[str, list[int]] = {}
+    i = 0
+    deploys = itertools.groupby(zip(harness, cluster, strict=True), key=lambda hc: hc[0][0])
+    for _, pairs in deploys:
+        deploy = list(pairs)
+        same = Counter(h[1] for h, _ in deploy) == Counter(c[1] for _, c in deploy)
+        if same:
+            matched += len(deploy)
+        elif diverged is None:
+            diverged = i
+        counts = by_burst.setdefault(burst_class(len(deploy)), [0, 0])
+        counts[0] += sum(h[2] for h, _ in deploy)
+        counts[1] += sum(c[2] for _, c in deploy)
+        i += len(deploy)
+    return matched, diverged, {k: (v[0], v[1]) for k, v in by_burst.items()}
+
+
 async def drive(
-    c: Cluster, harness: Run, stream: list[Arrival], design: str, first: dict[str, float]
+    c: Cluster,
+    harness: Run,
+    stream: list[Arrival],
+    design: str,
+    first: dict[str, float],
+    trace: Trace,
 ) -> tuple[int, int]:
-    """The stream through the cluster's broker: (reservations refused, creates refused), and
-    each region's utilization at its first refusal in `first`."""
+    """The stream through the cluster's broker: (reservations refused, creates refused), each
+    region's utilization at its first refusal in `first`, and each create's (deploy, worker or
+    None, reservations refused) in `trace`: a deploy's conflicts are those counted while it was
+    placed (nothing else is), shared among its creates in order."""
     conflicts = refused = 0
     client = c.placer.client
     create_batch = client.create_batch
@@ -1587,12 +1710,14 @@ async def drive(
     client.create_batch = counted  # type: ignore[method-assign]
     path = f"/v1/apps/demo/machines?strategy={DESIGNS[design].strategy}"
 
-    async def create(a: Arrival) -> bool:
+    async def create(a: Arrival) -> str | None:
         resp = await c.call("POST", path, json=cluster_body(FLY.sizes[a.size], a.region))
         text = await resp.text()
-        if resp.status != 200 and "no worker" not in text:
+        if resp.status == 200:
+            return str(json.loads(text)["worker"])
+        if "no worker" not in text:
             raise RuntimeError(f"not a refusal: {resp.status} {text}")
-        return bool(resp.status == 200)
+        return None
 
     async def settled() -> None:
         for _ in range(400):
@@ -1601,11 +1726,16 @@ async def drive(
                 return
             await asyncio.sleep(0.005)
 
-    for _, grouped in itertools.groupby(stream, key=lambda a: a.group):
+    for group_id, grouped in itertools.groupby(stream, key=lambda a: a.group):
         group = list(grouped)
+        before = conflicts
         done = await asyncio.gather(*(create(a) for a in group))
-        for a, ok in zip(group, done, strict=True):
-            if ok:
+        share = [0] * len(group)
+        for k in range(conflicts - before):
+            share[k % len(group)] += 1
+        for a, where, n in zip(group, done, share, strict=True):
+            trace.append((group_id, where, n))
+            if where is not None:
                 continue
             refused += 1
             if a.region not in first:
@@ -1618,15 +1748,79 @@ async def drive(
     return conflicts, refused
 
 
-def validate(console: Console, seeds: int) -> list[Validation]:
+def validate(console: Console, seeds: int, draws: int = VALIDATION_DRAWS) -> list[Validation]:
     out = []
-    for design in ("offers", "catalog"):
+    for design in ("catalog", "offers"):
         for seed in range(seeds):
             with tempfile.TemporaryDirectory(prefix="souk-study-") as tmp:
-                v = asyncio.run(validate_one(design, seed, Path(tmp)))
+                v = asyncio.run(validate_one(design, seed, Path(tmp), draws))
             console.print(v)
             out.append(v)
     return out
+
+
+def off(a: float | None, b: float | None) -> str:
+    """b against a, in percent."""
+    if a is None or b is None or a == 0:
+        return "-"
+    return f"{(b - a) / a * 100:+.1f}%"
+
+
+def validation_markdown(data: dict[str, Any]) -> str:
+    """The validation's tables as docs/study.md shows them."""
+    vs = data["validations"]
+    made = f"made by `{data['made_by']}` on {data['machine']}, load {data['load']}"
+    lines = [
+        f"**The harness against a real cluster, 100 workers, the broker's ties drawn from the"
+        f" harness's source** ({made})",
+        "",
+        "| strategy | seed | creates | util @1st refusal: harness / cluster | refused: harness /"
+        " cluster | conflicts: harness / cluster | placed alike | harness conflicts, other tie"
+        " sources: mean ±sd (min-max) |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for v in vs:
+        hu, cu = v["harness_util"], v["cluster_util"]
+        util = f"{hu:.3f} / {cu:.3f} ({off(hu, cu)})" if hu and cu else "-"
+        hr, cr, hc, cc = (
+            v["harness_refused"],
+            v["cluster_refused"],
+            v["harness_conflicts"],
+            v["cluster_conflicts"],
+        )
+        drawn = [d[0] for d in v["draws"]]
+        spread_txt = (
+            f"{statistics.fmean(drawn):.0f} ±{statistics.stdev(drawn):.0f}"
+            f" ({min(drawn)}-{max(drawn)})"
+            if len(drawn) > 1
+            else "-"
+        )
+        alike = v["matched"] / v["creates"]
+        lines.append(
+            f"| {v['design']} | {v['seed']} | {v['creates']:,} | {util}"
+            f" | {hr} / {cr} ({off(hr, cr)}) | {hc} / {cc} ({off(hc, cc)}) | {alike:.1%}"
+            f" | {spread_txt} |"
+        )
+    lines += [
+        "",
+        f"**Conflicts by the deploy's size, harness / cluster, summed over the seeds** ({made})",
+        "",
+        "| strategy | " + " | ".join(f"deploys of {burst_class(lo)}" for lo, _ in BURSTS) + " |",
+        "| --- |" + " --- |" * len(BURSTS),
+    ]
+    for design in dict.fromkeys(v["design"] for v in vs):
+        cells = []
+        for lo, _ in BURSTS:
+            key = burst_class(lo)
+            h = sum(
+                v["conflicts_by_burst"].get(key, (0, 0))[0] for v in vs if v["design"] == design
+            )
+            c = sum(
+                v["conflicts_by_burst"].get(key, (0, 0))[1] for v in vs if v["design"] == design
+            )
+            cells.append(f"{h} / {c}")
+        lines.append(f"| {design} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
 
 
 # --- main ----------------------------------------------------------------------------------------
@@ -1648,12 +1842,26 @@ def main() -> None:
     parser.add_argument("--merge", type=Path, nargs="+", help="--full results made in parts")
     args = parser.parse_args()
     console = Console(width=200)
+    validation = args.out.with_name("validation.json")
     if args.validate:
-        vs = validate(console, max(1, min(args.seeds, 2)))
-        path = args.out.with_name("validation.json")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps([asdict(v) for v in vs], indent=1) + "\n")
-        console.print(f"written: {path}")
+        loads = [load_average()]
+        began = time.perf_counter()
+        vs = validate(console, args.seeds)
+        loads.append(load_average())
+        made_by = " ".join(["bench/study.py", *sys.argv[1:]]).replace(" --markdown", "")
+        write_json(
+            validation,
+            {
+                "machine": machine_info(),
+                "made_by": made_by,
+                "seconds": round(time.perf_counter() - began, 1),
+                "load": f"{min(loads):g}-{max(loads):g}",
+                "validations": [asdict(v) for v in vs],
+            },
+        )
+        console.print(f"written: {validation}")
+        if args.markdown:
+            print(validation_markdown(json.loads(validation.read_text())))
         return
     if args.merge:
         data = merge([json.loads(p.read_text()) for p in args.merge])
@@ -1676,6 +1884,9 @@ def main() -> None:
             console.print(f"chart: {path}")
     if args.markdown:
         print(markdown(data))
+        saved = json.loads(validation.read_text()) if validation.exists() else None
+        if isinstance(saved, dict):  # not the older list of one seed
+            print(validation_markdown(saved))
         return
     for t in rich_tables(data):
         console.print(t)
