@@ -463,6 +463,14 @@ class VirtualClock:
         return self.now
 
 
+class WorkloadClock(VirtualClock):
+    """A real broker's placement clock in a validation: `monotonic` the workload's time, as the
+    harness's placer has it, so that its sticky slice ages with the workload and not with how
+    fast the validation sends deploys; `time` (liveness, the journal) stays the wall clock."""
+
+    time = staticmethod(time.time)  # type: ignore[assignment]
+
+
 @contextlib.contextmanager
 def virtual_time(clock: VirtualClock) -> Iterator[None]:
     """The placement modules read `clock` for `time` while inside."""
@@ -1567,7 +1575,8 @@ class Validation:
     `first_diverged`: the first create of the first deploy that was not; `conflicts_by_burst`:
     reservations refused, harness and cluster, by the deploy's size; `draws`: the harness's
     conflicts, refusals and utilization with other tie-breaking sources (the spread a
-    comparison without a shared source must allow for)."""
+    comparison without a shared source must allow for); `own_source`: the same from cluster
+    runs whose broker draws its own ties on the wall clock, as it does in service."""
 
     design: str
     seed: int
@@ -1582,6 +1591,7 @@ class Validation:
     first_diverged: int | None = None
     conflicts_by_burst: dict[str, tuple[int, int]] = field(default_factory=dict)
     draws: list[tuple[int, int, float | None]] = field(default_factory=list)
+    own_source: list[tuple[int, int, float | None]] = field(default_factory=list)
 
 
 def cluster_body(size: Size, region: str) -> dict[str, Any]:
@@ -1590,7 +1600,12 @@ def cluster_body(size: Size, region: str) -> dict[str, Any]:
 
 
 async def validate_one(
-    design: str, seed: int, workdir: Path, draws: int, limit: int | None = None
+    design: str,
+    seed: int,
+    workdir: Path,
+    draws: int,
+    limit: int | None = None,
+    own_source: int = 0,
 ) -> Validation:
     """The same fleet and creates, through the harness and through a real cluster: sim-driver
     workers (SQLite, `admission.create` in its transaction) behind loopback HTTP, publishing to
@@ -1600,11 +1615,13 @@ async def validate_one(
     No machine leaves: a real destroy walks the machine through its states, which is not what
     is compared here.
 
-    The broker draws its ties from the same seeded source as the harness's placer: ties are
-    common (empty workers, workers alike), and which worker a deploy of 50 herds onto decides
-    how many of its reservations are refused, so two runs drawing apart differ by more than the
-    harness and the cluster do. With one source, the two are compared decision by decision.
-    `limit`: only the stream's first creates (a test's short run)."""
+    The broker draws its ties from the same seeded source as the harness's placer, and reads
+    the workload's time as its placement clock (the catalog strategy keeps its slice's start
+    for a second of it): ties are common (empty workers, workers alike), and which worker a
+    deploy of 50 herds onto decides how many of its reservations are refused, so two runs
+    drawing apart differ by more than the harness and the cluster do. With one source, the
+    two are compared decision by decision. `own_source`: cluster runs more, with the broker's
+    own source and clock. `limit`: only the stream's first creates (a test's short run)."""
     spec = RunSpec(design, "fly", 100, seed, lag=0.0, until_load=1.05)
     generated = Run(spec)
     stream = [Arrival(a.at, 1e12, a.size, a.region, "", a.group) for a in generated.arrivals]
@@ -1628,28 +1645,37 @@ async def validate_one(
     spread: list[tuple[int, int, float | None]] = []
     for k in range(draws):
         other = await harness_run(10_000 + k).run()
-        spread.append(
-            (round(other.conflicts * other.creates), other.refused, other.util_first_refusal)
-        )
-    first: dict[str, float] = {}
-    trace: list[tuple[int, str | None, int]] = []
+        conflicts = round(other.conflicts * other.creates)
+        spread.append((conflicts, other.refused, other.util_first_refusal))
+
+    async def through_cluster(paired: bool, trace: Trace) -> tuple[int, int, float | None]:
+        first: dict[str, float] = {}
+        with tempfile.TemporaryDirectory(prefix="cluster-", dir=workdir) as tmp:
+            async with cluster(Path(tmp), specs, deadline=120.0, bus=InProcessBus()) as c:
+                c.placer.reserver.hold = 3600.0
+                clock = None
+                if paired:
+                    c.placer.rng = tie_source(seed, 0)  # the harness's one placer's source
+                    clock = WorkloadClock()
+                conflicts, refused = await drive(c, harness, stream, design, first, trace, clock)
+        return conflicts, refused, harness.weighted(first)
+
     # Decisions are compared, not this host's speed: no create is refused for time, and no
     # machine is dropped for a confirmation that a loaded host sent late.
     offer_timeout, offer_stage.OFFER_TIMEOUT = offer_stage.OFFER_TIMEOUT, 30.0
+    trace: Trace = []
     try:
-        async with cluster(workdir, specs, deadline=120.0, bus=InProcessBus()) as c:
-            c.placer.reserver.hold = 3600.0
-            c.placer.rng = tie_source(seed, 0)  # the harness's one placer's source
-            conflicts, refused = await drive(c, harness, stream, design, first, trace)
+        conflicts, refused, util = await through_cluster(True, trace)
+        own = [await through_cluster(False, []) for _ in range(own_source)]
     finally:
-        offer_timeout, offer_stage.OFFER_TIMEOUT = offer_stage.OFFER_TIMEOUT, offer_timeout
+        offer_stage.OFFER_TIMEOUT = offer_timeout
     matched, diverged, by_burst = compare(harness.trace, trace)
     return Validation(
         design,
         seed,
         len(stream),
         result.util_first_refusal,
-        harness.weighted(first),
+        util,
         result.refused,
         refused,
         round(result.conflicts * result.creates),
@@ -1658,6 +1684,7 @@ async def validate_one(
         diverged,
         by_burst,
         spread,
+        own,
     )
 
 
@@ -1692,11 +1719,13 @@ async def drive(
     design: str,
     first: dict[str, float],
     trace: Trace,
+    clock: VirtualClock | None = None,
 ) -> tuple[int, int]:
     """The stream through the cluster's broker: (reservations refused, creates refused), each
     region's utilization at its first refusal in `first`, and each create's (deploy, worker or
     None, reservations refused) in `trace`: a deploy's conflicts are those counted while it was
-    placed (nothing else is), shared among its creates in order."""
+    placed (nothing else is), shared among its creates in order. `clock`: the broker's
+    placement clock, set to each deploy's time in the workload."""
     conflicts = refused = 0
     client = c.placer.client
     create_batch = client.create_batch
@@ -1729,7 +1758,12 @@ async def drive(
     for group_id, grouped in itertools.groupby(stream, key=lambda a: a.group):
         group = list(grouped)
         before = conflicts
-        done = await asyncio.gather(*(create(a) for a in group))
+        if clock is None:
+            done = await asyncio.gather(*(create(a) for a in group))
+        else:
+            clock.now = group[0].at
+            with virtual_time(clock):
+                done = await asyncio.gather(*(create(a) for a in group))
         share = [0] * len(group)
         for k in range(conflicts - before):
             share[k % len(group)] += 1
@@ -1748,12 +1782,16 @@ async def drive(
     return conflicts, refused
 
 
+OWN_SOURCE_RUNS = 2  # cluster runs with the broker's own ties and clock, at the first seed
+
+
 def validate(console: Console, seeds: int, draws: int = VALIDATION_DRAWS) -> list[Validation]:
     out = []
     for design in ("catalog", "offers"):
         for seed in range(seeds):
+            own = OWN_SOURCE_RUNS if seed == 0 else 0
             with tempfile.TemporaryDirectory(prefix="souk-study-") as tmp:
-                v = asyncio.run(validate_one(design, seed, Path(tmp), draws))
+                v = asyncio.run(validate_one(design, seed, Path(tmp), draws, own_source=own))
             console.print(v)
             out.append(v)
     return out
