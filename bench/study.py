@@ -1161,10 +1161,16 @@ HERD_CREATES = 600
 HERD_DESIGNS = ("catalog", "offers", "p2c")
 
 
-def full_plan(seeds: int = 5, huge_seeds: int | None = None, only: Sequence[str] = ()) -> Plan:
+def full_plan(
+    seeds: int = 5,
+    huge_seeds: int | None = None,
+    only: Sequence[str] = (),
+    fleets: Sequence[int] = (),
+) -> Plan:
     """The study as it fits two shared cores: every design at 100 workers, the designs that do
     not ask every worker of a region at 1,000, a short run at 10,000 (`huge_seeds` seeds there,
-    `seeds` by default). `only`: just these designs (a study made in parts, then --merge)."""
+    `seeds` by default). `only`, `fleets`: just these designs, just the runs on fleets of
+    these sizes (no herding runs then): a study made in parts, then --merge."""
     huge = seeds if huge_seeds is None else huge_seeds
     runs: list[RunSpec] = []
     for workload in WORKLOADS:
@@ -1194,6 +1200,9 @@ def full_plan(seeds: int = 5, huge_seeds: int | None = None, only: Sequence[str]
     if only:
         runs = [r for r in runs if r.design in only]
         herds = [h for h in herds if h.design in only]
+    if fleets:
+        runs = [r for r in runs if r.workers in fleets]
+        herds = []
     notes = [
         f"100 workers: both workloads, every design, {seeds} seeds, until 110% offered load",
         f"1,000 workers: the fly workload until 100% offered load, {seeds} seeds, every"
@@ -1220,11 +1229,13 @@ def execute(plan: Plan, jobs: int = 1, checkpoint: Path | None = None) -> dict[s
     def label(r: RunSpec) -> str:
         return f"{r.design} {r.workload} {r.workers:,} seed {r.seed}"
 
-    # The 10,000-worker runs last and a seed at a time: a study stopped early (--out is written
-    # after each run) then lacks seeds of the short 10,000-worker runs, not whole designs.
+    # The big fleets a seed at a time, the 10,000-worker runs last: a study stopped early
+    # (--out is written after each run) then lacks some seeds of them, not whole designs.
+    big = sorted((r for r in plan.runs if 100 < r.workers < 10_000), key=lambda r: r.seed)
     huge = sorted((r for r in plan.runs if r.workers >= 10_000), key=lambda r: r.seed)
     work: list[tuple[Callable[[Any], Any], Any, str]] = [
-        *((run_one, r, label(r)) for r in plan.runs if r.workers < 10_000),
+        *((run_one, r, label(r)) for r in plan.runs if r.workers <= 100),
+        *((run_one, r, label(r)) for r in big),
         *((herd, h, f"herd {h.design} x{h.brokers} {h.lag * 1000:g} ms") for h in plan.herds),
         *((run_one, r, label(r)) for r in huge),
     ]
@@ -1878,6 +1889,7 @@ def main() -> None:
     parser.add_argument("--huge-seeds", type=int, help="seeds at 10,000 workers (--seeds)")
     parser.add_argument("--only", default="", help="--full: only these designs, comma-separated")
     parser.add_argument("--merge", type=Path, nargs="+", help="--full results made in parts")
+    parser.add_argument("--fleets", default="", help="--full: only these fleet sizes, e.g. 1000")
     args = parser.parse_args()
     console = Console(width=200)
     validation = args.out.with_name("validation.json")
@@ -1912,7 +1924,8 @@ def main() -> None:
         unknown = set(only) - set(DESIGNS)
         if unknown:
             parser.error(f"unknown designs: {', '.join(sorted(unknown))}")
-        plan = full_plan(args.seeds, args.huge_seeds, only) if args.full else quick_plan()
+        fleets = tuple(int(n) for n in args.fleets.split(",") if n)
+        plan = full_plan(args.seeds, args.huge_seeds, only, fleets) if args.full else quick_plan()
         data = execute(plan, args.jobs, args.out if args.full else None)
         if args.full:
             write_json(args.out, data)
