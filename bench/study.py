@@ -1642,22 +1642,16 @@ async def validate_one(
         for w in generated.workers
     ]
     regions = list(generated.by_region)
+    order: dict[str, int] = {}  # each worker's place in its region's rows, as the replica has them
 
     def harness_run(tie_seed: int | None) -> Run:
-        run = Run(spec, build_fleet(100, regions, FLY.region_s, seed), stream)
+        fleet = build_fleet(100, regions, FLY.region_s, seed)
+        fleet.sort(key=lambda w: order.get(w.id, 0))
+        run = Run(spec, fleet, stream)
         if tie_seed is not None:
             for placer in run.placers:
                 placer.rng = random.Random(tie_seed)
         return run
-
-    harness = harness_run(None)
-    harness.trace = []
-    result = await harness.run()
-    spread: list[tuple[int, int, float | None]] = []
-    for k in range(draws):
-        other = await harness_run(10_000 + k).run()
-        conflicts = round(other.conflicts * other.creates)
-        spread.append((conflicts, other.refused, other.util_first_refusal))
 
     async def through_cluster(paired: bool, trace: Trace) -> tuple[int, int, float | None]:
         first: dict[str, float] = {}
@@ -1668,8 +1662,12 @@ async def validate_one(
                 if paired:
                     c.placer.rng = tie_source(seed, 0)  # the harness's one placer's source
                     clock = WorkloadClock()
-                conflicts, refused = await drive(c, harness, stream, design, first, trace, clock)
-        return conflicts, refused, harness.weighted(first)
+                    while len(c.fleet.workers(reachable_only=False)) < len(specs):
+                        await asyncio.sleep(0.01)
+                    for region in regions:  # the order the placer meets candidates in
+                        order.update((w.id, i) for i, w in enumerate(c.fleet.placeable(region)))
+                conflicts, refused = await drive(c, generated, stream, design, first, trace, clock)
+        return conflicts, refused, generated.weighted(first)
 
     # Decisions are compared, not this host's speed: no create is refused for time, and no
     # machine is dropped for a confirmation that a loaded host sent late.
@@ -1680,6 +1678,17 @@ async def validate_one(
         own = [await through_cluster(False, []) for _ in range(own_source)]
     finally:
         offer_stage.OFFER_TIMEOUT = offer_timeout
+    # The harness after the cluster: its fleet's rows in the order the replica held them, so
+    # that ties meet the same draws.
+    harness = harness_run(None)
+    harness.trace = []
+    result = await harness.run()
+    spread: list[tuple[int, int, float | None]] = []
+    for k in range(draws):
+        other = await harness_run(10_000 + k).run()
+        spread.append(
+            (round(other.conflicts * other.creates), other.refused, other.util_first_refusal)
+        )
     matched, diverged, by_burst = compare(harness.trace, trace)
     return Validation(
         design,
@@ -1725,14 +1734,15 @@ def compare(harness: Trace, cluster: Trace) -> tuple[int, int | None, dict[str, 
 
 async def drive(
     c: Cluster,
-    harness: Run,
+    layout: Run,
     stream: list[Arrival],
     design: str,
     first: dict[str, float],
     trace: Trace,
     clock: VirtualClock | None = None,
 ) -> tuple[int, int]:
-    """The stream through the cluster's broker: (reservations refused, creates refused), each
+    """The stream through the cluster's broker (`layout`: a run on the same fleet, for its
+    regions): (reservations refused, creates refused), each
     region's utilization at its first refusal in `first`, and each create's (deploy, worker or
     None, reservations refused) in `trace`: a deploy's conflicts are those counted while it was
     placed (nothing else is), shared among its creates in order. `clock`: the broker's
@@ -1784,7 +1794,7 @@ async def drive(
                 continue
             refused += 1
             if a.region not in first:
-                caps = [c.engines[w.id].capacity() for w in harness.by_region[a.region]]
+                caps = [c.engines[w.id].capacity() for w in layout.by_region[a.region]]
                 first[a.region] = max(
                     sum(x.reserved.cpus for x in caps) / sum(x.total.cpus for x in caps),
                     sum(x.reserved.memory_mb for x in caps) / sum(x.total.memory_mb for x in caps),
