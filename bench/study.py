@@ -1568,7 +1568,7 @@ def charts(data: dict[str, Any], into: Path) -> list[Path]:
 # --- validation: the harness against a real cluster ----------------------------------------------
 
 BURSTS = ((1, 1), (2, 5), (6, 15), (16, 10**9))  # deploy sizes the conflicts are counted by
-VALIDATION_DRAWS = 8  # harness runs with other tie-breaking sources, for the spread
+VALIDATION_DRAWS = 5  # harness runs with other tie-breaking sources, for the spread
 
 
 def burst_class(n: int) -> str:
@@ -1658,6 +1658,10 @@ async def validate_one(
         with tempfile.TemporaryDirectory(prefix="cluster-", dir=workdir) as tmp:
             async with cluster(Path(tmp), specs, deadline=120.0, bus=InProcessBus()) as c:
                 c.placer.reserver.hold = 3600.0
+                # A worker whose heartbeat a loaded host delays is not taken for gone: left
+                # out, it would come back at the end of its region's rows.
+                replica = c.fleet.view  # type: ignore[attr-defined]
+                replica.unreachable_after = 3600.0
                 clock = None
                 if paired:
                     c.placer.rng = tie_source(seed, 0)  # the harness's one placer's source
@@ -1803,7 +1807,7 @@ async def drive(
     return conflicts, refused
 
 
-OWN_SOURCE_RUNS = 2  # cluster runs with the broker's own ties and clock, at the first seed
+OWN_SOURCE_RUNS = 1  # cluster runs with the broker's own ties and clock, at the first seed
 
 
 def validate(console: Console, seeds: int, draws: int = VALIDATION_DRAWS) -> list[Validation]:
