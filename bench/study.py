@@ -36,6 +36,7 @@ import json
 import math
 import os
 import random
+import re
 import statistics
 import sys
 import tempfile
@@ -1418,6 +1419,9 @@ def summaries(data: dict[str, Any]) -> list[Summary]:
     return out
 
 
+SEEDS = re.compile(r"--seeds (\d+)")
+
+
 def made_by(data: dict[str, Any]) -> str:
     load = data.get("load")
     under = (
@@ -1427,9 +1431,11 @@ def made_by(data: dict[str, Any]) -> str:
     )
     parts = data.get("parts")
     if parts:
-        cmds = " and ".join(f"`{p['made_by']}`" for p in parts)
+        seeds = sorted({m.group(1) for p in parts for m in [SEEDS.search(p["made_by"])] if m})
         return (
-            f"made by {cmds} at once, merged by `--merge`, on {data['machine']} in"
+            f"made by `bench/study.py --full --seeds {'/'.join(seeds) or '5'}` in {len(parts)}"
+            f" parts (`--only`, `--fleets`; results.json names them) that overlapped in time,"
+            f" merged by `--merge`, on {data['machine']}, the longest part"
             f" {data.get('seconds', 0):.0f} s{under}"
         )
     return (
