@@ -1845,8 +1845,8 @@ def validation_markdown(data: dict[str, Any]) -> str:
         "",
         "| strategy | seed | creates | util @1st refusal: harness / cluster | refused: harness /"
         " cluster | conflicts: harness / cluster | placed alike | harness conflicts, other tie"
-        " sources: mean ±sd (min-max) |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        " sources: mean ±sd (min-max) | cluster conflicts, its own ties and clock |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for v in vs:
         hu, cu = v["harness_util"], v["cluster_util"]
@@ -1868,7 +1868,7 @@ def validation_markdown(data: dict[str, Any]) -> str:
         lines.append(
             f"| {v['design']} | {v['seed']} | {v['creates']:,} | {util}"
             f" | {hr} / {cr} ({off(hr, cr)}) | {hc} / {cc} ({off(hc, cc)}) | {alike:.1%}"
-            f" | {spread_txt} |"
+            f" | {spread_txt} | {', '.join(str(o[0]) for o in v.get('own_source', [])) or '-'} |"
         )
     lines += [
         "",
