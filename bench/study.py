@@ -1346,6 +1346,7 @@ def grouped(rows: list[dict[str, Any]]) -> dict[tuple[str, int, str], list[dict[
 COLUMNS = (
     "design",
     "taken",
+    "seeds",
     "util @1st refusal",
     "refused @80%",
     "refused w/ room",
@@ -1359,7 +1360,7 @@ COLUMNS = (
     "conflicts",
     "lost claims",
 )
-HERD_COLUMNS = ("design", "brokers", "lag ms", "conflicts", "retries", "refused")
+HERD_COLUMNS = ("design", "brokers", "lag ms", "seeds", "conflicts", "retries", "refused")
 Summary = tuple[str, Sequence[str], list[list[str]]]  # title, columns, rows
 
 
@@ -1378,6 +1379,7 @@ def summaries(data: dict[str, Any]) -> list[Summary]:
                 [
                     key[2],
                     rs[0]["strategy_taken"],
+                    str(len(rs)),
                     spread([r["util_first_refusal"] for r in rs]),
                     spread([r["refusals_80"] for r in rs], "{:.3f}"),
                     spread([r["refused_while_room"] / max(1, r["refused"]) for r in rs]),
@@ -1409,6 +1411,7 @@ def summaries(data: dict[str, Any]) -> list[Summary]:
                 design,
                 str(brokers),
                 f"{lag:g}",
+                str(len(rs)),
                 spread([r["conflicts"] for r in rs], "{:.3f}"),
                 spread([r["retries"] for r in rs], "{:.3f}"),
                 spread([r["refused"] for r in rs], "{:.3f}"),
