@@ -500,7 +500,9 @@ class LaggedCatalog:
             region = self.rows.setdefault(w.region, [])
             self.at[w.id] = len(region)
             region.append(w.row())
-        self.holders: dict[tuple[str, str], set[str]] = {}
+        # (region, image) -> its holders in the order they got it, as the replica keeps them
+        # (a set's order would vary with the interpreter's string hashing, and so would runs)
+        self.holders: dict[tuple[str, str], dict[str, None]] = {}
         self.pending: deque[tuple[float, SimWorker, str | None]] = deque()
 
     def publish(self, worker: SimWorker, image: str | None = None) -> None:
@@ -518,7 +520,7 @@ class LaggedCatalog:
     def _apply(self, worker: SimWorker, image: str | None) -> None:
         self.rows[worker.region][self.at[worker.id]] = worker.row()
         if image is not None:
-            self.holders.setdefault((worker.region, image), set()).add(worker.id)
+            self.holders.setdefault((worker.region, image), {})[worker.id] = None
 
     # the `Fleet` protocol, as far as the placer reads it
     def workers(self, region: str | None = None, reachable_only: bool = True) -> list[WorkerRow]:
