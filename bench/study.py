@@ -34,7 +34,9 @@ import heapq
 import itertools
 import json
 import math
+import os
 import random
+import re
 import statistics
 import sys
 import tempfile
@@ -462,6 +464,14 @@ class VirtualClock:
         return self.now
 
 
+class WorkloadClock(VirtualClock):
+    """A real broker's placement clock in a validation: `monotonic` the workload's time, as the
+    harness's placer has it, so that its sticky slice ages with the workload and not with how
+    fast the validation sends deploys; `time` (liveness, the journal) stays the wall clock."""
+
+    time = staticmethod(time.time)  # type: ignore[assignment]
+
+
 @contextlib.contextmanager
 def virtual_time(clock: VirtualClock) -> Iterator[None]:
     """The placement modules read `clock` for `time` while inside."""
@@ -490,7 +500,9 @@ class LaggedCatalog:
             region = self.rows.setdefault(w.region, [])
             self.at[w.id] = len(region)
             region.append(w.row())
-        self.holders: dict[tuple[str, str], set[str]] = {}
+        # (region, image) -> its holders in the order they got it, as the replica keeps them
+        # (a set's order would vary with the interpreter's string hashing, and so would runs)
+        self.holders: dict[tuple[str, str], dict[str, None]] = {}
         self.pending: deque[tuple[float, SimWorker, str | None]] = deque()
 
     def publish(self, worker: SimWorker, image: str | None = None) -> None:
@@ -508,7 +520,7 @@ class LaggedCatalog:
     def _apply(self, worker: SimWorker, image: str | None) -> None:
         self.rows[worker.region][self.at[worker.id]] = worker.row()
         if image is not None:
-            self.holders.setdefault((worker.region, image), set()).add(worker.id)
+            self.holders.setdefault((worker.region, image), {})[worker.id] = None
 
     # the `Fleet` protocol, as far as the placer reads it
     def workers(self, region: str | None = None, reachable_only: bool = True) -> list[WorkerRow]:
@@ -780,6 +792,11 @@ def p99(xs: Sequence[float]) -> float:
     return statistics.quantiles(xs, n=100, method="inclusive")[98]
 
 
+def tie_source(seed: int, broker: int) -> random.Random:
+    """The random source of a run's broker: its ties, its slices' starts, its p2c draws."""
+    return random.Random(seed * 31 + broker)
+
+
 class Run:
     """One design placing one workload on one fleet, in virtual time."""
 
@@ -820,6 +837,8 @@ class Run:
         self.taken: Counter[str] = Counter()
         self._creates: dict[tuple[int, str], CreateMachine] = {}
         self.rng = random.Random(spec.seed)
+        # With a list: each create's (deploy, worker or None, reservations refused), in order.
+        self.trace: list[tuple[int, str | None, int]] | None = None
 
     def make_placers(self, design: Design) -> list[Placer]:
         """One placer per broker, each with its own random source (its own slice starts)."""
@@ -830,7 +849,7 @@ class Run:
                 self.catalog,
                 self.client,
                 policy=policy,
-                rng=random.Random(self.spec.seed * 31 + b),
+                rng=tie_source(self.spec.seed, b),
                 sample=sample,
                 on_decision=self.record_strategy,
             )
@@ -874,6 +893,9 @@ class Run:
                     heapq.heappush(offered_alive, (a.at + a.life, mem))
                 outcomes = await self.place_group(group)
                 for a, (machine, tally, cpu_s) in zip(group, outcomes, strict=True):
+                    if self.trace is not None:
+                        where = None if machine is None else machine.worker
+                        self.trace.append((a.group, where, tally.conflicts))
                     rounds += tally.offer_rounds + tally.reservations
                     conflicts += tally.conflicts
                     cpu.append(cpu_s)
@@ -1139,13 +1161,20 @@ HERD_BROKERS = (1, 2, 4, 8)
 HERD_LAGS = (0.0, 0.003, 0.02, 0.1, 1.0)
 HERD_RATE = 200.0
 HERD_CREATES = 600
-BIG_SEEDS = 2  # seeds at 1,000 workers
 HERD_DESIGNS = ("catalog", "offers", "p2c")
 
 
-def full_plan(seeds: int = 5) -> Plan:
+def full_plan(
+    seeds: int = 5,
+    huge_seeds: int | None = None,
+    only: Sequence[str] = (),
+    fleets: Sequence[int] = (),
+) -> Plan:
     """The study as it fits two shared cores: every design at 100 workers, the designs that do
-    not ask every worker of a region at 1,000 with fewer seeds, a short run at 10,000."""
+    not ask every worker of a region at 1,000, a short run at 10,000 (`huge_seeds` seeds there,
+    `seeds` by default). `only`, `fleets`: just these designs, just the runs on fleets of
+    these sizes (no herding runs then): a study made in parts, then --merge."""
+    huge = seeds if huge_seeds is None else huge_seeds
     runs: list[RunSpec] = []
     for workload in WORKLOADS:
         for design in DESIGNS:
@@ -1153,15 +1182,16 @@ def full_plan(seeds: int = 5) -> Plan:
                 runs.append(RunSpec(design, workload, 100, seed))
     big = [d for d in DESIGNS if d not in ("offers", "pull", "register")]
     for design in big:
-        for seed in range(BIG_SEEDS):
+        for seed in range(seeds):
             runs.append(RunSpec(design, "fly", 1000, seed, until_load=1.0))
-    runs.append(RunSpec("auto", "fly", 10000, 0, max_arrivals=20_000))
-    runs.append(RunSpec("p2c", "fly", 10000, 0, max_arrivals=20_000))
+    for design in ("auto", "p2c"):
+        for seed in range(huge):
+            runs.append(RunSpec(design, "fly", 10000, seed, max_arrivals=20_000))
     herds = [
         HerdSpec(d, 1000, b, MEASURED_LAG[1000], s, HERD_RATE)
         for d in HERD_DESIGNS
         for b in HERD_BROKERS
-        for s in range(seeds if d != "offers" else BIG_SEEDS)
+        for s in range(seeds)
     ] + [
         HerdSpec(d, 1000, 4, lag, s, HERD_RATE)
         for d in HERD_DESIGNS
@@ -1170,27 +1200,70 @@ def full_plan(seeds: int = 5) -> Plan:
         if lag != MEASURED_LAG[1000]
         for s in range(seeds)
     ]
+    if only:
+        runs = [r for r in runs if r.design in only]
+        herds = [h for h in herds if h.design in only]
+    if fleets:
+        runs = [r for r in runs if r.workers in fleets]
+        herds = []
     notes = [
         f"100 workers: both workloads, every design, {seeds} seeds, until 110% offered load",
-        f"1,000 workers: the fly workload until 100% offered load, {BIG_SEEDS} seeds, every"
+        f"1,000 workers: the fly workload until 100% offered load, {seeds} seeds, every"
         " design but offers, pull and register (offers and pull ask every worker of a region"
         " for each create; register places as best-fit's kind does)",
-        "10,000 workers: auto and p2c, the fly workload's first 20,000 creates (about 10% of the"
-        " fleet), 1 seed: cost per placement and image locality only",
+        f"10,000 workers: auto and p2c, the fly workload's first 20,000 creates (about 10% of the"
+        f" fleet), {huge} seeds: cost per placement and image locality only",
         f"herding: 1,000 workers filled at random to 60%, then {HERD_CREATES:,} creates at"
-        f" {HERD_RATE:g}/s; {seeds} seeds ({BIG_SEEDS} for offers)",
+        f" {HERD_RATE:g}/s; {seeds} seeds",
     ]
     return Plan(runs, herds, notes)
 
 
-def execute(plan: Plan, jobs: int = 1) -> dict[str, Any]:
-    """Every run of the plan, `jobs` at a time in processes of their own, with a progress bar."""
+def load_average() -> float:
+    """The host's 1-minute load average: CPU figures made on a busy host are inflated."""
+    return round(os.getloadavg()[0], 2)
+
+
+def execute(plan: Plan, jobs: int = 1, checkpoint: Path | None = None) -> dict[str, Any]:
+    """Every run of the plan, `jobs` at a time in processes of their own, with a progress bar;
+    with `checkpoint`, the results so far are written there after each run (a long study stopped
+    early keeps what it made, marked partial)."""
+
+    def label(r: RunSpec) -> str:
+        return f"{r.design} {r.workload} {r.workers:,} seed {r.seed}"
+
+    # The big fleets a seed at a time, the 10,000-worker runs last: a study stopped early
+    # (--out is written after each run) then lacks some seeds of them, not whole designs.
+    big = sorted((r for r in plan.runs if 100 < r.workers < 10_000), key=lambda r: r.seed)
+    huge = sorted((r for r in plan.runs if r.workers >= 10_000), key=lambda r: r.seed)
     work: list[tuple[Callable[[Any], Any], Any, str]] = [
-        (run_one, r, f"{r.design} {r.workload} {r.workers:,} seed {r.seed}") for r in plan.runs
-    ] + [(herd, h, f"herd {h.design} x{h.brokers} {h.lag * 1000:g} ms") for h in plan.herds]
+        *((run_one, r, label(r)) for r in plan.runs if r.workers <= 100),
+        *((run_one, r, label(r)) for r in big),
+        *((herd, h, f"herd {h.design} x{h.brokers} {h.lag * 1000:g} ms") for h in plan.herds),
+        *((run_one, r, label(r)) for r in huge),
+    ]
     results: list[RunResult] = []
     herds: list[HerdResult] = []
+    loads: list[float] = [load_average()]
     began = time.perf_counter()
+
+    def data(partial: bool) -> dict[str, Any]:
+        return {
+            "machine": machine_info(),
+            "made_by": " ".join(["bench/study.py", *sys.argv[1:]]),
+            "notes": plan.notes,
+            "seconds": round(time.perf_counter() - began, 1),
+            "load": {
+                "min": min(loads),
+                "mean": round(statistics.fmean(loads), 2),
+                "max": max(loads),
+            },
+            "partial": partial,
+            "sources": {w.name: list(w.sources) for w in WORKLOADS.values()},
+            "runs": [asdict(r) for r in results],
+            "herds": [asdict(h) for h in herds],
+        }
+
     with progress_bar(transient=False) as progress, ProcessPoolExecutor(jobs) as pool:
         task = progress.add_task("study", total=len(work))
         futures = {pool.submit(fn, arg): label for fn, arg, label in work}
@@ -1199,16 +1272,50 @@ def execute(plan: Plan, jobs: int = 1) -> dict[str, Any]:
             out = future.result()
             (results if isinstance(out, RunResult) else herds).append(out)
             progress.update(task, advance=1, description=futures[future])
+            loads.append(load_average())
             if log is not None:  # no live bar off a terminal: a line per run
-                log.print(f"[{i}/{len(work)}] {futures[future]} {time.perf_counter() - began:.0f}s")
+                log.print(
+                    f"[{i}/{len(work)}] {futures[future]} {time.perf_counter() - began:.0f}s"
+                    f" load {loads[-1]}"
+                )
+            if checkpoint is not None:
+                write_json(checkpoint, data(partial=i < len(work)))
+    return data(partial=False)
+
+
+def write_json(path: Path, data: Any) -> None:
+    """`data` at `path`, replaced whole (a reader never sees half a file)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=1) + "\n")
+    tmp.replace(path)
+
+
+def merge(parts: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """One study from several made in parts (--only): their runs and herds together, a run
+    made twice taken from the later part; notes, time and load of each part kept."""
+    runs: dict[tuple[Any, ...], dict[str, Any]] = {}
+    herds: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for part in parts:
+        for r in part["runs"]:
+            runs[(r["design"], r["workload"], r["workers"], r["seed"])] = r
+        for h in part["herds"]:
+            herds[(h["design"], h["brokers"], h["lag_ms"], h["seed"])] = h
+    first = parts[0]
     return {
-        "machine": machine_info(),
-        "made_by": " ".join(["bench/study.py", *sys.argv[1:]]),
-        "notes": plan.notes,
-        "seconds": round(time.perf_counter() - began, 1),
-        "sources": {w.name: list(w.sources) for w in WORKLOADS.values()},
-        "runs": [asdict(r) for r in results],
-        "herds": [asdict(h) for h in herds],
+        **first,
+        "made_by": "; ".join(p["made_by"] for p in parts),
+        "notes": list(dict.fromkeys(n for p in parts for n in p["notes"])),
+        "seconds": round(max(p["seconds"] for p in parts), 1),  # the parts may run at once
+        "load": {
+            "min": min(p["load"]["min"] for p in parts if "load" in p),
+            "mean": round(statistics.fmean(p["load"]["mean"] for p in parts if "load" in p), 2),
+            "max": max(p["load"]["max"] for p in parts if "load" in p),
+        },
+        "partial": any(p.get("partial") for p in parts),
+        "parts": [{k: p.get(k) for k in ("made_by", "seconds", "load", "partial")} for p in parts],
+        "runs": list(runs.values()),
+        "herds": list(herds.values()),
     }
 
 
@@ -1224,6 +1331,13 @@ def spread(xs: Sequence[float | None], fmt: str = "{:.2f}") -> str:
     return f"{fmt.format(statistics.fmean(vals))} ±{fmt.format(statistics.stdev(vals))}"
 
 
+def cpu_against_auto(rs: list[dict[str, Any]], autos: list[dict[str, Any]]) -> list[float | None]:
+    """Each seed's broker CPU per placement over auto's at the same seed: on a shared host the
+    absolute figure moves with the load, the ratio between designs much less."""
+    auto = {r["seed"]: r["broker_cpu_us"] for r in autos}
+    return [r["broker_cpu_us"] / auto[r["seed"]] if auto.get(r["seed"]) else None for r in rs]
+
+
 def grouped(rows: list[dict[str, Any]]) -> dict[tuple[str, int, str], list[dict[str, Any]]]:
     out: dict[tuple[str, int, str], list[dict[str, Any]]] = {}
     for r in rows:
@@ -1234,6 +1348,7 @@ def grouped(rows: list[dict[str, Any]]) -> dict[tuple[str, int, str], list[dict[
 COLUMNS = (
     "design",
     "taken",
+    "seeds",
     "util @1st refusal",
     "refused @80%",
     "refused w/ room",
@@ -1241,13 +1356,13 @@ COLUMNS = (
     "hot @40%",
     "p99 load @40%",
     "image local",
-    "CPU µs",
+    "CPU / auto",
     "trips",
     "latency ms",
     "conflicts",
     "lost claims",
 )
-HERD_COLUMNS = ("design", "brokers", "lag ms", "conflicts", "retries", "refused")
+HERD_COLUMNS = ("design", "brokers", "lag ms", "seeds", "conflicts", "retries", "refused")
 Summary = tuple[str, Sequence[str], list[list[str]]]  # title, columns, rows
 
 
@@ -1266,6 +1381,7 @@ def summaries(data: dict[str, Any]) -> list[Summary]:
                 [
                     key[2],
                     rs[0]["strategy_taken"],
+                    str(len(rs)),
                     spread([r["util_first_refusal"] for r in rs]),
                     spread([r["refusals_80"] for r in rs], "{:.3f}"),
                     spread([r["refused_while_room"] / max(1, r["refused"]) for r in rs]),
@@ -1273,14 +1389,20 @@ def summaries(data: dict[str, Any]) -> list[Summary]:
                     spread([r["hot_ratio"].get("0.4") for r in rs]),
                     spread([r["load_p99"].get("0.4") for r in rs]),
                     spread([r["image_local"] for r in rs]),
-                    spread([r["broker_cpu_us"] for r in rs], "{:.0f}"),
+                    spread(cpu_against_auto(rs, by.get((workload, workers, "auto"), []))),
                     spread([r["round_trips"] for r in rs], "{:.1f}"),
                     spread([r["latency_ms"] for r in rs], "{:.1f}"),
                     spread([r["conflicts"] for r in rs], "{:.3f}"),
                     spread([r["lost_claims"] for r in rs], "{:.1f}"),
                 ]
             )
-        title = f"{workload} workload, {workers:,} workers, mean ±sd over up to {seeds} seeds"
+        autos = by.get((workload, workers, "auto"), [])
+        auto_us = spread([r["broker_cpu_us"] for r in autos], "{:.0f}")
+        title = (
+            f"{workload} workload, {workers:,} workers, mean ±sd over up to {seeds} seeds"
+            f" (CPU / auto: the broker's CPU per placement over auto's, same seed; auto's:"
+            f" {auto_us} µs on this host under its load)"
+        )
         out.append((title, COLUMNS, rows))
     hs: dict[tuple[str, int, float], list[dict[str, Any]]] = {}
     for h in data["herds"]:
@@ -1291,6 +1413,7 @@ def summaries(data: dict[str, Any]) -> list[Summary]:
                 design,
                 str(brokers),
                 f"{lag:g}",
+                str(len(rs)),
                 spread([r["conflicts"] for r in rs], "{:.3f}"),
                 spread([r["retries"] for r in rs], "{:.3f}"),
                 spread([r["refused"] for r in rs], "{:.3f}"),
@@ -1301,8 +1424,28 @@ def summaries(data: dict[str, Any]) -> list[Summary]:
     return out
 
 
+SEEDS = re.compile(r"--seeds (\d+)")
+
+
 def made_by(data: dict[str, Any]) -> str:
-    return f"made by `{data['made_by']}` on {data['machine']} in {data.get('seconds', 0):.0f} s"
+    load = data.get("load")
+    under = (
+        f", load average {load['mean']:g} ({load['min']:g}-{load['max']:g})"
+        if isinstance(load, dict)
+        else ""
+    )
+    parts = data.get("parts")
+    if parts:
+        seeds = sorted({m.group(1) for p in parts for m in [SEEDS.search(p["made_by"])] if m})
+        return (
+            f"made by `bench/study.py --full --seeds {'/'.join(seeds) or '5'}` in {len(parts)}"
+            f" parts (`--only`, `--fleets`; results.json names them) that overlapped in time,"
+            f" merged by `--merge`, on {data['machine']}, the longest part"
+            f" {data.get('seconds', 0):.0f} s{under}"
+        )
+    return (
+        f"made by `{data['made_by']}` on {data['machine']} in {data.get('seconds', 0):.0f} s{under}"
+    )
 
 
 def rich_tables(data: dict[str, Any]) -> list[Table]:
@@ -1435,9 +1578,28 @@ def charts(data: dict[str, Any], into: Path) -> list[Path]:
 
 # --- validation: the harness against a real cluster ----------------------------------------------
 
+BURSTS = ((1, 1), (2, 5), (6, 15), (16, 10**9))  # deploy sizes the conflicts are counted by
+VALIDATION_DRAWS = 5  # harness runs with other tie-breaking sources, for the spread
+
+
+def burst_class(n: int) -> str:
+    for lo, hi in BURSTS:
+        if lo <= n <= hi:
+            return str(lo) if lo == hi else f"{lo}+" if hi >= 10**9 else f"{lo}-{hi}"
+    raise ValueError(n)
+
 
 @dataclass
 class Validation:
+    """One design and seed through the harness and the cluster, the broker's random source (its
+    tie-breaking jitter) the same as the harness's placer's. `matched`: creates of deploys
+    placed on the same workers in both (as a multiset: creates of one deploy are alike);
+    `first_diverged`: the first create of the first deploy that was not; `conflicts_by_burst`:
+    reservations refused, harness and cluster, by the deploy's size; `draws`: the harness's
+    conflicts, refusals and utilization with other tie-breaking sources (the spread a
+    comparison without a shared source must allow for); `own_source`: the same from cluster
+    runs whose broker draws its own ties on the wall clock, as it does in service."""
+
     design: str
     seed: int
     creates: int
@@ -1447,6 +1609,11 @@ class Validation:
     cluster_refused: int
     harness_conflicts: int
     cluster_conflicts: int
+    matched: int = 0
+    first_diverged: int | None = None
+    conflicts_by_burst: dict[str, tuple[int, int]] = field(default_factory=dict)
+    draws: list[tuple[int, int, float | None]] = field(default_factory=list)
+    own_source: list[tuple[int, int, float | None]] = field(default_factory=list)
 
 
 def cluster_body(size: Size, region: str) -> dict[str, Any]:
@@ -1454,51 +1621,147 @@ def cluster_body(size: Size, region: str) -> dict[str, Any]:
     return {"region": region, "config": {"init": {"exec": ["sleep", "600"]}, "guest": guest}}
 
 
-async def validate_one(design: str, seed: int, workdir: Path) -> Validation:
+async def validate_one(
+    design: str,
+    seed: int,
+    workdir: Path,
+    draws: int,
+    limit: int | None = None,
+    own_source: int = 0,
+) -> Validation:
     """The same fleet and creates, through the harness and through a real cluster: sim-driver
     workers (SQLite, `admission.create` in its transaction) behind loopback HTTP, publishing to
     an in-process bus, and a real broker placing from its replica, asked over HTTP. A deploy's
     creates are sent at once, as the harness places them; between two deploys the cluster waits
     until the broker's replica shows every worker as it is (the harness's catalog at lag 0).
     No machine leaves: a real destroy walks the machine through its states, which is not what
-    is compared here."""
+    is compared here.
+
+    The broker draws its ties from the same seeded source as the harness's placer, and reads
+    the workload's time as its placement clock (the catalog strategy keeps its slice's start
+    for a second of it): ties are common (empty workers, workers alike), and which worker a
+    deploy of 50 herds onto decides how many of its reservations are refused, so two runs
+    drawing apart differ by more than the harness and the cluster do. With one source, the
+    two are compared decision by decision. `own_source`: cluster runs more, with the broker's
+    own source and clock. `limit`: only the stream's first creates (a test's short run)."""
     spec = RunSpec(design, "fly", 100, seed, lag=0.0, until_load=1.05)
     generated = Run(spec)
     stream = [Arrival(a.at, 1e12, a.size, a.region, "", a.group) for a in generated.arrivals]
+    stream = stream[:limit]
     specs = [
         WorkerSpec(w.id, w.region, w.cpus, w.memory_mb, cpu_kinds=w.kinds)
         for w in generated.workers
     ]
-    harness = Run(spec, build_fleet(100, list(generated.by_region), FLY.region_s, seed), stream)
-    result = await harness.run()
-    first: dict[str, float] = {}
+    regions = list(generated.by_region)
+    order: dict[str, int] = {}  # each worker's place in its region's rows, as the replica has them
+
+    def harness_run(tie_seed: int | None) -> Run:
+        fleet = build_fleet(100, regions, FLY.region_s, seed)
+        fleet.sort(key=lambda w: order.get(w.id, 0))
+        run = Run(spec, fleet, stream)
+        if tie_seed is not None:
+            for placer in run.placers:
+                placer.rng = random.Random(tie_seed)
+        return run
+
+    async def through_cluster(paired: bool, trace: Trace) -> tuple[int, int, float | None]:
+        first: dict[str, float] = {}
+        with tempfile.TemporaryDirectory(prefix="cluster-", dir=workdir) as tmp:
+            async with cluster(Path(tmp), specs, deadline=120.0, bus=InProcessBus()) as c:
+                c.placer.reserver.hold = 3600.0
+                # A worker whose heartbeat a loaded host delays is not taken for gone: left
+                # out, it would come back at the end of its region's rows.
+                replica = c.fleet.view  # type: ignore[attr-defined]
+                replica.unreachable_after = 3600.0
+                clock = None
+                if paired:
+                    c.placer.rng = tie_source(seed, 0)  # the harness's one placer's source
+                    clock = WorkloadClock()
+                    while len(c.fleet.workers(reachable_only=False)) < len(specs):
+                        await asyncio.sleep(0.01)
+                    for region in regions:  # the order the placer meets candidates in
+                        order.update((w.id, i) for i, w in enumerate(c.fleet.placeable(region)))
+                conflicts, refused = await drive(c, generated, stream, design, first, trace, clock)
+        return conflicts, refused, generated.weighted(first)
+
     # Decisions are compared, not this host's speed: no create is refused for time, and no
     # machine is dropped for a confirmation that a loaded host sent late.
     offer_timeout, offer_stage.OFFER_TIMEOUT = offer_stage.OFFER_TIMEOUT, 30.0
+    trace: Trace = []
     try:
-        async with cluster(workdir, specs, deadline=120.0, bus=InProcessBus()) as c:
-            c.placer.reserver.hold = 3600.0
-            conflicts, refused = await drive(c, harness, stream, design, first)
+        conflicts, refused, util = await through_cluster(True, trace)
+        own = [await through_cluster(False, []) for _ in range(own_source)]
     finally:
         offer_stage.OFFER_TIMEOUT = offer_timeout
+    # The harness after the cluster: its fleet's rows in the order the replica held them, so
+    # that ties meet the same draws.
+    harness = harness_run(None)
+    harness.trace = []
+    result = await harness.run()
+    spread: list[tuple[int, int, float | None]] = []
+    for k in range(draws):
+        other = await harness_run(10_000 + k).run()
+        spread.append(
+            (round(other.conflicts * other.creates), other.refused, other.util_first_refusal)
+        )
+    matched, diverged, by_burst = compare(harness.trace, trace)
     return Validation(
         design,
         seed,
         len(stream),
         result.util_first_refusal,
-        harness.weighted(first),
+        util,
         result.refused,
         refused,
         round(result.conflicts * result.creates),
         conflicts,
+        matched,
+        diverged,
+        by_burst,
+        spread,
+        own,
     )
 
 
+Trace = list[tuple[int, str | None, int]]
+
+
+def compare(harness: Trace, cluster: Trace) -> tuple[int, int | None, dict[str, tuple[int, int]]]:
+    """Creates of deploys placed alike (the same workers, as a multiset), the index of the first
+    create of the first deploy that was not, and each side's conflicts by the deploy's size."""
+    matched, diverged = 0, None
+    by_burst: dict[str, list[int]] = {}
+    i = 0
+    deploys = itertools.groupby(zip(harness, cluster, strict=True), key=lambda hc: hc[0][0])
+    for _, pairs in deploys:
+        deploy = list(pairs)
+        same = Counter(h[1] for h, _ in deploy) == Counter(c[1] for _, c in deploy)
+        if same:
+            matched += len(deploy)
+        elif diverged is None:
+            diverged = i
+        counts = by_burst.setdefault(burst_class(len(deploy)), [0, 0])
+        counts[0] += sum(h[2] for h, _ in deploy)
+        counts[1] += sum(c[2] for _, c in deploy)
+        i += len(deploy)
+    return matched, diverged, {k: (v[0], v[1]) for k, v in by_burst.items()}
+
+
 async def drive(
-    c: Cluster, harness: Run, stream: list[Arrival], design: str, first: dict[str, float]
+    c: Cluster,
+    layout: Run,
+    stream: list[Arrival],
+    design: str,
+    first: dict[str, float],
+    trace: Trace,
+    clock: VirtualClock | None = None,
 ) -> tuple[int, int]:
-    """The stream through the cluster's broker: (reservations refused, creates refused), and
-    each region's utilization at its first refusal in `first`."""
+    """The stream through the cluster's broker (`layout`: a run on the same fleet, for its
+    regions): (reservations refused, creates refused), each
+    region's utilization at its first refusal in `first`, and each create's (deploy, worker or
+    None, reservations refused) in `trace`: a deploy's conflicts are those counted while it was
+    placed (nothing else is), shared among its creates in order. `clock`: the broker's
+    placement clock, set to each deploy's time in the workload."""
     conflicts = refused = 0
     client = c.placer.client
     create_batch = client.create_batch
@@ -1512,12 +1775,14 @@ async def drive(
     client.create_batch = counted  # type: ignore[method-assign]
     path = f"/v1/apps/demo/machines?strategy={DESIGNS[design].strategy}"
 
-    async def create(a: Arrival) -> bool:
+    async def create(a: Arrival) -> str | None:
         resp = await c.call("POST", path, json=cluster_body(FLY.sizes[a.size], a.region))
         text = await resp.text()
-        if resp.status != 200 and "no worker" not in text:
+        if resp.status == 200:
+            return str(json.loads(text)["worker"])
+        if "no worker" not in text:
             raise RuntimeError(f"not a refusal: {resp.status} {text}")
-        return bool(resp.status == 200)
+        return None
 
     async def settled() -> None:
         for _ in range(400):
@@ -1526,15 +1791,25 @@ async def drive(
                 return
             await asyncio.sleep(0.005)
 
-    for _, grouped in itertools.groupby(stream, key=lambda a: a.group):
+    for group_id, grouped in itertools.groupby(stream, key=lambda a: a.group):
         group = list(grouped)
-        done = await asyncio.gather(*(create(a) for a in group))
-        for a, ok in zip(group, done, strict=True):
-            if ok:
+        before = conflicts
+        if clock is None:
+            done = await asyncio.gather(*(create(a) for a in group))
+        else:
+            clock.now = group[0].at
+            with virtual_time(clock):
+                done = await asyncio.gather(*(create(a) for a in group))
+        share = [0] * len(group)
+        for k in range(conflicts - before):
+            share[k % len(group)] += 1
+        for a, where, n in zip(group, done, share, strict=True):
+            trace.append((group_id, where, n))
+            if where is not None:
                 continue
             refused += 1
             if a.region not in first:
-                caps = [c.engines[w.id].capacity() for w in harness.by_region[a.region]]
+                caps = [c.engines[w.id].capacity() for w in layout.by_region[a.region]]
                 first[a.region] = max(
                     sum(x.reserved.cpus for x in caps) / sum(x.total.cpus for x in caps),
                     sum(x.reserved.memory_mb for x in caps) / sum(x.total.memory_mb for x in caps),
@@ -1543,15 +1818,83 @@ async def drive(
     return conflicts, refused
 
 
-def validate(console: Console, seeds: int) -> list[Validation]:
+OWN_SOURCE_RUNS = 1  # cluster runs with the broker's own ties and clock, at the first seed
+
+
+def validate(console: Console, seeds: int, draws: int = VALIDATION_DRAWS) -> list[Validation]:
     out = []
-    for design in ("offers", "catalog"):
+    for design in ("catalog", "offers"):
         for seed in range(seeds):
+            own = OWN_SOURCE_RUNS if seed == 0 else 0
             with tempfile.TemporaryDirectory(prefix="souk-study-") as tmp:
-                v = asyncio.run(validate_one(design, seed, Path(tmp)))
+                v = asyncio.run(validate_one(design, seed, Path(tmp), draws, own_source=own))
             console.print(v)
             out.append(v)
     return out
+
+
+def off(a: float | None, b: float | None) -> str:
+    """b against a, in percent."""
+    if a is None or b is None or a == 0:
+        return "-"
+    return f"{(b - a) / a * 100:+.1f}%"
+
+
+def validation_markdown(data: dict[str, Any]) -> str:
+    """The validation's tables as docs/study.md shows them."""
+    vs = data["validations"]
+    made = f"made by `{data['made_by']}` on {data['machine']}, load {data['load']}"
+    lines = [
+        f"**The harness against a real cluster, 100 workers, the broker's ties drawn from the"
+        f" harness's source** ({made})",
+        "",
+        "| strategy | seed | creates | util @1st refusal: harness / cluster | refused: harness /"
+        " cluster | conflicts: harness / cluster | placed alike | harness conflicts, other tie"
+        " sources: mean ±sd (min-max) | cluster conflicts, its own ties and clock |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for v in vs:
+        hu, cu = v["harness_util"], v["cluster_util"]
+        util = f"{hu:.3f} / {cu:.3f} ({off(hu, cu)})" if hu and cu else "-"
+        hr, cr, hc, cc = (
+            v["harness_refused"],
+            v["cluster_refused"],
+            v["harness_conflicts"],
+            v["cluster_conflicts"],
+        )
+        drawn = [d[0] for d in v["draws"]]
+        spread_txt = (
+            f"{statistics.fmean(drawn):.0f} ±{statistics.stdev(drawn):.0f}"
+            f" ({min(drawn)}-{max(drawn)})"
+            if len(drawn) > 1
+            else "-"
+        )
+        alike = v["matched"] / v["creates"]
+        lines.append(
+            f"| {v['design']} | {v['seed']} | {v['creates']:,} | {util}"
+            f" | {hr} / {cr} ({off(hr, cr)}) | {hc} / {cc} ({off(hc, cc)}) | {alike:.1%}"
+            f" | {spread_txt} | {', '.join(str(o[0]) for o in v.get('own_source', [])) or '-'} |"
+        )
+    lines += [
+        "",
+        f"**Conflicts by the deploy's size, harness / cluster, summed over the seeds** ({made})",
+        "",
+        "| strategy | " + " | ".join(f"deploys of {burst_class(lo)}" for lo, _ in BURSTS) + " |",
+        "| --- |" + " --- |" * len(BURSTS),
+    ]
+    for design in dict.fromkeys(v["design"] for v in vs):
+        cells = []
+        for lo, _ in BURSTS:
+            key = burst_class(lo)
+            h = sum(
+                v["conflicts_by_burst"].get(key, (0, 0))[0] for v in vs if v["design"] == design
+            )
+            c = sum(
+                v["conflicts_by_burst"].get(key, (0, 0))[1] for v in vs if v["design"] == design
+            )
+            cells.append(f"{h} / {c}")
+        lines.append(f"| {design} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
 
 
 # --- main ----------------------------------------------------------------------------------------
@@ -1568,29 +1911,58 @@ def main() -> None:
     parser.add_argument("--markdown", action="store_true", help="the tables as markdown")
     parser.add_argument("--jobs", type=int, default=1, help="runs at once, each in a process")
     parser.add_argument("--out", type=Path, default=OUT / "results.json")
+    parser.add_argument("--huge-seeds", type=int, help="seeds at 10,000 workers (--seeds)")
+    parser.add_argument("--only", default="", help="--full: only these designs, comma-separated")
+    parser.add_argument("--merge", type=Path, nargs="+", help="--full results made in parts")
+    parser.add_argument("--fleets", default="", help="--full: only these fleet sizes, e.g. 1000")
     args = parser.parse_args()
     console = Console(width=200)
+    validation = args.out.with_name("validation.json")
     if args.validate:
-        vs = validate(console, max(1, min(args.seeds, 2)))
-        path = args.out.with_name("validation.json")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps([asdict(v) for v in vs], indent=1) + "\n")
-        console.print(f"written: {path}")
+        loads = [load_average()]
+        began = time.perf_counter()
+        vs = validate(console, args.seeds)
+        loads.append(load_average())
+        made_by = " ".join(["bench/study.py", *sys.argv[1:]]).replace(" --markdown", "")
+        write_json(
+            validation,
+            {
+                "machine": machine_info(),
+                "made_by": made_by,
+                "seconds": round(time.perf_counter() - began, 1),
+                "load": f"{min(loads):g}-{max(loads):g}",
+                "validations": [asdict(v) for v in vs],
+            },
+        )
+        console.print(f"written: {validation}")
+        if args.markdown:
+            print(validation_markdown(json.loads(validation.read_text())))
         return
-    if args.charts:
+    if args.merge:
+        data = merge([json.loads(p.read_text()) for p in args.merge])
+        write_json(args.out, data)
+        console.print(f"written: {args.out}")
+    elif args.charts:
         data = json.loads(args.out.read_text())
     else:
-        plan = full_plan(args.seeds) if args.full else quick_plan()
-        data = execute(plan, args.jobs)
+        only = tuple(d for d in args.only.split(",") if d)
+        unknown = set(only) - set(DESIGNS)
+        if unknown:
+            parser.error(f"unknown designs: {', '.join(sorted(unknown))}")
+        fleets = tuple(int(n) for n in args.fleets.split(",") if n)
+        plan = full_plan(args.seeds, args.huge_seeds, only, fleets) if args.full else quick_plan()
+        data = execute(plan, args.jobs, args.out if args.full else None)
         if args.full:
-            args.out.parent.mkdir(parents=True, exist_ok=True)
-            args.out.write_text(json.dumps(data, indent=1) + "\n")
+            write_json(args.out, data)
             console.print(f"written: {args.out}")
     if args.charts or args.full:
         for path in charts(data, args.out.parent):
             console.print(f"chart: {path}")
     if args.markdown:
         print(markdown(data))
+        saved = json.loads(validation.read_text()) if validation.exists() else None
+        if isinstance(saved, dict):  # not the older list of one seed
+            print(validation_markdown(saved))
         return
     for t in rich_tables(data):
         console.print(t)
