@@ -59,10 +59,9 @@ def sleeper(kind: Kind, images: Images | None) -> dict[str, Any]:
 
 
 def stubborn(kind: Kind, images: Images | None) -> dict[str, Any]:
-    """Ignores SIGTERM (a container's init does by itself) and gives a stop 120 s."""
+    """Ignores SIGTERM and gives a stop 120 s. An image's command too sets its trap: souk-init,
+    not the command, is a container's PID 1 and passes the stop signal on."""
     argv = ["sh", "-c", "trap '' TERM INT; while :; do sleep 1; done"]
-    if kind == "image":
-        argv = ["sleep", "600"]
     return command(kind, images, argv, stop_config={"timeout": STOP_TIMEOUT})
 
 
@@ -106,8 +105,7 @@ def _started(api: Api, kind: Kind, images: Images | None) -> Held:
 
 def _stopping(api: Api, kind: Kind, images: Images | None) -> Held:
     mid = until(api, api.create(stubborn(kind, images), True), "started")
-    if kind == "command":
-        time.sleep(0.2)  # its trap set: a SIGTERM before it would end it
+    time.sleep(0.2)  # its trap set: a SIGTERM before it would end it
     api.post(mid, "stop")
     return Held(until(api, mid, "stopping"), kind, "stopping")
 
