@@ -24,6 +24,7 @@ import _harness  # noqa: F401  (puts the repository root on the path, for tests.
 from souk.models.machine import CreateMachine, MachineConfig
 from souk.models.machine_ops import ExecRequest
 from souk.worker.daemon import make_driver, running
+from souk.worker.drivers import vm_guest
 from souk.worker.drivers.vm import VmDriver
 from souk.worker.drivers.vm_channel import Channel
 from souk.worker.engine import Engine
@@ -51,7 +52,9 @@ async def bare_boot(engine: Engine, machine_id: str) -> float:
     launch = engine._launch_of(engine.store.read.execute(
         "SELECT * FROM machines WHERE id = ?", (machine_id,)).fetchone())  # fmt: skip
     image = await driver.images.pull(launch.config.image or "")
-    config = driver._config(launch, image, "")  # no network: a bare boot has none
+    config = vm_guest.config_frame(
+        driver.images, launch, image, ""
+    )  # no network: a bare boot has none
     bare = rundir.parent / f"{machine_id}-bare"
     bare.mkdir(exist_ok=True)
     shutil.copyfile(rundir / "root.qcow2", bare / "root.qcow2")

@@ -6,8 +6,8 @@ once it has opened its files and devices, inside its own sandbox (`-sandbox on`:
 privileges, no programs run, no resource changes). `microvm` with KVM where a probe guest boots
 under KVM; `q35` with TCG (emulation) otherwise. The guest boots the host's kernel package with
 an initramfs the worker builds (`vm_boot.py`), whose /init is `souk-init` (`vm_init.c`): it gets
-the machine's config over a virtio-serial port (`vm_channel.py`), never on the kernel command
-line, and answers `exec`, signals and `ps` over it.
+the machine's config (`vm_guest.py`) over a virtio-serial port (`vm_channel.py`), never on the
+kernel command line, and answers `exec`, signals and `ps` over it.
 
 The root disk is the image made into ext4 once per digest, shared read-only, under a qcow2 layer
 of the machine's own (`vm_rootfs.py`); volumes are further disks, lent by the host while the
@@ -37,13 +37,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from souk.models.machine import MachineProcess
-from souk.worker.drivers import launcher, vm_boot, vm_memory, vm_qmp, vm_rootfs, vm_volumes
+from souk.worker.drivers import (
+    launcher,
+    vm_boot,
+    vm_guest,
+    vm_memory,
+    vm_qmp,
+    vm_rootfs,
+    vm_volumes,
+)
 from souk.worker.drivers.base import ExecResult, ExecTimeout, Handle, Launch
 from souk.worker.drivers.exits import ExitCodes, child_exit, poll_until_gone, until_gone
 from souk.worker.drivers.file_appears import FileWatch
-from souk.worker.drivers.process import process_env
-from souk.worker.drivers.runc import _shim, restart_of
+from souk.worker.drivers.runc import _shim
 from souk.worker.drivers.vm_channel import Channel, ChannelClosed
 from souk.worker.host import logs, procfs
 from souk.worker.host.cgroups import Cgroups
@@ -146,7 +152,10 @@ class VmDriver:
             ipv4 = await asyncio.to_thread(network.egress, launch.machine_id)
         if ipv4 is None:
             raise VmError("the machine's network namespace has no IPv4 address")
-        config = self._config(launch, image, ipv4)
+        try:
+            config = vm_guest.config_frame(self.images, launch, image, ipv4)
+        except vm_guest.NoCommand as exc:
+            raise VmError(str(exc)) from exc
         for name in ("qemu.pid", "exit_code", "guest_exit", "ctl.sock", "qmp.sock"):
             (rundir / name).unlink(missing_ok=True)
         await _lend_volumes(launch)
@@ -221,8 +230,11 @@ class VmDriver:
         argv += ["-device", f"virtio-blk-{bus},drive=root"]
         for i, (_, mountpoint) in enumerate(launch.volumes):
             disk = vm_volumes.disk_of(mountpoint)
-            argv += ["-drive", f"if=none,id={_serial(i)},file={disk},format=raw,cache=none"]
-            argv += ["-device", f"virtio-blk-{bus},drive={_serial(i)},serial={_serial(i)}"]
+            argv += ["-drive", f"if=none,id={vm_guest.serial(i)},file={disk},format=raw,cache=none"]
+            argv += [
+                "-device",
+                f"virtio-blk-{bus},drive={vm_guest.serial(i)},serial={vm_guest.serial(i)}",
+            ]
         mac = _mac(launch.machine_id)
         argv += ["-netdev", "tap,id=net,ifname=tap0,script=no,downscript=no"]
         argv += ["-device", f"virtio-net-{bus},netdev=net,mac={mac}"]
@@ -235,41 +247,6 @@ class VmDriver:
         if launch.user is not None and os.geteuid() == 0:
             argv += ["-runas", f"{launch.user.uid}:{launch.user.gid}"]
         return [*argv, "-sandbox", SANDBOX]
-
-    def _config(self, launch: Launch, image: Image, ipv4: str) -> list[bytes]:
-        """What the guest init reads on its channel: key, value, key, value..."""
-        _, etc = vm_rootfs.base_paths(self.images, image.digest)
-        uid, gid = resolve_user(image.config.user, etc)
-        env = _machine_env(launch, image)
-        pairs: list[tuple[str, str | bytes]] = [
-            ("hostname", launch.machine_id),
-            *_network_config(launch.private_ip, ipv4),
-            ("root", "/dev/vda"),
-            *(("volume", f"{_serial(i)} {path}") for i, (path, _) in enumerate(launch.volumes)),
-            *_resolver_file(launch.private_ip),
-            *(("env", f"{k}={v}") for k, v in env.items()),
-            ("exec_ids", f"{uid}:{gid}"),
-            ("exec_cwd", image.config.workdir or "/"),
-        ]
-        for file in launch.config.files:
-            content = file.content(launch.secrets)
-            pairs += [("file_path", file.guest_path), ("file_mode", f"{file.file_mode():o}")]
-            pairs += [("file_data", content)]
-        processes: list[MachineProcess | None] = [*launch.config.processes] or [None]
-        for process in processes:
-            if process is None:
-                argv, ids = image.config.argv(launch.config.init), f"{uid}:{gid}"
-            else:
-                argv = process.argv(launch.config.init) or image.config.argv(launch.config.init)
-                offset = process.uid_offset()
-                ids = f"{offset}:{offset}" if process.user else f"{uid}:{gid}"
-            if not argv:
-                raise VmError("the image names no command and the machine config gives none")
-            pairs += [("proc", restart_of(process, launch.config)), ("ids", ids)]
-            pairs += [("cwd", image.config.workdir or "/")]
-            pairs += [("arg", a) for a in argv]
-            pairs += [("penv", e) for e in _process_env(launch, env, process)]
-        return [x if isinstance(x, bytes) else x.encode() for pair in pairs for x in pair]
 
     # -- the channel -----------------------------------------------------------------------
 
@@ -553,42 +530,6 @@ async def _read_exit(rundir: Path) -> int | None:
             return code
         return (code - 1) // 2 if code & 1 else None
     return None
-
-
-def _network_config(private_ip: str, ipv4: str) -> list[tuple[str, str | bytes]]:
-    """The guest's addresses and routes, as a runc machine's namespace has them
-    (`oci/network.py`): the machine's IPv4 address (/32) with the default route through the
-    host's veth, and on the private network (docs/network.md) its private IPv6 address (/128)
-    with the default route through the veth's `fe80::1`."""
-    pairs: list[tuple[str, str | bytes]] = [("addr", ipv4), ("gw", network.GATEWAY)]
-    if ":" in private_ip:  # else off the private network (a machine made before it)
-        pairs += [("addr6", private_ip), ("gw6", network.GATEWAY6)]
-    return pairs
-
-
-def _resolver_file(private_ip: str) -> list[tuple[str, str | bytes]]:
-    """/etc/resolv.conf naming the worker's DNS, once the root disk is mounted and before the
-    machine's own `files` (which may replace it)."""
-    if ":" not in private_ip:
-        return []
-    resolv = f"nameserver {network.resolver(private_ip)}\n"
-    return [("file_path", "/etc/resolv.conf"), ("file_mode", "644"), ("file_data", resolv)]
-
-
-def _serial(index: int) -> str:
-    """The serial number of a volume's disk, by which the guest init finds it."""
-    return f"vol{index}"
-
-
-def _machine_env(launch: Launch, image: Image) -> dict[str, str]:
-    env = dict(e.partition("=")[::2] for e in image.config.environment(launch.config.env))
-    env.update(launch.identity_env())
-    return env
-
-
-def _process_env(launch: Launch, env: dict[str, str], process: MachineProcess | None) -> list[str]:
-    own = env if process is None else process_env(launch, process, env)
-    return [f"{k}={v}" for k, v in own.items()]
 
 
 async def _tap(machine_id: str) -> None:
