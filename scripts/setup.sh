@@ -33,8 +33,9 @@ fi
 # souk-launch, with which the process driver starts machines (src/souk/worker/drivers/launch.c):
 # one static binary beside the interpreter, where the worker looks for it first.
 cc -O2 -Wall -Werror -std=c11 -static -o .venv/bin/souk-launch src/souk/worker/drivers/launch.c
-# souk-init, PID 1 of the vm driver's guests and of runc containers (src/souk/worker/drivers/vm_init.c), beside it.
-cc -O2 -Wall -Werror -std=c11 -static -o .venv/bin/souk-init src/souk/worker/drivers/vm_init.c
+# souk-init, PID 1 of the vm driver's guests and of runc containers (src/souk/worker/drivers/init/),
+# beside it: one program of that directory's .c files.
+cc -O2 -Wall -Werror -std=c11 -static -o .venv/bin/souk-init src/souk/worker/drivers/init/*.c
 
 # A root worker runs machines as their apps' own unprivileged users. The tests' and the
 # example's machines run this venv's Python and files of this checkout, so those users must pass
