@@ -7,7 +7,7 @@ restarted worker reads it. A spawn returns once runc has written the container's
 (watched on inotify: `file_appears.py`). The container's annotations carry the spawn's marker,
 which is how adoption recognises it.
 
-The container's PID 1 is `souk-init --container` (`vm_init.c`, the vm driver's guest init),
+The container's PID 1 is `souk-init --container` (`init/`, also the vm driver's guest init),
 bind-mounted read-only from the host at `/.souk/init`: it starts the image's command or the
 config's `processes` (each restarted by its own policy), reaps orphans, passes the stop signal
 to every process and exits with the code of the first process to end for good. Its config (the

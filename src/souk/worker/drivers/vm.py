@@ -5,7 +5,7 @@ directory) in the machine's cgroups and network namespace, qemu dropping to the 
 once it has opened its files and devices, inside its own sandbox (`-sandbox on`: no new
 privileges, no programs run, no resource changes). `microvm` with KVM where a probe guest boots
 under KVM; `q35` with TCG (emulation) otherwise. The guest boots the host's kernel package with
-an initramfs the worker builds (`vm_boot.py`), whose /init is `souk-init` (`vm_init.c`): it gets
+an initramfs the worker builds (`vm_boot.py`), whose /init is `souk-init` (`init/`): it gets
 the machine's config (`vm_guest.py`) over a virtio-serial port (`vm_channel.py`), never on the
 kernel command line, and answers `exec`, signals and `ps` over it.
 

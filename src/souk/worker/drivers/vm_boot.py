@@ -1,6 +1,6 @@
 """What a guest boots: the host's kernel package (Debian's cloud kernel, under /boot), and an
 initramfs the worker builds itself once, cached by its content: the guest init (`souk-init`,
-`vm_init.c`) as /init and the kernel's virtio modules (the cloud kernel builds them as modules),
+`init/`) as /init and the kernel's virtio modules (the cloud kernel builds them as modules),
 listed in the order they load.
 
 And which accelerator runs guests here: KVM where /dev/kvm boots a probe guest (a kernel that

@@ -1,5 +1,5 @@
 """The worker's end of a guest's channel: the virtio-serial port `souk.0`, a unix socket on the
-host (qemu's), framed as the guest init (`vm_init.c`) reads it.
+host (qemu's), framed as the guest init (`init/channel.c`) reads it.
 
 A frame: a 32-bit length of what follows, a type byte, a 32-bit request id, then fields, each a
 32-bit length and its bytes (big-endian). One reader task per connection hands each answer to
