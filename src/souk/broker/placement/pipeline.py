@@ -132,6 +132,7 @@ class Placer:
             self.liveness,
             sent=self.metrics.reservation_creates,
             bus=bus if reserve_over_bus else None,
+            fell_back=self.metrics.bus_fallbacks,
         )
         self._regions: dict[str, tuple[float, int, list[WorkerRow]]] = {}
         self._starts: dict[str | None, tuple[int, float]] = {}  # see `slice_start`

@@ -60,7 +60,7 @@ from souk.models.api import (
 )
 from souk.models.machine import CreateMachine, Machine
 from souk.pki import NodeFiles
-from souk.web.metrics import OFF, Observer
+from souk.web.metrics import OFF, Child, Observer
 
 log = logging.getLogger("souk.broker")
 
@@ -182,11 +182,14 @@ class Reserver:
         hold: float = HOLD_FOR,
         sent: Observer = OFF,
         bus: Bus | None = None,
+        fell_back: Child = OFF,
     ) -> None:
-        """`sent` observes the creates of each request sent; `bus`: reserve on it first."""
+        """`sent` observes the creates of each request sent; `bus`: reserve on it first;
+        `fell_back` counts the requests it left unanswered, sent over HTTP."""
         self.client = client
         self.bus = bus
         self.bus_fallbacks = 0  # lane requests the bus left unanswered, sent over HTTP
+        self.fell_back = fell_back
         self.liveness = liveness or Liveness()
         self.hold = hold
         self.sent = sent
@@ -335,6 +338,7 @@ class Reserver:
             )
         except TimeoutError:
             self.bus_fallbacks += 1
+            self.fell_back.inc()
             log.info("no answer on the bus from %s: reserving over HTTP", worker)
             return None
         try:
