@@ -35,7 +35,9 @@ metrics off in the broker and its workers (`souk broker --no-metrics`, `souk wor
 ratios, on over off, one line per pair. `--gc-cost [ROUNDS]`: likewise, the broker's process and
 the worker hosts with Python's default garbage collector against souk's (`heap.settle`, which
 every part calls once it is ready, and the benchmark's processes once their parts are), with the
-broker's time spent collecting per create in each.
+broker's time spent collecting per create in each. `--reserve-over-bus [ROUNDS]`: likewise, the
+broker reserving over HTTP (plain) and on the bus (`souk broker --reserve-over-bus`: each lane's
+request to the worker's own subject), ROUNDS pairs, with the bus's ratios over HTTP.
 
     .venv/bin/python bench/placement.py            # about 4 minutes; --quick, --json
     .venv/bin/python bench/placement.py --sizes 1000 --profile prof/   # cProfile of the broker
@@ -105,6 +107,7 @@ from souk.catalog.protocol import (
     changes_subject,
     heartbeat_subject,
     pull_subject,
+    reserve_subject,
 )
 from souk.catalog.replica import following
 from souk.catalog.trust import CaTrust
@@ -136,11 +139,13 @@ GOAL_IDLE_PER_1000 = 3.0  # the broker's CPU with no creates, % of one core per 
 # Modes measured next to "plain" (the broker as it runs) when asked, each set against it in a
 # table of ratios: its title, and whether the mode is the costlier of the pair.
 SECURE, METRICS_OFF, DEFAULT_GC = "secure", "metrics off", "default gc"
+BUS_RESERVE = "bus reserve"  # the broker reserves on the bus (`--reserve-over-bus`), not HTTP
 BROKER = "bench-broker"  # the broker's certificate name
 COSTS = {
     SECURE: ("what security costs: secured over plain, in the same run (goal ≤ 1.2x)", True),
     METRICS_OFF: ("what metrics cost: on (plain) over off, in the same run (goal ≤ 1.05x)", False),
     DEFAULT_GC: ("Python's default collector over heap.settle's, in the same run", True),
+    BUS_RESERVE: ("reservations on the bus over HTTP (plain), in the same run", True),
 }
 
 
@@ -205,7 +210,7 @@ def fleet_user() -> dict[str, Any]:
     perms["publish"]["allow"] = [changes_subject(REGION), heartbeat_subject(REGION)]
     perms["subscribe"]["allow"] = [
         pull_subject(WILDCARD), cert_subject(WILDCARD), HELLO, offers_subject(REGION),
-        f"{inbox_prefix('worker', 'fleet')}.>",
+        reserve_subject(WILDCARD), f"{inbox_prefix('worker', 'fleet')}.>",
     ]  # fmt: skip
     return {"user": identity_uri("worker", "fleet"), "permissions": perms}
 
@@ -238,6 +243,8 @@ async def serve_workers(
     from souk.worker.daemon import make_app as worker_app
     from souk.worker.daemon import make_driver, offering, publishing, running, tls_context
     from souk.worker.engine import Engine
+    from souk.worker.http.state import FENCES
+    from souk.worker.reserving import reserving
     from souk.worker.settings import WorkerSettings
 
     open_files(files_for(count))
@@ -271,6 +278,8 @@ async def serve_workers(
                 signer = None if files is None else load_signer(files, s.name)
                 await stack.enter_async_context(publishing(engine, bus, url, signer))
                 await stack.enter_async_context(offering(engine, bus))
+                fences = runner.app[FENCES]
+                await stack.enter_async_context(reserving(engine, fences, bus, files is not None))
             print(url, flush=True)
         if souk_gc:
             heap.settle()
@@ -445,14 +454,19 @@ async def serve_broker(
 
 @contextlib.asynccontextmanager
 async def catalog_broker(
-    nats: str, data_dir: Path, tls: NodeFiles | None = None, metrics: bool = True
+    nats: str,
+    data_dir: Path,
+    tls: NodeFiles | None = None,
+    metrics: bool = True,
+    reserve_over_bus: bool = False,
 ) -> AsyncIterator[BrokerUnderTest]:
     """The broker as `broker_site` assembles it with `--nats` and a registry: a replica on its
     own connection (bootstrapping, its SQLite copy in a file), `CatalogFleet`, the registry as
     owner of the apps rows, and a `Placer` that asks for offers on the bus. With `tls` (its
     node files), secured as `souk broker --tls-dir` is: its replica checks every owner's
     signature, the registry signs, the bus and the workers are reached over mutual TLS, and the
-    public API is HTTPS. `metrics`: as `--metrics/--no-metrics`."""
+    public API is HTTPS. `metrics`: as `--metrics/--no-metrics`; `reserve_over_bus`: as
+    `--reserve-over-bus`."""
     async with contextlib.AsyncExitStack() as stack:
         options = {} if tls is None else bus_options(tls)
         bus = await NatsBus.connect(nats, name="souk-broker", **options)
@@ -471,7 +485,13 @@ async def catalog_broker(
         registry.create(APP)
         fleet = CatalogFleet(replica, registry)
         client = WorkerClient(tls=tls)
-        placer = Placer(fleet, placing_client(tls), bus=bus, metrics=watched)
+        placer = Placer(
+            fleet,
+            placing_client(tls),
+            bus=bus,
+            metrics=watched,
+            reserve_over_bus=reserve_over_bus,
+        )
         broker = Broker(fleet, client, placer, registry)
         b = await stack.enter_async_context(
             serve_broker(broker, placer, catalog_http.routes(replica), tls)
@@ -760,6 +780,7 @@ class Row:
     round: int = 0  # --secure, --metrics-cost, --gc-cost: which pair of plain and the other
     broker_idle_pct: float = 0.0  # the broker's CPU with no creates, % of one core
     marginal_ms: float = 0.0  # loaded: (its CPU - idle CPU over the same seconds) / placements
+    bus_fallbacks: int = 0  # BUS_RESERVE: lane requests sent over HTTP so far, the bus silent
 
     def marginal(self, loaded: LoadResult, requests: int, idle_pct: float) -> None:
         """What a placement adds to the broker's CPU: its loaded CPU, less what it spends idle
@@ -897,7 +918,7 @@ async def measure_size(
             "nats": [nats_pid] if nats_pid else [],
         }
         broker_cm = (
-            catalog_broker(nats_url, data / "broker", broker_tls, metrics)
+            catalog_broker(nats_url, data / "broker", broker_tls, metrics, mode == BUS_RESERVE)
             if nats_url
             else http_broker(hosts.urls, metrics)
         )
@@ -967,6 +988,7 @@ async def measure_size(
                 )
                 report.rows[-1].mode, report.rows[-1].round = mode, round_
                 report.rows[-1].marginal(loaded, args.requests, broker_idle)
+                report.rows[-1].bus_fallbacks = b.placer.reserver.bus_fallbacks
             report.parts.append(decision_parts(size, b.placer))
 
 
@@ -990,7 +1012,12 @@ async def measure(args: argparse.Namespace, progress: Progress) -> Report:
                 nats = (server.url, server.pid)
             for size in args.sizes:
                 for mode, round_ in schedule(
-                    {SECURE: args.secure, METRICS_OFF: args.metrics_cost, DEFAULT_GC: args.gc_cost}
+                    {
+                        SECURE: args.secure,
+                        METRICS_OFF: args.metrics_cost,
+                        DEFAULT_GC: args.gc_cost,
+                        BUS_RESERVE: args.reserve_over_bus,
+                    }
                 ):
                     await one_size(size, args, workdir, nats, progress, report, mode, round_)
                     if args.save is not None:  # as it goes: a later size may not finish
@@ -1296,6 +1323,17 @@ def main() -> None:
         metavar="ROUNDS",
         help="also each size with Python's default garbage collector in the broker's and the "
         "workers' processes instead of heap.settle's; ROUNDS pairs (default 1), the first of a "
+        "pair alternating",
+    )
+    parser.add_argument(
+        "--reserve-over-bus",
+        type=int,
+        nargs="?",
+        const=1,
+        default=0,
+        metavar="ROUNDS",
+        help="also each size with the broker reserving on the bus (`souk broker "
+        "--reserve-over-bus`) instead of over HTTP; ROUNDS pairs (default 1), the first of a "
         "pair alternating",
     )
     parser.add_argument(

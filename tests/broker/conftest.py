@@ -15,9 +15,12 @@ from tests.support.broker_cluster import Cluster, ClusterFactory, WorkerSpec, cl
 @pytest.fixture
 def make_cluster(tmp_path: Path) -> ClusterFactory:
     def factory(
-        specs: list[WorkerSpec], deadline: float = 2.0, bus: InProcessBus | None = None
+        specs: list[WorkerSpec],
+        deadline: float = 2.0,
+        bus: InProcessBus | None = None,
+        reserve_over_bus: bool = False,
     ) -> contextlib.AbstractAsyncContextManager[Cluster]:
-        return cluster(tmp_path, specs, deadline, bus)
+        return cluster(tmp_path, specs, deadline, bus, reserve_over_bus)
 
     return factory
 

@@ -46,6 +46,13 @@ def test_each_role_publishes_and_reads_only_what_it_needs() -> None:
     assert allowed(w1, "subscribe", "souk.offers.mad") and not allowed(
         w1, "subscribe", "souk.offers.ams"
     )
+    assert allowed(w1, "subscribe", "souk.reserve.w1")
+    assert not allowed(w1, "subscribe", "souk.reserve.w2")
+    assert not allowed(w1, "publish", "souk.reserve.w2")
+    assert allowed(b1, "publish", "souk.reserve.w2") and not allowed(
+        p1, "publish", "souk.reserve.w2"
+    )
+    assert not allowed(b1, "subscribe", "souk.reserve.w2")
     assert allowed(b1, "publish", changes_subject("global", "app-registry"))
     assert not allowed(b1, "publish", changes_subject("mad", "w1"))
     assert allowed(b1, "publish", "souk.offers.ams") and not allowed(

@@ -26,6 +26,8 @@ from souk.models.machine import CpuKind
 from souk.web import Route
 from souk.worker.daemon import make_app, make_driver, offering, publishing, running
 from souk.worker.engine import Engine
+from souk.worker.http.state import FENCES
+from souk.worker.reserving import reserving
 from souk.worker.settings import WorkerSettings
 from tests.support.clients import Client
 from tests.support.engines import destroy_all
@@ -63,10 +65,15 @@ class Cluster:
 
 @contextlib.asynccontextmanager
 async def cluster(
-    tmp_path: Path, specs: list[WorkerSpec], deadline: float = 2.0, bus: InProcessBus | None = None
+    tmp_path: Path,
+    specs: list[WorkerSpec],
+    deadline: float = 2.0,
+    bus: InProcessBus | None = None,
+    reserve_over_bus: bool = False,
 ) -> AsyncIterator[Cluster]:
     """With a bus, workers publish to the catalog and answer offers on it, and the broker places
-    from a replica; without, it polls the workers (`StaticFleet`)."""
+    from a replica; without, it polls the workers (`StaticFleet`). `reserve_over_bus`: workers
+    take reservations on the bus too, and the broker sends them there."""
     async with contextlib.AsyncExitStack() as stack:
         engines: dict[str, Engine] = {}
         urls: dict[str, str] = {}
@@ -92,6 +99,9 @@ async def cluster(
             if bus is not None:
                 await stack.enter_async_context(publishing(engine, bus, urls[spec.name]))
                 await stack.enter_async_context(offering(engine, bus))
+                if reserve_over_bus:
+                    fences = server.app[FENCES]
+                    await stack.enter_async_context(reserving(engine, fences, bus))
         client = WorkerClient()
         registry = AppRegistry(tmp_path / "registry.db")
         fleet: Fleet
@@ -105,7 +115,9 @@ async def cluster(
             fleet, before_place = CatalogFleet(replica, registry), None
             extra = catalog_http.routes(replica)
             await stack.enter_async_context(registry_owner(bus, registry))
-        placer = Placer(fleet, client, deadline=deadline, bus=bus)
+        placer = Placer(
+            fleet, client, deadline=deadline, bus=bus, reserve_over_bus=reserve_over_bus
+        )
         broker = Broker(fleet, client, placer, registry=registry, before_place=before_place)
         broker_app = make_broker_app(broker, SECRET, extra)
         broker_client = TestClient(TestServer(broker_app, host="127.0.0.1"))

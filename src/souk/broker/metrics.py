@@ -78,6 +78,11 @@ class BrokerMetrics:
             " those that waited for the worker's lane)",
             buckets=(1, 2, 4, 8, 16, 32, 64),
         )
+        fallbacks = m.counter(
+            "reservation_bus_fallbacks_total",
+            "Reservation requests sent over HTTP because the worker did not answer on the bus"
+            " (--reserve-over-bus)",
+        )
         errors = m.counter(
             "http_errors_total", "Error answers, by status and reason", ("status", "reason")
         )
@@ -85,6 +90,7 @@ class BrokerMetrics:
         self.placed = prebound(m, create, STRATEGIES, "placed")  # strategy -> child, per outcome
         self.not_placed = prebound(m, create, STRATEGIES, "no_capacity")
         self.reservation_creates = m.bind(batched)
+        self.bus_fallbacks = m.bind(fallbacks)
         self.asked = prebound(m, asked, STRATEGIES)
         self.answered = prebound(m, answered, STRATEGIES)
         self.offer_refusals = prebound(m, refused, REFUSAL_KINDS)

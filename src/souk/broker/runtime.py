@@ -68,6 +68,7 @@ class BrokerSettings:
     metrics: bool = True  # False: placement records no metrics (benchmarks measure the cost)
     default_region: str | None = None  # for creates that name none (else: every region's best)
     limits: Limits = DEFAULT_LIMITS  # of its listener
+    reserve_over_bus: bool = False  # reservations on the bus first (`Reserver`), HTTP after
 
 
 @contextlib.asynccontextmanager
@@ -127,7 +128,13 @@ async def broker_site(opts: BrokerSettings, bus: Bus | None = None) -> AsyncIter
 
         placing = placing_client(opts.tls)
         placer = Placer(
-            fleet, placing, policy_named(opts.policy), opts.deadline, bus=bus, metrics=metrics
+            fleet,
+            placing,
+            policy_named(opts.policy),
+            opts.deadline,
+            bus=bus,
+            metrics=metrics,
+            reserve_over_bus=opts.reserve_over_bus,
         )
         broker = Broker(
             fleet,

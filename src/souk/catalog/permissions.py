@@ -7,9 +7,10 @@ matches before the subject. Roles and what they may do:
 
 - worker: publish its own changes and heartbeats (`souk.cat.ch|hb.<region>.<name>`) and the one
   answer to each pull, certificate request and offer call it receives; subscribe to its own pull
-  and certificate subjects, to hello, and to its region's offer calls. It reads no one's rows.
+  and certificate subjects, to hello, to its region's offer calls and to its reservations
+  (`souk.reserve.<name>`). It reads no one's rows.
 - broker: a replica, the app registry's owner, and the caller of offers: publish pulls,
-  certificate and snapshot requests, hello, offer calls and the registry's changes and
+  certificate and snapshot requests, hello, offer calls, reservations and the registry's changes and
   heartbeats; answer snapshot requests; subscribe to every change and heartbeat, snapshot
   requests, hello, the registry's pull and certificate subjects and its own inbox.
 - proxy, operator: a replica (`souk proxy`, `souk catalog serve`): the same, without owning
@@ -34,6 +35,7 @@ from souk.catalog.protocol import (
     changes_subject,
     heartbeat_subject,
     pull_subject,
+    reserve_subject,
     token,
 )
 from souk.models.capacity import offers_subject
@@ -99,6 +101,7 @@ def permissions(node: Node) -> dict[str, Any]:
                 "allow": [
                     pull_subject(node.name),
                     cert_subject(node.name),
+                    reserve_subject(node.name),
                     HELLO,
                     offers_subject(region),
                     inbox,
@@ -114,6 +117,7 @@ def permissions(node: Node) -> dict[str, Any]:
                 "allow": [
                     *replica_publish,
                     offers_subject(WILDCARD),
+                    reserve_subject(WILDCARD),
                     changes_subject(GLOBAL_REGION, REGISTRY_OWNER),
                     heartbeat_subject(GLOBAL_REGION, REGISTRY_OWNER),
                 ]

@@ -58,6 +58,12 @@ def heartbeat_subject(region: str, owner: str = WILDCARD) -> str:
     return f"{PREFIX}.hb.{token(region)}.{token(owner)}"
 
 
+def reserve_subject(worker: str) -> str:
+    """Where a broker sends a worker creates on the bus (`BusReservation`): only that worker
+    subscribes there, and on the authenticated bus only brokers may publish there."""
+    return f"souk.reserve.{token(worker)}"
+
+
 def pull_subject(owner: str) -> str:
     return f"{PREFIX}.pull.{token(owner)}"
 

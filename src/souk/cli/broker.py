@@ -61,6 +61,11 @@ def run(
     insecure: bool = typer.Option(
         False, help="Without --tls-dir: follow an open bus other than loopback, unsigned rows."
     ),
+    reserve_over_bus: bool = typer.Option(
+        False,
+        help="With --nats: send reservations to each worker's subject on the bus, over HTTP "
+        "only when it does not answer there.",
+    ),
     *,
     part: serving.Part,
 ) -> None:
@@ -86,6 +91,7 @@ def run(
         tls=tls,
         listener=listener,
         default_region=default_region,
+        reserve_over_bus=reserve_over_bus,
         metrics=part.metrics,
         limits=part.limits,
     )

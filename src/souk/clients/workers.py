@@ -129,6 +129,26 @@ def _tls(files: NodeFiles | None) -> Tls | None:
     return Tls(trust=trust, identity=reloading_client_context(files).context, only=True)
 
 
+def outcomes_of(
+    worker: str, answer: CreateOutcomes, sent: int
+) -> tuple[list[Machine | WorkerCallError], dict[str, HoldAnswer]]:
+    """A batch's answer (over HTTP or the bus) as `WorkerClient.create_batch` returns it."""
+    if len(answer.outcomes) != sent:
+        message = f"answered {len(answer.outcomes)} outcomes to {sent} creates"
+        raise WorkerCallError(worker, 502, "invalid", message)
+    results: list[Machine | WorkerCallError] = [
+        o.machine
+        if o.machine is not None
+        else WorkerCallError(
+            worker,
+            o.status,
+            *(refusal_of(o.error) if o.error else ("error", f"status {o.status}", None)),
+        )
+        for o in answer.outcomes
+    ]
+    return results, answer.holds
+
+
 class WorkerClient(HttpClient):
     """Typed calls to any worker, given its id (for errors, and the name its certificate must
     carry) and base URL. With `tls`, the node files of the caller (a broker)."""
@@ -239,21 +259,7 @@ class WorkerClient(HttpClient):
         data = await self._request(
             worker, base, "POST", path, body, timeout=timeout, headers=_held(hold)
         )
-        answer = CreateOutcomes.model_validate(data)
-        if len(answer.outcomes) != len(reqs):
-            message = f"answered {len(answer.outcomes)} outcomes to {len(reqs)} creates"
-            raise WorkerCallError(worker, 502, "invalid", message)
-        results: list[Machine | WorkerCallError] = [
-            o.machine
-            if o.machine is not None
-            else WorkerCallError(
-                worker,
-                o.status,
-                *(refusal_of(o.error) if o.error else ("error", f"status {o.status}", None)),
-            )
-            for o in answer.outcomes
-        ]
-        return results, answer.holds
+        return outcomes_of(worker, CreateOutcomes.model_validate(data), len(reqs))
 
     async def confirm(
         self, worker: str, base: str, machine_ids: list[str], timeout: float = DEFAULT_TIMEOUT

@@ -209,6 +209,23 @@ class CreateOutcome(BaseModel):
 HoldAnswer = Literal["confirmed", "expired", "unknown"]
 
 
+class BusReservation(Strict):
+    """A batch of creates sent to a worker on the bus (`reserve_subject`) instead of `POST
+    /v1/machines/batch`: the same body, and the hold the HTTP call gives in `HOLD_HEADER`. The
+    worker answers with `CreateOutcomes`, or `BusRefusal` when it takes no reservation."""
+
+    batch: CreateBatch
+    hold: float | None = None
+
+
+class BusRefusal(BaseModel):
+    """A worker's answer to a `BusReservation` it will not handle: the HTTP status it would
+    have answered and why."""
+
+    status: int
+    error: ErrorBody
+
+
 class CreateOutcomes(BaseModel):
     """The batch's outcomes, in the order of its creates, and each confirmed id's hold (as
     `ConfirmationResult` gives it; an id missing was not confirmed, to be sent again)."""

@@ -44,9 +44,11 @@ from souk.worker.drivers.vm import VmDriver, VmError
 from souk.worker.engine import Engine
 from souk.worker.host import logs
 from souk.worker.host.cgroups import Cgroups, worker_group
+from souk.worker.http.state import FENCES
 from souk.worker.inherited_signals import catch_ignored
 from souk.worker.oci.images import ImageCache
 from souk.worker.oci.registry import RegistryClient, RegistryConfig
+from souk.worker.reserving import reserving
 from souk.worker.rows import WorkerRows
 from souk.worker.settings import WorkerSettings
 from souk.worker.state.storage import check_data_dir, unusable
@@ -201,6 +203,8 @@ async def serve(
     engine = open_engine(settings, driver_name)
     async with contextlib.AsyncExitStack() as stack:
         await stack.enter_async_context(running(engine))
+        app = make_app(engine, secure=tls is not None)
+        fences = app[FENCES]  # the HTTP route's and the bus's reservations share it
         if nats:
             # Serve first, join the catalog whenever NATS answers: the owner's rows wait in the
             # database, and its first heartbeat on connecting tells the replicas to pull them.
@@ -215,6 +219,7 @@ async def serve(
             peer = mesh.peer if mesh is not None else None
             owner = await stack.enter_async_context(publishing(engine, bus, None, key, peer))
             await stack.enter_async_context(offering(engine, bus))
+            await stack.enter_async_context(reserving(engine, fences, bus, tls is not None))
             trust = node.ca_trust(tls) if tls is not None else None
             replica = await stack.enter_async_context(names.answering(settings, bus, trust))
             if mesh is not None and replica is not None:
@@ -224,7 +229,6 @@ async def serve(
             engine.bus_link = bus
             bus.start()
         ctx = tls_context(tls) if tls is not None else None
-        app = make_app(engine, secure=tls is not None)
         async with served(app, host, port, ssl_context=ctx, limits=limits) as url:
             log.info("worker %s (%s) listening on %s", settings.name, settings.region, url)
             heap.settle()

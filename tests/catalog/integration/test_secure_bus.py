@@ -29,11 +29,19 @@ from souk.catalog.protocol import (
     encode,
     heartbeat_subject,
     pull_subject,
+    reserve_subject,
 )
 from souk.catalog.replica import Replica
 from souk.catalog.signing import b64
 from souk.catalog.sim import SimRows
+from souk.models.api import BusReservation, CreateBatch, CreateOutcomes
+from souk.models.machine import CreateMachine
 from souk.pki import NodeFiles
+from souk.worker.daemon import make_driver, running
+from souk.worker.engine import Engine
+from souk.worker.machines.admission import Fences
+from souk.worker.reserving import reserving
+from souk.worker.settings import WorkerSettings
 from tests.catalog.pki import Ca, NodeCert
 from tests.support.catalog import converged
 from tests.support.catalog_cluster import ReplicaProcess
@@ -374,3 +382,35 @@ async def test_servers_in_a_cluster_route_over_tls(secure: SecureBus) -> None:
     finally:
         for s in servers:
             s.stop()
+
+
+async def test_only_a_broker_reserves_on_a_workers_subject_and_only_it_answers(
+    secure: SecureBus, tmp_path: Path
+) -> None:
+    """A secured worker takes reservations on its subject of the authenticated bus: a broker's
+    is answered with the machine; another worker's never reaches it (the bus's permissions are
+    the proof NATS core gives, as the certificate's role is over HTTPS), and no machine is made."""
+    w1, w2, b1 = [await secure.connect(n) for n in ("w1", "w2", "b1")]
+    settings = WorkerSettings(
+        name="w1", region="mad", data_dir=tmp_path / "w1", cpus=4, memory_mb=4096, durable=False
+    )
+    async with (
+        running(Engine(settings, make_driver("sim", settings))) as engine,
+        reserving(engine, Fences(), w1, secure=True) as answering,
+    ):
+        assert answering
+        await flushed(w1.nc)
+        create = CreateMachine.model_validate(
+            {"id": "0123456789abcd", "app": "demo", "config": {"image": "busybox"}}
+        )
+        body = BusReservation(batch=CreateBatch(machines=[create]), hold=30).model_dump_json()
+        with pytest.raises(TimeoutError):
+            await w2.request(reserve_subject("w1"), body.encode(), timeout=1.0)
+        assert engine.capacity().machines == 0
+        answer = CreateOutcomes.model_validate_json(
+            await b1.request(reserve_subject("w1"), body.encode(), timeout=5.0)
+        )
+        assert [o.status for o in answer.outcomes] == [201]
+        assert engine.get("0123456789abcd").app == create.app
+    for bus in (w1, w2, b1):
+        await bus.close()

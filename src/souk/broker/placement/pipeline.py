@@ -110,7 +110,9 @@ class Placer:
         offers_up_to: int = OFFERS_UP_TO,
         sample: int = SAMPLE,
         metrics: BrokerMetrics | None = None,
+        reserve_over_bus: bool = False,
     ) -> None:
+        """`reserve_over_bus`: reservations go on `bus` first (`Reserver`), HTTP after."""
         self.fleet = fleet
         self.client = client
         self.policy = policy
@@ -125,7 +127,13 @@ class Placer:
         self.scores = Scores()
         self.liveness = Liveness()
         self.link: Link | None = BusLink(bus) if bus is not None else None
-        self.reserver = Reserver(client, self.liveness, sent=self.metrics.reservation_creates)
+        self.reserver = Reserver(
+            client,
+            self.liveness,
+            sent=self.metrics.reservation_creates,
+            bus=bus if reserve_over_bus else None,
+            fell_back=self.metrics.bus_fallbacks,
+        )
         self._regions: dict[str, tuple[float, int, list[WorkerRow]]] = {}
         self._starts: dict[str | None, tuple[int, float]] = {}  # see `slice_start`
         self.journal = Journal()  # the last creates' decisions, to explain them

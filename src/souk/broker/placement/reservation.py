@@ -19,6 +19,11 @@ and the creates that arrive while those are out leave together in the next one
 thus costs it one commit and one request, not one each, and the broker no connection more.
 Confirmations due to a worker whose lane is busy ride along with the next request it sends;
 only those that find no create to ride with go in a request of their own.
+
+With a bus (`souk broker --reserve-over-bus`, off by default), a lane's request goes as a
+`BusReservation` to the worker's own subject instead, answered by the same worker code; a worker
+that does not answer there in `BUS_TIMEOUT` (none subscribed, an older worker, a secured worker
+on a plain bus) is reserved over HTTP, counted in `bus_fallbacks` and logged.
 """
 
 from __future__ import annotations
@@ -34,14 +39,28 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from pydantic import ValidationError
+
 from souk.broker.liveness import Liveness
 from souk.broker.placement.candidates import Candidate
 from souk.broker.placement.stages import Noted
-from souk.clients.workers import WorkerCallError, WorkerClient
-from souk.models.api import MAX_BATCH, MAX_CONFIRMATIONS, HoldAnswer, Refusal
+from souk.catalog.bus import Bus
+from souk.catalog.protocol import reserve_subject
+from souk.clients.http import refusal_of
+from souk.clients.workers import WorkerCallError, WorkerClient, outcomes_of
+from souk.models.api import (
+    MAX_BATCH,
+    MAX_CONFIRMATIONS,
+    BusRefusal,
+    BusReservation,
+    CreateBatch,
+    CreateOutcomes,
+    HoldAnswer,
+    Refusal,
+)
 from souk.models.machine import CreateMachine, Machine
 from souk.pki import NodeFiles
-from souk.web.metrics import OFF, Observer
+from souk.web.metrics import OFF, Child, Observer
 
 log = logging.getLogger("souk.broker")
 
@@ -60,6 +79,9 @@ CREATES_IN_FLIGHT = 2
 # broker's other calls to workers (waits, logs, exec, which may be long) have a client of their
 # own, and never hold placement up.
 CONNECTIONS_PER_WORKER = CREATES_IN_FLIGHT + 1
+# How long a reservation on the bus may go unanswered before the HTTP path takes it: NATS says
+# at once when no one listens; a worker that listens answers within its create's own wait.
+BUS_TIMEOUT = 1.0
 
 
 TAG_LENGTH = 4
@@ -159,9 +181,15 @@ class Reserver:
         liveness: Liveness | None = None,
         hold: float = HOLD_FOR,
         sent: Observer = OFF,
+        bus: Bus | None = None,
+        fell_back: Child = OFF,
     ) -> None:
-        """`sent` observes the creates of each request sent."""
+        """`sent` observes the creates of each request sent; `bus`: reserve on it first;
+        `fell_back` counts the requests it left unanswered, sent over HTTP."""
         self.client = client
+        self.bus = bus
+        self.bus_fallbacks = 0  # lane requests the bus left unanswered, sent over HTTP
+        self.fell_back = fell_back
         self.liveness = liveness or Liveness()
         self.hold = hold
         self.sent = sent
@@ -265,9 +293,14 @@ class Reserver:
             timeout = max(w.deadline for w in batch) - now
             self.sent.observe(len(creates))
             try:
-                results, holds = await self.client.create_batch(
-                    cand.worker, cand.address, creates, timeout, hold=self.hold, confirm=ids
-                )
+                answered = None
+                if self.bus is not None:
+                    answered = await self._over_bus(cand.worker, creates, timeout, ids)
+                if answered is None:
+                    answered = await self.client.create_batch(
+                        cand.worker, cand.address, creates, timeout, hold=self.hold, confirm=ids
+                    )
+                results, holds = answered
             except WorkerCallError as exc:  # the request itself: every create of it shares the fate
                 results = [exc] * len(batch)
             for waiting, result in zip(batch, results, strict=True):
@@ -289,6 +322,34 @@ class Reserver:
                 confirming.settle(cand.worker, ids, holds)
             lane.busy -= 1
             self._dispatch(cand, lane)
+
+    async def _over_bus(
+        self, worker: str, creates: list[CreateMachine], timeout: float, ids: list[str]
+    ) -> tuple[list[Machine | WorkerCallError], dict[str, HoldAnswer]] | None:
+        """The worker's answer to these creates on the bus, as `WorkerClient.create_batch` gives
+        it over HTTP; None if none came in time (then HTTP: a request that did arrive makes its
+        retry there `already_exists`, refused, and the machine ends with its hold)."""
+        assert self.bus is not None
+        batch = CreateBatch(machines=creates, confirm=ids or None)
+        body = BusReservation(batch=batch, hold=self.hold)
+        try:
+            data = await self.bus.request(
+                reserve_subject(worker), body.model_dump_json().encode(), min(timeout, BUS_TIMEOUT)
+            )
+        except TimeoutError:
+            self.bus_fallbacks += 1
+            self.fell_back.inc()
+            log.info("no answer on the bus from %s: reserving over HTTP", worker)
+            return None
+        try:
+            answer = CreateOutcomes.model_validate_json(data)
+        except ValidationError:
+            try:
+                refused = BusRefusal.model_validate_json(data)
+            except ValidationError:
+                raise WorkerCallError(worker, 502, "invalid", "unreadable answer") from None
+            raise WorkerCallError(worker, refused.status, *refusal_of(refused.error)) from None
+        return outcomes_of(worker, answer, len(creates))
 
     async def _same(self, cand: Candidate, app: str, machine_id: str) -> Machine | None:
         try:

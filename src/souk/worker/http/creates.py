@@ -23,6 +23,7 @@ from souk.worker.engine import Engine
 from souk.worker.errors import AlreadyExists, WorkerError
 from souk.worker.http.errors import WRITE_ERRORS, http_error
 from souk.worker.http.state import BROKERS, FENCES, engine_of
+from souk.worker.machines.admission import Fences
 from souk.worker.machines.holds import MAX_HOLD
 
 log = logging.getLogger("souk.worker")
@@ -40,7 +41,11 @@ def _fenced(machine_id: str) -> AlreadyExists:
 
 
 def _hold(request: web.Request) -> float | None:
-    raw = request.headers.get(HOLD_HEADER)
+    return check_hold(request.headers.get(HOLD_HEADER))
+
+
+def check_hold(raw: str | float | None) -> float | None:
+    """A create's hold, in seconds, as the HTTP header or a bus reservation gives it."""
     if raw is None:
         return None
     try:
@@ -53,9 +58,8 @@ def _hold(request: web.Request) -> float | None:
 
 
 async def _create_one(
-    request: web.Request, engine: Engine, body: CreateMachine, seconds: float | None
+    fences: Fences, engine: Engine, body: CreateMachine, seconds: float | None
 ) -> Machine:
-    fences = request.app[FENCES]
     if fences.holds(body.id):
         raise _fenced(body.id or "")
     machine = await engine.create(body, seconds, wait=CREATE_WAIT)
@@ -67,18 +71,25 @@ async def _create_one(
 
 async def create(request: web.Request) -> web.Response:
     body = await read_model(request, CreateMachine)
-    machine = await _create_one(request, engine_of(request), body, _hold(request))
+    machine = await _create_one(request.app[FENCES], engine_of(request), body, _hold(request))
     return reply(machine, status=201)
 
 
 async def create_batch(request: web.Request) -> web.Response:
     body = await read_model(request, CreateBatch)
     seconds = _hold(request)
-    engine = engine_of(request)
+    return reply(await batch_outcomes(request.app[FENCES], engine_of(request), body, seconds))
+
+
+async def batch_outcomes(
+    fences: Fences, engine: Engine, body: CreateBatch, seconds: float | None
+) -> CreateOutcomes:
+    """A batch's creates, each answered as it would be alone, and its confirmations: what `POST
+    /v1/machines/batch` answers, and a reservation on the bus too (`souk.worker.reserving`)."""
 
     async def outcome(create: CreateMachine) -> CreateOutcome:
         try:
-            machine = await _create_one(request, engine, create, seconds)
+            machine = await _create_one(fences, engine, create, seconds)
             return CreateOutcome(status=201, machine=machine)
         except WorkerError as exc:
             err = http_error(exc)
@@ -99,7 +110,7 @@ async def create_batch(request: web.Request) -> web.Response:
 
     # at once, so that the store commits them together
     *outcomes, holds = await asyncio.gather(*map(outcome, body.machines), confirmed())
-    return reply(CreateOutcomes.model_validate({"outcomes": outcomes, "holds": holds}))
+    return CreateOutcomes.model_validate({"outcomes": outcomes, "holds": holds})
 
 
 async def confirm(request: web.Request) -> web.Response:
