@@ -81,6 +81,7 @@ from souk.catalog.replica import Replica, following
 from souk.catalog.sim import SimRows
 from souk.catalog.sync import batches as batches_module
 from souk.catalog.trust import CaTrust
+from souk.commands import ended
 from souk.pki import NodeFiles, load_cas
 from tests.support.ports import free_port
 
@@ -169,13 +170,7 @@ async def nats_server(workdir: Path, pki: Pki | None = None) -> AsyncIterator[Se
                 await asyncio.sleep(0.02)
         yield Server(f"nats://127.0.0.1:{port}", monitor, version, proc.pid)
     finally:
-        if proc.returncode is None:
-            proc.terminate()
-            try:
-                await asyncio.wait_for(proc.wait(), 5)
-            except TimeoutError:
-                proc.kill()
-                await proc.wait()
+        await ended(proc)
 
 
 async def varz(session: aiohttp.ClientSession, server: Server) -> dict[str, Any]:

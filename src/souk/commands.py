@@ -1,5 +1,6 @@
 """A short host command run to its end, its output read: one way for the commands souk waits on
-(runc's, the development images' builders), each caller naming its own failure."""
+(runc's, the development images' builders), each caller naming its own failure; and a
+long-running helper process ended."""
 
 from __future__ import annotations
 
@@ -26,3 +27,15 @@ async def completed(*argv: str, stdin: int | None = None) -> Completed:
     )
     out, err = await proc.communicate()
     return Completed(proc.returncode if proc.returncode is not None else -1, out, err)
+
+
+async def ended(proc: asyncio.subprocess.Process, grace: float = 5.0) -> None:
+    """`proc` told to end (SIGTERM), killed if it has not within `grace` seconds, and reaped."""
+    if proc.returncode is not None:
+        return
+    proc.terminate()
+    try:
+        await asyncio.wait_for(proc.wait(), grace)
+    except TimeoutError:
+        proc.kill()
+        await proc.wait()

@@ -22,7 +22,7 @@ import urllib.request
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-from souk.commands import completed
+from souk.commands import completed, ended
 
 log = logging.getLogger("souk.dev")
 
@@ -69,13 +69,7 @@ async def image_registry(root: Path, host: str, port: int) -> AsyncIterator[str 
         await _until_ready(proc, address)
         yield address
     finally:
-        if proc.returncode is None:
-            proc.terminate()
-            try:
-                await asyncio.wait_for(proc.wait(), 5)
-            except TimeoutError:
-                proc.kill()
-                await proc.wait()
+        await ended(proc)
 
 
 async def _until_ready(proc: asyncio.subprocess.Process, address: str) -> None:
