@@ -168,6 +168,11 @@ def test_an_asymmetric_link_leaves_placement_working_and_nothing_orphaned(
             if m["app"] == app and (include_deleted or m["state"] != "destroyed")
         }
 
-    assert held(include_deleted=True) - told, "no create reached w1 unseen: nothing was shown"
+    unseen = held(include_deleted=True) - told
     eventually(lambda: held() == told, 40, "no machine left that nobody was told about")
     assert [s for s, _ in answers] == [200] * 3, statuses(answers)
+    if not unseen:
+        # Placement worked and nothing is orphaned, but the case this test is for did not occur:
+        # the broker sent w1 no create (under load it can judge w1 by its silence first).
+        workers = sorted(b["worker"] for _, b in answers)
+        pytest.skip(f"no create reached w1 unseen this run; placed on {workers}")
