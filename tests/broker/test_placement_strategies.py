@@ -89,6 +89,24 @@ async def test_a_broker_keeps_ranking_the_slice_that_had_room(make_cluster: Clus
             assert b - a in (1, 5) and sorted(order[i : i + 4]) == [a, a, b, b], order
 
 
+@pytest.mark.parametrize("strategy", ["catalog", "offers"])
+async def test_a_deploys_creates_at_once_do_not_herd(
+    make_cluster: ClusterFactory, strategy: str
+) -> None:
+    """Eight creates at once rank the same picture: without counting the creates already on
+    their way to a worker against its room, all eight go to the best worker, which takes two
+    and refuses six, and so on down the region (docs/study.md). Counted, each worker is sent
+    what it has room for: eight reservations for eight machines, none refused."""
+    specs = [WorkerSpec(f"w{i}", "mad", cpus=2, memory_mb=2048) for i in range(4)]
+    async with make_cluster(specs) as c:
+        c.placer.sample = 4
+        resps = await asyncio.gather(*(place(c, strategy) for _ in range(8)))
+        assert [r.status for r in resps] == [200] * 8
+        assert all(c.engines[n].capacity().free.cpus == 0 for n in c.engines)
+        read = c.placer.metrics.metrics.registry.get_sample_value
+        assert read("souk_broker_reservation_creates_sum") == 8
+
+
 async def test_a_region_with_no_room_answers_412_within_the_deadline(
     make_cluster: ClusterFactory,
 ) -> None:

@@ -113,6 +113,11 @@ class CandidateCache:
             held = self.held[row.id] = (row, Candidate.from_row(row))
         return held[1]
 
+    def row(self, worker: str) -> WorkerRow | None:
+        """The worker's row as last seen, if it was."""
+        held = self.held.get(worker)
+        return held[0] if held is not None else None
+
     def address(self, worker: str) -> str | None:
         """The worker's address as last seen, if its row was: where a create placed on it is
         confirmed, without copying the row out of the catalog again."""

@@ -48,6 +48,7 @@ from souk.broker.metrics import BrokerMetrics
 from souk.broker.placement import offers
 from souk.broker.placement.candidates import Candidate, CandidateCache
 from souk.broker.placement.journal import Decision, Journal
+from souk.broker.placement.pending import PendingRoom
 from souk.broker.placement.policies import POLICIES, Policy
 from souk.broker.placement.reservation import Reserver
 from souk.broker.placement.stages import (
@@ -124,6 +125,7 @@ class Placer:
         self.sample = sample
         self.metrics = metrics or BrokerMetrics()
         self.cache = CandidateCache()
+        self.pending = PendingRoom(self.cache.row)
         self.scores = Scores()
         self.liveness = Liveness()
         self.link: Link | None = BusLink(bus) if bus is not None else None
@@ -164,7 +166,12 @@ class Placer:
         decided: list[Ranked] = []  # kept by reference for the journal, never copied
         async with contextlib.aclosing(feasible_rounds) as rounds:  # 1. candidates, 2. feasible
             async for cands in rounds:
-                ranked = rank(cands, guest, chosen, self.rng, self.scores)  # 3. ranked
+                # 3. ranked: as each worker will be once what this broker is reserving there
+                # lands (`pending`); those with room only by what they show come last
+                first, later = self.pending.split(cands, guest, offered=strategy != "catalog")
+                ranked = rank(first, guest, chosen, self.rng, self.scores)
+                if later:
+                    ranked += rank(later, guest, chosen, self.rng, self.scores)
                 self._decided(strategy, began, ranked)
                 decided.append(ranked)
                 last = ranked[-1][1] if ranked else None
@@ -172,9 +179,14 @@ class Placer:
                     # One worker that does not answer may spend a share of the deadline, not
                     # all of it; the last one may spend what is left.
                     timeout = remaining if cand is last else min(remaining, share)
-                    machine = await self.reserver.reserve(  # 5. reserved
-                        cand, create, timeout, refused.refusals, id_prefix
-                    )
+                    reservation = self.pending.reserving(cand.worker, guest)
+                    machine = None
+                    try:
+                        machine = await self.reserver.reserve(  # 5. reserved
+                            cand, create, timeout, refused.refusals, id_prefix
+                        )
+                    finally:
+                        self.pending.ended(reservation, taken=machine is not None)
                     if machine is not None:
                         self.metrics.placed[strategy].observe(time.perf_counter() - began)
                         self.journal.record(
