@@ -322,8 +322,15 @@ def beat_statement(b: Heartbeat) -> bytes:
 # --- the heartbeat tick chain ----------------------------------------------------------------
 
 
-def _step(x: bytes) -> bytes:
-    return _hash(b"\x03" + x)
+_STEP = hashlib.blake2b(b"\x03", digest_size=DIGEST)  # a chain step's hash, its prefix taken
+
+
+def tick_step(x: bytes) -> bytes:
+    """H(0x03 || x): a copy of the hash with its prefix already taken costs half of making one
+    (a replica takes a step for every quiet heartbeat)."""
+    h = _STEP.copy()
+    h.update(x)
+    return h.digest()
 
 
 class TickChain:
@@ -341,7 +348,7 @@ class TickChain:
         x = os.urandom(DIGEST)
         elements = [x]
         for _ in range(self.length):
-            x = _step(x)
+            x = tick_step(x)
             elements.append(x)
         elements.reverse()  # elements[n] hashes to elements[n - 1]
         self.elements = elements
@@ -360,5 +367,5 @@ def tick_follows(tick: bytes, steps: int, last: bytes) -> bool:
     """Whether `steps` hashes of `tick` lead to `last`, the element a replica holds."""
     x = tick
     for _ in range(steps):
-        x = _step(x)
+        x = tick_step(x)
     return x == last

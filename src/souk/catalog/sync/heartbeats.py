@@ -29,17 +29,18 @@ class Heartbeats(FromOwners):
         if beat is None:
             return
         checked = True
-        if self.guard.secure:
-            held = a.owners.get(beat.owner)
-            applied = held.head if held is not None and held.epoch == beat.epoch else None
+        st = a.owners.get(beat.owner)
+        same = st is not None and st.epoch == beat.epoch  # the usual beat: one lookup
+        if self.guard.trust is not None:
             try:
-                checked = self.guard.beat(beat, applied)
+                checked = self.guard.beat(beat, st.head if same and st is not None else None)
             except Refused as exc:
                 self.guard.refuse(exc, f"a heartbeat of {beat.owner!r}")
                 return
-        st = a.owner(beat.owner, beat.region, beat.epoch)
-        if st is None:
-            return
+        if not same or st is None:
+            st = a.owner(beat.owner, beat.region, beat.epoch)
+            if st is None:
+                return
         a.liveness.heard(beat.owner, st, beat.head if checked else 0)
         if not checked:
             st.unchecked = beat
