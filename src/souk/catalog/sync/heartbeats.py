@@ -29,15 +29,16 @@ class Heartbeats(FromOwners):
         if beat is None:
             return
         checked = True
-        st = a.owners.get(beat.owner)
-        same = st is not None and st.epoch == beat.epoch  # the usual beat: one lookup
+        st = a.owners.get(beat.owner)  # the usual beat's owner, of its epoch: one lookup
+        if st is not None and st.epoch != beat.epoch:
+            st = None
         if self.guard.trust is not None:
             try:
-                checked = self.guard.beat(beat, st.head if same and st is not None else None)
+                checked = self.guard.beat(beat, None if st is None else st.head)
             except Refused as exc:
                 self.guard.refuse(exc, f"a heartbeat of {beat.owner!r}")
                 return
-        if not same or st is None:
+        if st is None:  # a new owner, or another epoch: `owner` decides
             st = a.owner(beat.owner, beat.region, beat.epoch)
             if st is None:
                 return
