@@ -29,16 +29,18 @@ certificates, permissions; the owners share one connection and one certificate, 
 table gives each secured phase's p50, p99 and CPU over the plain one's.
 
 With `--replay`, no NATS and no other process: the owners' messages are recorded in process, then
-handed one at a time to a fresh replica, plain, signed, and signed on a bus that vouches for who
-published on an owner's subject (as the authenticated bus does: "signed+tls"); it reports the
-replica's CPU time and wall-clock time per batch and per heartbeat, which a busy shared host
-blurs far less than the end-to-end runs.
+handed one at a time to three fresh replicas, plain, signed, and signed on a bus that vouches for
+who published on an owner's subject (as the authenticated bus does: "signed+tls"), which take
+turns (a slice of the batches, then of the heartbeats, each), so that the host's other work
+falls on all three alike; it reports the replica's CPU time and wall-clock time per batch and per
+heartbeat, and per message as the end-to-end phases mix them (2,000 batches a second and one
+heartbeat per owner), which a busy shared host blurs far less than the end-to-end runs.
 
 Usage: .venv/bin/python bench/catalog_propagation.py [--owners 100,1000] [--rates 500,2000]
        [--seconds 20] [--quick] [--json] [--profile-replica FILE] [--keep DIR] [--secure]
        [--modes plain,signed,signed+tls] [--replica-gc settle|default]
        .venv/bin/python bench/catalog_propagation.py --replay [--owners 1000]
-       [--replay-changes 10000] [--profile-replica FILE]
+       [--replay-changes 10000] [--replay-beats 10] [--profile-replica FILE]
 """
 
 from __future__ import annotations
@@ -1121,9 +1123,10 @@ class Recorded:
     beats: list[Message]  # then heartbeats that bring no news
 
 
-async def record(owners: int, changes: int, pki: Pki | None) -> Recorded:
+async def record(owners: int, changes: int, pki: Pki | None, beats: int = 4) -> Recorded:
     """What `owners` owners publish (each signing with its own key, given `pki`): their rows and
-    a heartbeat with their apps, then `changes` random changes, then four quiet heartbeats each."""
+    a heartbeat with their apps, then `changes` random changes, then `beats` quiet heartbeats
+    each."""
     bus = RecordingBus()
     sources: list[SimRows] = []
     started: list[Owner] = []
@@ -1149,7 +1152,7 @@ async def record(owners: int, changes: int, pki: Pki | None) -> Recorded:
         await asyncio.sleep(0)  # its owner publishes it
     await asyncio.sleep(0.1)
     middle = len(bus.kept)
-    for _ in range(4):
+    for _ in range(beats):
         for owner in started:
             await owner.heartbeat()
     for owner in started:
@@ -1171,60 +1174,113 @@ class Replayed:
     beat_cpu_us: float
     beat_p50_us: float
 
+    def per_message(self, p50: bool) -> float:
+        """µs per message as the end-to-end phases mix them: 2,000 batches a second and one
+        heartbeat per owner (by the p50s, or by CPU time)."""
+        batch, beat = (
+            (self.batch_p50_us, self.beat_p50_us) if p50 else (self.batch_cpu_us, self.beat_cpu_us)
+        )
+        return (REPLAY_BATCHES_PER_S * batch + self.owners * beat) / (
+            REPLAY_BATCHES_PER_S + self.owners
+        )
 
-async def replay(
-    mode: str,
-    rec: Recorded,
-    owners: int,
-    trust: CaTrust | None,
-    workdir: Path,
-    profile: Path | None,
-    authenticated: bool = False,
-) -> Replayed:
-    """A fresh replica (SQLite in a file, as in production) is handed the recorded messages
-    directly, one at a time, each committed at once. `authenticated`: its bus vouches for who
-    published on an owner's subject, as the authenticated bus does (live batches audited)."""
-    path = workdir / f"replay-{owners}-{mode}.db"
-    path.unlink(missing_ok=True)
-    replica = Replica(InProcessBus(authenticated=authenticated), path, trust=trust)
-    await replica.start(bootstrap=False)
 
-    async def one(msg: Message) -> float:
+REPLAY_BATCHES_PER_S = 2000  # the end-to-end phases' rate, which weighs batches against beats
+REPLAY_CHUNKS = 200  # turns per kind of message: each replica is handed a slice in each turn
+
+
+@dataclass
+class Replaying:
+    """One mode's replica, handed its recording a slice at a time, in turn with the others."""
+
+    mode: Mode
+    rec: Recorded
+    replica: Replica
+    profiler: cProfile.Profile | None
+    times: dict[str, list[float]] = field(default_factory=lambda: {"batches": [], "beats": []})
+    cpu: dict[str, float] = field(default_factory=lambda: {"batches": 0.0, "beats": 0.0})
+
+    async def one(self, msg: Message) -> float:
         began = time.perf_counter()
         if msg.subject.startswith(f"{PREFIX}.ch."):
-            await replica.batches.on_batch(msg)
+            await self.replica.batches.on_batch(msg)
         else:
-            await replica.heartbeats.on_beat(msg)
-        replica._flush()
+            await self.replica.heartbeats.on_beat(msg)
+        self.replica._flush()
         return time.perf_counter() - began
 
-    for msg in rec.start:
-        await one(msg)
-    profiler = cProfile.Profile() if profile is not None else None
-    if profiler is not None:
-        profiler.enable()
-    cpu0 = time.process_time()
-    batches = sorted([await one(msg) for msg in rec.batches])
-    cpu1 = time.process_time()
-    beats = sorted([await one(msg) for msg in rec.beats])
-    cpu2 = time.process_time()
-    if profiler is not None and profile is not None:
-        profiler.disable()
-        profiler.dump_stats(profile.with_name(f"{profile.stem}-replay-{owners}-{mode}.prof"))
-    if sum(replica.guard.refused.values()) or replica.stats["gaps"]:
-        raise SystemExit(f"the replay went wrong: {replica.status()['refused']}, {replica.stats}")
-    await replica.stop()
-    return Replayed(
-        mode,
-        owners,
-        len(batches),
-        1e6 * (cpu1 - cpu0) / len(batches),
-        1e6 * batches[len(batches) // 10],
-        1e6 * batches[len(batches) // 2],
-        len(beats),
-        1e6 * (cpu2 - cpu1) / len(beats),
-        1e6 * beats[len(beats) // 2],
-    )
+    async def turn(self, kind: str, chunk: int) -> None:
+        """The `chunk`-th slice of this replica's batches or beats, timed."""
+        msgs: list[Message] = getattr(self.rec, kind)
+        part = msgs[chunk * len(msgs) // REPLAY_CHUNKS : (chunk + 1) * len(msgs) // REPLAY_CHUNKS]
+        if self.profiler is not None:
+            self.profiler.enable()
+        cpu = time.process_time()
+        self.times[kind].extend([await self.one(msg) for msg in part])
+        self.cpu[kind] += time.process_time() - cpu
+        if self.profiler is not None:
+            self.profiler.disable()
+
+    def result(self, owners: int) -> Replayed:
+        replica = self.replica
+        if sum(replica.guard.refused.values()) or replica.stats["gaps"]:
+            refused = replica.status()["refused"]
+            raise SystemExit(f"the {self.mode.name} replay went wrong: {refused}, {replica.stats}")
+        batches, beats = sorted(self.times["batches"]), sorted(self.times["beats"])
+        return Replayed(
+            self.mode.name,
+            owners,
+            len(batches),
+            1e6 * self.cpu["batches"] / len(batches),
+            1e6 * batches[len(batches) // 10],
+            1e6 * batches[len(batches) // 2],
+            len(beats),
+            1e6 * self.cpu["beats"] / len(beats),
+            1e6 * beats[len(beats) // 2],
+        )
+
+
+async def replay(
+    recs: dict[str, Recorded],
+    owners: int,
+    pki: Pki,
+    workdir: Path,
+    profile: Path | None,
+    settle: bool,
+) -> list[Replayed]:
+    """A fresh replica per mode (SQLite in a file, as in production), each handed the fleet's
+    start, then the recorded batches and then the quiet heartbeats directly, one at a time,
+    each committed at once: in turns of a slice each, the modes in rotating order, so that
+    whatever else the host does falls on all of them alike. "signed+tls": its bus vouches for
+    who published on an owner's subject, as the authenticated bus does (live batches
+    audited)."""
+    runs = []
+    for mode in (PLAIN, SIGNED, SIGNED_TLS):
+        path = workdir / f"replay-{owners}-{mode.name}.db"
+        path.unlink(missing_ok=True)
+        trust = CaTrust([pki.ca.cert]) if mode.signed else None
+        replica = Replica(InProcessBus(authenticated=mode.tls), path, trust=trust)
+        await replica.start(bootstrap=False)
+        profiler = cProfile.Profile() if profile is not None and mode.signed else None
+        run = Replaying(mode, recs["signed" if mode.signed else "plain"], replica, profiler)
+        for msg in run.rec.start:
+            await run.one(msg)
+        runs.append(run)
+    if settle:
+        heap.settle()  # as a souk part does once it is ready
+    for kind in ("batches", "beats"):
+        for chunk in range(REPLAY_CHUNKS):
+            first = chunk % len(runs)
+            for run in runs[first:] + runs[:first]:
+                await run.turn(kind, chunk)
+    results = []
+    for run in runs:
+        results.append(run.result(owners))
+        await run.replica.stop()
+        if run.profiler is not None and profile is not None:
+            name = f"{profile.stem}-replay-{owners}-{run.mode.name}.prof"
+            run.profiler.dump_stats(profile.with_name(name))
+    return results
 
 
 async def measure_replay(args: argparse.Namespace) -> list[Replayed]:
@@ -1234,15 +1290,12 @@ async def measure_replay(args: argparse.Namespace) -> list[Replayed]:
         pki = Pki(workdir)
         results = []
         for owners in args.owners:
-            plain = await record(owners, args.replay_changes, None)
-            signed = await record(owners, args.replay_changes, pki)
-            for mode in (PLAIN, SIGNED, SIGNED_TLS):
-                rec = signed if mode.signed else plain
-                trust = CaTrust([pki.ca.cert]) if mode.signed else None
-                profile = args.profile_replica if mode.signed else None
-                results.append(
-                    await replay(mode.name, rec, owners, trust, workdir, profile, mode.tls)
-                )
+            recs = {
+                "plain": await record(owners, args.replay_changes, None, args.replay_beats),
+                "signed": await record(owners, args.replay_changes, pki, args.replay_beats),
+            }
+            settle = args.replica_gc == "settle"
+            results += await replay(recs, owners, pki, workdir, args.profile_replica, settle)
     return results
 
 
@@ -1258,6 +1311,8 @@ def replay_table(results: list[Replayed]) -> Table:
         "beats",
         "CPU/beat",
         "p50 beat",
+        "per message, p50s",
+        "per message, CPU",
     ):
         table.add_column(name, justify="right")
     plain = {r.owners: r for r in results if r.mode == PLAIN.name}
@@ -1269,11 +1324,17 @@ def replay_table(results: list[Replayed]) -> Table:
             (r.batch_p50_us, base.batch_p50_us),
             (r.beat_cpu_us, base.beat_cpu_us),
             (r.beat_p50_us, base.beat_p50_us),
+            (r.per_message(p50=True), base.per_message(p50=True)),
+            (r.per_message(p50=False), base.per_message(p50=False)),
         ]
         cells = [f"{v:.1f}" if r is base else f"{v:.1f} ({v / b:.2f}x)" for v, b in pairs]
         table.add_row(
             f"{r.owners:,}", r.mode, f"{r.batches:,}", *cells[:3], f"{r.beats:,}", *cells[3:]
         )
+    table.caption = (
+        f"per message: {REPLAY_BATCHES_PER_S:,} batches a second and one heartbeat per owner,"
+        " as the end-to-end phases mix them; the modes take turns, a slice of each at a time"
+    )
     return table
 
 
@@ -1373,6 +1434,12 @@ def main() -> None:
     )
     parser.add_argument(
         "--replay-changes", type=int, default=10_000, help="with --replay: changes recorded"
+    )
+    parser.add_argument(
+        "--replay-beats",
+        type=int,
+        default=10,
+        help="with --replay: quiet heartbeats recorded per owner",
     )
     args = parser.parse_args()
     args.owners = [int(s) for s in args.owners.split(",")]

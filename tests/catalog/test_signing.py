@@ -3,6 +3,7 @@ subject tokens, certificate rules and a replica file from before proofs were kep
 
 from __future__ import annotations
 
+import hashlib
 import sqlite3
 import time
 from datetime import UTC, datetime, timedelta
@@ -32,6 +33,7 @@ from souk.catalog.signing import (
     root_from_path,
     row_proof_header,
     tick_follows,
+    tick_step,
     tree,
     unb64,
 )
@@ -95,6 +97,15 @@ def test_a_tick_chain_is_followed_across_lost_beats_and_renewed_when_used_up() -
     assert not tick_follows(unb64(tick4), 1, unb64(tick2))
     later, n, fresh = chain.next()  # used up: a new chain, made later
     assert (n, later > at) == (1, True) and not tick_follows(unb64(fresh), 4, unb64(tick4))
+
+
+def test_a_chain_step_is_the_hash_every_release_takes() -> None:
+    """A replica's step (a prepared hash, copied) is BLAKE2b-256 of 0x03 and the element, as
+    owners of every release make their chains: one step after another, across copies."""
+    x = b"\x07" * 32
+    for _ in range(3):
+        assert tick_step(x) == hashlib.blake2b(b"\x03" + x, digest_size=32).digest()
+        x = tick_step(x)
 
 
 def test_names_become_one_subject_token_each() -> None:

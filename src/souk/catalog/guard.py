@@ -8,6 +8,7 @@ by a key the CA certified for its owner; see `souk.catalog.signing` for what is 
 from __future__ import annotations
 
 import logging
+from binascii import a2b_base64
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ from souk.catalog.signing import (
     header_for,
     row_proof_header,
     tick_follows,
+    tick_step,
     unb64,
 )
 from souk.catalog.trust import Refused, Trust
@@ -44,7 +46,7 @@ REASONS = (
 _CHECKED_KEEP = 20_000
 
 
-@dataclass
+@dataclass(slots=True)
 class _Chain:
     """The last heartbeat accepted from an owner, with a checked signature or tick."""
 
@@ -154,20 +156,27 @@ class Guard:
         only once `beat_signature` has checked it (when its batches have not closed the gap
         shortly after: a replica that lags hears of heads it has not applied in every beat)."""
         held = self._chains.get(beat.owner)
-        if (
-            held is not None
-            and applied is not None
-            and 0 < beat.n - held.n <= CHAIN_LENGTH
-            and (beat.fp, beat.chain_at) == (held.fp, held.at)
-            and (beat.epoch, beat.region, beat.apps) == (held.epoch, held.region, held.apps)
-        ):
-            try:
-                tick = unb64(beat.tick)
-            except ValueError:
-                tick = b""
-            if tick_follows(tick, beat.n - held.n, held.last):
-                held.n, held.last = beat.n, tick
-                return beat.head <= applied
+        if held is not None and applied is not None:
+            # Every quiet beat comes this way (at 10,000 owners, 10,000 a second): field by
+            # field, cheapest first, no tuples made, the tick decoded and hashed inline.
+            steps = beat.n - held.n
+            if (
+                0 < steps <= CHAIN_LENGTH
+                and beat.chain_at == held.at
+                and beat.epoch == held.epoch
+                and beat.fp == held.fp
+                and beat.region == held.region
+                and beat.apps == held.apps
+            ):
+                try:
+                    tick = a2b_base64(beat.tick, strict_mode=True)
+                except ValueError:
+                    tick = b""
+                last = held.last
+                if tick_step(tick) == last if steps == 1 else tick_follows(tick, steps, last):
+                    held.n = beat.n
+                    held.last = tick
+                    return beat.head <= applied
         if beat.cert:
             try:
                 self.learn(beat.cert)

@@ -29,17 +29,19 @@ class Heartbeats(FromOwners):
         if beat is None:
             return
         checked = True
-        if self.guard.secure:
-            held = a.owners.get(beat.owner)
-            applied = held.head if held is not None and held.epoch == beat.epoch else None
+        st = a.owners.get(beat.owner)  # the usual beat's owner, of its epoch: one lookup
+        if st is not None and st.epoch != beat.epoch:
+            st = None
+        if self.guard.trust is not None:
             try:
-                checked = self.guard.beat(beat, applied)
+                checked = self.guard.beat(beat, None if st is None else st.head)
             except Refused as exc:
                 self.guard.refuse(exc, f"a heartbeat of {beat.owner!r}")
                 return
-        st = a.owner(beat.owner, beat.region, beat.epoch)
-        if st is None:
-            return
+        if st is None:  # a new owner, or another epoch: `owner` decides
+            st = a.owner(beat.owner, beat.region, beat.epoch)
+            if st is None:
+                return
         a.liveness.heard(beat.owner, st, beat.head if checked else 0)
         if not checked:
             st.unchecked = beat
