@@ -173,7 +173,8 @@ class Guard:
                 except ValueError:
                     tick = b""
                 last = held.last
-                if tick_step(tick) == last if steps == 1 else tick_follows(tick, steps, last):
+                follows = tick_step(tick) == last if steps == 1 else tick_follows(tick, steps, last)
+                if follows:
                     held.n = beat.n
                     held.last = tick
                     return beat.head <= applied
