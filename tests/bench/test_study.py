@@ -137,6 +137,8 @@ def test_a_real_cluster_sharing_the_harness_ties_places_its_creates_alike(tmp_pa
     # a full worker refuses (and so which next pick is tried) follows the order their requests
     # reach it, the host's in the cluster.
     v = asyncio.run(study.validate_one("offers", 0, tmp_path, draws=0, limit=120))
-    assert v.harness_conflicts > 0  # the deploy herded
+    # The deploy of 50 does not herd, in either: each create ranks its workers as they will be
+    # once what the broker is reserving lands (placement/pending.py).
+    assert v.harness_conflicts == v.cluster_conflicts == 0
     assert v.matched >= 0.9 * v.creates
     assert v.cluster_refused == v.harness_refused == 0
