@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 from souk.broker.placement.candidates import Candidate
 from souk.models.catalog import WorkerRow
@@ -42,14 +42,6 @@ class Reservation:
     answered_at: float | None = None  # monotonic
 
 
-@dataclass(slots=True)
-class _Worker:
-    reservations: list[Reservation] = field(default_factory=list)
-
-    def in_flight(self) -> bool:
-        return any(r.answered_at is None for r in self.reservations)
-
-
 class PendingRoom:
     """Every worker's pending reservations. `row_of`: the worker's row as last seen (the
     placer's candidate cache holds it), by which a taken create is known to be in the catalog:
@@ -60,14 +52,18 @@ class PendingRoom:
 
     def __init__(self, row_of: Callable[[str], WorkerRow | None]) -> None:
         self.row_of = row_of
-        self._workers: dict[str, _Worker] = {}
+        self._workers: dict[str, list[Reservation]] = {}
 
     def reserving(self, worker: str, guest: GuestConfig) -> Reservation:
         """A create on its way to `worker`, counted until `ended`."""
         r = Reservation(worker, guest.cpus, guest.memory_mb, self.row_of(worker))
         if len(self._workers) >= MAX_WORKERS:  # workers gone since: their creates are answered
-            self._workers = {w: held for w, held in self._workers.items() if held.in_flight()}
-        self._workers.setdefault(worker, _Worker()).reservations.append(r)
+            self._workers = {
+                w: held
+                for w, held in self._workers.items()
+                if any(p.answered_at is None for p in held)
+            }
+        self._workers.setdefault(worker, []).append(r)
         return r
 
     def ended(self, r: Reservation, taken: bool) -> None:
@@ -76,11 +72,11 @@ class PendingRoom:
         if taken:
             r.answered_at = time.monotonic()
             return
-        held = self._workers.get(r.worker)
-        if held is not None:
-            held.reservations = [p for p in held.reservations if p is not r]
-            if not held.reservations:
-                del self._workers[r.worker]
+        held = [p for p in self._workers.get(r.worker, ()) if p is not r]
+        if held:
+            self._workers[r.worker] = held
+        else:
+            self._workers.pop(r.worker, None)
 
     def split(
         self, cands: list[Candidate], guest: GuestConfig, offered: bool
@@ -95,7 +91,7 @@ class PendingRoom:
         gc, gm = guest.cpus, guest.memory_mb
         for c in cands:
             taken = self._taken(c.worker, offered, now)
-            if taken is None:
+            if taken == (0, 0):
                 fit.append(c)
                 continue
             cpus, memory_mb = c.cpus_free - taken[0], c.memory_mb_free - taken[1]
@@ -105,20 +101,21 @@ class PendingRoom:
                 later.append(c)
         return fit, later
 
-    def _taken(self, worker: str, offered: bool, now: float) -> tuple[int, int] | None:
+    def _taken(self, worker: str, offered: bool, now: float) -> tuple[int, int]:
         held = self._workers.get(worker)
         if held is None:
-            return None
+            return 0, 0
         row = self.row_of(worker)
-        held.reservations = [r for r in held.reservations if not _shown(r, row, now)]
-        if not held.reservations:
+        held = [r for r in held if not _shown(r, row, now)]
+        if not held:
             del self._workers[worker]
-            return None
-        counted = [r for r in held.reservations if not offered or r.answered_at is None]
+            return 0, 0
+        self._workers[worker] = held
+        counted = [r for r in held if not offered or r.answered_at is None]
         return sum(r.cpus for r in counted), sum(r.memory_mb for r in counted)
 
     def __len__(self) -> int:
-        return sum(len(w.reservations) for w in self._workers.values())
+        return sum(map(len, self._workers.values()))
 
 
 def _shown(r: Reservation, row: WorkerRow | None, now: float) -> bool:
