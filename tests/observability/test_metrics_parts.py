@@ -34,7 +34,7 @@ def test_switched_off_every_child_records_nothing() -> None:
     metrics = BrokerMetrics(enabled=False)
     assert metrics.decision["offers"] is OFF
     metrics.offers("offers", 3, 2, [Refusal(worker="w", reason="cordoned")])
-    metrics.refused("catalog", 0.1, [Refusal(worker="w", reason="draining")])
+    metrics.refused("catalog", 0.1, ["draining"])
     metrics.error(412, "insufficient_capacity")
     text = metrics.metrics.render().decode()
     scrape = parse(text)
@@ -68,10 +68,8 @@ def test_each_refusal_the_fit_rule_words_has_its_own_kind() -> None:
 
 def test_counted_refusals_are_bound_up_front_and_by_kind() -> None:
     metrics = BrokerMetrics()
-    refusals = [
-        Refusal(worker=f"w{i}", reason="not enough room: free 0 cpus, 0 MB") for i in range(3)
-    ]
-    metrics.refused("catalog", 0.01, [*refusals, Refusal(worker="x", reason="??")])
+    reasons = ["not enough room: free 0 cpus, 0 MB"] * 3
+    metrics.refused("catalog", 0.01, [*reasons, "??"])
     metrics.error(412, "insufficient_capacity")
     metrics.error(412, "insufficient_capacity")
     scrape = parse(metrics.metrics.render().decode())

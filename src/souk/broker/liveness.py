@@ -71,6 +71,10 @@ class Liveness:
                 del self._failed[worker]
         return bool(self._failed)
 
+    def shunned_now(self) -> list[str]:
+        """The workers shunned now."""
+        return list(self._failed) if self.any_shunned else []
+
     def heard(self, row: WorkerRow) -> float | None:
         """Unix time the worker was last heard from, by the bus or over HTTP."""
         times = [t for t in (row.last_heartbeat, self._answered.get(row.id)) if t is not None]

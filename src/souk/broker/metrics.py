@@ -8,6 +8,7 @@ short fixed list.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable
 from typing import get_args
 
@@ -105,11 +106,11 @@ class BrokerMetrics:
         for refusal in refusals:
             self.offer_refusals[refusal_kind(refusal.reason)].inc()
 
-    def refused(self, strategy: str, seconds: float, refusals: Iterable[Refusal]) -> None:
-        """A create that no worker took (a 412)."""
+    def refused(self, strategy: str, seconds: float, reasons: Iterable[str]) -> None:
+        """A create that no worker took (a 412), with each worker's reason."""
         self.not_placed[strategy].observe(seconds)
-        for refusal in refusals:
-            self.no_capacity[refusal_kind(refusal.reason)].inc()
+        for kind, n in Counter(map(refusal_kind, reasons)).items():
+            self.no_capacity[kind].inc(n)
 
     def error(self, status: int, reason: str) -> None:
         by_reason = self._errors.get(status)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 from typing import TypeVar, get_args
 
 from aiohttp import web
@@ -43,6 +44,9 @@ IDEMPOTENCY_HEADER = "Idempotency-Key"
 MAX_KEY = 255
 IGNORED_HEADER = "souk-ignored-fields"
 MAX_IGNORED = 32
+# Workers' refusals a 412 names (the unreachable first); the rest are counted in
+# `refusals_omitted`: in a region of 10,000 workers all of them would be a megabyte an answer.
+MAX_REFUSALS_SHOWN = 100
 M = TypeVar("M", bound=BaseModel)
 
 
@@ -158,16 +162,15 @@ async def create_machine(request: web.Request) -> web.StreamResponse:
                 f" its regions: {', '.join(regions) or 'none'}",
                 {"regions": regions},
             ) from None
-        refusals = [r.model_dump() for r in exc.refusals if r.worker not in pinned]
+        shown = (r for r in exc.refusals if r.worker not in pinned)
+        refusals = [r.model_dump() for r in itertools.islice(shown, MAX_REFUSALS_SHOWN)]
+        details = {"region": exc.region, "workers_asked": exc.asked, "refusals": refusals}
+        if not pinned and len(exc.refusals) > len(refusals):
+            details["refusals_omitted"] = len(exc.refusals) - len(refusals)
         message = exc.message()
         if pinned:  # the others were never candidates: only the volume's worker says why
             message = "mounts: the volume's worker cannot take this machine (a volume never moves)"
-        raise ApiError(
-            412,
-            "insufficient_capacity",
-            message,
-            {"region": exc.region, "workers_asked": exc.asked, "refusals": refusals},
-        ) from None
+        raise ApiError(412, "insufficient_capacity", message, details) from None
     address = _address(b, machine)
     b.hint(machine, address)
     nonce = None

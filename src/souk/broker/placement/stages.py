@@ -127,7 +127,22 @@ class Misfits(Sequence[Refusal]):
         return self.built()[i]
 
     def __iter__(self) -> Iterator[Refusal]:
-        return iter(self.built())
+        """Built one at a time as read, so that reading the first few of a region's thousands
+        (a 412's answer) builds only those."""
+        if self._built is not None and len(self._built) == len(self.found):
+            return iter(self._built)
+        return (self._refusal(*f) for f in self.found)
+
+    def reasons(self) -> Iterator[str]:
+        """Each refusal's reason, without building the refusals (the no-capacity metrics)."""
+        guest = self.guest
+        for _, cand, cordoned, draining in self.found:
+            if cand is None:
+                yield AVOIDED
+            else:
+                why = misfit_in(cand, guest, cordoned, draining)
+                assert why is not None, "kept as a misfit by the rule, so the rule says why"
+                yield why.reason
 
 
 class Refusals:
@@ -163,6 +178,14 @@ class Refusals:
             else:
                 assert isinstance(part, Refusal)
                 yield part
+
+    def reasons(self) -> Iterator[str]:
+        for part in self._parts:
+            if type(part) is Misfits:
+                yield from part.reasons()
+            else:
+                assert isinstance(part, Refusal)
+                yield part.reason
 
 
 class Feasible(NamedTuple):
