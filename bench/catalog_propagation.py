@@ -1261,7 +1261,7 @@ async def replay(
         trust = CaTrust([pki.ca.cert]) if mode.signed else None
         replica = Replica(InProcessBus(authenticated=mode.tls), path, trust=trust)
         await replica.start(bootstrap=False)
-        profiler = cProfile.Profile() if profile is not None and mode.signed else None
+        profiler = cProfile.Profile() if profile is not None else None
         run = Replaying(mode, recs["signed" if mode.signed else "plain"], replica, profiler)
         for msg in run.rec.start:
             await run.one(msg)
