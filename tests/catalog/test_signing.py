@@ -27,11 +27,13 @@ from souk.catalog.protocol import (
 from souk.catalog.signing import (
     Signed,
     TickChain,
+    b64,
     head_proof_header,
     header_for,
     leaf,
     root_from_path,
     row_proof_header,
+    rows_tree,
     tick_follows,
     tick_step,
     tree,
@@ -74,11 +76,17 @@ def test_what_owners_sign_and_replicas_relay_keeps_its_bytes() -> None:
         f'["souk.catalog/1","batch","w1","mad","e1",6,9,false,3,"{root}",{fp}]'.encode()
     )
     assert texts == [b'{"a":"x","b":1}', b"null", b'{"id":"w1"}']
-    signed = Signed(header, "c2ln", texts, paths)
+    signed = header.signed("c2ln", texts, paths)
     part = f'"batch","mad","e1",6,9,false,3,{fp},"c2ln"'
-    assert signed.head_proof() == f'[{part},"{root}"]'.encode()
+    assert signed.head_proof() == f'[{part},"{root}"]'
+    assert Signed(f"[{part}", root, texts, paths) == signed
     last = "ZsTUnjE4vT2x1+OEhgSptyjTN7ugcu1KFesBez2RhE8="
-    assert signed.row_proof(2) == f'[{part},2,["{last}"]]'.encode()
+    assert signed.row_proof(2) == f'[{part},2,["{last}"]]'
+    [text], one, [path] = rows_tree(changes[:1])
+    assert (text, path) == (texts[0], [])  # a lone row's leaf, made inline, is the tree's
+    assert one == b64(tree([leaf("machines", "m1", 7, text)])[0])
+    lone = Signed(f"[{part}", one, [text], [path])
+    assert lone.row_proof(0) == f"[{part},0,[]]" and lone.head_proof() == f'[{part},"{one}"]'
     for i, change in enumerate(changes):
         proof = orjson.loads(signed.row_proof(i))
         again = row_proof_header("w1", change.table, change.key, change.seq, texts[i], proof)
@@ -226,7 +234,7 @@ def test_a_replica_file_from_before_proofs_opens_and_keeps_its_rows(tmp_path: Pa
     assert list(store.owners()) == [("w1", "mad", "e1", 3)]
     assert list(store.all_rows()) == [("w1", "images", "sha256:00", 3, {"x": 1})]
     store.begin()
-    store.put("w1", "images", "sha256:01", 4, {"x": 2}, b'{"x":2}', b'["proof"]')
+    store.put("w1", "images", "sha256:01", 4, {"x": 2}, b'{"x":2}', '["proof"]')
     store.commit()
     assert store.live_rows({"w1"})[-1] == ("w1", "images", "sha256:01", 4, '{"x":2}', '["proof"]')
     store.close()

@@ -110,9 +110,9 @@ class Applier:
         owner: str,
         region: str,
         changes: list[Change],
-        advance: tuple[OwnerState, int, bytes | None] | None = None,
+        advance: tuple[OwnerState, int, str | None] | None = None,
         signed: Signed | None = None,
-        proofs: list[tuple[bytes, bytes]] | None = None,
+        proofs: list[tuple[bytes, str]] | None = None,
         replace: bool = False,
     ) -> int:
         """Applies what is newer than held, and moves the owner's head to `advance` (state,
@@ -164,7 +164,7 @@ class Applier:
             self.on_apply(time.perf_counter() - began)
         return applied
 
-    def advance(self, owner: str, st: OwnerState, head: int, proof: bytes | None) -> None:
+    def advance(self, owner: str, st: OwnerState, head: int, proof: str | None) -> None:
         if head > st.head:
             st.head = head
             self.store.save_owner(owner, st.region, st.epoch, head, proof)

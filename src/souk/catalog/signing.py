@@ -120,7 +120,9 @@ _NODE = hashlib.blake2b(b"\x01", digest_size=DIGEST)
 def leaf(table: str, key: str, seq: int, text: bytes) -> bytes:
     """H(0x00 || [table, key, seq] || 0x00 || text)."""
     h = _LEAF.copy()
-    h.update(orjson.dumps([table, key, seq]) + b"\x00" + text)
+    h.update(orjson.dumps([table, key, seq]))  # in parts: no copy of the row's text made
+    h.update(b"\x00")
+    h.update(text)
     return h.digest()
 
 
@@ -175,7 +177,7 @@ def root_from_path(leaf_hash: bytes, index: int, count: int, path: Sequence[byte
 
 # --- signed headers and the proofs a replica keeps --------------------------------------------
 
-_SIGNED_PART = 9  # the fields both proofs begin with (`Header.proof`)
+_SIGNED_PART = 9  # the fields both proofs begin with (`proof_part`)
 
 
 class Header(NamedTuple):
@@ -197,41 +199,77 @@ class Header(NamedTuple):
     def statement(self) -> bytes:
         return orjson.dumps([DOMAIN, *self])
 
-    def proof(self, sig: str, *rest: Any) -> bytes:
-        """A proof as stored and relayed (JSON): the header without its owner (a proof is kept
-        with the owner's rows) and its root (a row's proof leads to it), the signature, then
-        `rest`: the root for a head's proof, the row's place and path for a row's."""
-        return orjson.dumps(
-            [
-                self.kind,
-                self.region,
-                self.epoch,
-                self.prev,
-                self.head,
-                self.more,
-                self.size,
-                self.fp,
-                sig,
-                *rest,
-            ]
+    def signed(self, sig: str, texts: list[bytes], paths: list[list[bytes]]) -> Signed:
+        """What a replica keeps of the message this header is of, signed with `sig`."""
+        part = proof_part(
+            self.kind,
+            self.region,
+            self.epoch,
+            self.prev,
+            self.head,
+            self.more,
+            self.size,
+            self.fp,
+            sig,
         )
+        return Signed(part, self.root, texts, paths)
+
+
+def proof_part(
+    kind: str,
+    region: str,
+    epoch: str,
+    prev: int,
+    head: int,
+    more: bool,
+    size: int,
+    fp: str,
+    sig: str,
+) -> str:
+    """What a row's proof and a head's begin with, as stored and relayed (JSON, the list left
+    open): the header without its owner (a proof is kept with the owner's rows) and its root (a
+    row's proof leads to it), then the signature."""
+    return orjson.dumps([kind, region, epoch, prev, head, more, size, fp, sig])[:-1].decode()
 
 
 class Signed(NamedTuple):
-    """A message whose signature checked out, with what its rows' proofs are made of."""
+    """A signed message as a replica keeps it, to relay its rows and head: made once per batch
+    (checked, or on the authenticated bus only signed), taken apart by nothing but its proofs."""
 
-    header: Header
-    sig: str
+    part: str  # `proof_part`: what both proofs begin with
+    root: str  # the hash tree's root, base64, as signed
     texts: list[bytes]  # each change's canonical row text
     paths: list[list[bytes]]
 
-    def row_proof(self, index: int) -> bytes:
-        """What proves a row to a replica it is relayed to, with the row itself."""
-        return self.header.proof(self.sig, index, [b64(p) for p in self.paths[index]])
+    def row_proof(self, index: int) -> str:
+        """What proves a row to a replica it is relayed to, with the row itself: the signed
+        part, then the row's place and path."""
+        path = self.paths[index]
+        if not path:  # a single-row batch, the usual one
+            return f"{self.part},{index},[]]"
+        return f"{self.part},{index},{orjson.dumps([b64(p) for p in path]).decode()}]"
 
-    def head_proof(self) -> bytes:
-        """What proves the owner's head to a replica this is relayed to."""
-        return self.header.proof(self.sig, self.header.root)
+    def head_proof(self) -> str:
+        """What proves the owner's head to a replica this is relayed to: the signed part, then
+        the root."""
+        return f'{self.part},"{self.root}"]'  # base64: nothing in it for JSON to escape
+
+
+def rows_tree(changes: Sequence[Change]) -> tuple[list[bytes], str, list[list[bytes]]]:
+    """The changes' row texts, the root of the hash tree over them (base64, as signed), and
+    each row's path to it."""
+    if len(changes) == 1:  # most batches: the tree is its one leaf, `row_text` and `leaf`
+        c = changes[0]  # inline (every live batch comes this way, checked or not)
+        text = orjson.dumps(c.row, option=orjson.OPT_SORT_KEYS)
+        h = _LEAF.copy()
+        h.update(orjson.dumps([c.table, c.key, c.seq]))
+        h.update(b"\x00")
+        h.update(text)
+        return [text], binascii.b2a_base64(h.digest(), newline=False).decode(), [[]]
+    texts = [row_text(c.row) for c in changes]
+    leaves = [leaf(c.table, c.key, c.seq, text) for c, text in zip(changes, texts, strict=True)]
+    root, paths = tree(leaves)
+    return texts, b64(root), paths
 
 
 def header_for(
@@ -246,16 +284,8 @@ def header_for(
     fp: str,
 ) -> tuple[Header, list[bytes], list[list[bytes]]]:
     """The header an owner signs for these changes, with their row texts and paths."""
-    if len(changes) == 1:  # most batches: the tree is its one leaf
-        c = changes[0]
-        text = row_text(c.row)
-        root = leaf(c.table, c.key, c.seq, text)
-        return Header(kind, owner, region, epoch, prev, head, more, 1, b64(root), fp), [text], [[]]
-    texts = [row_text(c.row) for c in changes]
-    leaves = [leaf(c.table, c.key, c.seq, text) for c, text in zip(changes, texts, strict=True)]
-    root, paths = tree(leaves)
-    header = Header(kind, owner, region, epoch, prev, head, more, len(changes), b64(root), fp)
-    return header, texts, paths
+    texts, root, paths = rows_tree(changes)
+    return Header(kind, owner, region, epoch, prev, head, more, len(texts), root, fp), texts, paths
 
 
 def _from_signed_part(owner: str, part: Sequence[Any], root: str) -> tuple[Header, bytes]:

@@ -126,7 +126,7 @@ class ReplicaStore:
         seq: int,
         row: dict[str, Any] | None,
         text: bytes | None = None,
-        proof: bytes | None = None,
+        proof: str | None = None,
     ) -> int:
         """Stores a row version (`text`: the row already encoded, if it is) and records it as a
         change; returns its local sequence."""
@@ -137,7 +137,7 @@ class ReplicaStore:
         self.conn.execute(
             "INSERT INTO rows VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (owner, tbl, key) DO UPDATE"
             " SET seq = excluded.seq, row = excluded.row, proof = excluded.proof",
-            (owner, table, key, seq, stored, None if proof is None else proof.decode()),
+            (owner, table, key, seq, stored, proof),
         )
         cur = self.conn.execute(
             "INSERT INTO changes (owner, tbl, key, seq, row) VALUES (?, ?, ?, ?, ?)",
@@ -149,13 +149,13 @@ class ReplicaStore:
         self.conn.execute("DELETE FROM rows WHERE owner = ?", (owner,))
 
     def save_owner(
-        self, owner: str, region: str, epoch: str, head: int, proof: bytes | None = None
+        self, owner: str, region: str, epoch: str, head: int, proof: str | None = None
     ) -> None:
         self.conn.execute(
             "INSERT INTO owners VALUES (?, ?, ?, ?, ?) ON CONFLICT (owner) DO UPDATE"
             " SET region = excluded.region, epoch = excluded.epoch, head = excluded.head,"
             " proof = excluded.proof",
-            (owner, region, epoch, head, None if proof is None else proof.decode()),
+            (owner, region, epoch, head, proof),
         )
 
     def save_cert(self, fp: str, der: bytes) -> None:

@@ -92,7 +92,7 @@ def _load_relayed(
     """An owner's rows and head from a snapshot. Signed: what fails its owner's proof is
     refused, and an owner with any refused row keeps head 0, so it is pulled from the owner
     in full."""
-    proofs: list[tuple[bytes, bytes]] | None = None
+    proofs: list[tuple[bytes, str]] | None = None
     head_proof = None
     changes = [change for change, _ in rows]
     complete = True
@@ -102,7 +102,7 @@ def _load_relayed(
         except Refused as exc:
             guard.refuse(exc, f"the relayed head of {owner!r}")
             return
-        head_proof = orjson.dumps(claim.proof)
+        head_proof = orjson.dumps(claim.proof).decode()
         changes, proofs = [], []
         for change, proof in rows:
             text = row_text(change.row)
@@ -113,7 +113,7 @@ def _load_relayed(
                 complete = False
                 continue
             changes.append(change)
-            proofs.append((text, orjson.dumps(proof)))
+            proofs.append((text, orjson.dumps(proof).decode()))
     st = applier.owner(owner, claim.region, claim.epoch)
     if st is None:
         return
