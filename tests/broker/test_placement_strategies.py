@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
+from souk.broker.api import machines
 from souk.broker.fleet import StaticFleet
 from souk.broker.placement.pipeline import Placer
 from souk.broker.registry import AppRegistry
@@ -105,6 +106,24 @@ async def test_a_deploys_creates_at_once_do_not_herd(
         assert all(c.engines[n].capacity().free.cpus == 0 for n in c.engines)
         read = c.placer.metrics.metrics.registry.get_sample_value
         assert read("souk_broker_reservation_creates_sum") == 8
+
+
+async def test_a_412_names_the_first_refusals_and_counts_the_rest(
+    make_cluster: ClusterFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A region of thousands of workers would otherwise name every one of them in each 412,
+    and a client asking for a size no worker has can ask again and again."""
+    monkeypatch.setattr(machines, "MAX_REFUSALS_SHOWN", 2)
+    specs = [WorkerSpec(f"w{i}", "mad", cpus=2, memory_mb=2048) for i in range(3)]
+    async with make_cluster(specs) as c:
+        resp = await place(c, "catalog", cpus=4)
+        assert resp.status == 412
+        details = (await resp.json())["details"]
+        assert details["workers_asked"] == 3
+        assert len(details["refusals"]) == 2 and details["refusals_omitted"] == 1
+        assert all("not enough room" in r["reason"] for r in details["refusals"])
+        read = c.placer.metrics.metrics.registry.get_sample_value
+        assert read("souk_broker_no_capacity_refusals_total", {"reason": "room"}) == 3
 
 
 async def test_a_region_with_no_room_answers_412_within_the_deadline(
