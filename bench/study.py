@@ -534,6 +534,9 @@ class LaggedCatalog:
     def silent(self, region: str) -> list[WorkerRow]:
         return []
 
+    def worker_regions(self) -> list[str]:
+        return sorted(self.rows)
+
     def worker(self, worker_id: str) -> WorkerRow | None:
         region = self.by_id[worker_id].region
         return self.rows[region][self.at[worker_id]]

@@ -141,6 +141,7 @@ async def test_placeable_rows_follow_changes_arrivals_and_silence() -> None:
     await eventually(lambda: {w.id for w in replica.placeable("mad")} == {"w1", "w3"})
     assert [w.id for w in replica.silent("mad")] == ["w2"]
     assert replica.silent("mad")[0].unreachable
+    assert replica.worker_regions() == ["mad"]  # a silent worker's region still counts
     assert len(replica.placeable("mad")) == len({w.id for w in replica.placeable("mad")})
 
     owners[2] = await start_owner(bus, sources[2], beat=0.1)  # w2 speaks again

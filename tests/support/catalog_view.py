@@ -86,6 +86,9 @@ class FakeView:
     def placeable(self, region: str) -> list[WorkerRow]:
         return self.workers(region)
 
+    def worker_regions(self) -> list[str]:
+        return sorted({w.region for w in self.worker_rows.values()})
+
     def silent(self, region: str) -> list[WorkerRow]:
         return [w for w in self.workers(region, reachable_only=False) if w.unreachable]
 

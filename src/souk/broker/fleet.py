@@ -32,6 +32,10 @@ class Fleet(Protocol):
         """The region's workers `placeable` leaves out (see `CatalogView.silent`)."""
         ...
 
+    def worker_regions(self) -> list[str]:
+        """Every region with a worker, reachable or not (see `CatalogView.worker_regions`)."""
+        ...
+
     def worker(self, worker_id: str) -> WorkerRow | None: ...
 
     def machines(self, app: str | None = None, region: str | None = None) -> list[MachineRow]: ...
@@ -112,6 +116,9 @@ class StaticFleet:
             w for w in self._workers.values() if w.region == region and w.id not in self._reachable
         ]
 
+    def worker_regions(self) -> list[str]:
+        return sorted({w.region for w in self._workers.values()})
+
     def worker(self, worker_id: str) -> WorkerRow | None:
         return self._workers.get(worker_id)
 
@@ -158,6 +165,9 @@ class CatalogFleet:
 
     def silent(self, region: str) -> list[WorkerRow]:
         return self.view.silent(region)
+
+    def worker_regions(self) -> list[str]:
+        return self.view.worker_regions()
 
     def worker(self, worker_id: str) -> WorkerRow | None:
         return self.view.worker(worker_id)

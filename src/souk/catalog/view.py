@@ -32,6 +32,10 @@ class CatalogView(Protocol):
         and at a thousand workers copying the rows would cost more than ranking them."""
         ...
 
+    def worker_regions(self) -> list[str]:
+        """Every region the catalog holds a worker in, reachable or not, sorted."""
+        ...
+
     def silent(self, region: str) -> list[WorkerRow]:
         """The region's workers that `placeable` leaves out (not heard from lately), as
         `workers()` shows them. Placement looks at them once a second, and copying a whole
@@ -126,6 +130,9 @@ class FleetView:
     def _held(self, region: str) -> Placeable:
         self.liveness.expire(time.monotonic())
         return self._workers.held(region)
+
+    def worker_regions(self) -> list[str]:
+        return sorted(name for name, rows in self._workers.in_region.items() if rows)
 
     def silent(self, region: str) -> list[WorkerRow]:
         """The region's workers not heard from lately (`placeable` leaves them out), as

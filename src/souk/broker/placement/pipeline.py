@@ -36,7 +36,6 @@ free to read but may be milliseconds stale, and a worker's refusal at reservatio
 from __future__ import annotations
 
 import contextlib
-import math
 import random
 import time
 from collections.abc import AsyncGenerator, Callable
@@ -138,7 +137,6 @@ class Placer:
             fell_back=self.metrics.bus_fallbacks,
         )
         self._regions: dict[str, tuple[float, int, list[WorkerRow]]] = {}
-        self._regions_read: tuple[float, list[str]] = (-math.inf, [])  # see `regions`
         self._starts: dict[str | None, tuple[int, float]] = {}  # see `slice_start`
         self.journal = Journal()  # the last creates' decisions, to explain them
 
@@ -214,14 +212,8 @@ class Placer:
         raise refused
 
     def regions(self) -> list[str]:
-        """Every region the catalog knows a worker in, reachable or not, read at most once per
-        `REGION_EVERY` seconds: a create that names no region reads them, and reading them
-        copies every worker's row."""
-        now = time.monotonic()
-        if now - self._regions_read[0] > REGION_EVERY:
-            names = sorted({w.region for w in self.fleet.workers(reachable_only=False)})
-            self._regions_read = (now, names)
-        return self._regions_read[1]
+        """Every region the catalog knows a worker in, reachable or not."""
+        return self.fleet.worker_regions()
 
     def usable_in(self, region: str | None) -> tuple[list[WorkerRow], set[str]]:
         """`usable` of one region, or of every region together."""
