@@ -21,14 +21,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import nats
 import pytest
 
 from souk.broker.tokens import mint
 from souk.node.cluster_secret import new_secret
 from souk.pki import NodeFiles, client_context, init_ca
 from tests.support.hello import hello_config
-from tests.support.nats import NatsServer, needs_nats
+from tests.support.nats import NatsServer, can_connect, needs_nats
 from tests.support.pki import Pki
 from tests.support.ports import free_port
 from tests.support.waiting import wait_until
@@ -267,23 +266,9 @@ def test_every_replica_is_signed_and_refuses_nothing_from_the_cluster(cluster: C
         assert status["quarantined"] == []
 
 
-async def _can_connect(url: str, tls: ssl.SSLContext | None) -> bool:
-    async def quiet(_: Exception) -> None:
-        pass
-
-    try:
-        nc = await nats.connect(
-            url, tls=tls, allow_reconnect=False, connect_timeout=2, error_cb=quiet
-        )
-    except Exception:
-        return False
-    await nc.close()
-    return True
-
-
 async def test_the_bus_admits_no_client_without_a_certificate(cluster: Cluster) -> None:
     ca_only = ssl.create_default_context(cafile=cluster.pki.ca_dir / "ca.crt")
-    assert not await _can_connect(cluster.bus, None)  # anonymous, plain
-    assert not await _can_connect(cluster.bus, ca_only)  # TLS, but no certificate
-    assert not await _can_connect(cluster.bus, client_context(cluster.pki.node("worker", "w9")))
-    assert await _can_connect(cluster.bus, client_context(cluster.files["w0"]))
+    assert not await can_connect(cluster.bus, None)  # anonymous, plain
+    assert not await can_connect(cluster.bus, ca_only)  # TLS, but no certificate
+    assert not await can_connect(cluster.bus, client_context(cluster.pki.node("worker", "w9")))
+    assert await can_connect(cluster.bus, client_context(cluster.files["w0"]))

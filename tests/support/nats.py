@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import shutil
+import ssl
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
+import nats
 import pytest
 from nats.aio.client import Client
 
@@ -17,6 +19,22 @@ from tests.support.waiting import wait_until
 # Debian installs it in /usr/sbin, which is not on every user's PATH.
 NATS = shutil.which("nats-server") or shutil.which("nats-server", path="/usr/sbin:/usr/local/sbin")
 needs_nats = pytest.mark.skipif(NATS is None, reason="nats-server is not installed")
+
+
+async def can_connect(url: str, tls: ssl.SSLContext | None) -> bool:
+    """Whether a client with `tls` (None: none) is let onto the server at `url`."""
+
+    async def quiet(_: Exception) -> None:
+        pass
+
+    try:
+        nc = await nats.connect(
+            url, tls=tls, allow_reconnect=False, connect_timeout=2, error_cb=quiet
+        )
+    except Exception:
+        return False
+    await nc.close()
+    return True
 
 
 async def flushed(nc: Client) -> None:

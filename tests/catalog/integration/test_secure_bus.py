@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import nats
 import orjson
 import pytest
 
@@ -45,7 +44,7 @@ from souk.worker.settings import WorkerSettings
 from tests.catalog.pki import Ca, NodeCert
 from tests.support.catalog import converged
 from tests.support.catalog_cluster import ReplicaProcess
-from tests.support.nats import NATS, NatsServer, flushed
+from tests.support.nats import NATS, NatsServer, can_connect, flushed
 from tests.support.ports import free_port
 from tests.support.waiting import eventually as on_the_loop
 from tests.support.worker_process import SOUK
@@ -138,20 +137,6 @@ async def eventually(check: Callable[[], Any], timeout: float = 20.0, what: str 
         await asyncio.sleep(0.1)
 
 
-async def _can_connect(url: str, tls: ssl.SSLContext | None) -> bool:
-    async def quiet(_: Exception) -> None:
-        pass
-
-    try:
-        nc = await nats.connect(
-            url, tls=tls, allow_reconnect=False, connect_timeout=2, error_cb=quiet
-        )
-    except Exception:
-        return False
-    await nc.close()
-    return True
-
-
 async def test_only_the_nodes_the_cluster_ca_certified_and_the_bus_names_connect(
     secure: SecureBus,
 ) -> None:
@@ -162,11 +147,11 @@ async def test_only_the_nodes_the_cluster_ca_certified_and_the_bus_names_connect
         return tls
 
     stranger = Ca().node("worker", "w1").write(secure.dir / "elsewhere")  # by another CA
-    assert await _can_connect(secure.url, context(secure.files["w1"]))
-    assert not await _can_connect(secure.url, None)  # anonymous
-    assert not await _can_connect(secure.url, context(None))  # TLS, no certificate
-    assert not await _can_connect(secure.url, context(stranger))
-    assert not await _can_connect(secure.url, context(secure.files["ghost"]))
+    assert await can_connect(secure.url, context(secure.files["w1"]))
+    assert not await can_connect(secure.url, None)  # anonymous
+    assert not await can_connect(secure.url, context(None))  # TLS, no certificate
+    assert not await can_connect(secure.url, context(stranger))
+    assert not await can_connect(secure.url, context(secure.files["ghost"]))
 
 
 @contextlib.asynccontextmanager
