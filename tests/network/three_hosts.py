@@ -79,7 +79,12 @@ def rotated(tmp: Path, b: str) -> dict[str, Any]:
     began = time.monotonic()
     seen["peers_after"] = bed.until(
         "B takes the proxy's new key",
-        lambda: (peers := bed.peers_of(b, "wb")) and seen["old"] not in peers and peers,
+        lambda: (
+            (peers := bed.peers_of(b, "wb"))
+            and seen["new"] in peers
+            and seen["old"] not in peers
+            and peers
+        ),
     )
     status, headers, _ = bed.until("the proxy answers again", lambda: through_proxy())
     seen["answered_in_s"] = time.monotonic() - began

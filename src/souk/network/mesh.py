@@ -226,9 +226,9 @@ class Mesh:
         return True
 
     def apply(self, peers: dict[str, tuple[str, list[str]]]) -> None:
-        """The interface's peers made `peers`: new and changed ones set, gone ones removed."""
-        for key in set(self._peers) - set(peers):
-            _run("wg", "set", self.interface, "peer", key, "remove")
+        """The interface's peers made `peers`: new and changed ones set, then gone ones removed,
+        so a host whose key rotated is never without a route (a new peer takes its addresses
+        from the old one)."""
         for key, (endpoint, allowed) in peers.items():
             if self._peers.get(key) == (endpoint, allowed):
                 continue
@@ -236,6 +236,8 @@ class Mesh:
                 "wg", "set", self.interface, "peer", key, "endpoint", endpoint,
                 "persistent-keepalive", str(KEEPALIVE), "allowed-ips", ",".join(allowed),
             )  # fmt: skip
+        for key in set(self._peers) - set(peers):
+            _run("wg", "set", self.interface, "peer", key, "remove")
         self._peers = dict(peers)
 
     def remove(self) -> None:
