@@ -27,15 +27,23 @@ async def client(tmp_path: Path) -> AsyncIterator[Client]:
         yield c
 
 
+OWN_SOCKETS = (
+    'mkdir -p /run/wireguard && mount -t tmpfs -o mode=0700 bed /run/wireguard && exec "$@"'
+)
+
+
 def bed_findings(
     tmp_path_factory: pytest.TempPathFactory, bed: str, timeout: float
 ) -> dict[str, Any]:
     """What the machines of the test bed `tests/network/<bed>.py` reached: it runs in a network
     namespace of its own (its hosts, namespaces inside that one) and prints its findings as the
-    last line, JSON; its parts' logs are shown if it fails."""
+    last line, JSON; its parts' logs are shown if it fails. Its mount namespace is its own too,
+    with a directory of wireguard-go's sockets of its own: they are named after the nodes, and
+    two beds run at once both have a node `wa`."""
     tmp = tmp_path_factory.mktemp(bed)
+    bed_argv = [sys.executable, "-m", f"tests.network.{bed}", str(tmp)]
     done = subprocess.run(
-        ["unshare", "-n", sys.executable, "-m", f"tests.network.{bed}", str(tmp)],
+        ["unshare", "-n", "-m", "sh", "-c", OWN_SOCKETS, "bed", *bed_argv],
         cwd=ROOT,
         capture_output=True,
         text=True,
