@@ -106,3 +106,45 @@ def test_a_table_of_the_release_before_is_upgraded_in_place() -> None:
     assert "ip6 saddr fd73:6f75:6b00::/72 ip6 daddr . th dport @ports accept" in table
     assert "ip6 saddr fd73:6f75:6b00::/72 accept" not in table  # every port: gone
     assert '"sk0" . fd73:6f75:6b00:1::7' in table  # its machines' elements kept
+
+
+# A worker's ports kept through what can happen to the table under them: not made yet when the
+# first row comes (a machine's row comes before its start), and made again from nothing.
+KEPT = f"""
+import ipaddress, json
+from souk.network import firewall, services
+from tests.network.test_service_ports import MINE, row
+cluster = ipaddress.IPv6Network({DEFAULT_PREFIX!r})
+ports = services.Ports("w1", str(cluster))
+rows = [row("m1", str(MINE[1]))]
+seen = {{}}
+try:
+    ports.update(rows)
+    seen["no_table"] = "set"
+except RuntimeError:
+    seen["no_table"] = "said"
+firewall.ensure(cluster, "fd73:6f75:6b00::3")
+ports.update(rows)
+seen["table_made"] = sorted(services.listed())
+firewall.reset()
+firewall.ensure(cluster, "fd73:6f75:6b00::3")
+ports.update(rows)
+seen["table_made_again"] = sorted(services.listed())
+print(json.dumps(seen))
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root")
+@pytest.mark.skipif(not shutil.which("nft"), reason="needs nftables")
+def test_a_machines_ports_reach_the_table_made_after_its_row_and_made_again() -> None:
+    done = subprocess.run(
+        ["unshare", "-n", sys.executable, "-c", KEPT],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    element = [str(MINE[1]), 8080]
+    assert seen == {"no_table": "said", "table_made": [element], "table_made_again": [element]}

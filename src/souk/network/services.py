@@ -25,6 +25,7 @@ log = logging.getLogger("souk.network.services")
 
 Element = tuple[str, int]  # (machine address, port)
 SETTLE = 0.005  # seconds of quiet in the catalog's changes before the set is updated
+RETRY = 1.0  # seconds before a set that could not be made what the catalog says is tried again
 
 
 def wanted(worker: str, cluster: ipaddress.IPv6Network, rows: Iterable[MachineRow]) -> set[Element]:
@@ -58,18 +59,22 @@ def listed() -> set[Element]:
     return {(str(ipaddress.IPv6Address(a)), int(p)) for a, p in ELEMENT.findall(body)}
 
 
-def _run(command: str, elements: Iterable[Element]) -> None:
-    """One transaction per element: one already there (or gone) fails alone."""
+def _run(command: str, elements: Iterable[Element]) -> set[Element]:
+    """One transaction per element, so that one that fails fails alone; those that failed."""
+    failed: set[Element] = set()
     for address, port in sorted(elements):
         try:
             nft().run(f"{command} element {TABLE} ports {{ {address} . {port} }}")
         except RuntimeError as exc:
             log.debug("isolation: %s %s . %d: %s", command, address, port, exc)
+            failed.add((address, port))
+    return failed
 
 
 class Ports:
     """A worker's machines' elements of the set: what it has put there, made what the catalog
-    says at each `update`."""
+    says at each `update`. What is missing is added, whatever it held before: a table made
+    again from nothing (`firewall.admit`) has none of them."""
 
     def __init__(self, worker: str, cluster: str) -> None:
         self.worker = worker
@@ -79,6 +84,7 @@ class Ports:
     def update(self, rows: Iterable[MachineRow]) -> None:
         rows = list(rows)
         want = wanted(self.worker, self.cluster, rows)
+        present = listed()
         if self.held is None:  # first look: its own from before a restart, by their /96s
             mine = {ipaddress.IPv6Network(f"{a}/96", strict=False) for a, _ in want}
             mine |= {
@@ -86,10 +92,12 @@ class Ports:
                 for r in rows
                 if r.worker_id == self.worker and r.private_ip and ":" in r.private_ip
             }
-            self.held = {e for e in listed() if any(ipaddress.IPv6Address(e[0]) in n for n in mine)}
-        _run("delete", self.held - want)
-        _run("add", want - self.held)
-        self.held = want
+            self.held = {e for e in present if any(ipaddress.IPv6Address(e[0]) in n for n in mine)}
+        _run("delete", (self.held - want) & present)
+        failed = _run("add", want - present)
+        self.held = want - failed
+        if failed:
+            raise RuntimeError(f"{len(failed)} of its machines' ports not in {TABLE}")
 
 
 async def follow(worker: str, cluster: str, view: CatalogView) -> None:
@@ -110,7 +118,8 @@ async def follow(worker: str, cluster: str, view: CatalogView) -> None:
             changed.clear()
             try:
                 await asyncio.to_thread(ports.update, view.machines())
-            except RuntimeError as exc:  # said, and tried again at the next change
+            except RuntimeError as exc:  # said, and tried again shortly
                 log.warning("isolation: the service ports were not set: %s", exc)
+                asyncio.get_running_loop().call_later(RETRY, changed.set)
     finally:
         watcher.cancel()

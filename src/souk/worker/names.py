@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 from souk.catalog.bus import Bus
@@ -13,7 +14,7 @@ from souk.catalog.owner import Owner
 from souk.catalog.replica import Replica
 from souk.catalog.trust import Trust
 from souk.models.catalog import MeshPeer
-from souk.network import dns, mesh, services
+from souk.network import dns, firewall, mesh, services
 from souk.worker.engine import Engine
 from souk.worker.machines.addresses import isolated
 from souk.worker.oci import network
@@ -36,6 +37,10 @@ async def answering(
         yield None
         return
     await asyncio.to_thread(network.add_resolver, settings.private_prefix)
+    cluster = ipaddress.IPv6Network(settings.private_prefix, strict=False)
+    resolver = network.resolver(settings.private_prefix)
+    # the table before the service ports it holds: a machine's row comes before its start
+    await asyncio.to_thread(firewall.ensure, cluster, resolver)
     replica = Replica(bus, ":memory:", None, trust=trust)
     closing: list[Callable[[], object]] = []
 
@@ -43,8 +48,7 @@ async def answering(
         await replica.start()
         await replica.caught_up(CATCH_UP)
         names = dns.Names(replica, settings.region, settings.private_prefix)
-        address = network.resolver(settings.private_prefix)
-        closing.append(await dns.serve(names, address, port, upstream=dns.host_resolver()))
+        closing.append(await dns.serve(names, resolver, port, upstream=dns.host_resolver()))
         ports = services.follow(settings.name, settings.private_prefix, replica)
         closing.append(asyncio.ensure_future(ports).cancel)  # what hosts reach of its machines
         return replica
