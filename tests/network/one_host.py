@@ -7,6 +7,7 @@ the machines what each reaches, and prints what it saw as JSON. Nothing it makes
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import json
 import os
 import shutil
@@ -75,6 +76,35 @@ if len(sys.argv) > 3:
 else:
     print("open")
 """
+
+
+# `listen HOST PORT`: "ready", then the words of the datagrams HOST:PORT got, sorted, once
+# none came for a second.
+LISTEN = """
+import socket, sys
+family = socket.AF_INET6 if ":" in sys.argv[1] else socket.AF_INET
+s = socket.socket(family, socket.SOCK_DGRAM)
+s.bind((sys.argv[1], int(sys.argv[2]))); s.settimeout(1); print("ready", flush=True)
+got = []
+try:
+    while True:
+        got.append(s.recv(100).decode())
+except TimeoutError:
+    pass
+print(" ".join(sorted(got)) or "nothing", flush=True)
+"""
+
+# `send HOST PORT SOURCE WORD [SOURCE WORD]...`: each WORD a datagram to HOST:PORT from SOURCE,
+# an address of the sender's own interfaces.
+SEND = """
+import socket, sys
+host, port = sys.argv[1], int(sys.argv[2])
+family = socket.AF_INET6 if ":" in host else socket.AF_INET
+for source, word in zip(sys.argv[3::2], sys.argv[4::2]):
+    with socket.socket(family, socket.SOCK_DGRAM) as s:
+        s.bind((source, 0)); s.sendto(word.encode(), (host, port))
+"""
+SPOOF_PORT = 9000
 
 
 def sh(*argv: str) -> None:
@@ -175,6 +205,52 @@ async def until_serving(e: Engine, machine: str, address: str) -> None:
     raise AssertionError(f"{machine} never listened")
 
 
+def spoofed(sender: str, receiver: str, host: str, own: str, other: str) -> str:
+    """What `host`, listening in the namespace `receiver`, gets of a datagram sent from `own`
+    (the sender's address) and one from `other`: an address the root of the namespace
+    `sender` (a machine's) gives its eth0, as a machine with the capability (or a vm's guest
+    kernel) could, since nothing of its own namespace stops it."""
+    listener = subprocess.Popen(
+        ["ip", "netns", "exec", receiver, sys.executable, "-c", LISTEN, host, str(SPOOF_PORT)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert listener.stdout is not None and listener.stdout.readline().strip() == "ready"
+        sh("ip", "-n", sender, "addr", "add", other, "dev", "eth0", *(["nodad"] * (":" in other)))
+        try:
+            sh(
+                *("ip", "netns", "exec", sender, sys.executable, "-c", SEND, host),
+                *(str(SPOOF_PORT), own, "own", other, "spoofed"),
+            )
+        finally:  # not a source the machine's own connections could pick after
+            sh("ip", "-n", sender, "addr", "del", other, "dev", "eth0")
+        out, _ = listener.communicate(timeout=10)
+    finally:
+        if listener.poll() is None:
+            listener.kill()
+            listener.wait()
+    return out.strip()
+
+
+async def spoofs_seen(made: dict[str, Machine], outside: str, seen: dict[str, Any]) -> None:
+    """a1 sends from addresses of its host's not its own: b1's IPv4 (to the internet, where
+    the host masquerades it) and a free address of its own network (to a2)."""
+    a1, a2, b1 = made["a1"], made["a2"], made["b1"]
+    assert a1.private_ip and a2.private_ip
+    a1_4, b1_4 = network.egress(a1.id), network.egress(b1.id)
+    assert a1_4 and b1_4 and a1_4 != b1_4
+    free6 = str(ipaddress.IPv6Address(a1.private_ip) + 0x5A5A)
+    assert free6 not in {m.private_ip for m in made.values()}
+    ns1, ns2 = network.names(a1.id)[0], network.names(a2.id)[0]
+    seen["spoofed"] = {
+        "ipv4_to_internet": await asyncio.to_thread(spoofed, ns1, outside, OUTSIDE, a1_4, b1_4),
+        "ipv6_to_machine": await asyncio.to_thread(
+            spoofed, ns1, ns2, a2.private_ip, a1.private_ip, free6
+        ),
+    }
+
+
 async def scenario(tmp: Path) -> dict[str, Any]:
     seen: dict[str, Any] = {}
     bus = InProcessBus()
@@ -227,6 +303,7 @@ async def scenario(tmp: Path) -> dict[str, Any]:
                 seen["host_to_machine"] = "open"
             listener = peer_seen_by_outside((tmp / "outside").read_text())
             seen["internet"] = await reach(e, a1.id, OUTSIDE, WEB_PORT)
+            await spoofs_seen(made, (tmp / "outside").read_text(), seen)
             await names_seen(e, made, seen)
             try:
                 out, _ = listener.communicate(timeout=2)

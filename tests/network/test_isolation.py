@@ -37,3 +37,10 @@ def test_the_host_reaches_its_machines_and_they_the_internet_through_it(
     assert seen["host_to_machine"] == "open"
     assert seen["internet"] == "open"
     assert seen["internet_saw"] == "198.51.100.1"  # masqueraded as the host
+
+
+def test_a_machine_sends_from_no_address_but_its_own(seen: dict[str, Any]) -> None:
+    """Datagrams from its own address and from one it gave itself: another machine's IPv4
+    address, towards the internet through the host's masquerade, and a free one of its own
+    network towards a machine of it. Only its own arrive."""
+    assert seen["spoofed"] == {"ipv4_to_internet": "own", "ipv6_to_machine": "own"}

@@ -1,6 +1,7 @@
 """Which ports of its machines a worker opens to the cluster's hosts (`souk.network.services`):
-their services' and metrics ports, from the catalog's rows; and a host's table of the release
-before, whose hosts reached every port, brought to this rule in place, its machines kept."""
+their services' and metrics ports, from the catalog's rows; and a host's table of the releases
+before, whose hosts reached every port and whose machines' IPv4 sources went unchecked, brought
+to these rules in place, its machines kept."""
 
 from __future__ import annotations
 
@@ -60,7 +61,8 @@ def test_a_workers_live_machines_at_their_service_and_metrics_ports() -> None:
     }
 
 
-# The table as the release before made it: hosts reached every port of a machine.
+# The table as the releases before made it: hosts reached every port of a machine, and a
+# machine's IPv4 sources were not checked (its IPv6 ones only after its connections' answers).
 BEFORE = """
 table inet souk {
   set veths { type ifname; }
@@ -68,7 +70,13 @@ table inet souk {
   set nets { type ifname . ipv6_addr; flags interval; }
   chain forward {
     type filter hook forward priority filter; policy accept;
+    iifname @veths jump from_machine
     oifname @veths jump to_machine
+  }
+  chain from_machine {
+    ct state established,related accept
+    meta nfproto ipv6 iifname . ip6 saddr != @addrs drop
+    ip daddr 10.0.0.0/8 drop
   }
   chain to_machine {
     ct state established,related accept
@@ -76,14 +84,27 @@ table inet souk {
     oifname . ip6 saddr @nets accept
     drop
   }
+  chain input {
+    type filter hook input priority filter; policy accept;
+    iifname @veths jump machine_to_host
+  }
+  chain machine_to_host {
+    ct state established,related accept
+    drop
+  }
 }
+add element inet souk veths { "sk0" }
 add element inet souk addrs { "sk0" . fd73:6f75:6b00:1::7 }
 """
 
+# A running machine's veth, with the host's route to its IPv4 address.
 UPGRADE = f"""
-import ipaddress, json
+import ipaddress, json, subprocess
 from souk.network import firewall
 from souk.network.nft import nft
+for argv in ("link add sk0 type veth peer name sk0p", "link set sk0 up",
+             "route add 10.200.0.9/32 dev sk0", "route add 10.201.0.0/16 dev sk0"):
+    subprocess.run(["ip", *argv.split()], check=True)
 nft().run({BEFORE!r})
 firewall.ensure(ipaddress.IPv6Network({DEFAULT_PREFIX!r}), "fd73:6f75:6b00::3")
 print(json.dumps(nft().run("list table inet souk")))
@@ -106,6 +127,16 @@ def test_a_table_of_the_release_before_is_upgraded_in_place() -> None:
     assert "ip6 saddr fd73:6f75:6b00::/72 ip6 daddr . th dport @ports accept" in table
     assert "ip6 saddr fd73:6f75:6b00::/72 accept" not in table  # every port: gone
     assert '"sk0" . fd73:6f75:6b00:1::7' in table  # its machines' elements kept
+    assert 'elements = { "sk0" . 10.200.0.9 }' in table  # the running machine's IPv4 source
+    chains = {
+        chain.split("{", 1)[0].strip(): chain.split("{", 1)[1]
+        for chain in table.split("chain ")[1:]
+    }
+    for chain in ("from_machine", "machine_to_host"):  # checked before the answers' rule
+        assert chains[chain].index("ip saddr != @addrs4 drop") < chains[chain].index("ct state")
+    assert chains["from_machine"].index("ip6 saddr != @addrs drop") < chains["from_machine"].index(
+        "ct state"
+    )
 
 
 # A worker's ports kept through what can happen to the table under them: not made yet when the

@@ -4,7 +4,10 @@ private network, added when its namespace is made and removed with it. Every wor
 (as in `souk dev`) shares it; machines that are not on the private network are in no set and
 its rules never match them.
 
-- A machine sends only from its own address (its veth and address in `addrs`).
+- A machine sends only from its own addresses (its veth and address in `addrs`, and its IPv4
+  one in `addrs4`), checked before any other rule, answers included: it neither poses as
+  another machine of its host towards the internet's masquerade or the host, nor slips
+  into another machine's connections.
 - It reaches machines of its own network (`nets`: veth . network's /72), on any host, and the
   internet (IPv4, masqueraded by the host); nothing else private: not other networks, not other
   hosts' addresses, not its own host's services except its resolver's port 53.
@@ -18,6 +21,7 @@ from __future__ import annotations
 import ipaddress
 import logging
 import threading
+from pathlib import Path
 
 from souk.network.nft import NftError, nft
 
@@ -37,6 +41,7 @@ def infra(cluster: ipaddress.IPv6Network) -> ipaddress.IPv6Network:
 
 
 PORTS = "type ipv6_addr . inet_service;"
+ADDRS4 = "type ifname . ipv4_addr;"
 
 
 def to_machine(cluster: ipaddress.IPv6Network) -> list[str]:
@@ -49,12 +54,44 @@ def to_machine(cluster: ipaddress.IPv6Network) -> list[str]:
     ]
 
 
+# A packet of a machine from an address not its own: dropped in both chains it can reach.
+SPOOFED6 = "meta nfproto ipv6 iifname . ip6 saddr != @addrs drop"
+SPOOFED4 = "meta nfproto ipv4 iifname . ip saddr != @addrs4 drop"
+
+
+def from_machine(cluster: ipaddress.IPv6Network) -> list[str]:
+    """The rules of what a machine reaches through its host (chain `from_machine`)."""
+    return [
+        SPOOFED6,
+        SPOOFED4,
+        "ct state established,related accept",
+        f"ip6 daddr {cluster} iifname . ip6 daddr @nets accept",
+        "ip6 daddr { fc00::/7, fe80::/10, ::1 } drop",
+        f"ip daddr {{ {PRIVATE4} }} drop",
+    ]
+
+
+def machine_to_host(resolver: str) -> list[str]:
+    """The rules of what a machine reaches of its host itself (chain `machine_to_host`): its
+    IPv6 sources are not checked here, where neighbour discovery comes from link-local ones."""
+    return [
+        SPOOFED4,
+        "ct state established,related accept",
+        "icmpv6 type { nd-neighbor-solicit, nd-neighbor-advert, nd-router-solicit } accept",
+        f"ip6 daddr {resolver} meta l4proto {{ udp, tcp }} th dport 53 accept",
+        "drop",
+    ]
+
+
 def ruleset(cluster: ipaddress.IPv6Network, resolver: str) -> str:
     reaching = "\n    ".join(to_machine(cluster))
+    leaving = "\n    ".join(from_machine(cluster))
+    to_host = "\n    ".join(machine_to_host(resolver))
     return f"""
 table {TABLE} {{
   set veths {{ type ifname; }}
   set addrs {{ type ifname . ipv6_addr; }}
+  set addrs4 {{ {ADDRS4} }}
   set nets {{ type ifname . ipv6_addr; flags interval; }}
   set ports {{ {PORTS} }}
   chain forward {{
@@ -63,11 +100,7 @@ table {TABLE} {{
     oifname @veths jump to_machine
   }}
   chain from_machine {{
-    ct state established,related accept
-    meta nfproto ipv6 iifname . ip6 saddr != @addrs drop
-    ip6 daddr {cluster} iifname . ip6 daddr @nets accept
-    ip6 daddr {{ fc00::/7, fe80::/10, ::1 }} drop
-    ip daddr {{ {PRIVATE4} }} drop
+    {leaving}
   }}
   chain to_machine {{
     {reaching}
@@ -77,10 +110,7 @@ table {TABLE} {{
     iifname @veths jump machine_to_host
   }}
   chain machine_to_host {{
-    ct state established,related accept
-    icmpv6 type {{ nd-neighbor-solicit, nd-neighbor-advert, nd-router-solicit }} accept
-    ip6 daddr {resolver} meta l4proto {{ udp, tcp }} th dport 53 accept
-    drop
+    {to_host}
   }}
   chain postrouting {{
     type nat hook postrouting priority srcnat; policy accept;
@@ -104,24 +134,75 @@ def ensure(cluster: ipaddress.IPv6Network, resolver: str) -> None:
             log.info("isolation: nftables table %s made for %s", TABLE, cluster)
         else:
             _upgrade(cluster)
+            _upgrade_sources(cluster, resolver)
         _ready.add(key)
+
+
+def _has_set(name: str) -> bool:
+    try:
+        nft().run(f"list set {TABLE} {name}")
+    except RuntimeError:
+        return False
+    return True
+
+
+def _chain(name: str, rules: list[str]) -> str:
+    """Commands that make chain `name` hold `rules`, whatever it held before."""
+    added = "".join(f"add rule {TABLE} {name} {rule}\n" for rule in rules)
+    return f"add chain {TABLE} {name}\nflush chain {TABLE} {name}\n{added}"
 
 
 def _upgrade(cluster: ipaddress.IPv6Network) -> None:
     """A table of the release before, whose hosts reached every port of a machine: its
     `to_machine` rules replaced in one transaction, its machines' elements kept."""
-    try:
-        nft().run(f"list set {TABLE} ports")
+    if _has_set("ports"):
         return
-    except RuntimeError:
-        pass
-    rules = "".join(f"add rule {TABLE} to_machine {rule}\n" for rule in to_machine(cluster))
-    nft().run(f"add set {TABLE} ports {{ {PORTS} }}\nflush chain {TABLE} to_machine\n{rules}")
+    nft().run(f"add set {TABLE} ports {{ {PORTS} }}\n" + _chain("to_machine", to_machine(cluster)))
     log.info("isolation: %s upgraded: hosts reach machines' service ports only", TABLE)
 
 
-def admit(veth: str, address: str, cluster: ipaddress.IPv6Network, resolver: str) -> None:
-    """A machine's veth, address and network into the sets (there already is fine), the table
+def _upgrade_sources(cluster: ipaddress.IPv6Network, resolver: str) -> None:
+    """A table of the release before, which checked no IPv4 source (and IPv6 ones only after
+    the connections' answers): `addrs4` made and filled, in the same transaction as the
+    rules, with the IPv4 address each running machine's veth is routed (`routed4`), so that
+    none of them loses its traffic; its other elements kept."""
+    if _has_set("addrs4"):
+        return
+    elements = "".join(
+        f"add element {TABLE} addrs4 {{ {veth} . {address} }}\n" for veth, address in routed4()
+    )
+    nft().run(
+        f"add set {TABLE} addrs4 {{ {ADDRS4} }}\n"
+        + elements
+        + _chain("from_machine", from_machine(cluster))
+        + _chain("machine_to_host", machine_to_host(resolver))
+    )
+    log.info("isolation: %s upgraded: machines' IPv4 sources checked", TABLE)
+
+
+def routed4() -> list[tuple[str, str]]:
+    """(interface, address) of the host's routes to single addresses of `EGRESS`: where the
+    host sends each machine's IPv4 address, read from this thread's network namespace."""
+    egress = ipaddress.IPv4Network(EGRESS)
+    found: list[tuple[str, str]] = []
+    try:
+        lines = Path("/proc/thread-self/net/route").read_text().splitlines()[1:]
+    except OSError:
+        return found
+    for line in lines:
+        fields = line.split()
+        if len(fields) < 8 or fields[7] != "FFFFFFFF":
+            continue
+        address = ipaddress.IPv4Address(bytes.fromhex(fields[1])[::-1])  # little-endian
+        if address in egress:
+            found.append((fields[0], str(address)))
+    return found
+
+
+def admit(
+    veth: str, address: str, ipv4: str, cluster: ipaddress.IPv6Network, resolver: str
+) -> None:
+    """A machine's veth, addresses and network into the sets (there already is fine), the table
     made first if it is not there. A table these elements do not go into (flushed, or not
     souk's) is made again from nothing: its other machines lose their elements, and with them
     every connection (closed, not open), until each starts again (`setup` admits it anew)."""
@@ -129,6 +210,7 @@ def admit(veth: str, address: str, cluster: ipaddress.IPv6Network, resolver: str
     elements = (
         f"add element {TABLE} veths {{ {veth} }}\n"
         f"add element {TABLE} addrs {{ {veth} . {address} }}\n"
+        f"add element {TABLE} addrs4 {{ {veth} . {ipv4} }}\n"
         f"add element {TABLE} nets {{ {veth} . {network} }}\n"
     )
     ensure(cluster, resolver)
@@ -143,10 +225,12 @@ def admit(veth: str, address: str, cluster: ipaddress.IPv6Network, resolver: str
 
 def forget(veth: str) -> None:
     """The machine's elements out of the sets (its namespace is going)."""
-    try:  # one listing a command: libnftables refuses two in one buffer
-        found = nft().run(f"list set {TABLE} addrs") + nft().run(f"list set {TABLE} nets")
-    except RuntimeError:
-        return
+    found = ""
+    for name in ("addrs", "addrs4", "nets"):  # one listing a command: libnftables refuses two
+        try:
+            found += nft().run(f"list set {TABLE} {name}")
+        except RuntimeError:
+            continue  # no table, or one of the release before
     commands = []
     for name, element in _elements(found, veth):
         commands.append(f"delete element {TABLE} {name} {{ {element} }}")

@@ -293,9 +293,7 @@ def _make(path: Path, veth: str, address: str) -> None:
     _prepare_netns_dir()
     os.close(os.open(path, os.O_RDONLY | os.O_CREAT | os.O_EXCL, 0))
     six = ipaddress.ip_address(address).version == 6
-    if six:  # its rules before it has an address to use
-        cluster = ipaddress.IPv6Network(f"{address}/48", strict=False)
-        firewall.admit(veth, address, cluster, resolver(address))
+    if six:
         _check_forwarding()
 
     def make() -> None:
@@ -318,6 +316,9 @@ def _make(path: Path, veth: str, address: str) -> None:
                     if six:
                         nl.route(index, address)
                         ipv4 = _route_egress(nl, index)
+                        cluster = ipaddress.IPv6Network(f"{address}/48", strict=False)
+                        # its rules before it has an address to use
+                        firewall.admit(veth, address, ipv4, cluster, resolver(address))
                         lo = socket.if_nametoindex("lo")
                         nl.add_address(lo, resolver(address))  # once a host: there is fine
                     else:
@@ -421,10 +422,13 @@ async def setup(machine_id: str, address: str) -> Path:
     path = path_of(machine_id)
     six = ipaddress.ip_address(address).version == 6
     if path.exists() and _address_of(path, six) == str(ipaddress.ip_address(address)):
-        if six:  # its elements again (there already is fine): a table made anew has none
-            cluster = ipaddress.IPv6Network(f"{address}/48", strict=False)
-            await asyncio.to_thread(firewall.admit, veth, address, cluster, resolver(address))
-        return path
+        if not six:
+            return path
+        ipv4 = _address_of(path, False)  # there before its IPv6 address, which is there
+        if ipv4 is not None:  # its elements again (there already is fine): a table made anew
+            cluster = ipaddress.IPv6Network(f"{address}/48", strict=False)  # has none
+            await asyncio.to_thread(firewall.admit, veth, address, ipv4, cluster, resolver(address))
+            return path
     await teardown(machine_id)
     await to_thread_to_its_end(_make, path, veth, address)
     return path
