@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -59,6 +60,20 @@ def test_a_workers_live_machines_at_their_service_and_metrics_ports() -> None:
         (str(MINE[1]), 8443),
         (str(MINE[2]), 9091),
     }
+
+
+def in_own_network(script: str) -> Any:
+    """What `script` prints last, as JSON, run in a network namespace of its own: a table of
+    its own to make, change and read."""
+    done = subprocess.run(
+        ["unshare", "-n", sys.executable, "-c", script],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 # The table as the releases before made it: hosts reached every port of a machine, and a
@@ -114,15 +129,7 @@ print(json.dumps(nft().run("list table inet souk")))
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root")
 @pytest.mark.skipif(not shutil.which("nft"), reason="needs nftables")
 def test_a_table_of_the_release_before_is_upgraded_in_place() -> None:
-    done = subprocess.run(
-        ["unshare", "-n", sys.executable, "-c", UPGRADE],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert done.returncode == 0, done.stderr
-    table = json.loads(done.stdout.strip().splitlines()[-1])
+    table = in_own_network(UPGRADE)
     assert "set ports" in table
     assert "ip6 saddr fd73:6f75:6b00::/72 ip6 daddr . th dport @ports accept" in table
     assert "ip6 saddr fd73:6f75:6b00::/72 accept" not in table  # every port: gone
@@ -168,14 +175,6 @@ print(json.dumps(seen))
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root")
 @pytest.mark.skipif(not shutil.which("nft"), reason="needs nftables")
 def test_a_machines_ports_reach_the_table_made_after_its_row_and_made_again() -> None:
-    done = subprocess.run(
-        ["unshare", "-n", sys.executable, "-c", KEPT],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert done.returncode == 0, done.stderr
-    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    seen = in_own_network(KEPT)
     element = [str(MINE[1]), 8080]
     assert seen == {"no_table": "said", "table_made": [element], "table_made_again": [element]}
