@@ -33,6 +33,7 @@ PRIVATE4 = "10.0.0.0/8, 172.16.0.0/12, 192.168.0.0/16, 100.64.0.0/10, 169.254.0.
 
 _ready: set[str] = set()
 _lock = threading.Lock()
+_made = 0  # tables this process made: each from nothing, with none of the sets' elements
 
 
 def infra(cluster: ipaddress.IPv6Network) -> ipaddress.IPv6Network:
@@ -120,9 +121,16 @@ table {TABLE} {{
 """
 
 
+def made() -> int:
+    """How many tables this process has made: when it changes, what a worker keeps in the
+    table's sets is to be put there again."""
+    return _made
+
+
 def ensure(cluster: ipaddress.IPv6Network, resolver: str) -> None:
     """The table, made once per host (and per process, checked): a worker finding it made by
     another of the host's workers leaves it, with the others' machines in its sets."""
+    global _made
     key = str(cluster)
     with _lock:
         if key in _ready:
@@ -131,6 +139,7 @@ def ensure(cluster: ipaddress.IPv6Network, resolver: str) -> None:
             nft().run(f"list table {TABLE}")
         except RuntimeError:
             nft().run(ruleset(cluster, resolver))
+            _made += 1
             log.info("isolation: nftables table %s made for %s", TABLE, cluster)
         else:
             _upgrade(cluster)

@@ -18,6 +18,7 @@ from collections.abc import Iterable
 
 from souk.catalog.view import CatalogView
 from souk.models.catalog import MachineRow
+from souk.network import firewall
 from souk.network.firewall import TABLE
 from souk.network.nft import nft
 
@@ -73,17 +74,24 @@ def _run(command: str, elements: Iterable[Element]) -> set[Element]:
 
 class Ports:
     """A worker's machines' elements of the set: what it has put there, made what the catalog
-    says at each `update`. What is missing is added, whatever it held before: a table made
-    again from nothing (`firewall.admit`) has none of them."""
+    says at each `update`. The set is read only when something is to change (every machine row
+    of the cluster calls an update): when the catalog asks for other elements, when an element
+    could not be added, and when the table was made again from nothing (`firewall.admit`),
+    which then has none of them; what it lacks is added, whatever was put there before."""
 
     def __init__(self, worker: str, cluster: str) -> None:
         self.worker = worker
         self.cluster = ipaddress.IPv6Network(cluster)
         self.held: set[Element] | None = None
+        self.table = firewall.made()
 
     def update(self, rows: Iterable[MachineRow]) -> None:
         rows = list(rows)
         want = wanted(self.worker, self.cluster, rows)
+        table = firewall.made()
+        if want == self.held and table == self.table:
+            return
+        self.table = table
         present = listed()
         if self.held is None:  # first look: its own from before a restart, by their /96s
             mine = {ipaddress.IPv6Network(f"{a}/96", strict=False) for a, _ in want}
