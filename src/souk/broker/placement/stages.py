@@ -108,11 +108,14 @@ class Misfits(Sequence[Refusal]):
     def _refusal(
         self, worker: str, cand: Candidate | None, cordoned: bool, draining: bool
     ) -> Refusal:
+        return Refusal(worker=worker, reason=self._reason(cand, cordoned, draining))
+
+    def _reason(self, cand: Candidate | None, cordoned: bool, draining: bool) -> str:
         if cand is None:
-            return Refusal(worker=worker, reason=AVOIDED)
+            return AVOIDED
         why = misfit_in(cand, self.guest, cordoned, draining)
         assert why is not None, "kept as a misfit by the rule, so the rule says why"
-        return Refusal(worker=worker, reason=why.reason)
+        return why.reason
 
     def __len__(self) -> int:
         return len(self.found)
@@ -135,14 +138,9 @@ class Misfits(Sequence[Refusal]):
 
     def reasons(self) -> Iterator[str]:
         """Each refusal's reason, without building the refusals (the no-capacity metrics)."""
-        guest = self.guest
-        for _, cand, cordoned, draining in self.found:
-            if cand is None:
-                yield AVOIDED
-            else:
-                why = misfit_in(cand, guest, cordoned, draining)
-                assert why is not None, "kept as a misfit by the rule, so the rule says why"
-                yield why.reason
+        return (
+            self._reason(cand, cordoned, draining) for _, cand, cordoned, draining in self.found
+        )
 
 
 class Refusals:
