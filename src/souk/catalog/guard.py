@@ -205,10 +205,7 @@ class Guard:
                     held.last = tick
                     return beat.head <= applied
         if beat.cert:
-            try:
-                self.learn(beat.cert)
-            except Refused as exc:
-                self.refuse(exc, f"the certificate on a heartbeat of {beat.owner!r}")
+            self._learn_on(beat.cert, "heartbeat", beat.owner)
         self.beat_signature(beat)
         if held is not None and (beat.chain_at, beat.n) <= (held.at, held.n):
             raise Refused("replayed", f"heartbeat {beat.n} of {beat.owner!r}")

@@ -258,14 +258,10 @@ class Signed(NamedTuple):
 def rows_tree(changes: Sequence[Change]) -> tuple[list[bytes], str, list[list[bytes]]]:
     """The changes' row texts, the root of the hash tree over them (base64, as signed), and
     each row's path to it."""
-    if len(changes) == 1:  # most batches: the tree is its one leaf, `row_text` and `leaf`
-        c = changes[0]  # inline (every live batch comes this way, checked or not)
-        text = orjson.dumps(c.row, option=orjson.OPT_SORT_KEYS)
-        h = _LEAF.copy()
-        h.update(orjson.dumps([c.table, c.key, c.seq]))
-        h.update(b"\x00")
-        h.update(text)
-        return [text], binascii.b2a_base64(h.digest(), newline=False).decode(), [[]]
+    if len(changes) == 1:  # most batches: the tree is its one leaf
+        c = changes[0]
+        text = row_text(c.row)
+        return [text], b64(leaf(c.table, c.key, c.seq, text)), [[]]
     texts = [row_text(c.row) for c in changes]
     leaves = [leaf(c.table, c.key, c.seq, text) for c, text in zip(changes, texts, strict=True)]
     root, paths = tree(leaves)
