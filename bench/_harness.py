@@ -21,7 +21,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from types import FrameType
@@ -141,21 +141,27 @@ def _short(filename: str) -> str:
 
 
 class GcPauses:
-    """This process's garbage-collector pauses: (wall-clock end, seconds) each, and their sum."""
+    """This process's garbage-collector pauses from now until `stop`: (wall-clock end, seconds)
+    each, and their sum, by `clock` (the wall clock's, or `time.process_time` for the CPU time
+    they took)."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.perf_counter) -> None:
         self.pauses: list[tuple[float, float]] = []
         self.total = 0.0
+        self.clock = clock
         self._began = 0.0
         gc.callbacks.append(self._note)
 
     def _note(self, phase: str, info: dict[str, Any]) -> None:
         if phase == "start":
-            self._began = time.perf_counter()
+            self._began = self.clock()
         else:
-            took = time.perf_counter() - self._began
+            took = self.clock() - self._began
             self.pauses.append((time.time(), took))
             self.total += took
+
+    def stop(self) -> None:
+        gc.callbacks.remove(self._note)
 
 
 def progress_bar(transient: bool) -> Progress:

@@ -1190,26 +1190,6 @@ REPLAY_BATCHES_PER_S = 2000  # the end-to-end phases' rate, which weighs batches
 REPLAY_CHUNKS = 200  # turns per kind of message: each replica is handed a slice in each turn
 
 
-class Collections:
-    """The collector's CPU time in this process (a `gc.callbacks` entry). The replicas share one
-    heap, so a collection falls in whichever replica's turn is running when the allocations of
-    all three trip it (one young collection took 30 to 80 ms here: 3 to 8 µs on each of a mode's
-    10,000 batches), and it is taken out of that turn's CPU time."""
-
-    def __init__(self) -> None:
-        self.seconds = 0.0
-        self._began = 0.0
-
-    def note(self, phase: str, info: dict[str, Any]) -> None:
-        if phase == "start":
-            self._began = time.process_time()
-        else:
-            self.seconds += time.process_time() - self._began
-
-
-COLLECTIONS = Collections()
-
-
 @dataclass
 class Replaying:
     """One mode's replica, handed its recording a slice at a time, in turn with the others."""
@@ -1231,15 +1211,18 @@ class Replaying:
         self.replica._flush()
         return time.perf_counter() - began
 
-    async def turn(self, kind: str, chunk: int) -> None:
-        """The `chunk`-th slice of this replica's batches or beats, timed."""
+    async def turn(self, kind: str, chunk: int, collector: GcPauses) -> None:
+        """The `chunk`-th slice of this replica's batches or beats, timed. The replicas share
+        one heap, so a collection falls in whichever replica's turn is running when the
+        allocations of all three trip it (one young collection took 30 to 80 ms here: 3 to 8 µs
+        on each of a mode's 10,000 batches): the `collector`'s CPU time is taken out of it."""
         msgs: list[Message] = getattr(self.rec, kind)
         part = msgs[chunk * len(msgs) // REPLAY_CHUNKS : (chunk + 1) * len(msgs) // REPLAY_CHUNKS]
         if self.profiler is not None:
             self.profiler.enable()
-        cpu, collected = time.process_time(), COLLECTIONS.seconds
+        cpu, collected = time.process_time(), collector.total
         self.times[kind].extend([await self.one(msg) for msg in part])
-        collected = COLLECTIONS.seconds - collected
+        collected = collector.total - collected
         self.cpu[kind] += time.process_time() - cpu - collected
         self.collected += collected
         if self.profiler is not None:
@@ -1293,15 +1276,15 @@ async def replay(
         runs.append(run)
     if settle:
         heap.settle()  # as a souk part does once it is ready
-    gc.callbacks.append(COLLECTIONS.note)
+    collector = GcPauses(time.process_time)
     try:
         for kind in ("batches", "beats"):
             for chunk in range(REPLAY_CHUNKS):
                 first = chunk % len(runs)
                 for run in runs[first:] + runs[:first]:
-                    await run.turn(kind, chunk)
+                    await run.turn(kind, chunk, collector)
     finally:
-        gc.callbacks.remove(COLLECTIONS.note)
+        collector.stop()
     results = []
     for run in runs:
         results.append(run.result(owners))
